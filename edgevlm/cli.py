@@ -1,0 +1,243 @@
+"""The `edgevlm` command: thin Typer commands that parse, call the core and render."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import random
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from . import __version__
+from .errors import ConfigError, EdgeVLMError, ImageError
+
+app = typer.Typer(
+    help="Run a 4-bit LLaVA locally on llama.cpp: detailed descriptions of high-resolution photos "
+    "(AnyRes tiling) on a home GPU or a CPU.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+ModelOpt = Annotated[str, typer.Option(
+    "--model", "-m", envvar="EDGEVLM_MODEL",
+    help="A preset name (see `edgevlm models`) or a path to a text-model .gguf.")]
+MmprojOpt = Annotated[Path | None, typer.Option(
+    help="The projector (mmproj) .gguf; needed when --model is a path.")]
+NCtxOpt = Annotated[int | None, typer.Option(
+    "--n-ctx", help="Context size in tokens. Default: 4096 (or the model's training context).")]
+NglOpt = Annotated[int | None, typer.Option(
+    "--n-gpu-layers", help="Layers to put on the GPU (the output layer counts as one). "
+    "Default: all, when llama.cpp was built with GPU support.")]
+ThreadsOpt = Annotated[int | None, typer.Option(help="CPU threads for llama.cpp.")]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's own log.")]
+DebugOpt = Annotated[bool, typer.Option(help="Show Python tracebacks for errors.")]
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"edgevlm {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
+    """edgevlm: a vision-language model on your own machine."""
+
+
+@app.command()
+def describe(
+    photos: Annotated[list[Path], typer.Argument(help="One or more images (JPEG, PNG, WebP, …).",
+                                                 show_default=False)],
+    prompt: Annotated[str | None, typer.Option(
+        "--prompt", "-p", help="What to ask about each image.")] = None,
+    max_tokens: Annotated[int, typer.Option(help="Longest answer, in tokens.", min=1)] = 512,
+    tiles: Annotated[str, typer.Option(
+        help="Local 336px tiles beside the global view: auto (as many as the context allows), "
+        "0 (global view only, best for whole-scene questions) or a maximum N.")] = "auto",
+    model: ModelOpt = "llava-1.5-7b",
+    mmproj: MmprojOpt = None,
+    n_gpu_layers: NglOpt = None,
+    n_ctx: NCtxOpt = None,
+    seed: Annotated[int | None, typer.Option(help="Sampling seed (with --temperature > 0).")] = None,
+    temperature: Annotated[float, typer.Option(help="0 is greedy and repeatable.", min=0.0)] = 0.0,
+    json_out: Annotated[bool, typer.Option("--json", help="One JSON object per image on stdout.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress or stats on stderr.")] = False,
+    threads: ThreadsOpt = None,
+    verbose: VerboseOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Describe photos in detail: a global view plus labelled close-up tiles.
+
+    The description streams to stdout; a stats line (tiles, visual tokens, time to first
+    token, prefill and decode speed) goes to stderr. Exit code 2 if any image failed.
+
+    Example: edgevlm describe photo.jpg --prompt "What does the small sign say?"
+    """
+    from .describe import DEFAULT_PROMPT, Describer
+    from .engine import Sampling
+    from .images import load_image
+    from .runtime import ModelFlags, load
+
+    _configure_logging(verbose)
+    with _handled(debug):
+        max_tiles = _parse_tiles(tiles)
+        flags = ModelFlags(str(model), str(mmproj) if mmproj else None, n_ctx, n_gpu_layers, threads)
+        sampling = Sampling(temperature=temperature,
+                            seed=seed if seed is not None else random.getrandbits(31))
+        describer, failures = None, 0
+        for path in photos:
+            started = time.perf_counter()
+            try:
+                image = load_image(path)
+            except ImageError as exc:
+                _error(str(exc))
+                failures += 1
+                continue
+            if describer is None:
+                loaded_at = time.perf_counter()
+                loaded = _load_with_progress(load, flags, quiet=quiet)
+                started += time.perf_counter() - loaded_at  # model load is not part of TTFT
+                describer = Describer(loaded.engine, loaded.prompt_format,
+                                      tile_size=loaded.projector_facts.image_size,
+                                      max_tokens=max_tokens, sampling=sampling, max_tiles=max_tiles,
+                                      n_gpu_layers=loaded.n_gpu_layers)
+            _describe_one(describer, image, prompt or DEFAULT_PROMPT, started,
+                          json_out=json_out, quiet=quiet, several=len(photos) > 1)
+        if failures:
+            raise typer.Exit(2)
+
+
+@app.command()
+def fetch(
+    presets: Annotated[list[str] | None, typer.Argument(help="Preset names; default llava-1.5-7b.")] = None,
+    debug: DebugOpt = False,
+) -> None:
+    """Download model presets from the Hugging Face hub into models/<preset>/."""
+    from .catalog import DEFAULT_PRESET, find_preset
+    from .fetch import fetch_preset
+
+    with _handled(debug):
+        for name in presets or [DEFAULT_PRESET]:
+            for path in fetch_preset(find_preset(name)):
+                err.print(f"[green]ok[/] {path}")
+
+
+@app.command()
+def models() -> None:
+    """List the model presets and whether their files are here."""
+    from .catalog import PRESETS, preset_dir
+
+    for preset in PRESETS.values():
+        folder = preset_dir(preset)
+        present = (folder / preset.model_file).exists() and (folder / preset.mmproj_file).exists()
+        size = f"~{preset.approx_bytes / 1e9:.1f} GB" if preset.approx_bytes else "local"
+        state = "present" if present else "missing"
+        typer.echo(f"{preset.name:<22} {size:>9}  {state:<8} {folder}")
+
+
+# -- rendering ----------------------------------------------------------------------------
+
+
+def _describe_one(describer: Any, image: Any, prompt: str, started: float, *,
+                  json_out: bool, quiet: bool, several: bool) -> None:
+    if several and not json_out and not quiet:
+        err.print(f"[bold]==> {escape(str(image.path))} <==[/]")
+    if image.note and not quiet:
+        err.print(f"[yellow]note:[/] {escape(str(image.path))}: {escape(image.note)}")
+    stream = None if json_out else _write_stdout
+    result = describer.describe(image, prompt, started=started, on_piece=stream)
+    if json_out:
+        typer.echo(json.dumps(result.to_json(), ensure_ascii=False))
+    else:
+        _write_stdout("\n")
+    if not quiet:
+        err.print(_stats_line(result))
+
+
+def _stats_line(r: Any) -> str:
+    grid = f"{r.grid[0]}x{r.grid[1]} grid ({r.n_tiles} tiles)" if r.n_tiles else "global view only"
+    return (f"[dim]{Path(r.image).name}: {grid}, {r.visual_tokens} visual tokens | "
+            f"TTFT {r.ttft_s:.2f} s (prefill {r.prompt_tokens - r.cached_tokens} tok at "
+            f"{r.prefill_tok_s:.0f} tok/s, CLIP {r.clip_encode_s:.2f} s) | "
+            f"decode {r.decode_tok_s:.1f} tok/s, {r.completion_tokens} tokens[/]")
+
+
+def _write_stdout(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def _load_with_progress(load: Any, flags: Any, *, quiet: bool) -> Any:
+    if quiet or not err.is_terminal:
+        return load(flags)
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("loading {task.description}"), BarColumn(), TimeElapsedColumn(),
+                  console=err, transient=True) as progress:
+        task = progress.add_task(Path(flags.model).name, total=1.0)
+        return load(flags, on_progress=lambda f: progress.update(task, completed=f))
+
+
+# -- plumbing -----------------------------------------------------------------------------
+
+
+def _parse_tiles(value: str) -> int | None:
+    if value == "auto":
+        return None
+    try:
+        count = int(value)
+    except ValueError:
+        count = -1
+    if count < 0:
+        raise ConfigError(f"--tiles must be auto, 0 or a positive number, not '{value}'")
+    return count
+
+
+def _error(message: str) -> None:
+    err.print(f"[red]edgevlm: error:[/] {escape(message)}")
+
+
+@contextlib.contextmanager
+def _handled(debug: bool) -> Iterator[None]:
+    """User errors become one line and an exit code; tracebacks only with --debug."""
+    try:
+        yield
+    except EdgeVLMError as exc:
+        if debug:
+            raise
+        _error(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+        raise typer.Exit(exc.exit_code) from None
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        err.print("\n[yellow]interrupted[/]")
+        raise typer.Exit(130) from None
+
+
+def _configure_logging(verbose: bool) -> None:
+    level = logging.DEBUG if verbose else logging.WARNING
+    logging.basicConfig(level=level, format="%(name)s: %(message)s", stream=sys.stderr)
+    # llama.cpp's own log is silent unless asked for.
+    logging.getLogger("edgevlm.llama").setLevel(logging.DEBUG if verbose else logging.CRITICAL)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,509 @@
+"""The only importer of llama_cpp: model, context, mtmd, the KV ledger, sampling and timings.
+
+Everything is driven through llama.cpp's C API directly. The stock chat handlers clear the
+KV cache and re-encode every image on every call; here the cache persists and the caller
+decides what to keep (`truncate`).
+"""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+from llama_cpp import mtmd_cpp
+from PIL import Image
+
+from .errors import ContextOverflowError, EngineError, Interrupted, ModelError
+
+log = logging.getLogger("edgevlm.llama")
+
+KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0,
+            "q4_0": llama_cpp.GGML_TYPE_Q4_0}
+_SEQ = 0
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How to load a model/projector pair; usually filled from a memory plan."""
+
+    model_path: Path
+    mmproj_path: Path | None
+    n_ctx: int = 4096
+    n_gpu_layers: int = -1
+    n_batch: int = 512
+    n_ubatch: int = 512
+    n_threads: int | None = None
+    flash_attn: bool | None = None  # None: let llama.cpp decide per backend
+    type_k: str = "f16"
+    type_v: str = "f16"
+    mmproj_on_gpu: bool = True
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampler settings; temperature 0 is greedy (deterministic)."""
+
+    temperature: float = 0.0
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.1
+    repeat_last_n: int = 64
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class RequestStats:
+    """What one request cost, stage by stage."""
+
+    prompt_tokens: int
+    visual_tokens: int
+    completion_tokens: int
+    clip_encodes: int
+    preprocess_s: float
+    clip_encode_s: float
+    prefill_s: float
+    ttft_s: float
+    decode_s: float
+
+    @property
+    def prefill_tok_s(self) -> float:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
+
+    @property
+    def decode_tok_s(self) -> float:
+        # The first token comes from the prefill's logits; the rest are decode steps.
+        steps = max(self.completion_tokens - 1, 0)
+        return steps / self.decode_s if self.decode_s > 0 and steps else 0.0
+
+
+@dataclass
+class _Meter:
+    started: float = field(default_factory=time.perf_counter)
+    prompt_tokens: int = 0
+    visual_tokens: int = 0
+    completion_tokens: int = 0
+    clip_encodes: int = 0
+    preprocess_s: float = 0.0
+    clip_encode_s: float = 0.0
+    prefill_s: float = 0.0
+    ttft_s: float = 0.0
+    decode_s: float = 0.0
+
+
+class Engine:
+    """A loaded model + projector with a KV ledger: n_past always equals the KV cells in use."""
+
+    def __init__(self, config: EngineConfig, *,
+                 on_load_progress: Callable[[float], None] | None = None) -> None:
+        self.config = config
+        self._model = self._ctx = self._mctx = None
+        self._n_past = 0
+        self._logits_ready = False
+        self._meter = _Meter()
+        self.last_completion_tokens: list[int] = []
+        self.interrupt_requested = False
+        started = time.perf_counter()
+        _install_log_router()
+        llama_cpp.llama_backend_init()
+        try:
+            self._load(on_load_progress)
+        except BaseException:
+            self.close()
+            raise
+        self.load_s = time.perf_counter() - started
+
+    # -- loading -------------------------------------------------------------------------
+
+    def _load(self, on_load_progress: Callable[[float], None] | None) -> None:
+        cfg = self.config
+        mparams = llama_cpp.llama_model_default_params()
+        mparams.n_gpu_layers = cfg.n_gpu_layers
+
+        def progress(fraction: float, _user: ctypes.c_void_p) -> bool:
+            if on_load_progress is not None:
+                on_load_progress(float(fraction))
+            # Returning False makes llama.cpp abandon the load; exceptions can't cross ctypes.
+            return not self.interrupt_requested
+
+        self._progress_cb = llama_cpp.llama_progress_callback(progress)
+        mparams.progress_callback = self._progress_cb
+        self._model = llama_cpp.llama_model_load_from_file(str(cfg.model_path).encode(), mparams)
+        if not self._model:
+            if self.interrupt_requested:
+                raise Interrupted("interrupted while loading the model")
+            raise ModelError(f"{cfg.model_path}: llama.cpp could not load it ({_last_error()})")
+        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self.n_embd = llama_cpp.llama_model_n_embd(self._model)
+
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = cfg.n_ctx
+        cparams.n_batch = cfg.n_batch
+        cparams.n_ubatch = min(cfg.n_ubatch, cfg.n_batch)
+        threads = cfg.n_threads or default_threads()
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        cparams.no_perf = False
+        cparams.type_k = KV_TYPES[cfg.type_k]
+        cparams.type_v = KV_TYPES[cfg.type_v]
+        if cfg.flash_attn is not None:
+            cparams.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if cfg.flash_attn
+                                       else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+        self._abort_cb = llama_cpp.ggml_abort_callback(lambda _user: self.interrupt_requested)
+        cparams.abort_callback = self._abort_cb
+        self._ctx = llama_cpp.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            raise EngineError(f"could not create a context of {cfg.n_ctx} tokens ({_last_error()})")
+        self._mem = llama_cpp.llama_get_memory(self._ctx)
+        self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
+        self.n_batch = llama_cpp.llama_n_batch(self._ctx)
+
+        self.tokens_per_image = 0
+        if cfg.mmproj_path is not None:
+            mtmd_params = mtmd_cpp.mtmd_context_params_default()
+            mtmd_params.use_gpu = cfg.mmproj_on_gpu
+            mtmd_params.n_threads = threads
+            mtmd_params.print_timings = False
+            mtmd_params.warmup = False
+            if cfg.flash_attn is not None:
+                mtmd_params.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+                                               if cfg.flash_attn
+                                               else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+            self._mctx = mtmd_cpp.mtmd_init_from_file(str(cfg.mmproj_path).encode(), self._model,
+                                                      mtmd_params)
+            if not self._mctx:
+                raise ModelError(f"{cfg.mmproj_path}: llama.cpp could not load the projector "
+                                 f"({_last_error()})")
+            if not mtmd_cpp.mtmd_support_vision(self._mctx):
+                raise ModelError(f"{cfg.mmproj_path}: this projector does not take images")
+            self._marker = mtmd_cpp.mtmd_default_marker()
+
+    def close(self) -> None:
+        """Free the projector, the context and the model (idempotent)."""
+        if self._mctx:
+            mtmd_cpp.mtmd_free(self._mctx)
+            self._mctx = None
+        if self._ctx:
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
+        if self._model:
+            llama_cpp.llama_model_free(self._model)
+            self._model = None
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    # -- the ledger ----------------------------------------------------------------------
+
+    @property
+    def n_past(self) -> int:
+        """Positions decoded so far: the ledger."""
+        return self._n_past
+
+    def kv_cells(self) -> int:
+        """KV cells in use, as llama.cpp counts them (pos_max + 1)."""
+        return llama_cpp.llama_memory_seq_pos_max(self._mem, _SEQ) + 1
+
+    def truncate(self, pos: int) -> None:
+        """Drop every KV cell from position `pos` to the end."""
+        if not 0 <= pos <= self._n_past:
+            raise EngineError(f"cannot truncate to {pos}: the cache holds {self._n_past} positions")
+        if pos == self._n_past:
+            return
+        if not llama_cpp.llama_memory_seq_rm(self._mem, _SEQ, pos, -1):
+            raise EngineError(f"llama.cpp refused to remove KV positions from {pos}")
+        self._n_past = pos
+        self._logits_ready = False
+
+    def free_tokens(self) -> int:
+        """Context positions still free."""
+        return self.n_ctx - self._n_past
+
+    # -- requests and timings -----------------------------------------------------------
+
+    def begin_request(self, *, started: float | None = None) -> None:
+        """Start timing a new request; TTFT counts from `started` (perf_counter), default now."""
+        self._meter = _Meter() if started is None else _Meter(started=started)
+
+    def note_preprocess(self, seconds: float) -> None:
+        """Add image preprocessing done outside the engine (decode, orientation, tiling)."""
+        self._meter.preprocess_s += seconds
+
+    def stats(self) -> RequestStats:
+        """The current request's numbers."""
+        m = self._meter
+        return RequestStats(
+            prompt_tokens=m.prompt_tokens, visual_tokens=m.visual_tokens,
+            completion_tokens=m.completion_tokens, clip_encodes=m.clip_encodes,
+            preprocess_s=m.preprocess_s, clip_encode_s=m.clip_encode_s, prefill_s=m.prefill_s,
+            ttft_s=m.ttft_s, decode_s=m.decode_s,
+        )
+
+    # -- text -----------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_bos: bool = False) -> list[int]:
+        """Text to token ids; special tokens written in the text (e.g. <|im_start|>) are parsed."""
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        while True:
+            buf = (llama_cpp.llama_token * capacity)()
+            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_bos, True)
+            if n >= 0:
+                return list(buf[:n])
+            capacity = -n
+
+    def token_bytes(self, token: int) -> bytes:
+        """The raw bytes of one token's text (special tokens render as nothing)."""
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        return buf.raw[:n]
+
+    def detokenize(self, tokens: list[int]) -> str:
+        """Token ids back to text."""
+        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", "replace")
+
+    def eval_text(self, tokens: list[int]) -> None:
+        """Decode tokens at the end of the cache, in n_batch pieces; logits for the last one."""
+        if not tokens:
+            return
+        self._ensure_room(len(tokens))
+        started = time.perf_counter()
+        self._decode_tokens(tokens)
+        self._meter.prefill_s += time.perf_counter() - started
+        self._meter.prompt_tokens += len(tokens)
+
+    def _decode_tokens(self, tokens: list[int]) -> None:
+        batch = llama_cpp.llama_batch_init(min(len(tokens), self.n_batch), 0, 1)
+        try:
+            for start in range(0, len(tokens), self.n_batch):
+                piece = tokens[start:start + self.n_batch]
+                batch.n_tokens = len(piece)
+                for i, token in enumerate(piece):
+                    batch.token[i] = token
+                    batch.pos[i] = self._n_past + i
+                    batch.n_seq_id[i] = 1
+                    batch.seq_id[i][0] = _SEQ
+                    batch.logits[i] = False
+                last_piece = start + self.n_batch >= len(tokens)
+                batch.logits[len(piece) - 1] = last_piece
+                self._check(llama_cpp.llama_decode(self._ctx, batch), "decode text")
+                self._n_past += len(piece)
+        finally:
+            llama_cpp.llama_batch_free(batch)
+        self._logits_ready = True
+
+    # -- images ---------------------------------------------------------------------------
+
+    def image_tokens(self) -> int:
+        """Tokens one image (or tile) costs with this projector."""
+        if not self.tokens_per_image:
+            probe = Image.new("RGB", (8, 8))
+            self.tokens_per_image = self._with_image_chunks(probe, lambda chunks: sum(
+                mtmd_cpp.mtmd_input_chunk_get_n_tokens(mtmd_cpp.mtmd_input_chunks_get(chunks, i))
+                for i in range(mtmd_cpp.mtmd_input_chunks_size(chunks))))
+        return self.tokens_per_image
+
+    def eval_image(self, image: Image.Image | np.ndarray) -> int:
+        """Encode one RGB image with CLIP and decode it at the end of the cache; returns tokens."""
+        if self._mctx is None:
+            raise EngineError("no projector is loaded, so images cannot be read")
+        return self._with_image_chunks(image, self._eval_chunks)
+
+    def _with_image_chunks(self, image: Image.Image | np.ndarray,
+                           use: Callable[[ctypes.c_void_p], int]) -> int:
+        started = time.perf_counter()
+        pixels = np.ascontiguousarray(np.asarray(image, dtype=np.uint8))
+        if pixels.ndim != 3 or pixels.shape[2] != 3:
+            raise EngineError(f"eval_image needs an RGB array, got shape {pixels.shape}")
+        height, width = pixels.shape[:2]
+        bitmap = mtmd_cpp.mtmd_bitmap_init(
+            width, height, pixels.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)))
+        chunks = mtmd_cpp.mtmd_input_chunks_init()
+        try:
+            text = mtmd_cpp.mtmd_input_text(self._marker, len(self._marker), False, True)
+            bitmaps = (mtmd_cpp.mtmd_bitmap_p_ctypes * 1)(bitmap)
+            rc = mtmd_cpp.mtmd_tokenize(self._mctx, chunks, ctypes.byref(text), bitmaps, 1)
+            if rc != 0:
+                raise EngineError(f"mtmd could not preprocess the image (code {rc})")
+            self._meter.preprocess_s += time.perf_counter() - started
+            return use(chunks)
+        finally:
+            mtmd_cpp.mtmd_input_chunks_free(chunks)
+            mtmd_cpp.mtmd_bitmap_free(bitmap)
+
+    def _eval_chunks(self, chunks: ctypes.c_void_p) -> int:
+        n_chunks = mtmd_cpp.mtmd_input_chunks_size(chunks)
+        sizes = [mtmd_cpp.mtmd_input_chunk_get_n_tokens(mtmd_cpp.mtmd_input_chunks_get(chunks, i))
+                 for i in range(n_chunks)]
+        self._ensure_room(sum(sizes))
+        visual = 0
+        for i in range(n_chunks):
+            chunk = mtmd_cpp.mtmd_input_chunks_get(chunks, i)
+            if mtmd_cpp.mtmd_input_chunk_get_type(chunk) == mtmd_cpp.MTMD_INPUT_CHUNK_TYPE_TEXT:
+                n = ctypes.c_size_t(0)
+                ptr = mtmd_cpp.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
+                self.eval_text([ptr[j] for j in range(n.value)])
+                continue
+            visual += self._eval_image_chunk(chunk)
+        return visual
+
+    def _eval_image_chunk(self, chunk: ctypes.c_void_p) -> int:
+        n_tokens = mtmd_cpp.mtmd_input_chunk_get_n_tokens(chunk)
+        started = time.perf_counter()
+        self._check(mtmd_cpp.mtmd_encode_chunk(self._mctx, chunk), "encode image")
+        embd = mtmd_cpp.mtmd_get_output_embd(self._mctx)
+        encoded = time.perf_counter()
+        new_n_past = llama_cpp.llama_pos(self._n_past)
+        rc = mtmd_cpp.mtmd_helper_decode_image_chunk(
+            self._mctx, self._ctx, chunk, embd, self._n_past, _SEQ, self.n_batch,
+            ctypes.byref(new_n_past), mtmd_cpp.mtmd_helper_post_decode_callback(), None)
+        # Whatever was decoded before a failure is in the cache: keep the ledger honest.
+        self._n_past = self.kv_cells()
+        self._check(rc, "decode image")
+        self._n_past = new_n_past.value
+        self._logits_ready = False
+        done = time.perf_counter()
+        m = self._meter
+        m.clip_encode_s += encoded - started
+        m.prefill_s += done - encoded
+        m.prompt_tokens += n_tokens
+        m.visual_tokens += n_tokens
+        m.clip_encodes += 1
+        return n_tokens
+
+    # -- generation -----------------------------------------------------------------------
+
+    def generate(self, max_tokens: int, sampling: Sampling | None = None) -> Iterator[str]:
+        """Sample up to max_tokens after the cache; every shown token is decoded into the cache."""
+        if not self._logits_ready:
+            raise EngineError("nothing to continue from: evaluate some text first")
+        sampling = sampling or Sampling()
+        sampler = self._make_sampler(sampling)
+        text = codecs.getincrementaldecoder("utf-8")("replace")
+        self.last_completion_tokens = []
+        first_at: float | None = None
+        try:
+            for _ in range(max_tokens):
+                if self._n_past >= self.n_ctx:
+                    break
+                token = llama_cpp.llama_sampler_sample(sampler, self._ctx, -1)
+                if llama_cpp.llama_vocab_is_eog(self._vocab, token):
+                    break
+                self._decode_tokens([token])
+                self.last_completion_tokens.append(token)
+                self._meter.completion_tokens += 1
+                piece = text.decode(self.token_bytes(token))
+                if first_at is None:
+                    first_at = time.perf_counter()
+                    self._meter.ttft_s = first_at - self._meter.started
+                if piece:
+                    yield piece
+            tail = text.decode(b"", final=True)
+            if tail:
+                yield tail
+        finally:
+            llama_cpp.llama_sampler_free(sampler)
+            if first_at is not None:
+                self._meter.decode_s += time.perf_counter() - first_at
+            elif self._meter.ttft_s == 0.0:
+                self._meter.ttft_s = time.perf_counter() - self._meter.started
+
+    def _make_sampler(self, s: Sampling) -> ctypes.c_void_p:
+        chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+        add = llama_cpp.llama_sampler_chain_add
+        add(chain, llama_cpp.llama_sampler_init_top_k(max(s.top_k, 1)))
+        if s.repeat_penalty != 1.0:
+            n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
+            add(chain, llama_cpp.llama_sampler_init_penalties(
+                n_vocab, s.repeat_last_n, s.repeat_penalty, 0.0, 0.0))
+        if s.temperature <= 0:
+            add(chain, llama_cpp.llama_sampler_init_greedy())
+        else:
+            add(chain, llama_cpp.llama_sampler_init_top_p(s.top_p, 1))
+            add(chain, llama_cpp.llama_sampler_init_min_p(s.min_p, 1))
+            add(chain, llama_cpp.llama_sampler_init_temp(s.temperature))
+            add(chain, llama_cpp.llama_sampler_init_dist(s.seed & 0xFFFFFFFF))
+        return chain
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _ensure_room(self, n_tokens: int) -> None:
+        if self._n_past + n_tokens > self.n_ctx:
+            raise ContextOverflowError(
+                f"{n_tokens} more tokens do not fit: {self._n_past} of {self.n_ctx} in use")
+
+    def _check(self, rc: int, what: str) -> None:
+        if rc == 0:
+            return
+        if self.interrupt_requested or rc == 2:
+            self._n_past = self.kv_cells()
+            raise Interrupted(f"interrupted during {what}")
+        raise EngineError(f"llama.cpp failed to {what} (code {rc}; {_last_error()})")
+
+
+def default_threads() -> int:
+    """Threads for llama.cpp: all cores on small machines, physical-ish cores on big ones."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:
+        n = os.cpu_count() or 1
+    return n if n <= 4 else max(4, n // 2)
+
+
+def gpu_offload_supported() -> bool:
+    """Whether this llama.cpp build can put layers on a GPU."""
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+# -- routing llama.cpp's C logging into Python logging --------------------------------------
+
+_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
+_log_state: dict[str, object] = {"installed": False, "pending": "", "level": logging.INFO,
+                                 "last_error": ""}
+
+
+def _on_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+    message = text.decode("utf-8", "replace") if text else ""
+    if level != 5:  # 5 is GGML_LOG_LEVEL_CONT: a continuation of the previous line
+        _log_state["level"] = _LEVELS.get(level, logging.INFO)
+    pending = str(_log_state["pending"]) + message
+    *lines, rest = pending.split("\n")
+    _log_state["pending"] = rest
+    py_level = int(_log_state["level"])  # type: ignore[arg-type]
+    for line in lines:
+        if not line.strip():
+            continue
+        if py_level >= logging.ERROR:
+            _log_state["last_error"] = line.strip()
+        # llama.cpp's INFO is chatter for a user: shown with --verbose (DEBUG) only.
+        log.log(logging.DEBUG if py_level <= logging.INFO else py_level, "%s", line)
+
+
+_LOG_CALLBACK = llama_cpp.llama_log_callback(_on_log)
+
+
+def _install_log_router() -> None:
+    if _log_state["installed"]:
+        return
+    llama_cpp.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
+    mtmd_cpp.mtmd_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
+    mtmd_cpp.mtmd_helper_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
+    _log_state["installed"] = True
+
+
+def _last_error() -> str:
+    return str(_log_state["last_error"]) or "see --verbose for llama.cpp's log"

@@ -1,0 +1,213 @@
+"""Facts read from GGUF files with the `gguf` package: what the planner and the engine need."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import ModelError
+
+GGUF_MAGIC = b"GGUF"
+PROJECTOR_ARCH = "clip"
+# Decoder architectures edgevlm has prompt formats and memory rules for.
+SUPPORTED_TEXT_ARCHS = frozenset({"llama", "mistral", "qwen2", "gemma", "phi3", "granite"})
+_LAYER_RE = re.compile(r"^blk\.(\d+)\.")
+
+
+@dataclass(frozen=True)
+class TextModelFacts:
+    """Architecture and tensor sizes of a text model GGUF."""
+
+    path: Path
+    architecture: str
+    name: str
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim_k: int
+    head_dim_v: int
+    n_ff: int
+    n_ctx_train: int
+    n_vocab: int
+    chat_template: str | None
+    layer_bytes: tuple[int, ...]
+    output_bytes: int
+    token_embd_bytes: int
+    file_bytes: int
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(self.layer_bytes) + self.output_bytes + self.token_embd_bytes
+
+
+@dataclass(frozen=True)
+class ProjectorFacts:
+    """Shape and size of a multimodal projector (mmproj) GGUF."""
+
+    path: Path
+    projector_type: str
+    image_size: int
+    patch_size: int
+    vision_width: int
+    vision_heads: int
+    vision_blocks: int
+    vision_ff: int
+    projection_dim: int
+    weight_bytes: int
+    file_bytes: int
+
+    @property
+    def tokens_per_image(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+
+def read_text_model(path: str | Path) -> TextModelFacts:
+    """Read a text model's facts; a projector or a non-GGUF file is a ModelError."""
+    path = Path(path)
+    reader = _open(path, role="--model")
+    fields = _fields(reader)
+    arch = str(fields.get("general.architecture", ""))
+    if arch == PROJECTOR_ARCH:
+        raise ModelError(f"{path}: is a vision projector (mmproj), not a text model; pass it as --mmproj")
+    if arch not in SUPPORTED_TEXT_ARCHS:
+        raise ModelError(f"{path}: architecture '{arch or 'unknown'}' is not supported; "
+                         f"supported: {', '.join(sorted(SUPPORTED_TEXT_ARCHS))}")
+    try:
+        n_embd = int(fields[f"{arch}.embedding_length"])
+        n_head = int(fields[f"{arch}.attention.head_count"])
+        n_layer = int(fields[f"{arch}.block_count"])
+    except KeyError as exc:
+        raise ModelError(f"{path}: GGUF lacks the key {exc.args[0]}; is it a complete text model?") from None
+    n_head_kv = int(fields.get(f"{arch}.attention.head_count_kv", n_head))
+    head_dim = n_embd // n_head
+    tokens = fields.get("tokenizer.ggml.tokens")
+    n_vocab = int(fields.get(f"{arch}.vocab_size", len(tokens) if tokens is not None else 0))
+
+    layer_bytes = [0] * n_layer
+    output_bytes = token_embd_bytes = 0
+    has_output_weight = False
+    for tensor in reader.tensors:
+        size = int(tensor.n_bytes)
+        match = _LAYER_RE.match(tensor.name)
+        if match and int(match.group(1)) < n_layer:
+            layer_bytes[int(match.group(1))] += size
+        elif tensor.name == "token_embd.weight":
+            token_embd_bytes = size
+        elif tensor.name.startswith("output"):
+            output_bytes += size
+            has_output_weight |= tensor.name == "output.weight"
+    if not has_output_weight:
+        # Tied embeddings: llama.cpp puts a copy of token_embd on the output layer's device.
+        output_bytes += token_embd_bytes
+    template = fields.get("tokenizer.chat_template")
+    return TextModelFacts(
+        path=path,
+        architecture=arch,
+        name=str(fields.get("general.name", path.stem)),
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        head_dim_k=int(fields.get(f"{arch}.attention.key_length", head_dim)),
+        head_dim_v=int(fields.get(f"{arch}.attention.value_length", head_dim)),
+        n_ff=int(fields.get(f"{arch}.feed_forward_length", 0)),
+        n_ctx_train=int(fields.get(f"{arch}.context_length", 2048)),
+        n_vocab=n_vocab,
+        chat_template=str(template) if template else None,
+        layer_bytes=tuple(layer_bytes),
+        output_bytes=output_bytes,
+        token_embd_bytes=token_embd_bytes,
+        file_bytes=path.stat().st_size,
+    )
+
+
+def read_projector(path: str | Path) -> ProjectorFacts:
+    """Read an mmproj's facts; a text model or a non-GGUF file is a ModelError."""
+    path = Path(path)
+    reader = _open(path, role="--mmproj")
+    fields = _fields(reader)
+    arch = str(fields.get("general.architecture", ""))
+    if arch != PROJECTOR_ARCH:
+        raise ModelError(f"{path}: is a text model ({arch or 'unknown'}), not a vision projector; "
+                         "pass it as --model and give the mmproj file as --mmproj")
+    if not fields.get("clip.has_vision_encoder", False):
+        raise ModelError(f"{path}: this projector has no vision encoder")
+    tensors = {t.name: t for t in reader.tensors}
+    try:
+        image_size = int(fields["clip.vision.image_size"])
+        patch_size = int(fields["clip.vision.patch_size"])
+    except KeyError as exc:
+        raise ModelError(f"{path}: projector lacks the key {exc.args[0]}") from None
+    return ProjectorFacts(
+        path=path,
+        projector_type=str(fields.get("clip.projector_type", "mlp")),
+        image_size=image_size,
+        patch_size=patch_size,
+        vision_width=int(fields.get("clip.vision.embedding_length", 0)),
+        vision_heads=int(fields.get("clip.vision.attention.head_count", 0)),
+        vision_blocks=int(fields.get("clip.vision.block_count", 0)),
+        vision_ff=int(fields.get("clip.vision.feed_forward_length", 0)),
+        projection_dim=_projection_width(tensors, fields),
+        weight_bytes=sum(int(t.n_bytes) for t in reader.tensors),
+        file_bytes=path.stat().st_size,
+    )
+
+
+def check_pair(text: TextModelFacts, projector: ProjectorFacts) -> None:
+    """The projector must emit vectors as wide as the text model's embeddings."""
+    if projector.projection_dim != text.n_embd:
+        raise ModelError(
+            f"{projector.path.name} projects to width {projector.projection_dim} but "
+            f"{text.path.name} has embedding width {text.n_embd}: they are not a pair"
+        )
+
+
+def _projection_width(tensors: dict[str, Any], fields: dict[str, Any]) -> int:
+    # The last mm.N.weight decides the output width; ggml's first dim is the input width.
+    mm_weights = sorted(
+        (int(name.split(".")[1]), t) for name, t in tensors.items()
+        if re.fullmatch(r"mm\.\d+\.weight", name) and len(t.shape) == 2
+    )
+    if mm_weights:
+        return int(mm_weights[-1][1].shape[1])
+    return int(fields.get("clip.vision.projection_dim", 0))
+
+
+def _open(path: Path, *, role: str) -> Any:
+    if not path.exists():
+        raise ModelError(f"{path}: no such file")
+    if path.is_dir():
+        raise ModelError(f"{path}: is a directory, not a GGUF file ({role})")
+    with path.open("rb") as handle:
+        magic = handle.read(4)
+    if magic != GGUF_MAGIC:
+        raise ModelError(f"{path}: not a GGUF file ({role} needs a .gguf)")
+    from gguf import GGUFReader  # deferred: importing gguf costs ~0.2 s
+
+    try:
+        reader = GGUFReader(path, "r")
+    except Exception as exc:  # gguf raises bare ValueError/IndexError/struct.error on damage
+        raise ModelError(f"{path}: truncated or corrupt GGUF ({exc})") from None
+    data_end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
+    if data_end > path.stat().st_size:
+        raise ModelError(f"{path}: truncated GGUF ({path.stat().st_size:,} of {data_end:,} bytes); "
+                         "download it again")
+    return reader
+
+
+def _fields(reader: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, field in reader.fields.items():
+        if key in ("tokenizer.ggml.tokens",):
+            out[key] = range(len(field.data))  # only the count is needed
+            continue
+        if key.startswith("tokenizer.ggml.") and key not in ("tokenizer.ggml.model",):
+            continue
+        try:
+            out[key] = field.contents()
+        except Exception:  # an odd field type must not stop us reading the rest
+            continue
+    return out

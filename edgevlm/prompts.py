@@ -1,0 +1,88 @@
+"""Prompt formats per model family, chosen in one place (preset first, then GGUF metadata)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PromptFormat:
+    """The text around each turn. A user turn renders as user_prefix + content + user_suffix."""
+
+    name: str
+    system_prefix: str
+    system_suffix: str
+    user_prefix: str
+    user_suffix: str  # ends with the assistant's cue
+    assistant_suffix: str  # closes an answer before the next user turn
+    default_system: str
+    add_bos: bool = True
+
+    def system(self, text: str | None = None) -> str:
+        """The rendered system block (empty when the format has none)."""
+        body = self.default_system if text is None else text
+        if not body and not self.system_prefix:
+            return ""
+        return f"{self.system_prefix}{body}{self.system_suffix}"
+
+
+VICUNA = PromptFormat(
+    name="vicuna",
+    system_prefix="",
+    system_suffix=" ",
+    user_prefix="USER: ",
+    user_suffix=" ASSISTANT:",
+    assistant_suffix="</s>",
+    default_system=(
+        "A chat between a curious human and an artificial intelligence assistant. "
+        "The assistant gives helpful, detailed, and polite answers to the human's questions."
+    ),
+)
+
+MISTRAL_INSTRUCT = PromptFormat(
+    name="mistral-instruct",
+    system_prefix="",
+    system_suffix="",
+    user_prefix="[INST] ",
+    user_suffix=" [/INST]",
+    assistant_suffix="</s>",
+    default_system="",
+)
+
+CHATML = PromptFormat(
+    name="chatml",
+    system_prefix="<|im_start|>system\n",
+    system_suffix="<|im_end|>\n",
+    user_prefix="<|im_start|>user\n",
+    user_suffix="<|im_end|>\n<|im_start|>assistant\n",
+    assistant_suffix="<|im_end|>\n",
+    default_system="You are a helpful assistant that describes images accurately.",
+    add_bos=False,
+)
+
+LLAMA3 = PromptFormat(
+    name="llama3",
+    system_prefix="<|start_header_id|>system<|end_header_id|>\n\n",
+    system_suffix="<|eot_id|>",
+    user_prefix="<|start_header_id|>user<|end_header_id|>\n\n",
+    user_suffix="<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
+    assistant_suffix="<|eot_id|>",
+    default_system="You are a helpful assistant that describes images accurately.",
+)
+
+FORMATS = {f.name: f for f in (VICUNA, MISTRAL_INSTRUCT, CHATML, LLAMA3)}
+
+
+def detect_format(chat_template: str | None, *, preset_format: str | None = None) -> PromptFormat:
+    """The preset's format if it names one, else what the GGUF's chat template looks like."""
+    if preset_format:
+        return FORMATS[preset_format]
+    template = chat_template or ""
+    if "<|im_start|>" in template:
+        return CHATML
+    if "<|start_header_id|>" in template:
+        return LLAMA3
+    if "[INST]" in template:
+        return MISTRAL_INSTRUCT
+    # LLaVA-1.5 GGUFs carry no template; Vicuna is what they were tuned on.
+    return VICUNA

@@ -1,0 +1,136 @@
+"""AnyRes tiling: a global view plus labelled local tiles, sized to the context budget.
+
+Pure: Pillow and numpy only, no llama imports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from PIL import Image
+
+from .images import MEAN_RGB
+
+# Past about a dozen tiles a frozen LLaVA-1.5 gains little and the prompt outgrows its training.
+MAX_AUTO_TILES = 12
+
+
+@dataclass(frozen=True)
+class Tile:
+    """One local tile: 1-based row and column, and its box on the tiling canvas."""
+
+    row: int
+    col: int
+    box: tuple[int, int, int, int]
+
+
+@dataclass(frozen=True)
+class TilePlan:
+    """How one image is shown: the grid, the canvas it is resized onto, and the tiles."""
+
+    image_size: tuple[int, int]
+    tile_size: int
+    grid: tuple[int, int]  # (cols, rows); (0, 0) means global view only
+    scale: float
+    resized_size: tuple[int, int]
+    offset: tuple[int, int]
+    tiles: tuple[Tile, ...]
+
+    @property
+    def n_tiles(self) -> int:
+        return len(self.tiles)
+
+    @property
+    def canvas_size(self) -> tuple[int, int]:
+        cols, rows = self.grid
+        return (cols * self.tile_size, rows * self.tile_size)
+
+
+def effective_resolution(width: int, height: int, cols: int, rows: int, tile_size: int) -> int:
+    """LLaVA-NeXT's score: image pixels kept when fitted into a cols x rows canvas, capped at W*H."""
+    scale = min(cols * tile_size / width, rows * tile_size / height)
+    return min(int(width * scale) * int(height * scale), width * height)
+
+
+def select_grid(width: int, height: int, *, max_tiles: int, tile_size: int) -> tuple[int, int]:
+    """Best (cols, rows) with cols*rows <= max_tiles, or (0, 0) when tiles would add nothing."""
+    if max_tiles < 2 or (width <= tile_size and height <= tile_size):
+        return (0, 0)
+    global_score = effective_resolution(width, height, 1, 1, tile_size)
+    best: tuple[int, int, float] | None = None  # (score, -waste, -aspect error)
+    best_grid = (0, 0)
+    for cols in range(1, max_tiles + 1):
+        for rows in range(1, max_tiles // cols + 1):
+            if cols * rows < 2:
+                continue
+            score = effective_resolution(width, height, cols, rows, tile_size)
+            waste = cols * rows * tile_size * tile_size - score
+            aspect_error = abs((cols / rows) - (width / height))
+            key = (score, -waste, -aspect_error)
+            if best is None or key > best:
+                best, best_grid = key, (cols, rows)
+    if best is None or best[0] <= global_score:
+        return (0, 0)
+    return best_grid
+
+
+def plan_tiles(width: int, height: int, *, max_tiles: int, tile_size: int) -> TilePlan:
+    """Choose the grid and lay out its tiles in row-major order; never upscales the image."""
+    cols, rows = select_grid(width, height, max_tiles=max_tiles, tile_size=tile_size)
+    if cols == 0:
+        return TilePlan((width, height), tile_size, (0, 0), 1.0, (width, height), (0, 0), ())
+    canvas_w, canvas_h = cols * tile_size, rows * tile_size
+    scale = min(canvas_w / width, canvas_h / height, 1.0)
+    resized = (max(1, min(canvas_w, round(width * scale))), max(1, min(canvas_h, round(height * scale))))
+    offset = ((canvas_w - resized[0]) // 2, (canvas_h - resized[1]) // 2)
+    tiles = tuple(
+        Tile(row=r + 1, col=c + 1,
+             box=(c * tile_size, r * tile_size, (c + 1) * tile_size, (r + 1) * tile_size))
+        for r in range(rows)
+        for c in range(cols)
+    )
+    return TilePlan((width, height), tile_size, (cols, rows), scale, resized, offset, tiles)
+
+
+def max_tiles_for_budget(
+    *, n_ctx: int, reserved_tokens: int, global_tokens: int, tokens_per_tile: int
+) -> int:
+    """How many tiles fit: (n_ctx - reserved - global) // tokens per tile, capped at MAX_AUTO_TILES."""
+    free = n_ctx - reserved_tokens - global_tokens
+    if free <= 0 or tokens_per_tile <= 0:
+        return 0
+    return min(MAX_AUTO_TILES, free // tokens_per_tile)
+
+
+def letterbox(image: Image.Image, tile_size: int) -> Image.Image:
+    """The global view: the whole image padded to a square in LLaVA's mean colour, at tile_size."""
+    width, height = image.size
+    scale = tile_size / max(width, height)
+    new_size = (max(1, round(width * scale)), max(1, round(height * scale)))
+    resized = _resize(image, new_size)
+    canvas = Image.new("RGB", (tile_size, tile_size), MEAN_RGB)
+    canvas.paste(resized, ((tile_size - new_size[0]) // 2, (tile_size - new_size[1]) // 2))
+    return canvas
+
+
+def cut_tiles(image: Image.Image, plan: TilePlan) -> list[Image.Image]:
+    """The local tiles of a plan, in row-major order."""
+    if not plan.tiles:
+        return []
+    resized = _resize(image, plan.resized_size)
+    canvas = Image.new("RGB", plan.canvas_size, MEAN_RGB)
+    canvas.paste(resized, plan.offset)
+    return [canvas.crop(tile.box) for tile in plan.tiles]
+
+
+def tile_label(tile: Tile, grid: tuple[int, int]) -> str:
+    """The text shown to the model just before a tile."""
+    cols, rows = grid
+    return f"Tile row {tile.row}, col {tile.col} of {cols}x{rows} (cols x rows):"
+
+
+def _resize(image: Image.Image, size: tuple[int, int]) -> Image.Image:
+    if image.size == size:
+        return image
+    # reducing_gap shrinks big photos in integer steps first: much faster, same look.
+    return image.resize(size, Image.Resampling.BICUBIC, reducing_gap=3.0)
