@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .errors import ModelError
 
@@ -14,6 +17,9 @@ PROJECTOR_ARCH = "clip"
 # Decoder architectures edgevlm has prompt formats and memory rules for.
 SUPPORTED_TEXT_ARCHS = frozenset({"llama", "mistral", "qwen2", "gemma", "phi3", "granite"})
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.")
+# Bump when the facts' fields change, so stale cache entries are ignored.
+_CACHE_VERSION = 1
+_Facts = TypeVar("_Facts", "TextModelFacts", "ProjectorFacts")
 
 
 @dataclass(frozen=True)
@@ -65,8 +71,16 @@ class ProjectorFacts:
 
 
 def read_text_model(path: str | Path) -> TextModelFacts:
-    """Read a text model's facts; a projector or a non-GGUF file is a ModelError."""
-    path = Path(path)
+    """Read a text model's facts (cached by path, size and mtime); wrong kinds are ModelErrors."""
+    return _cached(Path(path), TextModelFacts, _read_text_model)
+
+
+def read_projector(path: str | Path) -> ProjectorFacts:
+    """Read an mmproj's facts (cached by path, size and mtime); wrong kinds are ModelErrors."""
+    return _cached(Path(path), ProjectorFacts, _read_projector)
+
+
+def _read_text_model(path: Path) -> TextModelFacts:
     reader = _open(path, role="--model")
     fields = _fields(reader)
     arch = str(fields.get("general.architecture", ""))
@@ -124,9 +138,7 @@ def read_text_model(path: str | Path) -> TextModelFacts:
     )
 
 
-def read_projector(path: str | Path) -> ProjectorFacts:
-    """Read an mmproj's facts; a text model or a non-GGUF file is a ModelError."""
-    path = Path(path)
+def _read_projector(path: Path) -> ProjectorFacts:
     reader = _open(path, role="--mmproj")
     fields = _fields(reader)
     arch = str(fields.get("general.architecture", ""))
@@ -165,6 +177,42 @@ def check_pair(text: TextModelFacts, projector: ProjectorFacts) -> None:
         )
 
 
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "edgevlm" / "gguf-facts"
+
+
+def _cached(path: Path, kind: type[_Facts], read: Any) -> _Facts:
+    """GGUFReader parses the whole vocabulary in Python (seconds); remember what it found."""
+    _check_file(path)
+    stat = path.stat()
+    key = f"{_CACHE_VERSION}:{kind.__name__}:{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+    entry = _cache_dir() / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
+    try:
+        data = json.loads(entry.read_text())
+        data["path"] = path
+        return kind(**{f.name: tuple(data[f.name]) if isinstance(data[f.name], list) else data[f.name]
+                       for f in fields(kind)})
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    facts = read(path)
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        tmp = entry.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({**asdict(facts), "path": str(path)}))
+        tmp.replace(entry)
+    except OSError:
+        pass  # a read-only cache only costs time
+    return facts
+
+
+def _check_file(path: Path) -> None:
+    if not path.exists():
+        raise ModelError(f"{path}: no such file")
+    if path.is_dir():
+        raise ModelError(f"{path}: is a directory, not a GGUF file")
+
+
 def _projection_width(tensors: dict[str, Any], fields: dict[str, Any]) -> int:
     # The last mm.N.weight decides the output width; ggml's first dim is the input width.
     mm_weights = sorted(
@@ -177,10 +225,6 @@ def _projection_width(tensors: dict[str, Any], fields: dict[str, Any]) -> int:
 
 
 def _open(path: Path, *, role: str) -> Any:
-    if not path.exists():
-        raise ModelError(f"{path}: no such file")
-    if path.is_dir():
-        raise ModelError(f"{path}: is a directory, not a GGUF file ({role})")
     with path.open("rb") as handle:
         magic = handle.read(4)
     if magic != GGUF_MAGIC:

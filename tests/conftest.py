@@ -1,0 +1,73 @@
+"""Shared fixtures: the generated test models (never downloaded) and engines on them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TEST_MODELS = ROOT / "models" / "test"
+TEXT_MODEL = TEST_MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
+MMPROJ_336 = TEST_MODELS / "mmproj-test-336.gguf"  # 576 tokens per image, like LLaVA-1.5
+MMPROJ_112 = TEST_MODELS / "mmproj-test-112.gguf"  # 64 tokens per image, for fast CLI runs
+
+
+def _ensure_test_models() -> None:
+    if not all(p.exists() for p in (TEXT_MODEL, MMPROJ_336, MMPROJ_112)):
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "make_test_models.py")], check=True)
+
+
+@pytest.fixture(scope="session")
+def test_models() -> dict[str, Path]:
+    """Paths of the generated test models."""
+    _ensure_test_models()
+    return {"text": TEXT_MODEL, "mmproj_336": MMPROJ_336, "mmproj_112": MMPROJ_112}
+
+
+def make_engine(mmproj: Path, *, n_ctx: int = 2048, n_batch: int = 512):  # noqa: ANN201
+    """A CPU engine on the test text model and the given projector."""
+    from edgevlm.engine import Engine, EngineConfig
+
+    return Engine(EngineConfig(TEXT_MODEL, mmproj, n_ctx=n_ctx, n_gpu_layers=0, n_batch=n_batch,
+                               n_ubatch=n_batch))
+
+
+@pytest.fixture(scope="module")
+def engine(test_models: dict[str, Path]) -> Iterator[object]:
+    """A 2048-token engine with the 576-token projector, shared within a test module."""
+    eng = make_engine(test_models["mmproj_336"])
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def small_engine(test_models: dict[str, Path]) -> Iterator[object]:
+    """A 1024-token engine with the 64-token projector."""
+    eng = make_engine(test_models["mmproj_112"], n_ctx=1024)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(autouse=True)
+def _isolated_user_dirs(tmp_path_factory: pytest.TempPathFactory,
+                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Never touch the real user's data or the network."""
+    home = tmp_path_factory.getbasetemp() / "home"
+    home.mkdir(exist_ok=True)
+    monkeypatch.setenv("XDG_DATA_HOME", str(home / "data"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home / "cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("EDGEVLM_MODEL", raising=False)
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300,
+            stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run `edgevlm ARGS` in a subprocess, as a user would."""
+    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "edgevlm.cli", *args], capture_output=True,
+                          text=True, env=full_env, timeout=timeout, input=stdin)

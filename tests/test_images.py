@@ -1,0 +1,130 @@
+"""Image loading: every mode becomes upright RGB; every bad file becomes one ImageError."""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from edgevlm.errors import ImageError
+from edgevlm.images import load_image, to_rgb
+
+
+def _save(image: Image.Image, path: Path, **kwargs: object) -> Path:
+    image.save(path, **kwargs)
+    return path
+
+
+def test_rgba_is_flattened_on_white(tmp_path: Path) -> None:
+    image = Image.new("RGBA", (40, 30), (255, 0, 0, 0))
+    image.paste((0, 0, 255, 255), (0, 0, 20, 30))
+    loaded = load_image(_save(image, tmp_path / "a.png"))
+    assert loaded.image.mode == "RGB"
+    assert loaded.image.getpixel((5, 5)) == (0, 0, 255)
+    assert loaded.image.getpixel((35, 5)) == (255, 255, 255)
+
+
+def test_palette_with_transparency_and_la(tmp_path: Path) -> None:
+    pal = Image.new("P", (10, 10), 0)
+    pal.putpalette([0, 200, 0] + [0, 0, 0] * 255)
+    pal.info["transparency"] = 0
+    assert load_image(_save(pal, tmp_path / "p.png", transparency=0)).image.getpixel((1, 1)) == (
+        255, 255, 255)
+    la = Image.new("LA", (10, 10), (50, 255))
+    assert load_image(_save(la, tmp_path / "la.png")).image.getpixel((1, 1)) == (50, 50, 50)
+
+
+def test_16_bit_grayscale_png(tmp_path: Path) -> None:
+    array = np.full((8, 8), 65535, dtype=np.uint16)
+    array[:, :4] = 0
+    image = Image.fromarray(array)
+    assert image.mode == "I;16"
+    loaded = load_image(_save(image, tmp_path / "g16.png"))
+    assert loaded.image.getpixel((6, 1)) == (255, 255, 255)
+    assert loaded.image.getpixel((1, 1)) == (0, 0, 0)
+
+
+def test_cmyk_jpeg_and_bilevel(tmp_path: Path) -> None:
+    cmyk = Image.new("CMYK", (16, 16), (0, 255, 255, 0))  # red in CMYK
+    red = load_image(_save(cmyk, tmp_path / "c.jpg")).image.getpixel((8, 8))
+    assert red[0] > 200 and red[1] < 60 and red[2] < 60
+    bilevel = Image.new("1", (8, 8), 1)
+    assert to_rgb(bilevel).getpixel((0, 0)) == (255, 255, 255)
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_exif_orientation_is_applied(tmp_path: Path, orientation: int) -> None:
+    # Stored 60x40 with a red left half; orientations 5-8 swap width and height.
+    stored = Image.new("RGB", (60, 40), (0, 0, 255))
+    stored.paste((255, 0, 0), (0, 0, 30, 40))
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    loaded = load_image(_save(stored, tmp_path / f"o{orientation}.jpg", exif=exif, quality=95))
+    expected = (60, 40) if orientation <= 4 else (40, 60)
+    assert loaded.size == expected
+    assert loaded.source_size == (60, 40)
+
+
+def test_animated_gif_uses_first_frame_and_says_so(tmp_path: Path) -> None:
+    frames = [Image.new("RGB", (20, 20), c) for c in ((255, 0, 0), (0, 255, 0))]
+    path = tmp_path / "anim.gif"
+    frames[0].save(path, save_all=True, append_images=frames[1:], duration=100)
+    loaded = load_image(path)
+    assert loaded.image.getpixel((5, 5))[0] > 200
+    assert "frame 1 of 2" in loaded.note
+
+
+@pytest.mark.parametrize("size", [(1, 5000), (5000, 1)])
+def test_thin_strips_load(tmp_path: Path, size: tuple[int, int]) -> None:
+    assert load_image(_save(Image.new("RGB", size, (1, 2, 3)), tmp_path / "s.png")).size == size
+
+
+def _truncated(tmp_path: Path, fmt: str) -> Path:
+    buffer = io.BytesIO()
+    noise = np.random.default_rng(0).integers(0, 255, (200, 200, 3), dtype=np.uint8)
+    Image.fromarray(noise).save(buffer, format=fmt)
+    path = tmp_path / f"cut.{fmt.lower()}"
+    path.write_bytes(buffer.getvalue()[: len(buffer.getvalue()) // 2])
+    return path
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda d: d / "missing.jpg", "no such file"),
+        (lambda d: d, "is a directory"),
+        (lambda d: (d / "empty.jpg").write_bytes(b"") or d / "empty.jpg", "empty"),
+        (lambda d: (d / "text.jpg").write_text("hello, not a jpeg") and d / "text.jpg",
+         "not an image"),
+        (lambda d: _truncated(d, "JPEG"), "corrupt or truncated"),
+        (lambda d: _truncated(d, "PNG"), "corrupt or truncated"),
+        (lambda d: (d / "x.heic").write_bytes(b"\x00\x00\x00\x18ftypheic" + bytes(64))
+         and d / "x.heic", "edgevlm[heif]"),
+    ],
+)
+def test_bad_files_raise_one_clear_error(tmp_path: Path, make, message: str) -> None:  # noqa: ANN001
+    path = make(tmp_path)
+    with pytest.raises(ImageError) as info:
+        load_image(path)
+    assert message in str(info.value)
+    assert str(path) in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_decompression_bomb_names_the_limit(tmp_path: Path) -> None:
+    path = _save(Image.new("RGB", (3000, 3000)), tmp_path / "big.png")
+    with pytest.raises(ImageError, match="EDGEVLM_MAX_PIXELS=9000000"):
+        load_image(path, pixel_limit=1_000_000)
+
+
+def test_unreadable_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _save(Image.new("RGB", (4, 4)), tmp_path / "locked.png")
+    path.chmod(0)
+    if os.geteuid() == 0:  # root reads anything: make the permission check see what a user would
+        monkeypatch.setattr("edgevlm.images.os.access", lambda *_a: False)
+    with pytest.raises(ImageError, match="permission denied"):
+        load_image(path)
