@@ -1,0 +1,100 @@
+"""The `edgevlm` command end to end, as a subprocess, on the test models."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from .conftest import run_cli
+
+JSON_KEYS = {"image", "text", "grid", "n_tiles", "visual_tokens", "prompt_tokens",
+             "completion_tokens", "ttft_s", "prefill_tok_s", "decode_tok_s", "n_ctx", "n_gpu_layers"}
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("photos")
+    rng = np.random.default_rng(0)
+    noise = Image.fromarray(rng.integers(0, 255, (1080, 1920, 3), dtype=np.uint8))
+    noise.save(folder / "photo.jpg", quality=80)
+    rgba = Image.new("RGBA", (640, 480), (200, 10, 10, 128))
+    rgba.save(folder / "alpha.png")
+    Image.fromarray(np.linspace(0, 65535, 300 * 200, dtype=np.uint16).reshape(200, 300)).save(
+        folder / "deep16.png")
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    noise.resize((800, 600)).save(folder / "rotated.jpg", exif=exif)
+    Image.new("RGB", (1, 5000), (5, 5, 5)).save(folder / "strip.png")
+    (folder / "broken.jpg").write_bytes(b"definitely not a jpeg")
+    return {p.stem: p for p in folder.iterdir()}
+
+
+def _model_args(models: dict[str, Path]) -> list[str]:
+    return ["--model", str(models["text"]), "--mmproj", str(models["mmproj_112"]),
+            "--n-ctx", "1024", "--max-tokens", "6"]
+
+
+def test_describe_json_for_every_kind_of_image(test_models: dict[str, Path],
+                                               photos: dict[str, Path]) -> None:
+    names = ["photo", "alpha", "deep16", "rotated", "strip"]
+    result = run_cli("describe", *[str(photos[n]) for n in names], *_model_args(test_models), "--json")
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [Path(r["image"]).stem for r in rows] == names
+    for row in rows:
+        assert JSON_KEYS <= row.keys()
+        assert row["visual_tokens"] == 64 * (1 + row["n_tiles"])
+        assert row["prompt_tokens"] + 6 <= row["n_ctx"] == 1024
+    by_name = {Path(r["image"]).stem: r for r in rows}
+    assert by_name["photo"]["grid"][0] > by_name["photo"]["grid"][1]  # landscape: wide grid
+    assert by_name["rotated"]["grid"][1] > by_name["rotated"]["grid"][0]  # EXIF 6: now portrait
+    assert by_name["strip"]["n_tiles"] == 0
+
+
+def test_streams_text_and_reports_stats_on_stderr(test_models: dict[str, Path],
+                                                  photos: dict[str, Path]) -> None:
+    result = run_cli("describe", str(photos["photo"]), *_model_args(test_models))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip()
+    assert "TTFT" in result.stderr and "visual tokens" in result.stderr and "decode" in result.stderr
+
+
+def test_one_bad_image_among_good_ones(test_models: dict[str, Path], photos: dict[str, Path]) -> None:
+    result = run_cli("describe", str(photos["broken"]), str(photos["alpha"]),
+                     str(photos["broken"].with_name("absent.jpg")), *_model_args(test_models), "--json")
+    assert result.returncode == 2
+    assert len(result.stdout.splitlines()) == 1  # the good image still ran
+    assert "broken.jpg: not an image" in result.stderr and "absent.jpg: no such file" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "llava-1.5-7b"], "edgevlm fetch llava-1.5-7b"),
+        (["--model", "no-such-preset"], "known presets: llava-1.5-7b"),
+        (["--tiles", "many"], "--tiles must be auto, 0 or a positive number"),
+        (["--mmproj", "MODEL"], "pass it as --model"),
+    ],
+)
+def test_user_errors_are_one_line_with_exit_2(test_models: dict[str, Path], photos: dict[str, Path],
+                                              tmp_path: Path, args: list[str], message: str) -> None:
+    base = ["--model", str(test_models["text"]), "--mmproj", str(test_models["mmproj_112"])]
+    extra = [str(test_models["text"]) if a == "MODEL" else a for a in args]
+    result = run_cli("describe", str(photos["alpha"]), *base, *extra,
+                     env={"EDGEVLM_MODELS_DIR": str(tmp_path)})
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_help_teaches(photos: dict[str, Path]) -> None:
+    result = run_cli("describe", "--help")
+    assert result.returncode == 0
+    for flag in ("--prompt", "--tiles", "--json", "--n-ctx", "--n-gpu-layers", "--model"):
+        assert flag in result.stdout

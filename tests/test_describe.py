@@ -1,0 +1,82 @@
+"""Describe on real llama.cpp: the budget, the layout and the cached system prompt."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from edgevlm.describe import Describer
+from edgevlm.engine import Engine
+from edgevlm.errors import ContextOverflowError
+from edgevlm.images import LoadedImage
+from edgevlm.prompts import CHATML
+
+from .conftest import make_engine
+
+TILE = 112  # the fast test projector: 64 tokens per view
+
+
+def _image(size: tuple[int, int], name: str = "photo.jpg") -> LoadedImage:
+    return LoadedImage(Path(name), Image.new("RGB", size, (30, 120, 200)), size)
+
+
+def _describer(engine: Engine, **kwargs: object) -> Describer:
+    return Describer(engine, CHATML, tile_size=TILE, **{"max_tokens": 6, **kwargs})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("size", [(3840, 2160), (2160, 3840), (900, 900), (1, 5000), (100, 80)])
+def test_prompt_plus_answer_fits_and_counts_views(small_engine: Engine,
+                                                  size: tuple[int, int]) -> None:
+    describer = _describer(small_engine, max_tokens=32)
+    result = describer.describe(_image(size))
+    assert result.prompt_tokens + describer.max_tokens <= small_engine.n_ctx
+    assert result.visual_tokens == (1 + result.n_tiles) * 64
+    assert result.n_tiles == result.grid[0] * result.grid[1]
+    assert small_engine.n_past == small_engine.kv_cells()
+    assert small_engine.n_past == result.prompt_tokens + result.completion_tokens
+
+
+def test_budget_shrinks_the_grid_to_fit(test_models: dict[str, Path]) -> None:
+    with make_engine(test_models["mmproj_112"], n_ctx=512) as tight:
+        describer = _describer(tight, max_tokens=100)
+        result = describer.describe(_image((3840, 2160)))
+        assert 0 < result.n_tiles < 12
+        assert result.prompt_tokens + 100 <= 512
+
+
+def test_tiles_zero_is_global_view_only(small_engine: Engine) -> None:
+    result = _describer(small_engine, max_tiles=0).describe(_image((3840, 2160)))
+    assert result.grid == (0, 0) and result.visual_tokens == 64
+
+
+def test_explicit_tile_cap(small_engine: Engine) -> None:
+    result = _describer(small_engine, max_tiles=2).describe(_image((3840, 2160)))
+    assert result.n_tiles == 2 and result.grid == (2, 1)
+
+
+def test_system_prompt_is_decoded_once(small_engine: Engine) -> None:
+    describer = _describer(small_engine)
+    first = describer.describe(_image((800, 600), "a.jpg"))
+    prefix = first.cached_tokens
+    assert prefix > 0
+    second = describer.describe(_image((640, 480), "b.jpg"))
+    assert second.cached_tokens == prefix
+    # The second request decoded only its own tokens, not the system prompt again.
+    assert small_engine.stats().prompt_tokens == second.prompt_tokens - prefix
+
+
+def test_a_context_too_small_for_one_image_says_what_to_do(test_models: dict[str, Path]) -> None:
+    with make_engine(test_models["mmproj_336"], n_ctx=512) as tiny:
+        with pytest.raises(ContextOverflowError, match="raise --n-ctx or lower --max-tokens"):
+            Describer(tiny, CHATML, tile_size=336, max_tokens=64).describe(_image((800, 600)))
+
+
+def test_json_fields(small_engine: Engine) -> None:
+    data = _describer(small_engine).describe(_image((3840, 2160))).to_json()
+    for key in ("image", "text", "grid", "n_tiles", "visual_tokens", "prompt_tokens",
+                "completion_tokens", "ttft_s", "prefill_tok_s", "decode_tok_s", "n_ctx",
+                "n_gpu_layers"):
+        assert key in data
+    assert isinstance(data["grid"], list) and len(data["grid"]) == 2
