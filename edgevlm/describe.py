@@ -108,8 +108,10 @@ class Describer:
         """Describe one loaded image, streaming pieces to on_piece."""
         engine = self.engine
         engine.begin_request(started=started)
-        cached = self.shared_prefix_len()
-        engine.truncate(cached)
+        reused = self._prefix_len is not None
+        prefix = self.shared_prefix_len()
+        engine.truncate(prefix)
+        cached = prefix if reused else 0  # only a prefix from an earlier image costs nothing now
         t0 = time.perf_counter()
         plan = self.plan(image, prompt)
         views = [letterbox(image.image, plan.tile_size)] + cut_tiles(image.image, plan)

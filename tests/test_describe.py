@@ -59,7 +59,8 @@ def test_explicit_tile_cap(small_engine: Engine) -> None:
 def test_system_prompt_is_decoded_once(small_engine: Engine) -> None:
     describer = _describer(small_engine)
     first = describer.describe(_image((800, 600), "a.jpg"))
-    prefix = first.cached_tokens
+    assert first.cached_tokens == 0  # the first image pays for the system prompt
+    prefix = describer.shared_prefix_len()
     assert prefix > 0
     second = describer.describe(_image((640, 480), "b.jpg"))
     assert second.cached_tokens == prefix
