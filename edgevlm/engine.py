@@ -172,7 +172,7 @@ class Engine:
             mtmd_params.use_gpu = cfg.mmproj_on_gpu
             mtmd_params.n_threads = threads
             mtmd_params.print_timings = False
-            mtmd_params.warmup = False
+            mtmd_params.warmup = True  # allocate the CLIP compute buffer now, not at the first image
             if cfg.flash_attn is not None:
                 mtmd_params.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
                                                if cfg.flash_attn

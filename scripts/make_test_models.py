@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -107,6 +109,133 @@ def write_projector(path: Path, *, image_size: int, patch_size: int = 14, width:
     writer.write_tensors_to_file()
     writer.close()
     tmp.replace(path)
+    return path
+
+
+@dataclass(frozen=True)
+class LlamaShape:
+    """The shapes of a llama-architecture text model, for a shape-faithful sparse GGUF."""
+
+    name: str
+    n_layer: int = 32
+    n_embd: int = 4096
+    n_head: int = 32
+    n_head_kv: int = 32
+    n_ff: int = 11008
+    n_vocab: int = 32000
+    n_ctx_train: int = 4096
+
+
+LLAVA_7B = LlamaShape("llava-1.5-7b-shape")
+LLAVA_7B_GQA = LlamaShape("llava-1.5-7b-gqa-shape", n_head_kv=8)
+
+
+def write_sparse_llama(path: Path, shape: LlamaShape) -> Path:
+    """A GGUF with real tensor shapes and types (Q4_K_M-like) whose data region is a file hole.
+
+    llama.cpp loads it (zeros) in seconds and reports its real buffer sizes; the 4 GB cost no disk.
+    """
+    import gguf
+    from gguf import GGMLQuantizationType as Q
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name(shape.name)
+    writer.add_context_length(shape.n_ctx_train)
+    writer.add_embedding_length(shape.n_embd)
+    writer.add_block_count(shape.n_layer)
+    writer.add_feed_forward_length(shape.n_ff)
+    writer.add_head_count(shape.n_head)
+    writer.add_head_count_kv(shape.n_head_kv)
+    writer.add_rope_dimension_count(shape.n_embd // shape.n_head)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_file_type(15)  # MOSTLY_Q4_K_M
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list([f"<t{i}>" for i in range(shape.n_vocab)])
+    writer.add_token_scores([0.0] * shape.n_vocab)
+    writer.add_token_types([1] * shape.n_vocab)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+
+    def tensor(name: str, rows: int, cols: int, qtype: Q) -> None:
+        block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+        n_bytes = rows * (cols // block) * type_size
+        shape_ = (rows, cols) if rows > 1 else (cols,)
+        writer.add_tensor_info(name, shape_, np.dtype(np.float32), n_bytes, raw_dtype=qtype)
+
+    e, ff, kv = shape.n_embd, shape.n_ff, shape.n_embd // shape.n_head * shape.n_head_kv
+    tensor("token_embd.weight", shape.n_vocab, e, Q.Q4_K)
+    for i in range(shape.n_layer):
+        more_bits = Q.Q6_K if i % 2 == 0 else Q.Q4_K  # Q4_K_M gives half the layers 6 bits here
+        tensor(f"blk.{i}.attn_norm.weight", 1, e, Q.F32)
+        tensor(f"blk.{i}.attn_q.weight", e, e, Q.Q4_K)
+        tensor(f"blk.{i}.attn_k.weight", kv, e, Q.Q4_K)
+        tensor(f"blk.{i}.attn_v.weight", kv, e, more_bits)
+        tensor(f"blk.{i}.attn_output.weight", e, e, Q.Q4_K)
+        tensor(f"blk.{i}.ffn_norm.weight", 1, e, Q.F32)
+        tensor(f"blk.{i}.ffn_gate.weight", ff, e, Q.Q4_K)
+        tensor(f"blk.{i}.ffn_up.weight", ff, e, Q.Q4_K)
+        tensor(f"blk.{i}.ffn_down.weight", e, ff, more_bits)
+    tensor("output_norm.weight", 1, e, Q.F32)
+    tensor("output.weight", shape.n_vocab, e, Q.Q6_K)
+    return _finish_sparse(writer, path)
+
+
+def write_sparse_vit_projector(path: Path, *, text_width: int = 4096) -> Path:
+    """A shape-faithful LLaVA-1.5 mmproj: ViT-L/14-336 (24 blocks, width 1024) in f16, sparse."""
+    import gguf
+    from gguf import GGMLQuantizationType as Q
+
+    width, ff, blocks, image, patch = 1024, 4096, 23, 336, 14
+    writer = gguf.GGUFWriter(str(path), "clip")
+    writer.add_string("clip.projector_type", "mlp")
+    writer.add_bool("clip.has_vision_encoder", True)
+    writer.add_bool("clip.use_gelu", False)
+    for key, value in [("image_size", image), ("patch_size", patch), ("embedding_length", width),
+                       ("feed_forward_length", ff), ("projection_dim", text_width),
+                       ("attention.head_count", 16), ("block_count", blocks)]:
+        writer.add_uint32(f"clip.vision.{key}", value)
+    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-5)
+    writer.add_array("clip.vision.image_mean", CLIP_MEAN)
+    writer.add_array("clip.vision.image_std", CLIP_STD)
+
+    def tensor(name: str, dims: tuple[int, ...], qtype: Q) -> None:
+        writer.add_tensor_info(name, dims, np.dtype(np.float32),
+                               int(np.prod(dims)) * (2 if qtype == Q.F16 else 4), raw_dtype=qtype)
+
+    tensor("v.class_embd", (width,), Q.F32)
+    tensor("v.patch_embd.weight", (width, 3, patch, patch), Q.F16)
+    tensor("v.position_embd.weight", ((image // patch) ** 2 + 1, width), Q.F16)
+    for name in ("v.pre_ln.weight", "v.pre_ln.bias"):
+        tensor(name, (width,), Q.F32)
+    for b in range(blocks):
+        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            tensor(f"v.blk.{b}.{name}.weight", (width, width), Q.F16)
+            tensor(f"v.blk.{b}.{name}.bias", (width,), Q.F32)
+        for name in ("ln1", "ln2"):
+            tensor(f"v.blk.{b}.{name}.weight", (width,), Q.F32)
+            tensor(f"v.blk.{b}.{name}.bias", (width,), Q.F32)
+        tensor(f"v.blk.{b}.ffn_up.weight", (ff, width), Q.F16)
+        tensor(f"v.blk.{b}.ffn_up.bias", (ff,), Q.F32)
+        tensor(f"v.blk.{b}.ffn_down.weight", (width, ff), Q.F16)
+        tensor(f"v.blk.{b}.ffn_down.bias", (width,), Q.F32)
+    tensor("mm.0.weight", (text_width, width), Q.F16)
+    tensor("mm.0.bias", (text_width,), Q.F32)
+    tensor("mm.2.weight", (text_width, text_width), Q.F16)
+    tensor("mm.2.bias", (text_width,), Q.F32)
+    return _finish_sparse(writer, path)
+
+
+def _finish_sparse(writer: object, path: Path) -> Path:
+    writer.write_header_to_file()  # type: ignore[attr-defined]
+    writer.write_kv_data_to_file()  # type: ignore[attr-defined]
+    writer.write_ti_data_to_file()  # type: ignore[attr-defined]
+    alignment = writer.data_alignment  # type: ignore[attr-defined]
+    handle = writer.fout[0]  # type: ignore[attr-defined]
+    data_start = -(-handle.tell() // alignment) * alignment
+    data_bytes = sum(-(-ti.nbytes // alignment) * alignment
+                     for ti in writer.tensors[0].values())  # type: ignore[attr-defined]
+    handle.close()
+    os.truncate(path, data_start + data_bytes)
     return path
 
 
