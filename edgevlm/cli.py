@@ -94,7 +94,8 @@ def describe(
     _configure_logging(verbose)
     with _handled(debug):
         max_tiles = _parse_tiles(tiles)
-        flags = ModelFlags(str(model), str(mmproj) if mmproj else None, n_ctx, n_gpu_layers, threads)
+        flags = ModelFlags(str(model), str(mmproj) if mmproj else None, n_ctx, n_gpu_layers, threads,
+                           answer_tokens=max_tokens)
         sampling = Sampling(temperature=temperature,
                             seed=seed if seed is not None else random.getrandbits(31))
         describer, failures = None, 0
@@ -118,6 +119,58 @@ def describe(
                           json_out=json_out, quiet=quiet, several=len(photos) > 1)
         if failures:
             raise typer.Exit(2)
+
+
+@app.command()
+def plan(
+    model: ModelOpt = "llava-1.5-7b",
+    mmproj: MmprojOpt = None,
+    vram: Annotated[str | None, typer.Option(
+        help="Plan for a card with this much free memory (8GiB, 8G, 8192MiB, bytes) instead of "
+        "this machine's.")] = None,
+    n_ctx: NCtxOpt = None,
+    kv_type: Annotated[str | None, typer.Option(help="KV cache type: f16, q8_0 or q4_0. "
+                                                "Default: f16, or q8_0 when it buys context.")] = None,
+    flash_attn: Annotated[bool, typer.Option("--flash-attn/--no-flash-attn",
+                                             help="Flash attention (smaller compute buffer).")] = True,
+    max_tokens: Annotated[int, typer.Option(help="Answer length to leave room for.", min=1)] = 512,
+    verify: Annotated[bool, typer.Option(
+        help="Load the model with the plan and compare the estimate with llama.cpp's report.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="The plan as JSON, sizes in bytes.")] = False,
+    verbose: VerboseOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Estimate GPU memory and choose n_gpu_layers and n_ctx, counting the vision projector.
+
+    Reads the GGUF files (no loading), measures free VRAM with NVML (or takes --vram), and
+    explains the choice. `describe` and `chat` use the same plan unless --n-gpu-layers or
+    --n-ctx are given.
+
+    Example: edgevlm plan --vram 8GiB
+    """
+    from .plan import parse_size
+    from .runtime import ModelFlags, inspect, make_plan
+
+    _configure_logging(verbose)
+    with _handled(debug):
+        try:
+            vram_bytes = parse_size(vram) if vram is not None else None
+        except ValueError as exc:
+            raise ConfigError(f"--vram: {exc}") from None
+        flags = ModelFlags(str(model), str(mmproj) if mmproj else None, n_ctx=n_ctx,
+                           answer_tokens=max_tokens, vram=vram_bytes, kv_type=kv_type,
+                           flash_attn=flash_attn)
+        choice, text, projector = inspect(flags)
+        the_plan = make_plan(flags, text, projector)
+        checks = _verify_plan(choice, the_plan, flags) if verify else ()
+        if json_out:
+            data = the_plan.to_json()
+            if verify:
+                data["verify"] = [{"component": c.component, "estimated": c.estimated,
+                                   "reported": c.reported} for c in checks]
+            typer.echo(json.dumps(data))
+        else:
+            _render_plan(the_plan, Path(flags.model).name, checks)
 
 
 @app.command()
@@ -189,6 +242,56 @@ def _load_with_progress(load: Any, flags: Any, *, quiet: bool) -> Any:
                   console=err, transient=True) as progress:
         task = progress.add_task(Path(flags.model).name, total=1.0)
         return load(flags, on_progress=lambda f: progress.update(task, completed=f))
+
+
+def _verify_plan(choice: Any, the_plan: Any, flags: Any) -> tuple[Any, ...]:
+    from .engine import Engine
+    from .plan import compare
+    from .runtime import engine_config
+
+    with Engine(engine_config(choice, the_plan, flags)) as engine:
+        return compare(the_plan, engine.reported_buffers)
+
+
+def _render_plan(p: Any, model_name: str, checks: tuple[Any, ...]) -> None:
+    from rich.table import Table
+
+    from .plan import format_bytes
+
+    out = Console(highlight=False)
+    where = (f"a GPU with {format_bytes(p.vram_free)} free" if p.vram_free is not None
+             else f"the CPU ({format_bytes(p.ram_free)} RAM free)")
+    out.print(f"[bold]Plan for {escape(model_name)} on {where}[/]")
+    out.print(f"  n_gpu_layers {p.n_gpu_layers}/{p.n_layers} · n_ctx {p.n_ctx} (trained {p.n_ctx_train}) "
+              f"· KV {p.type_k} · flash attention {'on' if p.flash_attn else 'off'} · projector on "
+              f"{'GPU' if p.mmproj_on_gpu else 'CPU'} · up to {p.max_tiles} tiles per image")
+    b = p.breakdown
+    table = Table(box=None, pad_edge=False)
+    table.add_column("component")
+    table.add_column("GPU", justify="right")
+    table.add_column("host", justify="right")
+    clip_gpu = p.mmproj_on_gpu
+    rows = [("weights", b.weights_gpu, b.weights_host), ("KV cache", b.kv_gpu, b.kv_host),
+            ("compute buffers", b.compute_gpu, b.compute_host),
+            ("projector weights", b.mmproj if clip_gpu else 0, 0 if clip_gpu else b.mmproj),
+            ("projector compute", b.mmproj_compute if clip_gpu else 0, 0 if clip_gpu else b.mmproj_compute),
+            ("CUDA context", b.overhead, 0), ("safety margin", b.margin, 0)]
+    for name, gpu, host in rows:
+        table.add_row(name, format_bytes(gpu) if gpu else "-", format_bytes(host) if host else "-")
+    free = f" of {format_bytes(p.vram_free)} free" if p.vram_free is not None else ""
+    table.add_row("[bold]total[/]", f"[bold]{format_bytes(b.total_gpu)}[/]{free}",
+                  f"[bold]{format_bytes(b.total_host)}[/]")
+    out.print(table)
+    for note in p.notes:
+        out.print(f"[yellow]note:[/] {escape(note)}")
+    if checks:
+        verify = Table(title="estimate vs llama.cpp's own report", box=None, pad_edge=False)
+        for column in ("component", "estimated", "reported", "error"):
+            verify.add_column(column, justify="left" if column == "component" else "right")
+        for c in checks:
+            verify.add_row(c.component, format_bytes(c.estimated), format_bytes(c.reported),
+                           f"{100 * c.error:+.1f}%")
+        out.print(verify)
 
 
 # -- plumbing -----------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import codecs
 import ctypes
 import logging
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ class EngineConfig:
     type_k: str = "f16"
     type_v: str = "f16"
     mmproj_on_gpu: bool = True
+    repack: bool = True  # llama.cpp's CPU weight repacking: faster matmuls, an extra host buffer
 
 
 @dataclass(frozen=True)
@@ -114,12 +116,17 @@ class Engine:
         started = time.perf_counter()
         _install_log_router()
         llama_cpp.llama_backend_init()
+        reports: list[tuple[str, str, float]] = []
+        _log_state["buffers"] = reports
         try:
             self._load(on_load_progress)
         except BaseException:
             self.close()
             raise
+        finally:
+            _log_state["buffers"] = None
         self.load_s = time.perf_counter() - started
+        self.reported_buffers: tuple[tuple[str, str, float], ...] = tuple(reports)
 
     # -- loading -------------------------------------------------------------------------
 
@@ -127,6 +134,7 @@ class Engine:
         cfg = self.config
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = cfg.n_gpu_layers
+        mparams.use_extra_bufts = cfg.repack
 
         def progress(fraction: float, _user: ctypes.c_void_p) -> bool:
             if on_load_progress is not None:
@@ -473,7 +481,28 @@ def gpu_offload_supported() -> bool:
 
 _LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
 _log_state: dict[str, object] = {"installed": False, "pending": "", "level": logging.INFO,
-                                 "last_error": ""}
+                                 "last_error": "", "buffers": None}
+# llama.cpp's own account of what it allocated, e.g.
+#   "llama_kv_cache:        CPU KV buffer size =  2048.00 MiB"
+#   "reserve_compute_meta:  CPU compute buffer size =    21.55 MiB"   (the projector's graph)
+#   "load_hparams: model size:         595.49 MiB"                     (the projector's weights)
+_BUFFER_RE = re.compile(r"^(\w+):\s+(\S+)\s+(model|KV|compute|output) buffer size =\s+([\d.]+) MiB")
+_CLIP_MODEL_RE = re.compile(r"^load_hparams: model size:\s+([\d.]+) MiB")
+_KINDS = {("load_tensors", "model"): "weights", ("llama_kv_cache", "KV"): "kv",
+          ("sched_reserve", "compute"): "compute", ("llama_context", "output"): "output",
+          ("reserve_compute_meta", "compute"): "mmproj_compute"}
+
+
+def _record_buffer(line: str) -> None:
+    reports = _log_state["buffers"]
+    if not isinstance(reports, list):
+        return
+    if match := _BUFFER_RE.match(line):
+        kind = _KINDS.get((match.group(1), match.group(3)))
+        if kind:
+            reports.append((kind, match.group(2), float(match.group(4)) * (1 << 20)))
+    elif match := _CLIP_MODEL_RE.match(line):
+        reports.append(("mmproj", "", float(match.group(1)) * (1 << 20)))
 
 
 def _on_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
@@ -489,6 +518,7 @@ def _on_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
             continue
         if py_level >= logging.ERROR:
             _log_state["last_error"] = line.strip()
+        _record_buffer(line.strip())
         # llama.cpp's INFO is chatter for a user: shown with --verbose (DEBUG) only.
         log.log(logging.DEBUG if py_level <= logging.INFO else py_level, "%s", line)
 

@@ -1,17 +1,22 @@
-"""From the user's model flags to a loaded engine: resolve, check the pair, choose settings, load."""
+"""From the user's model flags to a loaded engine: resolve, check the pair, plan memory, load."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from . import devices
 from .catalog import ModelChoice, resolve
 from .engine import Engine, EngineConfig, gpu_offload_supported
-from .errors import ConfigError
+from .errors import ConfigError, EdgeVLMError
 from .gguf_info import ProjectorFacts, TextModelFacts, check_pair, read_projector, read_text_model
+from .plan import Device, Plan, Settings, choose
 from .prompts import PromptFormat, detect_format
 
-DEFAULT_N_CTX = 4096
+log = logging.getLogger("edgevlm")
+# A failed GPU load is retried once on a plan made for this share of the free VRAM.
+RETRY_VRAM_SHARE = 0.8
 
 
 @dataclass(frozen=True)
@@ -23,18 +28,26 @@ class ModelFlags:
     n_ctx: int | None = None
     n_gpu_layers: int | None = None
     n_threads: int | None = None
+    answer_tokens: int = 512
+    vram: int | None = None  # plan for this much free VRAM instead of measuring
+    kv_type: str | None = None
+    flash_attn: bool = True
 
 
 @dataclass(frozen=True)
 class Loaded:
-    """A ready engine and the facts it was loaded from."""
+    """A ready engine and the facts and plan it was loaded from."""
 
     engine: Engine
     prompt_format: PromptFormat
     choice: ModelChoice
     text_facts: TextModelFacts
     projector_facts: ProjectorFacts
-    n_gpu_layers: int
+    plan: Plan
+
+    @property
+    def n_gpu_layers(self) -> int:
+        return self.plan.n_gpu_layers
 
 
 def inspect(flags: ModelFlags) -> tuple[ModelChoice, TextModelFacts, ProjectorFacts]:
@@ -46,18 +59,55 @@ def inspect(flags: ModelFlags) -> tuple[ModelChoice, TextModelFacts, ProjectorFa
     return choice, text, projector
 
 
-def load(flags: ModelFlags, *, on_progress: Callable[[float], None] | None = None) -> Loaded:
-    """Load the engine with the user's settings, or defaults that suit this build."""
-    choice, text, projector = inspect(flags)
+def make_plan(flags: ModelFlags, text: TextModelFacts, projector: ProjectorFacts) -> Plan:
+    """The memory plan for these flags on this machine (or on --vram)."""
     if flags.n_ctx is not None and flags.n_ctx < 256:
         raise ConfigError(f"--n-ctx {flags.n_ctx} is too small; use at least 256")
-    n_ctx = flags.n_ctx or min(DEFAULT_N_CTX, text.n_ctx_train)
-    n_gpu_layers = flags.n_gpu_layers
-    if n_gpu_layers is None:
-        n_gpu_layers = text.n_layer + 1 if gpu_offload_supported() else 0
-    config = EngineConfig(choice.model_path, choice.mmproj_path, n_ctx=n_ctx,
-                          n_gpu_layers=n_gpu_layers, n_threads=flags.n_threads)
-    engine = Engine(config, on_load_progress=on_progress)
+    if flags.kv_type is not None and flags.kv_type not in ("f16", "q8_0", "q4_0"):
+        raise ConfigError(f"--kv-type must be f16, q8_0 or q4_0, not '{flags.kv_type}'")
+    device = devices.detect(flags.vram)
+    notes: tuple[str, ...] = ()
+    if device.is_gpu and flags.vram is None and not gpu_offload_supported():
+        device = Device(vram_free=None, ram_free=device.ram_free, name="CPU")
+        notes = ("this llama.cpp build has no GPU support: run `make setup GPU=cuda` to use the GPU",)
+    settings = Settings(n_ctx=flags.n_ctx, n_gpu_layers=flags.n_gpu_layers, kv_type=flags.kv_type,
+                        flash_attn=flags.flash_attn, answer_tokens=flags.answer_tokens)
+    plan = choose(text, projector, device, settings)
+    return replace(plan, notes=notes + plan.notes) if notes else plan
+
+
+def engine_config(choice: ModelChoice, plan: Plan, flags: ModelFlags) -> EngineConfig:
+    """The engine settings that carry out a plan."""
+    return EngineConfig(choice.model_path, choice.mmproj_path, n_ctx=plan.n_ctx,
+                        n_gpu_layers=plan.n_gpu_layers, n_threads=flags.n_threads,
+                        flash_attn=plan.flash_attn, type_k=plan.type_k, type_v=plan.type_v,
+                        mmproj_on_gpu=plan.mmproj_on_gpu)
+
+
+def load(flags: ModelFlags, *, on_progress: Callable[[float], None] | None = None) -> Loaded:
+    """Plan, then load; a GPU load that fails is retried once with a smaller plan."""
+    choice, text, projector = inspect(flags)
+    plan = make_plan(flags, text, projector)
+    for note in plan.notes:
+        log.info("plan: %s", note)
+    try:
+        engine = Engine(engine_config(choice, plan, flags), on_load_progress=on_progress)
+    except EdgeVLMError as first:
+        if plan.device != "cuda" or plan.vram_free is None:
+            raise
+        smaller = choose(text, projector, Device(int(plan.vram_free * RETRY_VRAM_SHARE), plan.ram_free),
+                         Settings(n_ctx=None, kv_type=flags.kv_type, flash_attn=flags.flash_attn,
+                                  answer_tokens=flags.answer_tokens))
+        log.warning("loading failed (%s); retrying with a smaller plan: %d layers, n_ctx %d",
+                    first, smaller.n_gpu_layers, smaller.n_ctx)
+        try:
+            engine = Engine(engine_config(choice, smaller, flags), on_load_progress=on_progress)
+        except EdgeVLMError as second:
+            raise type(second)(
+                f"{second} — even the smaller plan failed: it needed "
+                f"{smaller.breakdown.total_gpu / 2**30:.2f} GiB of the {plan.vram_free / 2**30:.2f} GiB "
+                "free; close other GPU programs or pass --n-gpu-layers lower") from None
+        plan = replace(smaller, notes=smaller.notes + ("retried with a smaller plan after a failed load",))
     fmt = detect_format(text.chat_template,
                         preset_format=choice.preset.prompt_format if choice.preset else None)
-    return Loaded(engine, fmt, choice, text, projector, n_gpu_layers)
+    return Loaded(engine, fmt, choice, text, projector, plan)

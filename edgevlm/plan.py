@@ -1,0 +1,418 @@
+"""The memory planner: estimate what llama.cpp will allocate, then pick n_gpu_layers and n_ctx.
+
+Pure arithmetic over facts read from the GGUF files; no llama imports. The compute-buffer
+model was fitted to llama.cpp's own reports (see tests/test_plan.py, which checks it against
+the library on shape-faithful GGUFs):
+
+- graph peak without flash attention: 4·u·max(n_ctx·(H+1) + 5E + 2E_kv, 3·ff + 4E, V + 1.5E)
+  on the CPU backend; CUDA fuses the Q/K/V copies, so its attention term is n_ctx·(H+1) + 4E
+  (296 MiB at n_ctx 4096 and 164 MiB at 2048 for a 7B llama, as llama.cpp reports on CUDA);
+- with flash attention the n_ctx·H score matrix never exists: 4·u·max(3·ff + 4E, V + 1.5E)
+  plus the f16 mask, 2·u·n_ctx;
+- CLIP's graph for one view of P positions: 4·P²·heads + 4·P·(ff + 1.6·W), or with flash
+  attention 4·P·(2·ff + 1.6·W).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .gguf_info import ProjectorFacts, TextModelFacts
+
+MIB = 1 << 20
+GIB = 1 << 30
+# Bytes per element of the KV cache: exact ggml block sizes (32 values + an f16 scale).
+KV_BYTES_PER_ELEMENT = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
+CUDA_CONTEXT_BYTES = 457 * MIB  # what the driver takes per device and no buffer reports
+DEFAULT_MARGIN_BYTES = 512 * MIB
+HOST_COMPUTE_BYTES_FULL_OFFLOAD = 16 * MIB
+CTX_STEP = 256
+TEXT_RESERVE_TOKENS = 100  # system prompt, labels and question around the images
+DEFAULT_ANSWER_TOKENS = 512
+MIN_TILES_PER_TURN = 2  # the smallest grid that adds detail: 2x1 or 1x2
+MIN_CTX_FLOOR = 2048
+MAX_TILES_REPORTED = 12
+# On a CPU prefill runs at tens of tokens per second for a 7B: a bigger automatic context
+# would mean minutes before the first word. --n-ctx still raises it.
+CPU_AUTO_CTX_CAP = 4096
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the planner is asked to honour; None means 'choose for me'."""
+
+    n_ctx: int | None = None
+    n_gpu_layers: int | None = None
+    kv_type: str | None = None
+    flash_attn: bool = True
+    n_ubatch: int = 512
+    margin_bytes: int = DEFAULT_MARGIN_BYTES
+    overhead_bytes: int = CUDA_CONTEXT_BYTES
+    answer_tokens: int = DEFAULT_ANSWER_TOKENS
+
+
+@dataclass(frozen=True)
+class Device:
+    """Where the model will run: free VRAM (None for no GPU) and free system RAM, in bytes."""
+
+    vram_free: int | None
+    ram_free: int
+    name: str = "cpu"
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.vram_free is not None
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Estimated bytes per component and per side (GPU / host)."""
+
+    weights_gpu: int
+    weights_host: int
+    kv_gpu: int
+    kv_host: int
+    compute_gpu: int
+    compute_host: int
+    mmproj: int
+    mmproj_compute: int
+    mmproj_on_gpu: bool
+    overhead: int
+    margin: int
+
+    @property
+    def total_gpu(self) -> int:
+        clip = self.mmproj + self.mmproj_compute if self.mmproj_on_gpu else 0
+        if self.weights_gpu == 0 and self.kv_gpu == 0 and clip == 0:
+            return 0
+        return self.weights_gpu + self.kv_gpu + self.compute_gpu + clip + self.overhead + self.margin
+
+    @property
+    def total_host(self) -> int:
+        clip = 0 if self.mmproj_on_gpu else self.mmproj + self.mmproj_compute
+        return self.weights_host + self.kv_host + self.compute_host + clip
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The chosen settings, the estimate behind them, and why."""
+
+    device: str
+    n_gpu_layers: int
+    n_layers: int  # including the output layer
+    n_ctx: int
+    n_ctx_train: int
+    type_k: str
+    type_v: str
+    flash_attn: bool
+    mmproj_on_gpu: bool
+    vram_free: int | None
+    ram_free: int
+    max_tiles: int
+    breakdown: Breakdown
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def fits(self) -> bool:
+        if self.vram_free is not None and self.breakdown.total_gpu > self.vram_free:
+            return False
+        return True
+
+    def to_json(self) -> dict[str, Any]:
+        """The plan for `edgevlm plan --json`: all sizes in bytes."""
+        b = self.breakdown
+        return {
+            "device": self.device, "n_gpu_layers": self.n_gpu_layers, "n_layers": self.n_layers,
+            "n_ctx": self.n_ctx, "n_ctx_train": self.n_ctx_train, "type_k": self.type_k,
+            "type_v": self.type_v, "flash_attn": self.flash_attn,
+            "mmproj_on_gpu": self.mmproj_on_gpu, "vram_free": self.vram_free,
+            "ram_free": self.ram_free, "max_tiles": self.max_tiles,
+            "bytes": {
+                "weights_gpu": b.weights_gpu, "weights_host": b.weights_host,
+                "kv": b.kv_gpu + b.kv_host, "kv_gpu": b.kv_gpu, "kv_host": b.kv_host,
+                "compute": b.compute_gpu + b.compute_host, "compute_gpu": b.compute_gpu,
+                "compute_host": b.compute_host, "mmproj": b.mmproj,
+                "mmproj_compute": b.mmproj_compute, "overhead": b.overhead, "margin": b.margin,
+                "total_gpu": b.total_gpu, "total_host": b.total_host,
+            },
+            "notes": list(self.notes),
+        }
+
+
+# -- the estimate ------------------------------------------------------------------------
+
+
+def weights_on_gpu(text: TextModelFacts, n_gpu_layers: int) -> int:
+    """Bytes llama.cpp puts on the GPU: the output layer first, then blocks from the last."""
+    n_gpu_layers = max(0, min(n_gpu_layers, text.n_layer + 1))
+    if n_gpu_layers == 0:
+        return 0
+    n_blocks = n_gpu_layers - 1
+    blocks = text.layer_bytes[text.n_layer - n_blocks:] if n_blocks else ()
+    return text.output_bytes + sum(blocks)
+
+
+def weights_on_host(text: TextModelFacts, n_gpu_layers: int) -> int:
+    """Bytes that stay in system memory (token_embd always does)."""
+    total = text.token_embd_bytes + text.output_bytes + sum(text.layer_bytes)
+    return total - weights_on_gpu(text, n_gpu_layers)
+
+
+def kv_bytes_per_layer(text: TextModelFacts, n_ctx: int, type_k: str = "f16",
+                       type_v: str = "f16") -> int:
+    """K and V for one layer: n_ctx x n_head_kv x head_dim each, at the cache type's size."""
+    k = n_ctx * text.n_head_kv * text.head_dim_k * KV_BYTES_PER_ELEMENT[type_k]
+    v = n_ctx * text.n_head_kv * text.head_dim_v * KV_BYTES_PER_ELEMENT[type_v]
+    return int(k + v)
+
+
+def kv_bytes(text: TextModelFacts, n_ctx: int, type_k: str = "f16", type_v: str = "f16") -> int:
+    """The whole KV cache: 2 x n_layer x n_head_kv x head_dim x n_ctx x bytes (KV heads, not heads)."""
+    return text.n_layer * kv_bytes_per_layer(text, n_ctx, type_k, type_v)
+
+
+def compute_bytes(text: TextModelFacts, n_ctx: int, *, n_ubatch: int = 512, flash_attn: bool,
+                  backend: str = "cuda") -> int:
+    """llama.cpp's graph reserve for one ubatch (see the module docstring for the fit)."""
+    u = min(n_ubatch, n_ctx)
+    e, ff, v = text.n_embd, text.n_ff or 4 * text.n_embd, text.n_vocab
+    e_kv = text.n_head_kv * text.head_dim_k
+    ffn_phase = 3 * ff + 4 * e
+    output_phase = v + 1.5 * e
+    if flash_attn:
+        floats = max(ffn_phase, output_phase)
+        return int(4 * u * floats + 2 * u * n_ctx)
+    attention_extra = 4 * e if backend == "cuda" else 5 * e + 2 * e_kv
+    attention_phase = n_ctx * (text.n_head + 1) + attention_extra
+    return int(4 * u * max(attention_phase, ffn_phase, output_phase))
+
+
+def clip_compute_bytes(projector: ProjectorFacts, *, flash_attn: bool) -> int:
+    """CLIP's graph for one view, allocated when the projector is initialised."""
+    positions = projector.tokens_per_image + 1  # patches + the class token
+    width, heads = projector.vision_width, projector.vision_heads
+    ff = projector.vision_ff or 4 * width
+    if flash_attn:
+        return int(4 * positions * (2 * ff + 1.6 * width))
+    return int(4 * positions * positions * heads + 4 * positions * (ff + 1.6 * width))
+
+
+def estimate(text: TextModelFacts, projector: ProjectorFacts, *, n_ctx: int, n_gpu_layers: int,
+             type_k: str = "f16", type_v: str = "f16", flash_attn: bool = True,
+             mmproj_on_gpu: bool = True, n_ubatch: int = 512, on_gpu: bool = True,
+             overhead_bytes: int = CUDA_CONTEXT_BYTES,
+             margin_bytes: int = DEFAULT_MARGIN_BYTES) -> Breakdown:
+    """Every component llama.cpp will allocate for these settings."""
+    n_layers = text.n_layer + 1
+    gpu_layers = max(0, min(n_gpu_layers, n_layers)) if on_gpu else 0
+    gpu_blocks = max(0, gpu_layers - 1)
+    kv_layer = kv_bytes_per_layer(text, n_ctx, type_k, type_v)
+    backend = "cuda" if on_gpu else "cpu"
+    compute = compute_bytes(text, n_ctx, n_ubatch=n_ubatch, flash_attn=flash_attn, backend=backend)
+    clip_on_gpu = mmproj_on_gpu and on_gpu
+    if not on_gpu:
+        compute_gpu, compute_host = 0, compute
+    elif gpu_layers == n_layers:
+        compute_gpu, compute_host = compute, HOST_COMPUTE_BYTES_FULL_OFFLOAD
+    else:  # partial offload: a second graph runs on the host for the CPU layers
+        compute_gpu = compute
+        compute_host = compute_bytes(text, n_ctx, n_ubatch=n_ubatch, flash_attn=flash_attn,
+                                     backend="cpu")
+    return Breakdown(
+        weights_gpu=weights_on_gpu(text, gpu_layers),
+        weights_host=weights_on_host(text, gpu_layers),
+        kv_gpu=kv_layer * gpu_blocks,
+        kv_host=kv_layer * (text.n_layer - gpu_blocks),
+        compute_gpu=compute_gpu,
+        compute_host=compute_host,
+        mmproj=projector.weight_bytes,
+        mmproj_compute=clip_compute_bytes(projector, flash_attn=flash_attn),
+        mmproj_on_gpu=clip_on_gpu,
+        overhead=overhead_bytes if on_gpu else 0,
+        margin=margin_bytes if on_gpu else 0,
+    )
+
+
+# -- the decision ------------------------------------------------------------------------
+
+
+def min_ctx_for_images(projector: ProjectorFacts, *, answer_tokens: int = DEFAULT_ANSWER_TOKENS) -> int:
+    """The smallest context that holds one tiled image turn: global view, two tiles, text, answer."""
+    needed = projector.tokens_per_image * (1 + MIN_TILES_PER_TURN) + TEXT_RESERVE_TOKENS + answer_tokens
+    return max(MIN_CTX_FLOOR, _round_up(needed, CTX_STEP))
+
+
+def max_tiles_at(projector: ProjectorFacts, n_ctx: int, *, answer_tokens: int = DEFAULT_ANSWER_TOKENS) -> int:
+    """Local tiles per image that a context leaves room for, beside the global view."""
+    free = n_ctx - TEXT_RESERVE_TOKENS - answer_tokens - projector.tokens_per_image
+    return max(0, min(MAX_TILES_REPORTED, free // projector.tokens_per_image))
+
+
+def choose(text: TextModelFacts, projector: ProjectorFacts, device: Device,
+           settings: Settings = Settings()) -> Plan:
+    """Pick n_gpu_layers, n_ctx and the KV type.
+
+    Order of preference on a GPU: every layer on it at the largest context up to n_ctx_train
+    (q8_0 KV only when it buys a larger context than f16); then fewer layers at the minimum
+    image context; the projector leaves the GPU only when not even it fits (then the whole
+    plan is a CPU plan). More VRAM never yields fewer layers or a smaller context.
+    """
+    n_layers = text.n_layer + 1
+    ctx_cap = settings.n_ctx or text.n_ctx_train
+    min_ctx = settings.n_ctx or min(min_ctx_for_images(projector, answer_tokens=settings.answer_tokens),
+                                    ctx_cap)
+    kv_choices = [settings.kv_type] if settings.kv_type else ["f16", "q8_0"]
+    notes: list[str] = []
+
+    def build(n_ctx: int, layers: int, kv: str, *, on_gpu: bool = True) -> Plan:
+        fa = settings.flash_attn or kv != "f16"  # a quantized V cache needs flash attention
+        breakdown = estimate(text, projector, n_ctx=n_ctx, n_gpu_layers=layers, type_k=kv,
+                             type_v=kv, flash_attn=fa, mmproj_on_gpu=on_gpu, n_ubatch=settings.n_ubatch,
+                             on_gpu=on_gpu and device.is_gpu, overhead_bytes=settings.overhead_bytes,
+                             margin_bytes=settings.margin_bytes)
+        return Plan(
+            device="cuda" if on_gpu and device.is_gpu else "cpu", n_gpu_layers=layers if on_gpu else 0,
+            n_layers=n_layers, n_ctx=n_ctx, n_ctx_train=text.n_ctx_train, type_k=kv, type_v=kv,
+            flash_attn=fa, mmproj_on_gpu=on_gpu and device.is_gpu, vram_free=device.vram_free,
+            ram_free=device.ram_free,
+            max_tiles=max_tiles_at(projector, n_ctx, answer_tokens=settings.answer_tokens),
+            breakdown=breakdown, notes=tuple(notes))
+
+    def fits(plan: Plan) -> bool:
+        return device.vram_free is not None and plan.breakdown.total_gpu <= device.vram_free
+
+    if not device.is_gpu:
+        return _cpu_plan(text, device, ctx_cap, min_ctx, settings, build, notes)
+
+    if settings.n_gpu_layers is not None:
+        layers = max(0, min(settings.n_gpu_layers, n_layers))
+        plan = _largest_ctx(build, fits, layers, kv_choices, ctx_cap, min_ctx)
+        if plan is None:
+            notes.append("the requested --n-gpu-layers does not fit the free VRAM at the minimum context")
+            plan = build(min_ctx, layers, kv_choices[-1])
+        return plan
+
+    # (1)-(3): everything on the GPU, the largest context either KV type allows.
+    plan = _largest_ctx(build, fits, n_layers, kv_choices, ctx_cap, min_ctx)
+    if plan is not None:
+        if plan.type_k != "f16":
+            notes.append(f"q8_0 KV cache (with flash attention) buys n_ctx {plan.n_ctx}")
+            plan = replace(plan, notes=tuple(notes))
+        return plan
+    # (4): fewer layers, at the minimum context for one tiled image, with the smallest KV.
+    kv = kv_choices[-1]
+    for layers in range(n_layers - 1, -1, -1):
+        candidate = build(min_ctx, layers, kv)
+        if fits(candidate) and layers > 0:
+            notes.append(f"{n_layers - layers} of {n_layers} layers stay on the CPU: "
+                         "the full model does not fit the free VRAM")
+            return replace(candidate, notes=tuple(notes))
+    notes.append("not even the projector fits the free VRAM: running on the CPU")
+    # The minimum context, so that a slightly bigger card (a few layers on it) never gets less.
+    return _cpu_plan(text, device, min_ctx, min_ctx, settings, build, notes)
+
+
+def _largest_ctx(build: Any, fits: Any, layers: int, kv_choices: list[str], ctx_cap: int,
+                 min_ctx: int) -> Plan | None:
+    best: Plan | None = None
+    for kv in kv_choices:  # f16 first: it wins ties
+        for ctx in _ctx_candidates(ctx_cap, min_ctx):
+            candidate = build(ctx, layers, kv)
+            if fits(candidate):
+                if best is None or candidate.n_ctx > best.n_ctx:
+                    best = candidate
+                break
+    return best
+
+
+def _ctx_candidates(cap: int, floor: int) -> list[int]:
+    """cap, then the multiples of CTX_STEP below it, down to floor (largest first)."""
+    steps = range(cap // CTX_STEP * CTX_STEP, floor - 1, -CTX_STEP)
+    return [cap] + [c for c in steps if floor <= c < cap]
+
+
+def _cpu_plan(text: TextModelFacts, device: Device, ctx_cap: int, min_ctx: int, settings: Settings,
+              build: Any, notes: list[str]) -> Plan:
+    kv = settings.kv_type or "f16"
+    if settings.n_ctx is None and ctx_cap > max(CPU_AUTO_CTX_CAP, min_ctx):
+        ctx_cap = max(CPU_AUTO_CTX_CAP, min_ctx)
+        notes.append(f"n_ctx capped at {ctx_cap} on the CPU to keep prefill short; --n-ctx raises it")
+    for ctx in _ctx_candidates(ctx_cap, min_ctx):
+        plan = build(ctx, 0, kv, on_gpu=False)
+        if plan.breakdown.total_host + settings.margin_bytes <= device.ram_free:
+            break
+    if plan.breakdown.total_host + settings.margin_bytes > device.ram_free:
+        notes.append("the model is larger than the free RAM: it will page from disk (slow)")
+    notes.append("llama.cpp's CPU backend may repack quantized weights into an extra buffer "
+                 "(faster matmuls); the file's own pages then become reclaimable cache")
+    return replace(plan, notes=tuple(notes))
+
+
+def _round_up(value: int, step: int) -> int:
+    return -(-value // step) * step
+
+
+# -- checking the estimate against llama.cpp's own report ------------------------------------
+
+
+@dataclass(frozen=True)
+class Check:
+    """One component: what the plan estimated and what llama.cpp reported, in bytes."""
+
+    component: str
+    estimated: int
+    reported: int
+
+    @property
+    def error(self) -> float:
+        """Relative error of the estimate (0.01 is 1 %)."""
+        return (self.estimated - self.reported) / self.reported if self.reported else 0.0
+
+
+def compare(plan: Plan, reported: tuple[tuple[str, str, float], ...]) -> tuple[Check, ...]:
+    """Estimate vs llama.cpp's buffer report (kind, device, bytes) for every component."""
+    def total(kind: str) -> int:
+        return int(sum(size for k, device, size in reported if k == kind and device != "CPU_REPACK"))
+
+    b = plan.breakdown
+    rows = [
+        Check("weights", b.weights_gpu + b.weights_host, total("weights")),
+        Check("kv", b.kv_gpu + b.kv_host, total("kv")),
+        Check("compute", b.compute_gpu + (b.compute_host if plan.device == "cpu" else 0),
+              total("compute") if plan.device == "cpu" else int(sum(
+                  size for k, device, size in reported if k == "compute" and device.startswith("CUDA")
+                  and not device.endswith("_Host")))),
+        Check("mmproj", b.mmproj, total("mmproj")),
+        Check("mmproj_compute", b.mmproj_compute, total("mmproj_compute")),
+    ]
+    return tuple(row for row in rows if row.reported)
+
+
+# -- sizes on the command line -------------------------------------------------------------
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000**2, "mb": 1000**2,
+          "mib": MIB, "g": GIB, "gb": 1000**3, "gib": GIB, "t": 1 << 40, "tib": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """'8GiB', '8G', '8192MiB', '12gb' or plain bytes to bytes; ValueError with a reason if not."""
+    raw = text.strip().lower().replace(" ", "")
+    number = raw.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = raw[len(number):]
+    if unit not in _UNITS or not number:
+        raise ValueError(f"'{text}' is not a size: use e.g. 8GiB, 8G, 8192MiB or a number of bytes")
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"'{text}' is not a size: use e.g. 8GiB, 8G, 8192MiB or a number of bytes") from None
+    if value <= 0:
+        raise ValueError(f"'{text}' must be larger than zero")
+    # Bare G/M/K mean binary units, as GPU makers and nvidia-smi use them.
+    multiplier = {"g": GIB, "m": MIB, "k": 1 << 10, "t": 1 << 40}.get(unit, _UNITS[unit])
+    return int(value * multiplier)
+
+
+def format_bytes(n: int) -> str:
+    """Bytes for people: MiB below 1 GiB, else GiB."""
+    return f"{n / GIB:.2f} GiB" if abs(n) >= GIB else f"{n / MIB:.0f} MiB"

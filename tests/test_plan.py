@@ -1,0 +1,217 @@
+"""The memory planner: formulas, decisions, and accuracy against llama.cpp's own reports."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from edgevlm.engine import Engine, EngineConfig
+from edgevlm.gguf_info import ProjectorFacts, TextModelFacts, read_projector, read_text_model
+from edgevlm.plan import (
+    GIB,
+    MIB,
+    Device,
+    Settings,
+    choose,
+    clip_compute_bytes,
+    compare,
+    compute_bytes,
+    estimate,
+    kv_bytes,
+    parse_size,
+    weights_on_gpu,
+    weights_on_host,
+)
+
+from .conftest import ROOT, run_cli
+
+sys.path.insert(0, str(ROOT / "scripts"))
+from make_test_models import (  # noqa: E402
+    LLAVA_7B,
+    LLAVA_7B_GQA,
+    write_sparse_llama,
+    write_sparse_vit_projector,
+)
+
+
+def _facts(**changes: object) -> TextModelFacts:
+    base = TextModelFacts(
+        path=Path("x.gguf"), architecture="llama", name="x", n_layer=32, n_embd=4096, n_head=32,
+        n_head_kv=32, head_dim_k=128, head_dim_v=128, n_ff=11008, n_ctx_train=4096, n_vocab=32000,
+        chat_template=None, layer_bytes=tuple([100 * MIB] * 32), output_bytes=80 * MIB,
+        token_embd_bytes=70 * MIB, file_bytes=0)
+    return dataclasses.replace(base, **changes)
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Sparse GGUFs with LLaVA-1.5-7B's exact tensor shapes and types: 4 GB that cost no disk."""
+    folder = tmp_path_factory.mktemp("shapes")
+    return {
+        "mha": write_sparse_llama(folder / "llava7b.gguf", LLAVA_7B),
+        "gqa": write_sparse_llama(folder / "llava7b-gqa.gguf", LLAVA_7B_GQA),
+        "mmproj": write_sparse_vit_projector(folder / "mmproj.gguf"),
+    }
+
+
+# -- formulas ------------------------------------------------------------------------------
+
+
+def test_kv_uses_kv_heads_not_attention_heads() -> None:
+    llama3 = _facts(n_head_kv=8, n_ctx_train=8192)
+    assert kv_bytes(llama3, 8000) / GIB == pytest.approx(0.9766, abs=1e-3)
+    assert kv_bytes(_facts(), 8000) / GIB == pytest.approx(3.906, abs=1e-3)  # the MHA mistake
+
+
+def test_kv_types_use_ggml_block_sizes() -> None:
+    f16 = kv_bytes(_facts(), 4096)
+    assert f16 == 2 * 32 * 32 * 128 * 4096 * 2 == 2 * GIB
+    assert kv_bytes(_facts(), 4096, "q8_0", "q8_0") == f16 * 34 // 64
+    assert kv_bytes(_facts(), 4096, "q4_0", "q4_0") == f16 * 18 // 64
+    assert kv_bytes(_facts(), 2048) * 2 == f16  # linear in n_ctx
+
+
+def test_output_layer_goes_first_and_token_embd_never() -> None:
+    facts = _facts()
+    assert weights_on_gpu(facts, 0) == 0
+    assert weights_on_gpu(facts, 1) == 80 * MIB  # the output layer alone
+    assert weights_on_gpu(facts, 2) == 180 * MIB
+    assert weights_on_gpu(facts, 33) == weights_on_gpu(facts, 99) == 80 * MIB + 32 * 100 * MIB
+    assert weights_on_host(facts, 33) == 70 * MIB  # token_embd stays home
+
+
+def test_compute_buffer_reference_points() -> None:
+    facts = _facts()
+    # llama.cpp on CUDA, 7B llama, n_ubatch 512, no flash attention: 296 and 164 MiB.
+    assert compute_bytes(facts, 4096, flash_attn=False) / MIB == pytest.approx(296, rel=0.02)
+    assert compute_bytes(facts, 2048, flash_attn=False) / MIB == pytest.approx(164, rel=0.02)
+    with_fa = compute_bytes(facts, 4096, flash_attn=True)
+    assert with_fa < compute_bytes(facts, 4096, flash_attn=False) / 2  # cut several-fold
+
+
+def test_llava_7b_full_offload_total(shapes: dict[str, Path]) -> None:
+    text, projector = read_text_model(shapes["mha"]), read_projector(shapes["mmproj"])
+    b = estimate(text, projector, n_ctx=4096, n_gpu_layers=33, flash_attn=False, margin_bytes=0)
+    assert b.weights_gpu / GIB == pytest.approx(3.73, abs=0.01)
+    assert b.kv_gpu == 2 * GIB
+    assert b.mmproj / MIB == pytest.approx(595.5, abs=0.5)
+    # 3.73 weights + 2.00 KV + 0.29 compute + 0.58 projector + 0.03 CLIP + 0.45 CUDA context
+    assert 7.0 <= b.total_gpu / GIB <= 7.3
+
+
+def test_clip_compute_for_vit_l(shapes: dict[str, Path]) -> None:
+    projector = read_projector(shapes["mmproj"])
+    assert 20 * MIB < clip_compute_bytes(projector, flash_attn=True) < 34 * MIB
+    assert 20 * MIB < clip_compute_bytes(projector, flash_attn=False) < 34 * MIB
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("8GiB", 8 * GIB), ("8G", 8 * GIB), ("8192MiB", 8 * GIB), ("12gb", 12 * 10**9), ("1000", 1000),
+    ("1.5GiB", 3 * GIB // 2)])
+def test_parse_size(text: str, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["", "eight", "8XB", "-1G", "0"])
+def test_parse_size_rejects(bad: str) -> None:
+    with pytest.raises(ValueError, match="size|larger than zero"):
+        parse_size(bad)
+
+
+# -- decisions -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def llava(shapes: dict[str, Path]) -> tuple[TextModelFacts, ProjectorFacts]:
+    return read_text_model(shapes["mha"]), read_projector(shapes["mmproj"])
+
+
+@pytest.mark.parametrize("gib", [24, 12, 8])
+def test_cards_of_8gb_and_up_get_everything(llava: tuple[TextModelFacts, ProjectorFacts], gib: int) -> None:
+    plan = choose(*llava, Device(vram_free=int(gib * GIB * 0.94), ram_free=16 * GIB))
+    assert plan.n_gpu_layers == plan.n_layers == 33
+    assert plan.n_ctx == 4096 and plan.mmproj_on_gpu
+    assert plan.breakdown.total_gpu <= plan.vram_free
+    assert plan.max_tiles >= 4
+
+
+def test_6gb_and_4gb_cards_give_up_layers_last(llava: tuple[TextModelFacts, ProjectorFacts]) -> None:
+    six = choose(*llava, Device(vram_free=int(5.6 * GIB), ram_free=16 * GIB))
+    four = choose(*llava, Device(vram_free=int(3.6 * GIB), ram_free=16 * GIB))
+    assert 0 < four.n_gpu_layers < six.n_gpu_layers < 33
+    assert six.type_k == "q8_0" and six.flash_attn  # KV shrunk before layers were given up
+    for plan in (six, four):
+        assert plan.breakdown.total_gpu <= plan.vram_free
+        assert plan.n_ctx >= 2048 and plan.max_tiles >= 2
+
+
+def test_no_gpu_is_a_cpu_plan(llava: tuple[TextModelFacts, ProjectorFacts]) -> None:
+    plan = choose(*llava, Device(vram_free=None, ram_free=16 * GIB))
+    assert plan.device == "cpu" and plan.n_gpu_layers == 0 and not plan.mmproj_on_gpu
+    assert plan.breakdown.total_gpu == 0 and plan.n_ctx == 4096
+    assert any("repack" in note for note in plan.notes)
+
+
+def test_more_vram_never_means_less(llava: tuple[TextModelFacts, ProjectorFacts]) -> None:
+    previous_layers, previous_ctx = 0, 0
+    for mib in range(1024, 26 * 1024, 64):
+        plan = choose(*llava, Device(vram_free=mib * MIB, ram_free=16 * GIB))
+        layers = plan.n_gpu_layers if plan.device == "cuda" else 0
+        assert layers >= previous_layers, f"{mib} MiB: {layers} layers after {previous_layers}"
+        assert plan.n_ctx >= previous_ctx, f"{mib} MiB: n_ctx {plan.n_ctx} after {previous_ctx}"
+        assert plan.breakdown.total_gpu <= mib * MIB
+        previous_layers, previous_ctx = layers, plan.n_ctx
+
+
+def test_full_offload_wherever_it_fits(llava: tuple[TextModelFacts, ProjectorFacts]) -> None:
+    text, projector = llava
+    smallest_full = estimate(text, projector, n_ctx=2560, n_gpu_layers=33, type_k="q8_0",
+                             type_v="q8_0", flash_attn=True).total_gpu
+    plan = choose(text, projector, Device(vram_free=smallest_full, ram_free=16 * GIB))
+    assert plan.n_gpu_layers == 33
+
+
+def test_explicit_settings_are_honoured(llava: tuple[TextModelFacts, ProjectorFacts]) -> None:
+    plan = choose(*llava, Device(vram_free=24 * GIB, ram_free=16 * GIB),
+                  Settings(n_ctx=2048, n_gpu_layers=20, kv_type="q4_0"))
+    assert (plan.n_ctx, plan.n_gpu_layers, plan.type_k) == (2048, 20, "q4_0")
+    assert plan.flash_attn  # a quantized V cache needs it
+
+
+# -- accuracy against llama.cpp itself -----------------------------------------------------
+
+
+@pytest.mark.parametrize(("variant", "flash_attn"), [("mha", False), ("gqa", True)])
+def test_estimate_matches_llama_cpp(shapes: dict[str, Path], variant: str, flash_attn: bool) -> None:
+    text, projector = read_text_model(shapes[variant]), read_projector(shapes["mmproj"])
+    plan = choose(text, projector, Device(vram_free=None, ram_free=64 * GIB),
+                  Settings(n_ctx=4096, flash_attn=flash_attn))
+    config = EngineConfig(shapes[variant], shapes["mmproj"], n_ctx=plan.n_ctx, n_gpu_layers=0,
+                          flash_attn=plan.flash_attn, type_k=plan.type_k, type_v=plan.type_v,
+                          mmproj_on_gpu=False, repack=False)
+    with Engine(config) as engine:
+        checks = {c.component: c for c in compare(plan, engine.reported_buffers)}
+    assert set(checks) == {"weights", "kv", "compute", "mmproj", "mmproj_compute"}
+    for name in ("weights", "kv", "mmproj"):
+        assert abs(checks[name].error) <= 0.01, checks[name]
+    for name in ("compute", "mmproj_compute"):
+        assert abs(checks[name].error) <= 0.10, checks[name]
+
+
+def test_plan_cli_json_and_verify(shapes: dict[str, Path]) -> None:
+    args = ["plan", "--model", str(shapes["mha"]), "--mmproj", str(shapes["mmproj"])]
+    result = run_cli(*args, "--vram", "12GiB", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["n_gpu_layers"] == data["n_layers"] == 33 and data["vram_free"] == 12 * GIB
+    for key in ("weights_gpu", "weights_host", "kv", "compute", "mmproj", "mmproj_compute",
+                "overhead", "margin", "total_gpu"):
+        assert isinstance(data["bytes"][key], int)
+    human = run_cli(*args, "--vram", "8G")
+    assert human.returncode == 0 and "n_gpu_layers 33/33" in human.stdout and "total" in human.stdout
+    bad = run_cli(*args, "--vram", "lots")
+    assert bad.returncode == 2 and "not a size" in bad.stderr and "Traceback" not in bad.stderr
