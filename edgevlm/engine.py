@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import llama_cpp
 import numpy as np
@@ -29,6 +30,7 @@ log = logging.getLogger("edgevlm.llama")
 KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0,
             "q4_0": llama_cpp.GGML_TYPE_Q4_0}
 _SEQ = 0
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,17 @@ class Sampling:
     repeat_penalty: float = 1.1
     repeat_last_n: int = 64
     seed: int = 0
+
+
+@dataclass(frozen=True, eq=False)
+class ImageEmbedding:
+    """The projector's output for one view: n_tokens rows of n_embd floats, in patch order."""
+
+    rows: np.ndarray
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.rows.shape[0])
 
 
 @dataclass(frozen=True)
@@ -234,6 +247,26 @@ class Engine:
         self._n_past = pos
         self._logits_ready = False
 
+    def resync(self) -> None:
+        """Take the ledger from llama.cpp after an interrupted call."""
+        self._n_past = self.kv_cells()
+
+    def can_shift(self) -> bool:
+        """Whether KV positions can be shifted (RoPE models: yes) instead of re-decoded."""
+        return bool(llama_cpp.llama_memory_can_shift(self._mem))
+
+    def remove_range(self, p0: int, p1: int) -> None:
+        """Drop positions [p0, p1) and shift everything after them back, with no re-decode."""
+        if not 0 <= p0 <= p1 <= self._n_past:
+            raise EngineError(f"cannot remove [{p0}, {p1}) from a cache of {self._n_past}")
+        if p0 == p1:
+            return
+        if not llama_cpp.llama_memory_seq_rm(self._mem, _SEQ, p0, p1):
+            raise EngineError(f"llama.cpp refused to remove KV positions [{p0}, {p1})")
+        llama_cpp.llama_memory_seq_add(self._mem, _SEQ, p1, -1, -(p1 - p0))
+        self._n_past -= p1 - p0
+        self._logits_ready = False
+
     def free_tokens(self) -> int:
         """Context positions still free."""
         return self.n_ctx - self._n_past
@@ -320,23 +353,55 @@ class Engine:
         """Tokens one image (or tile) costs with this projector."""
         if not self.tokens_per_image:
             probe = Image.new("RGB", (8, 8))
-            self.tokens_per_image = self._with_image_chunks(probe, lambda chunks: sum(
-                mtmd_cpp.mtmd_input_chunk_get_n_tokens(mtmd_cpp.mtmd_input_chunks_get(chunks, i))
-                for i in range(mtmd_cpp.mtmd_input_chunks_size(chunks))))
+            self.tokens_per_image = self._with_image_chunks(
+                probe, lambda chunks: mtmd_cpp.mtmd_input_chunk_get_n_tokens(self._image_chunk(chunks)))
         return self.tokens_per_image
 
     def eval_image(self, image: Image.Image | np.ndarray) -> int:
         """Encode one RGB image with CLIP and decode it at the end of the cache; returns tokens."""
+        return self.eval_embedding(self.encode_image(image))
+
+    def encode_image(self, image: Image.Image | np.ndarray) -> ImageEmbedding:
+        """Run the projector on one RGB image (raw pixels, no re-encoding); nothing is decoded."""
         if self._mctx is None:
             raise EngineError("no projector is loaded, so images cannot be read")
-        return self._with_image_chunks(image, self._eval_chunks)
+        return self._with_image_chunks(image, self._encode_chunks)
 
-    def _with_image_chunks(self, image: Image.Image | np.ndarray,
-                           use: Callable[[ctypes.c_void_p], int]) -> int:
+    def eval_embedding(self, embedding: ImageEmbedding) -> int:
+        """Decode projector rows at the end of the cache, in n_batch pieces; returns tokens."""
+        rows = np.ascontiguousarray(embedding.rows, dtype=np.float32)
+        n_tokens, width = rows.shape
+        if width != self.n_embd:
+            raise EngineError(f"embedding width {width} does not match the model's {self.n_embd}")
+        self._ensure_room(n_tokens)
+        started = time.perf_counter()
+        batch = llama_cpp.llama_batch_init(min(n_tokens, self.n_batch), width, 1)
+        try:
+            for start in range(0, n_tokens, self.n_batch):
+                piece = rows[start:start + self.n_batch]
+                batch.n_tokens = len(piece)
+                ctypes.memmove(batch.embd, piece.ctypes.data, piece.nbytes)
+                for i in range(len(piece)):
+                    batch.pos[i] = self._n_past + i
+                    batch.n_seq_id[i] = 1
+                    batch.seq_id[i][0] = _SEQ
+                    batch.logits[i] = False
+                self._check(llama_cpp.llama_decode(self._ctx, batch), "decode image")
+                self._n_past += len(piece)
+        finally:
+            llama_cpp.llama_batch_free(batch)
+            self._logits_ready = False
+        m = self._meter
+        m.prefill_s += time.perf_counter() - started
+        m.prompt_tokens += n_tokens
+        m.visual_tokens += n_tokens
+        return n_tokens
+
+    def _with_image_chunks(self, image: Image.Image | np.ndarray, use: Callable[[ctypes.c_void_p], T]) -> T:
         started = time.perf_counter()
         pixels = np.ascontiguousarray(np.asarray(image, dtype=np.uint8))
         if pixels.ndim != 3 or pixels.shape[2] != 3:
-            raise EngineError(f"eval_image needs an RGB array, got shape {pixels.shape}")
+            raise EngineError(f"images must be RGB arrays, got shape {pixels.shape}")
         height, width = pixels.shape[:2]
         bitmap = mtmd_cpp.mtmd_bitmap_init(
             width, height, pixels.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)))
@@ -353,45 +418,31 @@ class Engine:
             mtmd_cpp.mtmd_input_chunks_free(chunks)
             mtmd_cpp.mtmd_bitmap_free(bitmap)
 
-    def _eval_chunks(self, chunks: ctypes.c_void_p) -> int:
-        n_chunks = mtmd_cpp.mtmd_input_chunks_size(chunks)
-        sizes = [mtmd_cpp.mtmd_input_chunk_get_n_tokens(mtmd_cpp.mtmd_input_chunks_get(chunks, i))
-                 for i in range(n_chunks)]
-        self._ensure_room(sum(sizes))
-        visual = 0
-        for i in range(n_chunks):
+    def _image_chunk(self, chunks: ctypes.c_void_p) -> ctypes.c_void_p:
+        found = None
+        for i in range(mtmd_cpp.mtmd_input_chunks_size(chunks)):
             chunk = mtmd_cpp.mtmd_input_chunks_get(chunks, i)
-            if mtmd_cpp.mtmd_input_chunk_get_type(chunk) == mtmd_cpp.MTMD_INPUT_CHUNK_TYPE_TEXT:
-                n = ctypes.c_size_t(0)
-                ptr = mtmd_cpp.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
-                self.eval_text([ptr[j] for j in range(n.value)])
-                continue
-            visual += self._eval_image_chunk(chunk)
-        return visual
+            kind = mtmd_cpp.mtmd_input_chunk_get_type(chunk)
+            if kind == mtmd_cpp.MTMD_INPUT_CHUNK_TYPE_IMAGE:
+                found = chunk
+            elif mtmd_cpp.mtmd_input_chunk_get_n_tokens(chunk):
+                # LLaVA's mlp projector adds no begin/end tokens; others are not supported here.
+                raise EngineError("this projector wraps images in extra tokens; edgevlm does not support it")
+        if found is None:
+            raise EngineError("mtmd produced no image chunk")
+        return found
 
-    def _eval_image_chunk(self, chunk: ctypes.c_void_p) -> int:
+    def _encode_chunks(self, chunks: ctypes.c_void_p) -> ImageEmbedding:
+        chunk = self._image_chunk(chunks)
         n_tokens = mtmd_cpp.mtmd_input_chunk_get_n_tokens(chunk)
         started = time.perf_counter()
         self._check(mtmd_cpp.mtmd_encode_chunk(self._mctx, chunk), "encode image")
-        embd = mtmd_cpp.mtmd_get_output_embd(self._mctx)
-        encoded = time.perf_counter()
-        new_n_past = llama_cpp.llama_pos(self._n_past)
-        rc = mtmd_cpp.mtmd_helper_decode_image_chunk(
-            self._mctx, self._ctx, chunk, embd, self._n_past, _SEQ, self.n_batch,
-            ctypes.byref(new_n_past), mtmd_cpp.mtmd_helper_post_decode_callback(), None)
-        # Whatever was decoded before a failure is in the cache: keep the ledger honest.
-        self._n_past = self.kv_cells()
-        self._check(rc, "decode image")
-        self._n_past = new_n_past.value
-        self._logits_ready = False
-        done = time.perf_counter()
-        m = self._meter
-        m.clip_encode_s += encoded - started
-        m.prefill_s += done - encoded
-        m.prompt_tokens += n_tokens
-        m.visual_tokens += n_tokens
-        m.clip_encodes += 1
-        return n_tokens
+        out = mtmd_cpp.mtmd_get_output_embd(self._mctx)
+        rows = np.ctypeslib.as_array(out, shape=(n_tokens * self.n_embd,)).reshape(n_tokens, self.n_embd)
+        embedding = ImageEmbedding(rows.copy())  # mtmd reuses its buffer on the next encode
+        self._meter.clip_encode_s += time.perf_counter() - started
+        self._meter.clip_encodes += 1
+        return embedding
 
     # -- generation -----------------------------------------------------------------------
 
@@ -408,6 +459,8 @@ class Engine:
             for _ in range(max_tokens):
                 if self._n_past >= self.n_ctx:
                     break
+                if self.interrupt_requested:
+                    raise Interrupted("interrupted during generation")
                 token = llama_cpp.llama_sampler_sample(sampler, self._ctx, -1)
                 if llama_cpp.llama_vocab_is_eog(self._vocab, token):
                     break

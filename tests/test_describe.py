@@ -35,7 +35,9 @@ def test_prompt_plus_answer_fits_and_counts_views(small_engine: Engine,
     assert result.visual_tokens == (1 + result.n_tiles) * 64
     assert result.n_tiles == result.grid[0] * result.grid[1]
     assert small_engine.n_past == small_engine.kv_cells()
-    assert small_engine.n_past == result.prompt_tokens + result.completion_tokens
+    # The answer and the turn's closing tokens follow the prompt in the cache.
+    suffix = len(small_engine.tokenize(CHATML.assistant_suffix))
+    assert small_engine.n_past == result.prompt_tokens + result.completion_tokens + suffix
 
 
 def test_budget_shrinks_the_grid_to_fit(test_models: dict[str, Path]) -> None:
@@ -64,8 +66,10 @@ def test_system_prompt_is_decoded_once(small_engine: Engine) -> None:
     assert prefix > 0
     second = describer.describe(_image((640, 480), "b.jpg"))
     assert second.cached_tokens == prefix
-    # The second request decoded only its own tokens, not the system prompt again.
-    assert small_engine.stats().prompt_tokens == second.prompt_tokens - prefix
+    # The second request decoded only its own tokens (and the turn's closing tokens after the
+    # answer), not the system prompt again.
+    suffix = len(small_engine.tokenize(CHATML.assistant_suffix))
+    assert small_engine.stats().prompt_tokens == second.prompt_tokens - prefix + suffix
 
 
 def test_a_context_too_small_for_one_image_says_what_to_do(test_models: dict[str, Path]) -> None:
