@@ -122,6 +122,86 @@ def describe(
 
 
 @app.command()
+def chat(
+    model: ModelOpt = "llava-1.5-7b",
+    mmproj: MmprojOpt = None,
+    n_ctx: NCtxOpt = None,
+    n_gpu_layers: NglOpt = None,
+    max_tokens: Annotated[int, typer.Option(help="Longest answer, in tokens.", min=1)] = 512,
+    temperature: Annotated[float, typer.Option(help="0 is greedy and repeatable.", min=0.0)] = 0.2,
+    seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
+    summary: Annotated[str, typer.Option(
+        help="What replaces an answered image in the cache: caption (a dense factual caption the "
+        "model writes while it still sees the image) or answer (its answer).")] = "caption",
+    keep_images: Annotated[int, typer.Option(
+        help="Keep the last N images live for follow-ups before they become text.", min=0)] = 0,
+    tiles: Annotated[str, typer.Option(help="Close-up tiles per image: auto, 0 or N.")] = "auto",
+    system: Annotated[str | None, typer.Option(help="A system prompt instead of the default.")] = None,
+    session: Annotated[Path | None, typer.Option(
+        help="Append the transcript here (JSONL). Default: a new file in the user data directory.")] = None,
+    resume: Annotated[Path | None, typer.Option(
+        help="Continue a saved session: text and image summaries are restored, no image is re-read.")
+    ] = None,
+    stats_json: Annotated[Path | None, typer.Option(help="Append one JSON object of stats per turn.")] = None,
+    threads: ThreadsOpt = None,
+    verbose: VerboseOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Chat about images in the terminal; answered images turn into text, so the chat never fills up.
+
+    Ask with `/image PATH question` or drop an image path into the line; follow-up questions
+    reuse the cache (no re-prefill). Piped input is read one turn per line:
+
+      printf '/image a.jpg what is this?\nwhat colour was it?\n' | edgevlm chat
+    """
+    from .chat import (
+        ChatSession,
+        JsonlAppender,
+        data_dir,
+        default_session_path,
+        interactive_lines,
+        load_transcript,
+        piped_lines,
+    )
+    from .conversation import Conversation
+    from .engine import Sampling
+    from .runtime import ModelFlags, load
+
+    _configure_logging(verbose)
+    with _handled(debug):
+        if summary not in ("caption", "answer"):
+            raise ConfigError(f"--summary must be caption or answer, not '{summary}'")
+        max_tiles = _parse_tiles(tiles)
+        records = load_transcript(resume) if resume else []
+        flags = ModelFlags(str(model), str(mmproj) if mmproj else None, n_ctx, n_gpu_layers, threads,
+                           answer_tokens=max_tokens)
+        loaded = _load_with_progress(load, flags, quiet=False)
+        sampling = Sampling(temperature=temperature,
+                            seed=seed if seed is not None else random.getrandbits(31))
+        conversation = Conversation(loaded.engine, loaded.prompt_format,
+                                    tile_size=loaded.projector_facts.image_size, max_tokens=max_tokens,
+                                    sampling=sampling, max_tiles=max_tiles, summary=summary,
+                                    keep_images=keep_images, system=system)
+        if records:
+            conversation.restore(records)
+        interactive = sys.stdin.isatty()
+        session_path = session or resume or default_session_path()
+        transcript = JsonlAppender(session_path, warn=lambda m: err.print(f"[yellow]warning:[/] {escape(m)}"))
+        if not session_path.exists():
+            transcript.append({"type": "session", "model": str(loaded.choice.model_path),
+                               "mmproj": str(loaded.choice.mmproj_path), "created": time.time()})
+        err.print(f"[dim]session: {escape(str(session_path))}"
+                  + (f" (resumed {len(records)} turns)" if records else "") + "[/]")
+        if interactive:
+            err.print(f"[bold]edgevlm chat[/] · {escape(Path(flags.model).name)} · n_ctx "
+                      f"{loaded.engine.n_ctx} · /help for commands, Ctrl-D to leave")
+        repl = ChatSession(conversation, out=sys.stdout, err=err, session=transcript,
+                           stats_json=JsonlAppender(stats_json, warn=lambda m: err.print(escape(m)))
+                           if stats_json else None, interactive=interactive)
+        repl.run(interactive_lines(data_dir() / "chat_history") if interactive else piped_lines())
+
+
+@app.command()
 def plan(
     model: ModelOpt = "llava-1.5-7b",
     mmproj: MmprojOpt = None,

@@ -179,13 +179,14 @@ class Conversation:
             f"{question}{self.fmt.user_suffix}"
         head_tokens = engine.tokenize(self.fmt.user_prefix)
         tail_tokens = engine.tokenize(tail_text)
+        suffix = engine.tokenize(self.fmt.assistant_suffix)
         image_floor = engine.image_tokens() + self._head_tokens() if image is not None else 0
         caption_reserve = self._caption_reserve() if image is not None else 0
-        fixed = len(head_tokens) + len(tail_tokens) + self.max_tokens + caption_reserve
+        fixed = len(head_tokens) + len(tail_tokens) + self.max_tokens + len(suffix) + caption_reserve
         system_tokens = self.segments[0].n_tokens
         if system_tokens + fixed + image_floor > engine.n_ctx:
             limit = engine.n_ctx - system_tokens - self.max_tokens - caption_reserve - image_floor \
-                - len(head_tokens)
+                - len(head_tokens) - len(suffix)
             if image is not None and limit < 64:
                 raise ContextOverflowError(
                     f"one image ({engine.image_tokens()} tokens) plus the prompt and --max-tokens "
@@ -228,7 +229,6 @@ class Conversation:
         # An interrupt can land between a decode and its bookkeeping: trust the ledger.
         engine.resync()
         engine.truncate(min(engine.n_past, self.kv_tokens + len(answer_tokens)))
-        suffix = engine.tokenize(self.fmt.assistant_suffix)
         self.segments.append(Segment("answer", turn, tuple(answer_tokens)))  # already decoded
         self._append(Segment("answer", turn, tuple(suffix)))
         answer = "".join(pieces).strip()

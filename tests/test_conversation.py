@@ -1,0 +1,171 @@
+"""Chat turns on real llama.cpp: the ledger, the summary swap, room-making and interrupts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from edgevlm.conversation import Conversation
+from edgevlm.engine import Engine, Sampling
+from edgevlm.errors import ContextOverflowError, Interrupted
+from edgevlm.images import LoadedImage
+from edgevlm.prompts import CHATML
+
+from .conftest import make_engine
+
+
+def _image(seed: int, size: tuple[int, int] = (500, 400)) -> LoadedImage:
+    pixels = np.random.default_rng(seed).integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)
+    return LoadedImage(Path(f"img{seed}.jpg"), Image.fromarray(pixels), size)
+
+
+def _chat(engine: Engine, **kwargs: object) -> Conversation:
+    options: dict[str, object] = {"tile_size": 336, "max_tokens": 12, "max_tiles": 0,
+                                  "caption_tokens": 16, "sampling": Sampling(temperature=0.0)}
+    options.update(kwargs)
+    return Conversation(engine, CHATML, **options)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def engine_4k(test_models: dict[str, Path]) -> Iterator[Engine]:
+    eng = make_engine(test_models["mmproj_336"], n_ctx=4096)
+    yield eng
+    eng.close()
+
+
+def test_twelve_image_turns_never_pile_up(engine_4k: Engine) -> None:
+    chat = _chat(engine_4k)
+    per_image = engine_4k.image_tokens()
+    for turn in range(1, 13):
+        _, stats = chat.ask(f"What is in picture {turn}?", image=_image(turn))
+        chat.check()
+        assert stats.visual_tokens_live == 0 == chat.visual_tokens_live
+        assert stats.clip_encodes == 1 and stats.visual_tokens == per_image
+        assert stats.kv_tokens < per_image + 1200  # summaries and text only
+        assert stats.swap_s > 0
+    kinds = [s.kind for s in chat.segments]
+    assert "image" not in kinds and kinds.count("summary") == 12 - sum(
+        r.turn not in {s.turn for s in chat.segments} for r in chat.records)
+    assert chat.records[-1].summary
+
+
+def test_text_follow_up_costs_only_its_own_tokens(engine_4k: Engine) -> None:
+    chat = _chat(engine_4k)
+    chat.ask("Describe it.", image=_image(1))
+    before = chat.kv_tokens
+    question = "And what colour was it?"
+    _, stats = chat.ask(question)
+    chat.check()
+    assert stats.clip_encodes == 0 and stats.visual_tokens == 0
+    own = len(engine_4k.tokenize(CHATML.user_prefix)) + len(
+        engine_4k.tokenize(f"{question}{CHATML.user_suffix}")) + len(
+        engine_4k.tokenize(CHATML.assistant_suffix))
+    assert stats.prefill_tokens == own  # nothing before it was decoded again
+    assert chat.kv_tokens == before + own + stats.completion_tokens
+
+
+def test_swap_keeps_the_rest_of_the_turn_token_for_token(engine_4k: Engine) -> None:
+    chat = _chat(engine_4k, summary="answer")
+    chat.ask("Describe it.", image=_image(2))
+    summary = [s for s in chat.segments if s.kind == "summary"]
+    assert len(summary) == 1
+    text = engine_4k.detokenize(list(summary[0].tokens))
+    assert text.startswith("[Image 1 — img2.jpg — summary: ")
+    tail = chat.segments[chat.segments.index(summary[0]) + 1:]
+    assert [s.kind for s in tail] == ["user", "answer", "answer"]
+    assert engine_4k.detokenize(list(tail[0].tokens)).startswith("\nDescribe it.")
+
+
+def test_keep_images_keeps_the_last_one_live(engine_4k: Engine) -> None:
+    chat = _chat(engine_4k, keep_images=1)
+    per_image = engine_4k.image_tokens()
+    _, first = chat.ask("One?", image=_image(3))
+    assert first.visual_tokens_live == per_image
+    _, second = chat.ask("Two?", image=_image(4))
+    chat.check()
+    assert second.visual_tokens_live == per_image  # image 1 swapped, image 2 live
+    assert second.clip_encodes == 1  # image 2 was re-decoded from its rows, not re-encoded
+    _, third = chat.ask("And the first one?")
+    chat.check()
+    assert third.clip_encodes == 0 and third.visual_tokens_live == per_image
+
+
+def test_reset_and_rewind(engine_4k: Engine) -> None:
+    chat = _chat(engine_4k)
+    chat.ask("Hi?", image=_image(5))
+    chat.reset()
+    chat.check()
+    assert len(chat.segments) == 1 and chat.kv_tokens == engine_4k.n_past > 0
+
+
+def test_interrupt_while_prefilling_rolls_back(engine_4k: Engine) -> None:
+    chat = _chat(engine_4k)
+    chat.ask("First.")
+    before = chat.kv_tokens
+    engine_4k.interrupt_requested = True  # as Ctrl-C does: llama.cpp aborts the next decode
+    with pytest.raises(Interrupted):
+        chat.ask("Second?", image=_image(6))
+    chat.check()
+    assert chat.kv_tokens == before and not engine_4k.interrupt_requested
+    _, stats = chat.ask("Still there?")
+    chat.check()
+    assert stats.turn == 2
+
+
+def test_interrupt_while_answering_keeps_what_was_shown(engine_4k: Engine) -> None:
+    chat = _chat(engine_4k, max_tokens=40)
+    shown: list[str] = []
+
+    def stop_after_two(piece: str) -> None:
+        shown.append(piece)
+        if len(shown) == 2:
+            engine_4k.interrupt_requested = True
+
+    answer, stats = chat.ask("Tell me a long story.", on_piece=stop_after_two)
+    chat.check()
+    assert stats.completion_tokens <= 3 and chat.records[-1].interrupted
+    assert answer == "".join(shown).strip()
+
+
+def test_context_pressure_drops_old_turns(test_models: dict[str, Path]) -> None:
+    with make_engine(test_models["mmproj_112"], n_ctx=2048) as eng:
+        chat = Conversation(eng, CHATML, tile_size=112, max_tokens=16, caption_tokens=12, max_tiles=2,
+                            sampling=Sampling(temperature=0.0))
+        dropped = 0
+        for turn in range(40):
+            image = _image(turn, (300, 200)) if turn % 3 == 0 else None
+            _, stats = chat.ask(f"Turn {turn}: " + "tell me more about it. " * 10, image=image)
+            chat.check()
+            assert stats.kv_tokens <= eng.n_ctx
+            dropped += stats.dropped_turns
+        assert dropped > 0  # the context was full, and it went on
+        assert chat.segments[0].kind == "system"
+
+
+def test_a_message_longer_than_the_context_is_refused(engine_4k: Engine) -> None:
+    chat = _chat(engine_4k)
+    before = chat.kv_tokens
+    with pytest.raises(ContextOverflowError, match="shorten it"):
+        chat.ask("word " * 6000)
+    chat.check()
+    assert chat.kv_tokens == before
+
+
+def test_restore_rebuilds_text_without_clip(engine_4k: Engine) -> None:
+    chat = _chat(engine_4k)
+    chat.ask("What is it?", image=_image(7))
+    chat.ask("Why?")
+    records = list(chat.records)
+    restored = _chat(engine_4k)
+    engine_4k.begin_request()
+    restored.restore(records)
+    restored.check()
+    assert engine_4k.stats().clip_encodes == 0
+    assert restored.turn == 2 and restored.images_seen == 1
+    _, stats = restored.ask("Go on.")
+    restored.check()
+    assert stats.turn == 3
