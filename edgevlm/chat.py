@@ -9,15 +9,17 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 from .conversation import DEFAULT_QUESTION, Conversation, TurnRecord, TurnStats
 from .errors import EdgeVLMError, EngineError, Interrupted
 from .images import load_image
 
+T = TypeVar("T")
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff",
                             ".heic", ".heif", ".avif"})
 HELP = """\
@@ -99,6 +101,7 @@ class ChatSession:
         self.stats_json = stats_json
         self.interactive = interactive
         self.last_stats: TurnStats | None = None
+        self._executor: ThreadPoolExecutor | None = None
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -148,7 +151,7 @@ class ChatSession:
         elif name == "/save":
             self._save(rest.strip())
         elif name == "/reset":
-            self.conversation.reset()
+            self._on_engine_thread(self.conversation.reset)
             self.conversation.records.clear()
             self._note("conversation cleared")
         else:
@@ -163,9 +166,9 @@ class ChatSession:
         if image is not None and image.note:
             self._note(f"{image.path.name}: {image.note}")
         with self._interruptible():
-            answer, stats = self.conversation.ask(question or (DEFAULT_QUESTION if image else ""),
-                                                  image=image, on_piece=self._write_piece,
-                                                  started=started)
+            answer, stats = self._on_engine_thread(
+                lambda: self.conversation.ask(question or (DEFAULT_QUESTION if image else ""),
+                                              image=image, on_piece=self._write_piece, started=started))
         self.out.write("\n")
         self.out.flush()
         self.last_stats = stats
@@ -178,6 +181,20 @@ class ChatSession:
             self.stats_json.append(asdict(stats) | {"grid": list(stats.grid)})
         if self.interactive:
             self.err.print(f"[dim]{_brief(stats, self.conversation.engine.n_ctx)}[/]", highlight=False)
+
+    def _on_engine_thread(self, work: Callable[[], T]) -> T:
+        """Run llama.cpp work off the thread that runs prompt_toolkit's event loop.
+
+        Measured here: once prompt_toolkit has run asyncio on the main thread, llama.cpp's
+        OpenMP workers led by that thread decode about 100x slower (1 tok/s instead of 100).
+        A long-lived worker thread keeps one OpenMP team at full speed; piped input never
+        starts prompt_toolkit and runs inline.
+        """
+        if not self.interactive:
+            return work()
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgevlm-engine")
+        return self._executor.submit(work).result()
 
     @contextlib.contextmanager
     def _interruptible(self) -> Iterator[None]:
@@ -208,7 +225,7 @@ class ChatSession:
         except EngineError:
             records = list(self.conversation.records)
             self.conversation.records.clear()
-            self.conversation.restore(records)
+            self._on_engine_thread(lambda: self.conversation.restore(records))
             self._note("the cache was rebuilt from the transcript")
 
     # -- commands ---------------------------------------------------------------------------
@@ -290,8 +307,13 @@ def _dropped_image(line: str) -> tuple[str | None, str]:
 
 
 def _split_path(text: str) -> tuple[str, str]:
-    """Split a leading path (quoted, or with backslash-escaped spaces) from the rest of a line."""
+    """Split a leading path (quoted, escaped, or unquoted with spaces) from the rest of a line."""
     text = text.strip()
+    words = text.split(" ")
+    for n in range(len(words), 1, -1):  # an unquoted path with spaces that exists on disk
+        candidate = " ".join(words[:n])
+        if Path(candidate).expanduser().is_file():
+            return candidate, " ".join(words[n:]).strip()
     if text[:1] in ("'", '"'):
         end = text.find(text[0], 1)
         if end > 0:

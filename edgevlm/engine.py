@@ -178,8 +178,9 @@ class Engine:
         if cfg.flash_attn is not None:
             cparams.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if cfg.flash_attn
                                        else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
-        self._abort_cb = llama_cpp.ggml_abort_callback(lambda _user: self.interrupt_requested)
-        cparams.abort_callback = self._abort_cb
+        # No abort_callback: ggml would call it from its worker threads for every graph node,
+        # and each call must take Python's GIL (seconds per token when another thread holds it).
+        # Interrupts are honoured between batches and between tokens instead.
         self._ctx = llama_cpp.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             raise EngineError(f"could not create a context of {cfg.n_ctx} tokens ({_last_error()})")
@@ -331,6 +332,7 @@ class Engine:
         batch = llama_cpp.llama_batch_init(min(len(tokens), self.n_batch), 0, 1)
         try:
             for start in range(0, len(tokens), self.n_batch):
+                self._check_interrupt("decode text")
                 piece = tokens[start:start + self.n_batch]
                 batch.n_tokens = len(piece)
                 for i, token in enumerate(piece):
@@ -378,6 +380,7 @@ class Engine:
         batch = llama_cpp.llama_batch_init(min(n_tokens, self.n_batch), width, 1)
         try:
             for start in range(0, n_tokens, self.n_batch):
+                self._check_interrupt("decode image")
                 piece = rows[start:start + self.n_batch]
                 batch.n_tokens = len(piece)
                 ctypes.memmove(batch.embd, piece.ctypes.data, piece.nbytes)
@@ -459,8 +462,7 @@ class Engine:
             for _ in range(max_tokens):
                 if self._n_past >= self.n_ctx:
                     break
-                if self.interrupt_requested:
-                    raise Interrupted("interrupted during generation")
+                self._check_interrupt("generation")
                 token = llama_cpp.llama_sampler_sample(sampler, self._ctx, -1)
                 if llama_cpp.llama_vocab_is_eog(self._vocab, token):
                     break
@@ -506,6 +508,10 @@ class Engine:
         if self._n_past + n_tokens > self.n_ctx:
             raise ContextOverflowError(
                 f"{n_tokens} more tokens do not fit: {self._n_past} of {self.n_ctx} in use")
+
+    def _check_interrupt(self, what: str) -> None:
+        if self.interrupt_requested:
+            raise Interrupted(f"interrupted during {what}")
 
     def _check(self, rc: int, what: str) -> None:
         if rc == 0:

@@ -1,0 +1,130 @@
+"""`edgevlm chat` end to end: piped turns, the transcript, resume after kill -9, and a real pty."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pexpect
+import pytest
+from PIL import Image
+
+from .conftest import ROOT, run_cli
+
+
+def _args(models: dict[str, Path], tmp_path: Path, *extra: str) -> list[str]:
+    return ["chat", "--model", str(models["text"]), "--mmproj", str(models["mmproj_112"]),
+            "--n-ctx", "2048", "--max-tokens", "12", "--temperature", "0",
+            "--session", str(tmp_path / "session.jsonl"), *extra]
+
+
+def _turns(path: Path) -> list[dict]:
+    return [row for row in map(json.loads, path.read_text().splitlines()) if row["type"] == "turn"]
+
+
+@pytest.fixture()
+def photo(tmp_path: Path) -> Path:
+    path = tmp_path / "red square.jpg"
+    Image.new("RGB", (900, 600), (220, 30, 30)).save(path)
+    return path
+
+
+def test_piped_turns_with_transcript_and_stats(test_models: dict[str, Path], tmp_path: Path,
+                                               photo: Path) -> None:
+    script = (f"/image '{photo}' what is this?\n"
+              "what colour was it?\n"
+              "/tiles 0\n"
+              f"{str(photo).replace(' ', chr(92) + ' ')} and with no tiles?\n"
+              "/quit\n"
+              "this line is never read\n")
+    stats = tmp_path / "stats.jsonl"
+    result = run_cli(*_args(test_models, tmp_path, "--stats-json", str(stats)), stdin=script)
+    assert result.returncode == 0, result.stderr
+    turns = _turns(tmp_path / "session.jsonl")
+    assert [t["user"] for t in turns] == ["what is this?", "what colour was it?", "and with no tiles?"]
+    assert turns[0]["image"].endswith("red square.jpg") and turns[0]["summary"]
+    rows = [json.loads(line) for line in stats.read_text().splitlines()]
+    assert [r["clip_encodes"] for r in rows][:2] == [1 + rows[0]["n_tiles"], 0]
+    assert rows[1]["prefill_tokens"] < 40  # the follow-up decoded only its own tokens
+    assert rows[2]["n_tiles"] == 0 and rows[2]["visual_tokens"] == 64
+    assert all(r["visual_tokens_live"] == 0 for r in rows)
+    assert "session:" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_bad_images_never_end_the_chat(test_models: dict[str, Path], tmp_path: Path, photo: Path) -> None:
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes(b"\xff\xd8\xff\xe0 not really")
+    empty = tmp_path / "empty.png"
+    empty.write_bytes(b"")
+    script = "\n".join([f"/image {photo} first", f"/image {broken} second", f"/image {empty} third",
+                        f"/image {tmp_path} fourth", f"/image {tmp_path / 'gone.jpg'} fifth",
+                        "/image", "/nonsense", "still here?"]) + "\n"
+    result = run_cli(*_args(test_models, tmp_path), stdin=script)
+    assert result.returncode == 0
+    turns = _turns(tmp_path / "session.jsonl")
+    assert [t["user"] for t in turns] == ["first", "still here?"]
+    for needle in ("broken.jpg: corrupt", "empty.png: file is empty", "is a directory",
+                   "gone.jpg: no such file", "usage: /image PATH", "unknown command /nonsense"):
+        assert needle in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_resume_after_kill_9(test_models: dict[str, Path], tmp_path: Path, photo: Path) -> None:
+    session = tmp_path / "session.jsonl"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    process = subprocess.Popen([sys.executable, "-m", "edgevlm.cli", *_args(test_models, tmp_path)],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env=env)
+    assert process.stdin is not None
+    process.stdin.write(f"/image {photo} what is it?\nand its colour?\n")
+    process.stdin.flush()
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and (not session.exists() or len(_turns(session)) < 2):
+        time.sleep(0.2)
+    process.send_signal(signal.SIGKILL)
+    process.communicate()
+    before = _turns(session)
+    assert len(before) == 2  # both finished turns survived the kill
+
+    result = run_cli(*_args(test_models, tmp_path, "--resume", str(session)), stdin="one more?\n")
+    assert result.returncode == 0, result.stderr
+    assert "resumed 2 turns" in result.stderr
+    after = _turns(session)
+    assert after[:2] == before
+    assert after[2]["turn"] == 3 and after[2]["user"] == "one more?"
+    assert after[2]["stats"]["clip_encodes"] == 0  # no image was read again
+
+
+def test_repl_in_a_terminal(test_models: dict[str, Path], tmp_path: Path) -> None:
+    args = _args(test_models, tmp_path)
+    args[args.index("--max-tokens") + 1] = "1500"
+    env = {**os.environ, "PROMPT_TOOLKIT_NO_CPR": "1", "TERM": "xterm", "HF_HUB_OFFLINE": "1",
+           "COLUMNS": "120"}
+    child = pexpect.spawn(sys.executable, ["-m", "edgevlm.cli", *args], cwd=str(ROOT), env=env,
+                          encoding="utf-8", timeout=120, dimensions=(40, 120))
+    try:
+        child.expect(">>>")
+        child.send("/help\r")
+        child.expect("/image PATH")
+        child.expect(">>>")
+        child.send("Count from 1 to 400, one number per line.\r")  # Enter is CR in a terminal
+        child.expect(r"5\. 5")  # the answer is streaming
+        child.sendintr()  # Ctrl-C stops the answer, not the program
+        child.expect("answer stopped")
+        child.expect(">>>")
+        child.send("/stats\r")
+        child.expect("turns 1")
+        child.expect(">>>")
+        child.sendeof()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
+    turns = _turns(tmp_path / "session.jsonl")
+    assert len(turns) == 1 and turns[0]["interrupted"]
+    assert turns[0]["stats"]["completion_tokens"] < 1500
