@@ -8,10 +8,13 @@ decides what to keep (`truncate`).
 from __future__ import annotations
 
 import codecs
+import contextlib
 import ctypes
 import logging
 import os
 import re
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -157,7 +160,8 @@ class Engine:
 
         self._progress_cb = llama_cpp.llama_progress_callback(progress)
         mparams.progress_callback = self._progress_cb
-        self._model = llama_cpp.llama_model_load_from_file(str(cfg.model_path).encode(), mparams)
+        with self._sigint_sets_flag():
+            self._model = llama_cpp.llama_model_load_from_file(str(cfg.model_path).encode(), mparams)
         if not self._model:
             if self.interrupt_requested:
                 raise Interrupted("interrupted while loading the model")
@@ -207,6 +211,22 @@ class Engine:
             if not mtmd_cpp.mtmd_support_vision(self._mctx):
                 raise ModelError(f"{cfg.mmproj_path}: this projector does not take images")
             self._marker = mtmd_cpp.mtmd_default_marker()
+
+    @contextlib.contextmanager
+    def _sigint_sets_flag(self) -> Iterator[None]:
+        """During a long C call, Ctrl-C must not raise inside a ctypes callback (it can't)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def on_sigint(_signum: int, _frame: object) -> None:
+            self.interrupt_requested = True
+
+        previous = signal.signal(signal.SIGINT, on_sigint)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
 
     def close(self) -> None:
         """Free the projector, the context and the model (idempotent)."""

@@ -51,6 +51,7 @@ def load_image(path: str | os.PathLike[str], *, pixel_limit: int | None = None) 
     _check_path(path)
     try:
         with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Pillow's notes on odd files; failures still raise
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(path) as opened:
                 width, height = opened.size

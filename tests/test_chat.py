@@ -128,3 +128,15 @@ def test_repl_in_a_terminal(test_models: dict[str, Path], tmp_path: Path) -> Non
     turns = _turns(tmp_path / "session.jsonl")
     assert len(turns) == 1 and turns[0]["interrupted"]
     assert turns[0]["stats"]["completion_tokens"] < 1500
+
+
+def test_an_unwritable_session_file_warns_once_and_chats_on(test_models: dict[str, Path],
+                                                           tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where a folder should be")
+    args = _args(test_models, tmp_path)
+    args[args.index("--session") + 1] = str(blocker / "session.jsonl")
+    result = run_cli(*args, stdin="hello?\nstill there?\n")
+    assert result.returncode == 0
+    assert result.stderr.count("not being saved") == 1
+    assert len([line for line in result.stdout.splitlines() if line.strip()]) >= 2

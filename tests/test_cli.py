@@ -98,3 +98,43 @@ def test_help_teaches(photos: dict[str, Path]) -> None:
     assert result.returncode == 0
     for flag in ("--prompt", "--tiles", "--json", "--n-ctx", "--n-gpu-layers", "--model"):
         assert flag in result.stdout
+
+
+def test_ctrl_c_during_describe_exits_130_cleanly(test_models: dict[str, Path],
+                                                  photos: dict[str, Path]) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    # The 576-token projector at n_ctx 4096 tiles a 1080p photo 2x2: ~15 s of prefill to interrupt.
+    process = subprocess.Popen(
+        [sys.executable, "-m", "edgevlm.cli", "describe", str(photos["photo"]), "--model",
+         str(test_models["text"]), "--mmproj", str(test_models["mmproj_336"]), "--n-ctx", "4096"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    time.sleep(4)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130
+    assert "interrupted" in stderr and "Traceback" not in stderr
+
+
+def test_a_prompt_longer_than_the_context_is_refused(test_models: dict[str, Path],
+                                                     photos: dict[str, Path]) -> None:
+    result = run_cli("describe", str(photos["alpha"]), *_model_args(test_models),
+                     "--prompt", "word " * 20000)
+    assert result.returncode == 2
+    assert "shorten it" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_llama_log_only_with_verbose_and_tracebacks_only_with_debug(
+        test_models: dict[str, Path], photos: dict[str, Path], tmp_path: Path) -> None:
+    quiet = run_cli("describe", str(photos["alpha"]), *_model_args(test_models))
+    assert "load_tensors" not in quiet.stderr and "llama_" not in quiet.stderr
+    loud = run_cli("describe", str(photos["alpha"]), *_model_args(test_models), "--verbose")
+    assert "load_tensors" in loud.stderr
+    debug = run_cli("describe", str(photos["alpha"]), "--model", str(tmp_path / "absent.gguf"),
+                    "--mmproj", str(test_models["mmproj_112"]), "--debug")
+    assert debug.returncode != 0 and "Traceback" in debug.stderr

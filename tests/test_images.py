@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from edgevlm.errors import ImageError
@@ -69,13 +71,34 @@ def test_exif_orientation_is_applied(tmp_path: Path, orientation: int) -> None:
     assert loaded.source_size == (60, 40)
 
 
-def test_animated_gif_uses_first_frame_and_says_so(tmp_path: Path) -> None:
+@pytest.mark.parametrize("suffix", ["gif", "webp"])
+def test_animations_use_the_first_frame_and_say_so(tmp_path: Path, suffix: str) -> None:
     frames = [Image.new("RGB", (20, 20), c) for c in ((255, 0, 0), (0, 255, 0))]
-    path = tmp_path / "anim.gif"
-    frames[0].save(path, save_all=True, append_images=frames[1:], duration=100)
+    path = tmp_path / f"anim.{suffix}"
+    frames[0].save(path, save_all=True, append_images=frames[1:], duration=100, loop=0)
     loaded = load_image(path)
-    assert loaded.image.getpixel((5, 5))[0] > 200
+    assert loaded.image.mode == "RGB"
+    red, green, _ = loaded.image.getpixel((5, 5))
+    assert red > 200 and green < 60
     assert "frame 1 of 2" in loaded.note
+
+
+# Where the stored image's top-left (red) corner ends up once upright, per EXIF orientation.
+_UPRIGHT_RED_CORNER = {1: "tl", 2: "tr", 3: "br", 4: "bl", 5: "tl", 6: "tr", 7: "br", 8: "bl"}
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_exif_orientation_puts_pixels_upright(tmp_path: Path, orientation: int) -> None:
+    stored = Image.new("RGB", (60, 40), (0, 0, 255))
+    stored.paste((255, 0, 0), (0, 0, 12, 12))  # a red top-left corner
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    path = _save(stored, tmp_path / "o.png", exif=exif)
+    upright = load_image(path).image
+    w, h = upright.size
+    corners = {"tl": (2, 2), "tr": (w - 3, 2), "bl": (2, h - 3), "br": (w - 3, h - 3)}
+    red_corners = [name for name, xy in corners.items() if upright.getpixel(xy)[0] > 200]
+    assert red_corners == [_UPRIGHT_RED_CORNER[orientation]]
 
 
 @pytest.mark.parametrize("size", [(1, 5000), (5000, 1)])
@@ -128,3 +151,42 @@ def test_unreadable_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
         monkeypatch.setattr("edgevlm.images.os.access", lambda *_a: False)
     with pytest.raises(ImageError, match="permission denied"):
         load_image(path)
+
+
+def _valid_images() -> list[bytes]:
+    rng = np.random.default_rng(1)
+    pixels = rng.integers(0, 255, (24, 32, 3), dtype=np.uint8)
+    out = []
+    for fmt, mode in [("JPEG", "RGB"), ("PNG", "RGBA"), ("PNG", "P"), ("GIF", "P"), ("WEBP", "RGB"),
+                      ("BMP", "RGB"), ("TIFF", "RGB")]:
+        buffer = io.BytesIO()
+        Image.fromarray(pixels).convert(mode).save(buffer, format=fmt)
+        out.append(buffer.getvalue())
+    return out
+
+
+_SEEDS = _valid_images()
+
+
+@settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.sampled_from(_SEEDS), data=st.data())
+def test_fuzzed_images_give_rgb_or_image_error(tmp_path_factory: pytest.TempPathFactory, seed: bytes,
+                                               data: st.DataObject) -> None:
+    """Mutated bytes of valid images: the loader returns RGB or raises ImageError, nothing else."""
+    blob = bytearray(seed)
+    for _ in range(data.draw(st.integers(1, 8))):
+        action = data.draw(st.sampled_from(["flip", "cut", "insert"]))
+        at = data.draw(st.integers(0, max(len(blob) - 1, 0)))
+        if action == "flip" and blob:
+            blob[at] = data.draw(st.integers(0, 255))
+        elif action == "cut":
+            del blob[at:at + data.draw(st.integers(1, 64))]
+        else:
+            blob[at:at] = data.draw(st.binary(min_size=1, max_size=16))
+    path = tmp_path_factory.getbasetemp() / "fuzz.img"
+    path.write_bytes(bytes(blob))
+    try:
+        loaded = load_image(path, pixel_limit=4_000_000)
+    except ImageError:
+        return
+    assert loaded.image.mode == "RGB" and loaded.image.width >= 1 and loaded.image.height >= 1
