@@ -75,6 +75,16 @@ def describe(
     temperature: Annotated[float, typer.Option(help="0 is greedy and repeatable.", min=0.0)] = 0.0,
     json_out: Annotated[bool, typer.Option("--json", help="One JSON object per image on stdout.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress or stats on stderr.")] = False,
+    recursive: Annotated[bool, typer.Option("--recursive", "-r", help="Descend into subfolders.")] = False,
+    glob: Annotated[str | None, typer.Option(
+        help="Only files matching this pattern in folders (default: common image types).")] = None,
+    write_captions: Annotated[bool, typer.Option(
+        help="Write IMAGE.txt next to each image (or under --out-dir).")] = False,
+    out_dir: Annotated[Path | None, typer.Option(
+        help="With --write-captions: put the .txt files here, mirroring the folder tree.")] = None,
+    jsonl: Annotated[Path | None, typer.Option(help="Append one JSON object per image to this file.")]
+    = None,
+    overwrite: Annotated[bool, typer.Option(help="Caption images that already have a caption.")] = False,
     threads: ThreadsOpt = None,
     verbose: VerboseOpt = False,
     debug: DebugOpt = False,
@@ -84,7 +94,15 @@ def describe(
     The description streams to stdout; a stats line (tiles, visual tokens, time to first
     token, prefill and decode speed) goes to stderr. Exit code 2 if any image failed.
 
-    Example: edgevlm describe photo.jpg --prompt "What does the small sign say?"
+    Folders are captioned with one model load, a progress bar and resume: with
+    --write-captions or --jsonl, images already done are skipped, so an interrupted run
+    carries on where it stopped.
+
+    Examples:
+
+      edgevlm describe photo.jpg --prompt "What does the small sign say?"
+
+      edgevlm describe ~/Pictures -r --write-captions --jsonl captions.jsonl --tiles 0
     """
     from .describe import DEFAULT_PROMPT, Describer
     from .engine import Sampling
@@ -98,6 +116,17 @@ def describe(
                            answer_tokens=max_tokens)
         sampling = Sampling(temperature=temperature,
                             seed=seed if seed is not None else random.getrandbits(31))
+        if write_captions or jsonl is not None or any(p.is_dir() for p in photos):
+            loaded = _load_with_progress(load, flags, quiet=quiet)
+            describer = Describer(loaded.engine, loaded.prompt_format,
+                                  tile_size=loaded.projector_facts.image_size, max_tokens=max_tokens,
+                                  sampling=sampling, max_tiles=max_tiles, n_gpu_layers=loaded.n_gpu_layers)
+            failed = _describe_batch(describer, photos, prompt or DEFAULT_PROMPT, recursive=recursive,
+                                     pattern=glob, write_captions=write_captions, out_dir=out_dir,
+                                     jsonl=jsonl, overwrite=overwrite, json_out=json_out, quiet=quiet)
+            if failed:
+                raise typer.Exit(2)
+            return
         describer, failures = None, 0
         for path in photos:
             started = time.perf_counter()
@@ -279,6 +308,55 @@ def models() -> None:
         size = f"~{preset.approx_bytes / 1e9:.1f} GB" if preset.approx_bytes else "local"
         state = "present" if present else "missing"
         typer.echo(f"{preset.name:<22} {size:>9}  {state:<8} {folder}")
+
+
+def _describe_batch(describer: Any, inputs: list[Path], prompt: str, *, recursive: bool,
+                    pattern: str | None, write_captions: bool, out_dir: Path | None, jsonl: Path | None,
+                    overwrite: bool, json_out: bool, quiet: bool) -> int:
+    """Caption a folder (or many files) with a progress bar; returns how many failed."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from .batch import JsonlLog, check_outputs, find_images, plan_targets, run_batch
+
+    check_outputs(write_captions=write_captions, jsonl=jsonl, out_dir=out_dir)
+    missing = [p for p in inputs if not p.exists()]
+    found = find_images([p for p in inputs if p.exists()], recursive=recursive, pattern=pattern)
+    targets = plan_targets(found, write_captions=write_captions, out_dir=out_dir)
+    log = JsonlLog(jsonl) if jsonl is not None else None
+    show_bar = not quiet and err.is_terminal
+    stream = _write_stdout if quiet and sys.stdout.isatty() and not json_out else None
+    started = time.perf_counter()
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[rate]}"), TimeRemainingColumn(), console=err,
+                  disable=not show_bar, transient=False) as progress:
+        task = progress.add_task("captioning", total=len(targets), rate="")
+
+        def on_event(event: Any) -> None:
+            done = progress.tasks[0].completed + 1
+            minutes = (time.perf_counter() - started) / 60
+            progress.update(task, completed=done, rate=f"{done / minutes:.1f} img/min" if minutes else "")
+            if event.status == "failed":
+                progress.console.print(f"[red]failed:[/] {escape(event.error)}")
+            elif event.status == "captioned":
+                result = event.result
+                if json_out:
+                    typer.echo(json.dumps(result.to_json() | {"image": event.target.key}, ensure_ascii=False))
+                elif not write_captions and jsonl is None:
+                    if stream is None:
+                        typer.echo(f"==> {event.target.key} <==\n{result.text}\n")
+                    else:
+                        _write_stdout("\n")
+
+        summary = run_batch(describer, targets, prompt=prompt, overwrite=overwrite, jsonl=log,
+                            on_event=on_event, on_piece=stream,
+                            on_start=lambda t: progress.update(task, description=t.path.name[:40]))
+    failures = summary.failed + [(str(p), f"{p}: no such file or folder") for p in missing]
+    if not quiet:
+        err.print(f"{summary.captioned} captioned, {summary.skipped} skipped (already done), "
+                  f"{len(failures)} failed")
+        for _key, reason in failures:
+            err.print(f"  [red]failed:[/] {escape(reason)}")
+    return len(failures)
 
 
 # -- rendering ----------------------------------------------------------------------------

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from PIL import Image
+
 from .engine import Engine, ImageEmbedding, Sampling
 from .errors import ContextOverflowError, EngineError, Interrupted
 from .images import LoadedImage
@@ -48,6 +50,17 @@ class Segment:
     @property
     def visual(self) -> bool:
         return self.embedding is not None
+
+
+@dataclass(frozen=True, eq=False)
+class PreparedImage:
+    """An image with its grid chosen and its views cut, ready to be encoded."""
+
+    image: LoadedImage
+    plan: TilePlan
+    views: tuple[Image.Image, ...]
+    room: int
+    preprocess_s: float
 
 
 @dataclass(frozen=True)
@@ -165,12 +178,35 @@ class Conversation:
 
     # -- a turn ---------------------------------------------------------------------------
 
-    def ask(self, question: str, *, image: LoadedImage | None = None,
+    def fresh_room(self, question: str) -> int:
+        """Tokens an image block may use in a turn that starts from just the system prompt."""
+        fixed = self._fixed_tokens(question, with_image=True)
+        return self.engine.n_ctx - self.segments[0].n_tokens - fixed
+
+    def prepare(self, image: LoadedImage, room: int) -> PreparedImage:
+        """The CPU side of an image turn (grid, global view, tiles); safe on a helper thread."""
+        started = time.perf_counter()
+        plan = self._plan(image, room)
+        views = (letterbox(image.image, plan.tile_size), *cut_tiles(image.image, plan))
+        return PreparedImage(image, plan, views, room, time.perf_counter() - started)
+
+    def _fixed_tokens(self, question: str, *, with_image: bool) -> int:
+        """Text, answer and caption tokens of a turn, beside its image views."""
+        tok = self.engine.tokenize
+        tail = f"\n{question}{self.fmt.user_suffix}" if with_image else f"{question}{self.fmt.user_suffix}"
+        return (len(tok(self.fmt.user_prefix)) + len(tok(tail)) + self.max_tokens
+                + len(tok(self.fmt.assistant_suffix)) + (self._caption_reserve() if with_image else 0))
+
+    def ask(self, question: str, *, image: LoadedImage | PreparedImage | None = None,
             on_piece: Callable[[str], None] | None = None, started: float | None = None
             ) -> tuple[str, TurnStats]:
         """One user turn (optionally with an image) and the streamed answer."""
         engine = self.engine
         engine.begin_request(started=started)
+        prepared = image if isinstance(image, PreparedImage) else None
+        if prepared is not None:
+            image = prepared.image
+            engine.note_preprocess(prepared.preprocess_s)
         question = question.strip() or (DEFAULT_QUESTION if image is not None else "")
         if not question:
             raise ContextOverflowError("nothing to ask: the message is empty")
@@ -203,9 +239,11 @@ class Conversation:
             self._append(Segment("user", turn, tuple(head_tokens)))
             if image is not None:
                 room = engine.n_ctx - self.kv_tokens - fixed + len(head_tokens)
-                plan = self._plan(image, room)
-                grid, n_tiles = plan.grid, plan.n_tiles
-                self._eval_image_block(image, plan, turn)
+                if prepared is None or prepared.room > room:  # made for more room than there is
+                    prepared = self.prepare(image, room)
+                    engine.note_preprocess(prepared.preprocess_s)
+                grid, n_tiles = prepared.plan.grid, prepared.plan.n_tiles
+                self._eval_image_block(prepared, turn)
             self._append(Segment("user", turn, tuple(tail_tokens)))
         except (KeyboardInterrupt, Interrupted):
             engine.interrupt_requested = False
@@ -271,10 +309,8 @@ class Conversation:
         width, height = image.size
         return plan_tiles(width, height, max_tiles=limit, tile_size=self.tile_size)
 
-    def _eval_image_block(self, image: LoadedImage, plan: TilePlan, turn: int) -> None:
-        started = time.perf_counter()
-        views = [letterbox(image.image, plan.tile_size)] + cut_tiles(image.image, plan)
-        self.engine.note_preprocess(time.perf_counter() - started)
+    def _eval_image_block(self, prepared: PreparedImage, turn: int) -> None:
+        plan, views = prepared.plan, prepared.views
         if plan.tiles:
             self._append(Segment("label", turn, tuple(self.engine.tokenize(WHOLE_IMAGE))))
         self._append_image(views[0], turn)

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .conversation import DEFAULT_QUESTION, Conversation
+from .conversation import DEFAULT_QUESTION, Conversation, PreparedImage
 from .engine import Engine, Sampling
 from .images import LoadedImage
 from .prompts import PromptFormat
@@ -61,7 +61,7 @@ class Describer:
         """Positions of the system prompt that every image starts from."""
         return self.conversation.segments[0].n_tokens
 
-    def describe(self, image: LoadedImage, prompt: str = DEFAULT_PROMPT, *,
+    def describe(self, image: LoadedImage | PreparedImage, prompt: str = DEFAULT_PROMPT, *,
                  started: float | None = None,
                  on_piece: Callable[[str], None] | None = None) -> DescribeResult:
         """Describe one loaded image, streaming pieces to on_piece."""
@@ -73,12 +73,13 @@ class Describer:
         text, stats = self.conversation.ask(prompt, image=image, on_piece=on_piece, started=started)
         self._described += 1
         prefilled = stats.prefill_tokens + (0 if cached else self.shared_prefix_len())
+        loaded = image.image if isinstance(image, PreparedImage) else image
         return DescribeResult(
-            image=str(image.path), text=text, grid=stats.grid, n_tiles=stats.n_tiles,
+            image=str(loaded.path), text=text, grid=stats.grid, n_tiles=stats.n_tiles,
             visual_tokens=stats.visual_tokens, prompt_tokens=stats.prompt_tokens,
             cached_tokens=cached, completion_tokens=stats.completion_tokens,
             preprocess_s=stats.preprocess_s, clip_encode_s=stats.clip_encode_s,
             prefill_s=stats.prefill_s, ttft_s=stats.ttft_s, decode_s=stats.decode_s,
             prefill_tok_s=prefilled / stats.prefill_s if stats.prefill_s else 0.0,
             decode_tok_s=stats.decode_tok_s, n_ctx=self.engine.n_ctx,
-            n_gpu_layers=self.n_gpu_layers, note=image.note)
+            n_gpu_layers=self.n_gpu_layers, note=loaded.note)
