@@ -9,6 +9,7 @@ import random
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -41,6 +42,7 @@ NglOpt = Annotated[int | None, typer.Option(
 ThreadsOpt = Annotated[int | None, typer.Option(help="CPU threads for llama.cpp.")]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's own log.")]
 DebugOpt = Annotated[bool, typer.Option(help="Show Python tracebacks for errors.")]
+FetchOpt = Annotated[bool, typer.Option("--fetch", help="Download the preset first if it is missing.")]
 
 
 def _version(value: bool) -> None:
@@ -85,6 +87,7 @@ def describe(
     jsonl: Annotated[Path | None, typer.Option(help="Append one JSON object per image to this file.")]
     = None,
     overwrite: Annotated[bool, typer.Option(help="Caption images that already have a caption.")] = False,
+    fetch_missing: FetchOpt = False,
     threads: ThreadsOpt = None,
     verbose: VerboseOpt = False,
     debug: DebugOpt = False,
@@ -113,7 +116,7 @@ def describe(
     with _handled(debug):
         max_tiles = _parse_tiles(tiles)
         flags = ModelFlags(str(model), str(mmproj) if mmproj else None, n_ctx, n_gpu_layers, threads,
-                           answer_tokens=max_tokens)
+                           answer_tokens=max_tokens, fetch=fetch_missing)
         sampling = Sampling(temperature=temperature,
                             seed=seed if seed is not None else random.getrandbits(31))
         if write_captions or jsonl is not None or any(p.is_dir() for p in photos):
@@ -172,6 +175,7 @@ def chat(
         help="Continue a saved session: text and image summaries are restored, no image is re-read.")
     ] = None,
     stats_json: Annotated[Path | None, typer.Option(help="Append one JSON object of stats per turn.")] = None,
+    fetch_missing: FetchOpt = False,
     threads: ThreadsOpt = None,
     verbose: VerboseOpt = False,
     debug: DebugOpt = False,
@@ -203,7 +207,7 @@ def chat(
         max_tiles = _parse_tiles(tiles)
         records = load_transcript(resume) if resume else []
         flags = ModelFlags(str(model), str(mmproj) if mmproj else None, n_ctx, n_gpu_layers, threads,
-                           answer_tokens=max_tokens)
+                           answer_tokens=max_tokens, fetch=fetch_missing)
         loaded = _load_with_progress(load, flags, quiet=False)
         sampling = Sampling(temperature=temperature,
                             seed=seed if seed is not None else random.getrandbits(31))
@@ -232,6 +236,8 @@ def chat(
 
 @app.command()
 def plan(
+    preset: Annotated[str | None, typer.Argument(
+        help="A preset name or .gguf path (same as --model).", show_default=False)] = None,
     model: ModelOpt = "llava-1.5-7b",
     mmproj: MmprojOpt = None,
     vram: Annotated[str | None, typer.Option(
@@ -266,11 +272,15 @@ def plan(
             vram_bytes = parse_size(vram) if vram is not None else None
         except ValueError as exc:
             raise ConfigError(f"--vram: {exc}") from None
-        flags = ModelFlags(str(model), str(mmproj) if mmproj else None, n_ctx=n_ctx,
+        flags = ModelFlags(preset or str(model), str(mmproj) if mmproj else None, n_ctx=n_ctx,
                            answer_tokens=max_tokens, vram=vram_bytes, kv_type=kv_type,
                            flash_attn=flash_attn)
-        choice, text, projector = inspect(flags)
+        choice, text, projector = inspect(flags, catalog_if_missing=not verify)
         the_plan = make_plan(flags, text, projector)
+        if not choice.model_path.exists():
+            the_plan = replace(the_plan, notes=(f"planned from the catalog: {choice.preset.name} is not "
+                                                f"downloaded (edgevlm fetch {choice.preset.name})",)
+                               + the_plan.notes)
         checks = _verify_plan(choice, the_plan, flags) if verify else ()
         if json_out:
             data = the_plan.to_json()
@@ -288,26 +298,52 @@ def fetch(
     debug: DebugOpt = False,
 ) -> None:
     """Download model presets from the Hugging Face hub into models/<preset>/."""
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
     from .catalog import DEFAULT_PRESET, find_preset
     from .fetch import fetch_preset
 
     with _handled(debug):
-        for name in presets or [DEFAULT_PRESET]:
-            for path in fetch_preset(find_preset(name)):
-                err.print(f"[green]ok[/] {path}")
+        chosen = [find_preset(name) for name in presets or [DEFAULT_PRESET]]  # unknown names first
+        with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                      TransferSpeedColumn(), TimeRemainingColumn(), console=err,
+                      disable=not err.is_terminal) as progress:
+            tasks: dict[str, Any] = {}
+
+            def on_progress(filename: str, done: int, total: int | None) -> None:
+                if filename not in tasks:
+                    tasks[filename] = progress.add_task(filename, total=total)
+                progress.update(tasks[filename], completed=done)
+
+            for item in chosen:
+                for path in fetch_preset(item, on_progress=on_progress):
+                    err.print(f"[green]verified[/] {escape(str(path))}")
 
 
 @app.command()
 def models() -> None:
     """List the model presets and whether their files are here."""
-    from .catalog import PRESETS, preset_dir
+    from .catalog import all_presets, preset_dir
+    from .fetch import is_verified
 
-    for preset in PRESETS.values():
+    for preset in all_presets().values():
         folder = preset_dir(preset)
-        present = (folder / preset.model_file).exists() and (folder / preset.mmproj_file).exists()
+        files = [folder / preset.model_file, folder / preset.mmproj_file]
         size = f"~{preset.approx_bytes / 1e9:.1f} GB" if preset.approx_bytes else "local"
-        state = "present" if present else "missing"
-        typer.echo(f"{preset.name:<22} {size:>9}  {state:<8} {folder}")
+        if not all(f.exists() for f in files):
+            state = "missing"
+        elif preset.repo_id is None or all(is_verified(f) for f in files):
+            state = "verified" if preset.repo_id else "present"
+        else:
+            state = "unverified"
+        typer.echo(f"{preset.name:<22} {size:>9}  {state:<10} {folder}")
 
 
 def _describe_batch(describer: Any, inputs: list[Path], prompt: str, *, recursive: bool,

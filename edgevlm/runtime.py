@@ -7,9 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from . import devices
-from .catalog import ModelChoice, resolve
+from .catalog import ModelChoice, Preset, facts_from_shape, find_preset, resolve
 from .engine import Engine, EngineConfig, gpu_offload_supported
-from .errors import ConfigError, EdgeVLMError
+from .errors import ConfigError, EdgeVLMError, ModelError
 from .gguf_info import ProjectorFacts, TextModelFacts, check_pair, read_projector, read_text_model
 from .plan import Device, Plan, Settings, choose
 from .prompts import PromptFormat, detect_format
@@ -32,6 +32,7 @@ class ModelFlags:
     vram: int | None = None  # plan for this much free VRAM instead of measuring
     kv_type: str | None = None
     flash_attn: bool = True
+    fetch: bool = False  # download a missing preset instead of failing
 
 
 @dataclass(frozen=True)
@@ -50,13 +51,43 @@ class Loaded:
         return self.plan.n_gpu_layers
 
 
-def inspect(flags: ModelFlags) -> tuple[ModelChoice, TextModelFacts, ProjectorFacts]:
-    """Resolve and read both files, and check they belong together, before anything is loaded."""
-    choice = resolve(flags.model, flags.mmproj)
+def inspect(flags: ModelFlags, *, catalog_if_missing: bool = False
+            ) -> tuple[ModelChoice, TextModelFacts, ProjectorFacts]:
+    """Resolve and read both files, and check they belong together, before anything is loaded.
+
+    With catalog_if_missing (for `plan`), a preset that is not downloaded is planned from the
+    architecture facts in the catalog.
+    """
+    try:
+        choice = resolve(flags.model, flags.mmproj)
+    except ModelError:
+        preset = _missing_preset(flags)
+        if preset is None:
+            raise
+        if flags.fetch:
+            from .fetch import fetch_preset
+
+            fetch_preset(preset)
+            choice = resolve(flags.model, flags.mmproj)
+        elif catalog_if_missing and preset.shape is not None:
+            text, projector = facts_from_shape(preset)
+            return ModelChoice(text.path, projector.path, preset), text, projector
+        else:
+            raise
     text = read_text_model(choice.model_path)
     projector = read_projector(choice.mmproj_path)
     check_pair(text, projector)
     return choice, text, projector
+
+
+def _missing_preset(flags: ModelFlags) -> Preset | None:
+    if flags.model.endswith(".gguf"):
+        return None
+    try:
+        preset = find_preset(flags.model)
+    except ModelError:
+        return None
+    return preset if preset.repo_id is not None else None
 
 
 def make_plan(flags: ModelFlags, text: TextModelFacts, projector: ProjectorFacts) -> Plan:
