@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -198,20 +197,12 @@ class ChatSession:
 
     @contextlib.contextmanager
     def _interruptible(self) -> Iterator[None]:
-        """Ctrl-C during a turn asks llama.cpp to stop at the next step instead of killing us."""
+        """Ctrl-C during a turn stops the answer (or rolls back the prefill), not the chat."""
         engine = self.conversation.engine
-        if not _main_thread():
-            yield
-            return
-
-        def on_sigint(_signum: int, _frame: object) -> None:
-            engine.interrupt_requested = True
-
-        previous = signal.signal(signal.SIGINT, on_sigint)
         try:
-            yield
+            with engine.interrupt_on_sigint():
+                yield
         finally:
-            signal.signal(signal.SIGINT, previous)
             engine.interrupt_requested = False
 
     def _write_piece(self, piece: str) -> None:
@@ -349,8 +340,4 @@ def _escape(text: str) -> str:
     return escape(text)
 
 
-def _main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
 

@@ -160,7 +160,7 @@ class Engine:
 
         self._progress_cb = llama_cpp.llama_progress_callback(progress)
         mparams.progress_callback = self._progress_cb
-        with self._sigint_sets_flag():
+        with self.interrupt_on_sigint():
             self._model = llama_cpp.llama_model_load_from_file(str(cfg.model_path).encode(), mparams)
         if not self._model:
             if self.interrupt_requested:
@@ -213,8 +213,12 @@ class Engine:
             self._marker = mtmd_cpp.mtmd_default_marker()
 
     @contextlib.contextmanager
-    def _sigint_sets_flag(self) -> Iterator[None]:
-        """During a long C call, Ctrl-C must not raise inside a ctypes callback (it can't)."""
+    def interrupt_on_sigint(self) -> Iterator[None]:
+        """Within this block Ctrl-C asks llama.cpp work to stop at its next step.
+
+        A KeyboardInterrupt cannot cross a ctypes callback and would land between a decode
+        and its bookkeeping; a flag is checked between batches and tokens instead.
+        """
         if threading.current_thread() is not threading.main_thread():
             yield
             return
