@@ -74,6 +74,7 @@ lint: setup
 bench: setup test-models
 	$(PY) scripts/bench_describe.py
 	$(PY) scripts/bench_chat.py
+	$(PY) scripts/bench_batch.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
