@@ -193,9 +193,14 @@ class Conversation:
     def _fixed_tokens(self, question: str, *, with_image: bool) -> int:
         """Text, answer and caption tokens of a turn, beside its image views."""
         tok = self.engine.tokenize
-        tail = f"\n{question}{self.fmt.user_suffix}" if with_image else f"{question}{self.fmt.user_suffix}"
+        tail = self._tail_text(question, with_image=with_image)
         return (len(tok(self.fmt.user_prefix)) + len(tok(tail)) + self.max_tokens
                 + len(tok(self.fmt.assistant_suffix)) + (self._caption_reserve() if with_image else 0))
+
+    def _tail_text(self, question: str, *, with_image: bool) -> str:
+        """The question that closes a user turn (after a newline when an image precedes it)."""
+        lead = "\n" if with_image else ""
+        return f"{lead}{question}{self.fmt.user_suffix}"
 
     def ask(self, question: str, *, image: LoadedImage | PreparedImage | None = None,
             on_piece: Callable[[str], None] | None = None, started: float | None = None
@@ -211,14 +216,12 @@ class Conversation:
         if not question:
             raise ContextOverflowError("nothing to ask: the message is empty")
         turn = self.turn + 1
-        tail_text = f"\n{question}{self.fmt.user_suffix}" if image is not None else \
-            f"{question}{self.fmt.user_suffix}"
         head_tokens = engine.tokenize(self.fmt.user_prefix)
-        tail_tokens = engine.tokenize(tail_text)
+        tail_tokens = engine.tokenize(self._tail_text(question, with_image=image is not None))
         suffix = engine.tokenize(self.fmt.assistant_suffix)
         image_floor = engine.image_tokens() + self._head_tokens() if image is not None else 0
         caption_reserve = self._caption_reserve() if image is not None else 0
-        fixed = len(head_tokens) + len(tail_tokens) + self.max_tokens + len(suffix) + caption_reserve
+        fixed = self._fixed_tokens(question, with_image=image is not None)
         system_tokens = self.segments[0].n_tokens
         if system_tokens + fixed + image_floor > engine.n_ctx:
             limit = engine.n_ctx - system_tokens - self.max_tokens - caption_reserve - image_floor \

@@ -68,8 +68,6 @@ class Describer:
         self.conversation.rewind()
         # The first image paid for the system prompt when the conversation began.
         cached = self.shared_prefix_len() if self._described else 0
-        if not self._described:
-            self.engine.begin_request(started=started)
         text, stats = self.conversation.ask(prompt, image=image, on_piece=on_piece, started=started)
         self._described += 1
         prefilled = stats.prefill_tokens + (0 if cached else self.shared_prefix_len())
