@@ -21,7 +21,16 @@ from .engine import Engine, ImageEmbedding, Sampling
 from .errors import ContextOverflowError, EngineError, Interrupted
 from .images import LoadedImage
 from .prompts import PromptFormat
-from .tiling import MAX_AUTO_TILES, Tile, TilePlan, cut_tiles, letterbox, plan_tiles, tile_label
+from .tiling import (
+    MAX_AUTO_TILES,
+    Tile,
+    TilePlan,
+    cut_tiles,
+    letterbox,
+    max_tiles_for_budget,
+    plan_tiles,
+    tile_label,
+)
 
 DEFAULT_QUESTION = "Describe this image in detail."
 WHOLE_IMAGE = "Whole image:\n"
@@ -219,7 +228,7 @@ class Conversation:
         head_tokens = engine.tokenize(self.fmt.user_prefix)
         tail_tokens = engine.tokenize(self._tail_text(question, with_image=image is not None))
         suffix = engine.tokenize(self.fmt.assistant_suffix)
-        image_floor = engine.image_tokens() + self._head_tokens() if image is not None else 0
+        image_floor = engine.image_tokens() + self._whole_image_tokens if image is not None else 0
         caption_reserve = self._caption_reserve() if image is not None else 0
         fixed = self._fixed_tokens(question, with_image=image is not None)
         system_tokens = self.segments[0].n_tokens
@@ -306,8 +315,8 @@ class Conversation:
 
     def _plan(self, image: LoadedImage, room: int) -> TilePlan:
         per_view = self.engine.image_tokens()
-        free = room - per_view - self._head_tokens()
-        budget = max(0, min(MAX_AUTO_TILES, free // (per_view + self._label_tokens)))
+        budget = max_tiles_for_budget(n_ctx=room, reserved_tokens=self._whole_image_tokens,
+                                      global_tokens=per_view, tokens_per_tile=per_view + self._label_tokens)
         limit = budget if self.max_tiles is None else min(self.max_tiles, budget)
         width, height = image.size
         return plan_tiles(width, height, max_tiles=limit, tile_size=self.tile_size)
@@ -409,9 +418,6 @@ class Conversation:
     def _truncate_to(self, index: int) -> None:
         self.engine.truncate(self.position_of(index))
         del self.segments[index:]
-
-    def _head_tokens(self) -> int:
-        return self._whole_image_tokens
 
     def _caption_reserve(self) -> int:
         if self.summary != "caption":

@@ -292,10 +292,6 @@ class Engine:
         self._n_past -= p1 - p0
         self._logits_ready = False
 
-    def free_tokens(self) -> int:
-        """Context positions still free."""
-        return self.n_ctx - self._n_past
-
     # -- requests and timings -----------------------------------------------------------
 
     def begin_request(self, *, started: float | None = None) -> None:

@@ -113,12 +113,6 @@ class Plan:
     breakdown: Breakdown
     notes: tuple[str, ...] = field(default=())
 
-    @property
-    def fits(self) -> bool:
-        if self.vram_free is not None and self.breakdown.total_gpu > self.vram_free:
-            return False
-        return True
-
     def to_json(self) -> dict[str, Any]:
         """The plan for `edgevlm plan --json`: all sizes in bytes."""
         b = self.breakdown
