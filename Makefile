@@ -27,13 +27,14 @@ DEMO_PHOTO := scripts/sample-photo.jpg
 TEST_MODELS := models/test/SmolLM2-135M-Instruct.Q4_1.gguf models/test/mmproj-test-336.gguf models/test/mmproj-test-112.gguf
 PYTEST_ARGS ?=
 
-.PHONY: help setup models demo test test-models lint bench clean
+.PHONY: help setup models demo test test-models lint bench peers clean
 help:
 	@echo "make demo    set up, fetch LLaVA-1.5-7B (~4.7 GB) and describe $(DEMO_PHOTO)"
 	@echo "make test    set up, generate the test models and run the test suite"
 	@echo "make setup   .venv with edgevlm and llama-cpp-python $(LLAMA_CPP_VERSION) built for $(BACKEND)"
 	@echo "make models  fetch the default model into models/llava-1.5-7b/"
 	@echo "make bench   benchmarks on the test models"
+	@echo "make peers   build llama.cpp's own llama-mtmd-cli (the same pinned llama.cpp) for the benchmarks"
 	@echo "make lint    ruff"
 
 setup: $(SETUP_STAMP)
@@ -75,6 +76,25 @@ bench: setup test-models
 	$(PY) scripts/bench_describe.py
 	$(PY) scripts/bench_chat.py
 	$(PY) scripts/bench_batch.py
+
+# llama.cpp's own multimodal CLI, built from the llama.cpp vendored in the pinned
+# llama-cpp-python sdist: the same code edgevlm runs, so the benchmarks compare like with like.
+PEERS := peers
+PEER_SRC := $(PEERS)/src/llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp
+PEER_CMAKE_ARGS := -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_OPENSSL=OFF \
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
+  -DLLAMA_BUILD_TOOLS=ON $(LLAMA_CMAKE_ARGS)
+
+peers: $(PEERS)/bin/llama-mtmd-cli
+
+$(PEERS)/bin/llama-mtmd-cli: | setup
+	@test -d $(PEER_SRC) || { mkdir -p $(PEERS)/src && \
+	  $(PIP) download -q --no-deps --no-binary :all: -d $(PEERS)/src llama-cpp-python==$(LLAMA_CPP_VERSION) && \
+	  tar -xzf $(PEERS)/src/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz -C $(PEERS)/src; }
+	cmake -S $(PEER_SRC) -B $(PEERS)/build-$(BACKEND) $(PEER_CMAKE_ARGS) >/dev/null
+	cmake --build $(PEERS)/build-$(BACKEND) --target llama-mtmd-cli -j $${CMAKE_BUILD_PARALLEL_LEVEL:-$$(nproc)}
+	@mkdir -p $(PEERS)/bin && cp $(PEERS)/build-$(BACKEND)/bin/llama-mtmd-cli $@
+	@echo "built $@ ($(BACKEND))"
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

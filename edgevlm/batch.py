@@ -131,7 +131,8 @@ class JsonlLog:
         self.done.add(str(row["image"]))
 
 
-def prefetched(targets: list[Target], prepare: Callable[[LoadedImage], object],
+def prefetched(targets: list[Target], prepare: Callable[[LoadedImage], object], *,
+               useful_pixels: int | None = None
                ) -> Iterator[tuple[Target, object | None, ImageError | None, float]]:
     """Each target with its image loaded and tiled on a helper thread, one image ahead.
 
@@ -140,7 +141,7 @@ def prefetched(targets: list[Target], prepare: Callable[[LoadedImage], object],
     """
 
     def work(target: Target) -> object:
-        return prepare(load_image(target.path))
+        return prepare(load_image(target.path, useful_pixels=useful_pixels))
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgevlm-prefetch") as pool:
         pending: Future[object] | None = pool.submit(work, targets[0]) if targets else None
@@ -193,7 +194,8 @@ def run_batch(describer: object, targets: list[Target], *, prompt: str, overwrit
     room = describer.conversation.fresh_room(prompt)  # type: ignore[attr-defined]
     prepare = lambda image: describer.conversation.prepare(image, room)  # type: ignore[attr-defined]  # noqa: E731
     position = {t.path: i for i, t in enumerate(targets)}
-    for target, prepared, error, _waited in prefetched(todo, prepare):
+    useful = describer.conversation.useful_pixels  # type: ignore[attr-defined]
+    for target, prepared, error, _waited in prefetched(todo, prepare, useful_pixels=useful):
         index = position[target.path]
         if error is not None:
             summary.failed.append((target.key, str(error)))

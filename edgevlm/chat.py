@@ -25,6 +25,7 @@ HELP = """\
 Type a question, or:
   /image PATH [question]   show the model an image (a plain or dropped path works too)
   /tiles auto|N            close-up tiles per image (0: global view only)
+  /pool auto|1|2           pool tiles 2x2 (576 -> 144 tokens each): more tiles, faster, less detail
   /stats                   what the last turn cost and what the cache holds
   /save FILE               write the transcript so far (JSONL)
   /reset                   forget the conversation
@@ -145,6 +146,8 @@ class ChatSession:
                 self._turn(question, path)
         elif name == "/tiles":
             self._set_tiles(rest.strip())
+        elif name == "/pool":
+            self._set_pool(rest.strip())
         elif name == "/stats":
             self._print_stats()
         elif name == "/save":
@@ -161,7 +164,8 @@ class ChatSession:
 
     def _turn(self, question: str, image_path: str | None) -> None:
         started = time.perf_counter()
-        image = load_image(image_path) if image_path else None
+        image = (load_image(image_path, useful_pixels=self.conversation.useful_pixels)
+                 if image_path else None)
         if image is not None and image.note:
             self._note(f"{image.path.name}: {image.note}")
         with self._interruptible():
@@ -230,6 +234,13 @@ class ChatSession:
             self._error("usage: /tiles auto|N")
             return
         self._note(f"tiles: {value}")
+
+    def _set_pool(self, value: str) -> None:
+        if value not in ("auto", "1", "2"):
+            self._error("usage: /pool auto|1|2")
+            return
+        self.conversation.pool = None if value == "auto" else int(value)
+        self._note(f"pool: {value}")
 
     def _print_stats(self) -> None:
         conv = self.conversation
@@ -326,7 +337,9 @@ def _brief(stats: TurnStats, n_ctx: int) -> str:
              f"KV {stats.kv_tokens}/{n_ctx}"]
     if stats.visual_tokens:
         parts.insert(0, f"{stats.visual_tokens} visual tokens"
-                     + (f" ({stats.grid[0]}x{stats.grid[1]} tiles)" if stats.n_tiles else ""))
+                     + (f" ({stats.grid[0]}x{stats.grid[1]} tiles"
+                        + (f", pooled {stats.pool}x{stats.pool})" if stats.pool > 1 else ")")
+                        if stats.n_tiles else ""))
     if stats.swap_s:
         parts.append(f"summary swap {stats.swap_s:.2f} s")
     if stats.dropped_turns:

@@ -43,6 +43,11 @@ ThreadsOpt = Annotated[int | None, typer.Option(help="CPU threads for llama.cpp.
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's own log.")]
 DebugOpt = Annotated[bool, typer.Option(help="Show Python tracebacks for errors.")]
 FetchOpt = Annotated[bool, typer.Option("--fetch", help="Download the preset first if it is missing.")]
+PoolOpt = Annotated[str, typer.Option(
+    "--pool", envvar="EDGEVLM_POOL",
+    help="Average-pool each close-up tile's 24x24 tokens: 1 (full detail), 2 (2x2: 576 -> 144 tokens "
+    "per tile, so prefill is ~4x cheaper and more tiles fit; small text suffers) or auto (full tiles "
+    "while they fit, pooled tiles when pooling buys a larger grid). The global view is never pooled.")]
 
 
 def _version(value: bool) -> None:
@@ -69,6 +74,7 @@ def describe(
     tiles: Annotated[str, typer.Option(
         help="Local 336px tiles beside the global view: auto (as many as the context allows), "
         "0 (global view only, best for whole-scene questions) or a maximum N.")] = "auto",
+    pool: PoolOpt = "auto",
     model: ModelOpt = "llava-1.5-7b",
     mmproj: MmprojOpt = None,
     n_gpu_layers: NglOpt = None,
@@ -111,10 +117,12 @@ def describe(
     from .engine import Sampling
     from .images import load_image
     from .runtime import ModelFlags, load
+    from .tiling import DEFAULT_TILE_SIZE, useful_pixels
 
     _configure_logging(verbose)
     with _handled(debug):
         max_tiles = _parse_tiles(tiles)
+        pool_factor = _parse_pool(pool)
         flags = ModelFlags(str(model), str(mmproj) if mmproj else None, n_ctx, n_gpu_layers, threads,
                            answer_tokens=max_tokens, fetch=fetch_missing)
         sampling = Sampling(temperature=temperature,
@@ -123,7 +131,8 @@ def describe(
             loaded = _load_with_progress(load, flags, quiet=quiet)
             describer = Describer(loaded.engine, loaded.prompt_format,
                                   tile_size=loaded.projector_facts.image_size, max_tokens=max_tokens,
-                                  sampling=sampling, max_tiles=max_tiles, n_gpu_layers=loaded.n_gpu_layers)
+                                  sampling=sampling, max_tiles=max_tiles, n_gpu_layers=loaded.n_gpu_layers,
+                                  pool=pool_factor)
             failed = _describe_batch(describer, photos, prompt or DEFAULT_PROMPT, recursive=recursive,
                                      pattern=glob, write_captions=write_captions, out_dir=out_dir,
                                      jsonl=jsonl, overwrite=overwrite, json_out=json_out, quiet=quiet)
@@ -134,7 +143,9 @@ def describe(
         for path in photos:
             started = time.perf_counter()
             try:
-                image = load_image(path)
+                # Before the model is loaded, plan the JPEG draft for LLaVA's 336 px tiles.
+                image = load_image(path, useful_pixels=describer.conversation.useful_pixels
+                                   if describer else useful_pixels(DEFAULT_TILE_SIZE))
             except ImageError as exc:
                 _error(str(exc))
                 failures += 1
@@ -146,7 +157,7 @@ def describe(
                 describer = Describer(loaded.engine, loaded.prompt_format,
                                       tile_size=loaded.projector_facts.image_size,
                                       max_tokens=max_tokens, sampling=sampling, max_tiles=max_tiles,
-                                      n_gpu_layers=loaded.n_gpu_layers)
+                                      n_gpu_layers=loaded.n_gpu_layers, pool=pool_factor)
             _describe_one(describer, image, prompt or DEFAULT_PROMPT, started,
                           json_out=json_out, quiet=quiet, several=len(photos) > 1)
         if failures:
@@ -168,6 +179,7 @@ def chat(
     keep_images: Annotated[int, typer.Option(
         help="Keep the last N images live for follow-ups before they become text.", min=0)] = 0,
     tiles: Annotated[str, typer.Option(help="Close-up tiles per image: auto, 0 or N.")] = "auto",
+    pool: PoolOpt = "auto",
     system: Annotated[str | None, typer.Option(help="A system prompt instead of the default.")] = None,
     session: Annotated[Path | None, typer.Option(
         help="Append the transcript here (JSONL). Default: a new file in the user data directory.")] = None,
@@ -205,6 +217,7 @@ def chat(
         if summary not in ("caption", "answer"):
             raise ConfigError(f"--summary must be caption or answer, not '{summary}'")
         max_tiles = _parse_tiles(tiles)
+        pool_factor = _parse_pool(pool)
         records = load_transcript(resume) if resume else []
         flags = ModelFlags(str(model), str(mmproj) if mmproj else None, n_ctx, n_gpu_layers, threads,
                            answer_tokens=max_tokens, fetch=fetch_missing)
@@ -214,7 +227,7 @@ def chat(
         conversation = Conversation(loaded.engine, loaded.prompt_format,
                                     tile_size=loaded.projector_facts.image_size, max_tokens=max_tokens,
                                     sampling=sampling, max_tiles=max_tiles, summary=summary,
-                                    keep_images=keep_images, system=system)
+                                    keep_images=keep_images, system=system, pool=pool_factor)
         if records:
             conversation.restore(records)
         interactive = sys.stdin.isatty()
@@ -415,7 +428,8 @@ def _describe_one(describer: Any, image: Any, prompt: str, started: float, *,
 
 
 def _stats_line(r: Any) -> str:
-    grid = f"{r.grid[0]}x{r.grid[1]} grid ({r.n_tiles} tiles)" if r.n_tiles else "global view only"
+    pooled = f", pooled {r.pool}x{r.pool}" if r.pool > 1 else ""
+    grid = f"{r.grid[0]}x{r.grid[1]} grid ({r.n_tiles} tiles{pooled})" if r.n_tiles else "global view only"
     return (f"[dim]{Path(r.image).name}: {grid}, {r.visual_tokens} visual tokens | "
             f"TTFT {r.ttft_s:.2f} s (prefill {r.prompt_tokens - r.cached_tokens} tok at "
             f"{r.prefill_tok_s:.0f} tok/s, CLIP {r.clip_encode_s:.2f} s) | "
@@ -501,6 +515,14 @@ def _parse_tiles(value: str) -> int | None:
     if count < 0:
         raise ConfigError(f"--tiles must be auto, 0 or a positive number, not '{value}'")
     return count
+
+
+def _parse_pool(value: str) -> int | None:
+    if value == "auto":
+        return None
+    if value in ("1", "2"):
+        return int(value)
+    raise ConfigError(f"--pool must be 1, 2 or auto, not '{value}'")
 
 
 def _error(message: str) -> None:

@@ -18,18 +18,18 @@ from dataclasses import dataclass, field
 from PIL import Image
 
 from .engine import Engine, ImageEmbedding, Sampling
-from .errors import ContextOverflowError, EngineError, Interrupted
+from .errors import ConfigError, ContextOverflowError, EngineError, Interrupted
 from .images import LoadedImage
 from .prompts import PromptFormat
 from .tiling import (
-    MAX_AUTO_TILES,
+    MAX_POOLED_TILES,
     Tile,
     TilePlan,
     cut_tiles,
     letterbox,
-    max_tiles_for_budget,
-    plan_tiles,
+    plan_image,
     tile_label,
+    useful_pixels,
 )
 
 DEFAULT_QUESTION = "Describe this image in detail."
@@ -95,6 +95,11 @@ class TurnStats:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     prefill_tok_s: float = 0.0
+    pool: int = 1
+    tile_tokens: int = 0  # visual tokens of the local tiles (the global view excluded)
+    tile_prefill_s: float = 0.0  # decoding the local tiles' rows, labels excluded
+    itl_p50_s: float = 0.0
+    itl_p90_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -125,7 +130,7 @@ class Conversation:
     def __init__(self, engine: Engine, fmt: PromptFormat, *, tile_size: int, max_tokens: int = 512,
                  sampling: Sampling | None = None, max_tiles: int | None = None,
                  summary: str = "caption", keep_images: int = 0, system: str | None = None,
-                 caption_tokens: int = CAPTION_TOKENS) -> None:
+                 caption_tokens: int = CAPTION_TOKENS, pool: int | None = 1) -> None:
         if summary not in SUMMARY_MODES:
             raise ValueError(f"summary must be one of {SUMMARY_MODES}")
         self.engine = engine
@@ -134,6 +139,7 @@ class Conversation:
         self.max_tokens = max_tokens
         self.sampling = sampling or Sampling()
         self.max_tiles = max_tiles
+        self.pool = pool  # 1, 2, or None for auto (pooled tiles only when they buy a larger grid)
         self.summary = summary
         self.keep_images = max(0, keep_images)
         self.system = system
@@ -144,9 +150,11 @@ class Conversation:
         self.images_seen = 0
         self._live: list[_LiveImage] = []
         self._whole_image_tokens = len(engine.tokenize(WHOLE_IMAGE))
-        widest = Tile(MAX_AUTO_TILES, MAX_AUTO_TILES, (0, 0, 0, 0))
+        widest = Tile(MAX_POOLED_TILES, MAX_POOLED_TILES, (0, 0, 0, 0))
         self._label_tokens = len(engine.tokenize(
-            self._label_text(widest, (MAX_AUTO_TILES, MAX_AUTO_TILES), first=True)))
+            self._label_text(widest, (MAX_POOLED_TILES, MAX_POOLED_TILES), first=True)))
+        self._tile_tokens = 0
+        self._tile_prefill_s = 0.0
         self.reset()
 
     # -- the ledger -----------------------------------------------------------------------
@@ -160,6 +168,11 @@ class Conversation:
     def visual_tokens_live(self) -> int:
         """Image positions still in the cache."""
         return sum(s.n_tokens for s in self.segments if s.visual)
+
+    @property
+    def useful_pixels(self) -> int:
+        """Source pixels worth decoding for this projector's tiles (see images.load_image)."""
+        return useful_pixels(self.tile_size)
 
     def check(self) -> None:
         """The invariant: ledger total == engine position == KV cells in use."""
@@ -246,7 +259,8 @@ class Conversation:
         dropped = self._make_room(fixed + image_floor)
 
         start_index = len(self.segments)
-        grid, n_tiles = (0, 0), 0
+        grid, n_tiles, pool = (0, 0), 0, 1
+        self._tile_tokens, self._tile_prefill_s = 0, 0.0
         try:
             self._append(Segment("user", turn, tuple(head_tokens)))
             if image is not None:
@@ -254,7 +268,7 @@ class Conversation:
                 if prepared is None or prepared.room > room:  # made for more room than there is
                     prepared = self.prepare(image, room)
                     engine.note_preprocess(prepared.preprocess_s)
-                grid, n_tiles = prepared.plan.grid, prepared.plan.n_tiles
+                grid, n_tiles, pool = prepared.plan.grid, prepared.plan.n_tiles, prepared.plan.pool
                 self._eval_image_block(prepared, turn)
             self._append(Segment("user", turn, tuple(tail_tokens)))
         except (KeyboardInterrupt, Interrupted):
@@ -304,7 +318,9 @@ class Conversation:
             prompt_tokens=prompt_tokens, grid=grid, n_tiles=n_tiles, dropped_turns=dropped,
             preprocess_s=generated.preprocess_s, clip_encode_s=generated.clip_encode_s,
             prefill_s=generated.prefill_s, decode_s=generated.decode_s,
-            prefill_tok_s=generated.prefill_tok_s)
+            prefill_tok_s=generated.prefill_tok_s, pool=pool, tile_tokens=self._tile_tokens,
+            tile_prefill_s=self._tile_prefill_s, itl_p50_s=generated.itl_p50_s,
+            itl_p90_s=generated.itl_p90_s)
         self.records.append(TurnRecord(
             turn=turn, user=question, answer=answer, image=str(image.path) if image else None,
             image_index=self.images_seen if image else None, summary=summary,
@@ -314,12 +330,14 @@ class Conversation:
     # -- images ---------------------------------------------------------------------------
 
     def _plan(self, image: LoadedImage, room: int) -> TilePlan:
-        per_view = self.engine.image_tokens()
-        budget = max_tiles_for_budget(n_ctx=room, reserved_tokens=self._whole_image_tokens,
-                                      global_tokens=per_view, tokens_per_tile=per_view + self._label_tokens)
-        limit = budget if self.max_tiles is None else min(self.max_tiles, budget)
         width, height = image.size
-        return plan_tiles(width, height, max_tiles=limit, tile_size=self.tile_size)
+        try:
+            return plan_image(width, height, room=room, tile_size=self.tile_size,
+                              view_tokens=self.engine.image_tokens(), label_tokens=self._label_tokens,
+                              reserved_tokens=self._whole_image_tokens, pool=self.pool,
+                              max_tiles=self.max_tiles)
+        except ValueError as exc:
+            raise ConfigError(f"--pool {self.pool}: {exc}") from None
 
     def _eval_image_block(self, prepared: PreparedImage, turn: int) -> None:
         plan, views = prepared.plan, prepared.views
@@ -329,12 +347,18 @@ class Conversation:
         for tile, view in zip(plan.tiles, views[1:], strict=True):
             text = self._label_text(tile, plan.grid, first=tile.row == 1 and tile.col == 1)
             self._append(Segment("label", turn, tuple(self.engine.tokenize(text))))
-            self._append_image(view, turn)
+            tokens, decode_s = self._append_image(view, turn, pool=plan.pool)
+            self._tile_tokens += tokens
+            self._tile_prefill_s += decode_s
 
-    def _append_image(self, view: object, turn: int) -> None:
-        embedding = self.engine.encode_image(view)  # type: ignore[arg-type]
+    def _append_image(self, view: object, turn: int, *, pool: int = 1) -> tuple[int, float]:
+        """Encode a view, pool its rows, decode them; returns (tokens, seconds decoding)."""
+        embedding = self.engine.encode_image(view).pooled(pool)  # type: ignore[arg-type]
+        started = time.perf_counter()
         self.engine.eval_embedding(embedding)
+        decode_s = time.perf_counter() - started
         self.segments.append(Segment("image", turn, embedding=embedding))
+        return embedding.n_tokens, decode_s
 
     def _summarise(self, answer: str, answer_tokens: list[int]) -> str:
         if self.summary == "none":

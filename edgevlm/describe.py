@@ -36,6 +36,11 @@ class DescribeResult:
     n_ctx: int
     n_gpu_layers: int
     note: str = ""
+    pool: int = 1
+    tile_tokens: int = 0
+    tile_prefill_s: float = 0.0
+    itl_p50_s: float = 0.0
+    itl_p90_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         """A plain dict for --json (floats rounded for reading)."""
@@ -49,12 +54,13 @@ class Describer:
 
     def __init__(self, engine: Engine, fmt: PromptFormat, *, tile_size: int, max_tokens: int = 512,
                  sampling: Sampling | None = None, max_tiles: int | None = None,
-                 n_gpu_layers: int = 0) -> None:
+                 n_gpu_layers: int = 0, pool: int | None = 1) -> None:
         self.engine = engine
         self.max_tokens = max_tokens
         self.n_gpu_layers = n_gpu_layers
         self.conversation = Conversation(engine, fmt, tile_size=tile_size, max_tokens=max_tokens,
-                                         sampling=sampling, max_tiles=max_tiles, summary="none")
+                                         sampling=sampling, max_tiles=max_tiles, summary="none",
+                                         pool=pool)
         self._described = 0
 
     def shared_prefix_len(self) -> int:
@@ -80,4 +86,6 @@ class Describer:
             prefill_s=stats.prefill_s, ttft_s=stats.ttft_s, decode_s=stats.decode_s,
             prefill_tok_s=prefilled / stats.prefill_s if stats.prefill_s else 0.0,
             decode_tok_s=stats.decode_tok_s, n_ctx=self.engine.n_ctx,
-            n_gpu_layers=self.n_gpu_layers, note=loaded.note)
+            n_gpu_layers=self.n_gpu_layers, note=loaded.note, pool=stats.pool,
+            tile_tokens=stats.tile_tokens, tile_prefill_s=stats.tile_prefill_s,
+            itl_p50_s=stats.itl_p50_s, itl_p90_s=stats.itl_p90_s)

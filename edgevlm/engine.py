@@ -11,6 +11,7 @@ import codecs
 import contextlib
 import ctypes
 import logging
+import math
 import os
 import re
 import signal
@@ -77,6 +78,23 @@ class ImageEmbedding:
     def n_tokens(self) -> int:
         return int(self.rows.shape[0])
 
+    @property
+    def grid_side(self) -> int:
+        """Patches per side of the square token grid (24 for a 336 px ViT-L/14 view)."""
+        return math.isqrt(self.n_tokens)
+
+    def pooled(self, factor: int) -> ImageEmbedding:
+        """Average-pool the token grid factor x factor (2: 576 -> 144 rows), keeping row-major order."""
+        if factor == 1:
+            return self
+        side = self.grid_side
+        if side * side != self.n_tokens or side % factor:
+            raise EngineError(f"cannot pool {self.n_tokens} image tokens {factor}x{factor}: "
+                              "the projector's tokens are not a square grid divisible by the factor")
+        width = self.rows.shape[1]
+        blocks = self.rows.reshape(side // factor, factor, side // factor, factor, width)
+        return ImageEmbedding(blocks.mean(axis=(1, 3), dtype=np.float32).reshape(-1, width))
+
 
 @dataclass(frozen=True)
 class RequestStats:
@@ -91,6 +109,17 @@ class RequestStats:
     prefill_s: float
     ttft_s: float
     decode_s: float
+    token_gaps_s: tuple[float, ...] = ()  # time between consecutive shown tokens
+
+    @property
+    def itl_p50_s(self) -> float:
+        """Median inter-token latency."""
+        return float(np.median(self.token_gaps_s)) if self.token_gaps_s else 0.0
+
+    @property
+    def itl_p90_s(self) -> float:
+        """90th-percentile inter-token latency (the stutter a reader notices)."""
+        return float(np.percentile(self.token_gaps_s, 90)) if self.token_gaps_s else 0.0
 
     @property
     def prefill_tok_s(self) -> float:
@@ -115,6 +144,7 @@ class _Meter:
     prefill_s: float = 0.0
     ttft_s: float = 0.0
     decode_s: float = 0.0
+    token_gaps_s: list[float] = field(default_factory=list)
 
 
 class Engine:
@@ -309,7 +339,7 @@ class Engine:
             prompt_tokens=m.prompt_tokens, visual_tokens=m.visual_tokens,
             completion_tokens=m.completion_tokens, clip_encodes=m.clip_encodes,
             preprocess_s=m.preprocess_s, clip_encode_s=m.clip_encode_s, prefill_s=m.prefill_s,
-            ttft_s=m.ttft_s, decode_s=m.decode_s,
+            ttft_s=m.ttft_s, decode_s=m.decode_s, token_gaps_s=tuple(m.token_gaps_s),
         )
 
     # -- text -----------------------------------------------------------------------------
@@ -478,6 +508,7 @@ class Engine:
         text = codecs.getincrementaldecoder("utf-8")("replace")
         self.last_completion_tokens = []
         first_at: float | None = None
+        last_at = 0.0
         try:
             for _ in range(max_tokens):
                 if self._n_past >= self.n_ctx:
@@ -490,9 +521,13 @@ class Engine:
                 self.last_completion_tokens.append(token)
                 self._meter.completion_tokens += 1
                 piece = text.decode(self.token_bytes(token))
+                now = time.perf_counter()
                 if first_at is None:
-                    first_at = time.perf_counter()
+                    first_at = now
                     self._meter.ttft_s = first_at - self._meter.started
+                else:
+                    self._meter.token_gaps_s.append(now - last_at)
+                last_at = now
                 if piece:
                     yield piece
             tail = text.decode(b"", final=True)

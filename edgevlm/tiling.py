@@ -5,7 +5,8 @@ Pure: Pillow and numpy only, no llama imports.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 from PIL import Image
 
@@ -13,6 +14,11 @@ from .images import MEAN_RGB
 
 # Past about a dozen tiles a frozen LLaVA-1.5 gains little and the prompt outgrows its training.
 MAX_AUTO_TILES = 12
+# Pooled tiles cost a quarter of the tokens, so a few more fit the same prompt length (5x3).
+MAX_POOLED_TILES = 15
+POOL_CHOICES = (1, 2)
+# LLaVA's eye: what the catalog's projectors see (ViT-L/14 at 336 px).
+DEFAULT_TILE_SIZE = 336
 
 
 @dataclass(frozen=True)
@@ -35,6 +41,7 @@ class TilePlan:
     resized_size: tuple[int, int]
     offset: tuple[int, int]
     tiles: tuple[Tile, ...]
+    pool: int = 1  # local tiles' tokens are average-pooled pool x pool; the global view never is
 
     @property
     def n_tiles(self) -> int:
@@ -74,7 +81,7 @@ def select_grid(width: int, height: int, *, max_tiles: int, tile_size: int) -> t
     return best_grid
 
 
-def plan_tiles(width: int, height: int, *, max_tiles: int, tile_size: int) -> TilePlan:
+def plan_tiles(width: int, height: int, *, max_tiles: int, tile_size: int, pool: int = 1) -> TilePlan:
     """Choose the grid and lay out its tiles in row-major order; never upscales the image."""
     cols, rows = select_grid(width, height, max_tiles=max_tiles, tile_size=tile_size)
     if cols == 0:
@@ -89,17 +96,70 @@ def plan_tiles(width: int, height: int, *, max_tiles: int, tile_size: int) -> Ti
         for r in range(rows)
         for c in range(cols)
     )
-    return TilePlan((width, height), tile_size, (cols, rows), scale, resized, offset, tiles)
+    return TilePlan((width, height), tile_size, (cols, rows), scale, resized, offset, tiles, pool)
 
 
 def max_tiles_for_budget(
-    *, n_ctx: int, reserved_tokens: int, global_tokens: int, tokens_per_tile: int
+    *, n_ctx: int, reserved_tokens: int, global_tokens: int, tokens_per_tile: int,
+    cap: int = MAX_AUTO_TILES,
 ) -> int:
-    """How many tiles fit: (n_ctx - reserved - global) // tokens per tile, capped at MAX_AUTO_TILES."""
+    """How many tiles fit: (n_ctx - reserved - global) // tokens per tile, capped at `cap`."""
     free = n_ctx - reserved_tokens - global_tokens
     if free <= 0 or tokens_per_tile <= 0:
         return 0
-    return min(MAX_AUTO_TILES, free // tokens_per_tile)
+    return min(cap, free // tokens_per_tile)
+
+
+def pooled_tokens(view_tokens: int, pool: int) -> int:
+    """Tokens of one view after pool x pool averaging of its square grid; 0 if it cannot be pooled."""
+    if pool == 1:
+        return view_tokens
+    side = math.isqrt(view_tokens)
+    if pool < 1 or side * side != view_tokens or side % pool:
+        return 0
+    return (side // pool) ** 2
+
+
+def plan_image(width: int, height: int, *, room: int, tile_size: int, view_tokens: int,
+               label_tokens: int, reserved_tokens: int = 0, pool: int | None = 1,
+               max_tiles: int | None = None) -> TilePlan:
+    """The grid and pooling for one image in `room` tokens; pool None is auto.
+
+    Auto shows full tiles while they fit and pooled tiles only when pooling buys a larger grid:
+    detail per tile is worth more than tiles, so pooling is the fallback, not the rule.
+    """
+    if pool is not None and pool not in POOL_CHOICES:
+        raise ValueError(f"pool must be one of {POOL_CHOICES} or None (auto)")
+    factors = (1, 2) if pool is None else (pool,)
+    best: TilePlan | None = None
+    for factor in factors:
+        per_tile = pooled_tokens(view_tokens, factor)
+        if per_tile == 0:
+            if pool is None:
+                continue  # auto: this projector's grid does not pool
+            raise ValueError(f"{view_tokens} tokens per view cannot be pooled {factor}x{factor}")
+        budget = max_tiles_for_budget(
+            n_ctx=room, reserved_tokens=reserved_tokens, global_tokens=view_tokens,
+            tokens_per_tile=per_tile + label_tokens,
+            cap=MAX_AUTO_TILES if factor == 1 else MAX_POOLED_TILES)
+        limit = budget if max_tiles is None else min(max_tiles, budget)
+        candidate = plan_tiles(width, height, max_tiles=limit, tile_size=tile_size, pool=factor)
+        if not candidate.tiles:
+            candidate = replace(candidate, pool=1)  # nothing to pool without tiles
+        if best is None or candidate.n_tiles > best.n_tiles:
+            best = candidate
+    assert best is not None  # factor 1 always plans
+    return best
+
+
+def image_tokens(plan: TilePlan, view_tokens: int) -> int:
+    """Visual tokens the plan puts in the prompt: the full global view plus its (pooled) tiles."""
+    return view_tokens + plan.n_tiles * pooled_tokens(view_tokens, plan.pool)
+
+
+def useful_pixels(tile_size: int) -> int:
+    """The most source pixels any plan can show (the largest canvas): decoding more is wasted."""
+    return max(MAX_AUTO_TILES, MAX_POOLED_TILES) * tile_size * tile_size
 
 
 def letterbox(image: Image.Image, tile_size: int) -> Image.Image:

@@ -56,6 +56,19 @@ def test_piped_turns_with_transcript_and_stats(test_models: dict[str, Path], tmp
     assert "session:" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_pool_command_switches_pooling_between_turns(test_models: dict[str, Path], tmp_path: Path,
+                                                     photo: Path) -> None:
+    script = (f"/pool 2\n/image '{photo}' what is this?\n/pool 1\n/image '{photo}' again?\n"
+              "/pool 9\n")
+    stats = tmp_path / "stats.jsonl"
+    result = run_cli(*_args(test_models, tmp_path, "--stats-json", str(stats), "--tiles", "2"),
+                     stdin=script)
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in stats.read_text().splitlines()]
+    assert [(r["pool"], r["n_tiles"], r["tile_tokens"]) for r in rows] == [(2, 2, 32), (1, 2, 128)]
+    assert "usage: /pool auto|1|2" in result.stderr
+
+
 def test_bad_images_never_end_the_chat(test_models: dict[str, Path], tmp_path: Path, photo: Path) -> None:
     broken = tmp_path / "broken.jpg"
     broken.write_bytes(b"\xff\xd8\xff\xe0 not really")

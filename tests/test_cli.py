@@ -47,7 +47,8 @@ def test_describe_json_for_every_kind_of_image(test_models: dict[str, Path],
     assert [Path(r["image"]).stem for r in rows] == names
     for row in rows:
         assert JSON_KEYS <= row.keys()
-        assert row["visual_tokens"] == 64 * (1 + row["n_tiles"])
+        per_tile = 64 if row["pool"] == 1 else 16  # --pool auto: 2x2 pooling when it buys tiles
+        assert row["visual_tokens"] == 64 + per_tile * row["n_tiles"] == 64 + row["tile_tokens"]
         assert row["prompt_tokens"] + 6 <= row["n_ctx"] == 1024
     by_name = {Path(r["image"]).stem: r for r in rows}
     assert by_name["photo"]["grid"][0] > by_name["photo"]["grid"][1]  # landscape: wide grid
@@ -61,6 +62,21 @@ def test_streams_text_and_reports_stats_on_stderr(test_models: dict[str, Path],
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip()
     assert "TTFT" in result.stderr and "visual tokens" in result.stderr and "decode" in result.stderr
+
+
+def test_pool_1_and_2_on_the_same_grid(test_models: dict[str, Path], photos: dict[str, Path]) -> None:
+    rows = {}
+    for pool in ("1", "2"):
+        result = run_cli("describe", str(photos["photo"]), *_model_args(test_models), "--tiles", "4",
+                         "--pool", pool, "--json")
+        assert result.returncode == 0, result.stderr
+        rows[pool] = json.loads(result.stdout)
+    assert rows["1"]["grid"] == rows["2"]["grid"] == [2, 2]
+    assert rows["1"]["tile_tokens"] == 4 * 64 and rows["2"]["tile_tokens"] == 4 * 16
+    assert rows["2"]["prompt_tokens"] == rows["1"]["prompt_tokens"] - 4 * 48
+    result = run_cli("describe", str(photos["photo"]), *_model_args(test_models), "--tiles", "4",
+                     "--pool", "2")
+    assert "pooled 2x2" in result.stderr
 
 
 def test_one_bad_image_among_good_ones(test_models: dict[str, Path], photos: dict[str, Path]) -> None:
@@ -78,6 +94,7 @@ def test_one_bad_image_among_good_ones(test_models: dict[str, Path], photos: dic
         (["--model", "llava-1.5-7b"], "edgevlm fetch llava-1.5-7b"),
         (["--model", "no-such-preset"], "known presets: llava-1.5-7b"),
         (["--tiles", "many"], "--tiles must be auto, 0 or a positive number"),
+        (["--pool", "3"], "--pool must be 1, 2 or auto"),
         (["--mmproj", "MODEL"], "pass it as --model"),
     ],
 )
@@ -96,7 +113,7 @@ def test_user_errors_are_one_line_with_exit_2(test_models: dict[str, Path], phot
 def test_help_teaches(photos: dict[str, Path]) -> None:
     result = run_cli("describe", "--help")
     assert result.returncode == 0
-    for flag in ("--prompt", "--tiles", "--json", "--n-ctx", "--n-gpu-layers", "--model"):
+    for flag in ("--prompt", "--tiles", "--pool", "--json", "--n-ctx", "--n-gpu-layers", "--model"):
         assert flag in result.stdout
 
 

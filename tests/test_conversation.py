@@ -169,3 +169,26 @@ def test_restore_rebuilds_text_without_clip(engine_4k: Engine) -> None:
     _, stats = restored.ask("Go on.")
     restored.check()
     assert stats.turn == 3
+
+
+def test_pooled_tiles_cost_144_tokens_each_in_row_major_order(engine_4k: Engine) -> None:
+    chat = _chat(engine_4k, max_tiles=4, pool=2)
+    _, stats = chat.ask("What is in the corners?", image=_image(3, (3840, 2160)))
+    assert stats.grid == (2, 2) and stats.pool == 2
+    assert stats.tile_tokens == 4 * 144 and stats.visual_tokens == 576 + 4 * 144
+    assert stats.tile_prefill_s > 0
+    chat.check()
+    # The answered image became a summary; before the swap the block was in the ledger like this:
+    record = chat.records[-1]
+    assert record.stats["pool"] == 2 and record.summary
+    chat_live = _chat(engine_4k, max_tiles=4, pool=2, keep_images=1)
+    chat_live.ask("And now?", image=_image(4, (3840, 2160)))
+    chat_live.check()
+    views = [s.n_tokens for s in chat_live.segments if s.kind == "image"]
+    assert views == [576, 144, 144, 144, 144]  # the global view is never pooled
+    labels = [engine_4k.detokenize(list(s.tokens)) for s in chat_live.segments if s.kind == "label"]
+    order = [label.split("Tile row ")[1][:10] for label in labels if "Tile row" in label]
+    assert order == ["1, col 1 o", "1, col 2 o", "2, col 1 o", "2, col 2 o"]
+    _, follow = chat_live.ask("What colour dominates?")  # the pooled rows are still live
+    assert follow.visual_tokens_live == 576 + 4 * 144
+    chat_live.check()

@@ -85,3 +85,14 @@ def test_json_fields(small_engine: Engine) -> None:
                 "n_gpu_layers"):
         assert key in data
     assert isinstance(data["grid"], list) and len(data["grid"]) == 2
+
+
+def test_pool_auto_buys_a_larger_grid_when_full_tiles_do_not_fit(small_engine: Engine) -> None:
+    photo = _image((3840, 2160))
+    full = _describer(small_engine, pool=1).describe(photo)
+    auto = _describer(small_engine, pool=None).describe(photo)
+    assert full.pool == 1 and auto.pool == 2
+    assert auto.n_tiles > full.n_tiles
+    assert auto.tile_tokens == auto.n_tiles * 16 and full.tile_tokens == full.n_tiles * 64
+    assert auto.visual_tokens == 64 + auto.tile_tokens
+    assert auto.to_json()["pool"] == 2

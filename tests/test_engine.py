@@ -114,3 +114,29 @@ def test_text_batches_larger_than_n_batch(test_models: dict[str, Path]) -> None:
         assert eng.n_past == len(tokens) == eng.kv_cells()
         assert eng.eval_image(_photo(1, (112, 112))) == 64  # image decoded in 64-token batches
         assert _ledger_ok(eng)
+
+
+def test_pooled_rows_are_the_mean_of_their_four_source_rows(engine: Engine) -> None:
+    full = engine.encode_image(_photo(7))
+    assert full.n_tokens == 576 and full.grid_side == 24
+    pooled = full.pooled(2)
+    assert pooled.n_tokens == 144 and pooled.rows.dtype == np.float32
+    grid = full.rows.reshape(24, 24, -1)
+    for y, x in [(0, 0), (0, 11), (5, 7), (11, 0), (11, 11)]:
+        expected = (grid[2 * y, 2 * x] + grid[2 * y, 2 * x + 1]
+                    + grid[2 * y + 1, 2 * x] + grid[2 * y + 1, 2 * x + 1]) / 4
+        np.testing.assert_allclose(pooled.rows[y * 12 + x], expected, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(pooled.rows[0], pooled.rows[1])  # a real image, not a constant
+    assert full.pooled(1) is full
+    with pytest.raises(EngineError, match="cannot pool"):
+        full.pooled(5)
+
+
+def test_pooled_rows_decode_at_the_ledger_positions(engine: Engine) -> None:
+    engine.truncate(0)
+    engine.eval_text(engine.tokenize(PROMPT))
+    start = engine.n_past
+    assert engine.eval_embedding(engine.encode_image(_photo(8)).pooled(2)) == 144
+    assert engine.n_past == start + 144 and _ledger_ok(engine)
+    engine.eval_text(engine.tokenize(QUESTION))
+    assert len("".join(engine.generate(4))) > 0 and _ledger_ok(engine)

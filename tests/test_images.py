@@ -190,3 +190,44 @@ def test_fuzzed_images_give_rgb_or_image_error(tmp_path_factory: pytest.TempPath
     except ImageError:
         return
     assert loaded.image.mode == "RGB" and loaded.image.width >= 1 and loaded.image.height >= 1
+
+
+def _smooth_photo(size: tuple[int, int]) -> Image.Image:
+    """Gradients and blocks: something a reduced decode should reproduce closely."""
+    width, height = size
+    x = np.linspace(0, 255, width, dtype=np.float32)[None, :]
+    y = np.linspace(0, 255, height, dtype=np.float32)[:, None]
+    pixels = np.stack([x + 0 * y, y + 0 * x, (x + y) / 2], axis=-1).astype(np.uint8)
+    return Image.fromarray(pixels)
+
+
+def test_big_jpegs_decode_at_a_reduced_scale_that_keeps_what_tiles_show(tmp_path: Path) -> None:
+    from edgevlm.tiling import cut_tiles, letterbox, plan_tiles, useful_pixels
+
+    path = _save(_smooth_photo((3840, 2160)), tmp_path / "4k.jpg", quality=92)
+    full = load_image(path)
+    draft = load_image(path, useful_pixels=useful_pixels(336))
+    assert full.image.size == (3840, 2160) and full.size == (3840, 2160)
+    assert draft.image.size == (1920, 1080) and draft.size == (3840, 2160)  # DCT scale 1/2
+    plan = plan_tiles(*draft.size, max_tiles=15, tile_size=336)
+    assert plan == plan_tiles(*full.size, max_tiles=15, tile_size=336)
+    assert plan.resized_size[0] <= draft.image.width  # never upscaled from the draft
+    for a, b in zip([letterbox(full.image, 336), *cut_tiles(full.image, plan)],
+                    [letterbox(draft.image, 336), *cut_tiles(draft.image, plan)], strict=True):
+        diff = np.abs(np.asarray(a, dtype=np.int16) - np.asarray(b, dtype=np.int16))
+        assert diff.mean() < 2.0
+
+
+def test_a_rotated_draft_reports_its_upright_full_size(tmp_path: Path) -> None:
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90: a landscape file that is a portrait photo
+    path = _save(_smooth_photo((3840, 2160)), tmp_path / "turned.jpg", exif=exif)
+    draft = load_image(path, useful_pixels=336 * 336 * 15)
+    assert draft.size == (2160, 3840) and draft.image.size == (1080, 1920)
+
+
+def test_small_jpegs_and_other_formats_are_decoded_in_full(tmp_path: Path) -> None:
+    small = load_image(_save(_smooth_photo((800, 600)), tmp_path / "s.jpg"), useful_pixels=336 * 336 * 15)
+    png = load_image(_save(_smooth_photo((3840, 2160)), tmp_path / "b.png"), useful_pixels=336 * 336 * 15)
+    assert small.image.size == small.size == (800, 600)
+    assert png.image.size == png.size == (3840, 2160)

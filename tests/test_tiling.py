@@ -10,13 +10,18 @@ from PIL import Image
 from edgevlm.images import MEAN_RGB
 from edgevlm.tiling import (
     MAX_AUTO_TILES,
+    MAX_POOLED_TILES,
     cut_tiles,
     effective_resolution,
+    image_tokens,
     letterbox,
     max_tiles_for_budget,
+    plan_image,
     plan_tiles,
+    pooled_tokens,
     select_grid,
     tile_label,
+    useful_pixels,
 )
 
 TILE = 336
@@ -125,3 +130,70 @@ def test_tile_label_names_row_col_and_grid() -> None:
     labels = [tile_label(t, plan.grid) for t in plan.tiles]
     assert labels[0] == "Tile row 1, col 1 of 3x2 (cols x rows):"
     assert labels[-1] == "Tile row 2, col 3 of 3x2 (cols x rows):"
+
+
+# -- pooled tiles ------------------------------------------------------------------------------
+
+
+def test_pooled_tokens_of_a_square_grid() -> None:
+    assert pooled_tokens(576, 1) == 576
+    assert pooled_tokens(576, 2) == 144
+    assert pooled_tokens(64, 2) == 16
+    assert pooled_tokens(575, 2) == 0  # not a square grid
+    assert pooled_tokens(25 * 25, 2) == 0  # odd side
+
+
+def test_pooling_buys_a_larger_grid_at_4096() -> None:
+    # A 4K photo in what n_ctx 4096 leaves for an image (~3,300 tokens): full tiles give 2x2,
+    # pooled tiles (144 + label each) give 5x3.
+    common = {"room": 3300, "tile_size": TILE, "view_tokens": 576, "label_tokens": 20}
+    full = plan_image(3840, 2160, pool=1, **common)
+    pooled = plan_image(3840, 2160, pool=2, **common)
+    auto = plan_image(3840, 2160, pool=None, **common)
+    assert full.grid == (2, 2) and full.pool == 1
+    assert pooled.grid == (5, 3) and pooled.pool == 2
+    assert auto == pooled
+    assert image_tokens(full, 576) == 576 + 4 * 576
+    assert image_tokens(pooled, 576) == 576 + 15 * 144
+
+
+def test_auto_keeps_full_tiles_while_they_fit() -> None:
+    common = {"tile_size": TILE, "view_tokens": 576, "label_tokens": 20, "pool": None}
+    # Plenty of room: a 1000 px square has nothing past 3x3, so pooling buys no larger grid.
+    roomy = plan_image(1000, 1000, room=10_000, **common)
+    assert roomy.pool == 1 and roomy.grid == (3, 3)
+    # An explicit cap equal for both: pooling buys nothing, so full detail.
+    capped = plan_image(3840, 2160, room=3300, max_tiles=4, **common)
+    assert capped.pool == 1 and capped.grid == (2, 2)
+    # A small photo: no tiles at all, and nothing is pooled.
+    small = plan_image(300, 200, room=3300, **common)
+    assert small.tiles == () and small.pool == 1
+
+
+def test_same_grid_for_pool_1_and_2_under_the_same_cap() -> None:
+    common = {"room": 10_000, "tile_size": TILE, "view_tokens": 576, "label_tokens": 20, "max_tiles": 4}
+    assert plan_image(3840, 2160, pool=1, **common).grid == plan_image(3840, 2160, pool=2, **common).grid
+
+
+def test_a_projector_that_cannot_pool() -> None:
+    with pytest.raises(ValueError, match="cannot be pooled"):
+        plan_image(3840, 2160, room=3300, tile_size=TILE, view_tokens=575, label_tokens=20, pool=2)
+    auto = plan_image(3840, 2160, room=3300, tile_size=TILE, view_tokens=575, label_tokens=20, pool=None)
+    assert auto.pool == 1 and auto.n_tiles == 4
+
+
+@settings(max_examples=300, deadline=None)
+@given(sizes, sizes, st.integers(min_value=0, max_value=20_000), st.sampled_from([1, 2, None]))
+def test_plan_image_always_fits_its_room(width: int, height: int, room: int, pool: int | None) -> None:
+    plan = plan_image(width, height, room=room, tile_size=TILE, view_tokens=576, label_tokens=20,
+                      reserved_tokens=5, pool=pool)
+    cost = 5 + 576 + plan.n_tiles * (pooled_tokens(576, plan.pool) + 20)
+    assert plan.n_tiles == 0 or cost <= room
+    assert plan.n_tiles <= (MAX_AUTO_TILES if plan.pool == 1 else MAX_POOLED_TILES)
+    assert [(t.row, t.col) for t in plan.tiles] == sorted((t.row, t.col) for t in plan.tiles)
+
+
+def test_useful_pixels_covers_the_largest_canvas() -> None:
+    largest = max(plan_image(3840, 2160, room=100_000, tile_size=TILE, view_tokens=576, label_tokens=20,
+                             pool=p).canvas_size for p in (1, 2))
+    assert largest[0] * largest[1] <= useful_pixels(TILE)
