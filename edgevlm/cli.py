@@ -28,6 +28,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 err = Console(stderr=True, highlight=False, soft_wrap=True)
+# Where `make peers` puts llama.cpp's own multimodal CLI.
+DEFAULT_PEER = Path("peers") / "bin" / "llama-mtmd-cli"
 
 ModelOpt = Annotated[str, typer.Option(
     "--model", "-m", envvar="EDGEVLM_MODEL",
@@ -306,6 +308,67 @@ def plan(
 
 
 @app.command()
+def bench(
+    model: ModelOpt = "llava-1.5-7b",
+    mmproj: MmprojOpt = None,
+    image: Annotated[Path | None, typer.Option(
+        help="The photo to measure on. Default: a generated 3840x2160 JPEG.")] = None,
+    turns: Annotated[int, typer.Option(help="Turns in the chat scenario (image, follow-up, …).",
+                                       min=0)] = 4,
+    max_tokens: Annotated[int, typer.Option(help="Tokens generated per answer.", min=2)] = 32,
+    repeat: Annotated[int, typer.Option(help="Measured runs per configuration (the median is shown).",
+                                        min=1)] = 1,
+    peer: Annotated[Path | None, typer.Option(
+        envvar="EDGEVLM_PEER", help="llama.cpp's llama-mtmd-cli to run beside edgevlm. "
+        "Default: peers/bin/llama-mtmd-cli when `make peers` has built it.")] = None,
+    no_peer: Annotated[bool, typer.Option("--no-peer", help="Do not run llama-mtmd-cli.")] = False,
+    n_ctx: NCtxOpt = None,
+    n_gpu_layers: NglOpt = None,
+    threads: ThreadsOpt = None,
+    json_out: Annotated[bool, typer.Option("--json", help="The numbers as one JSON object.")] = False,
+    fetch_missing: FetchOpt = False,
+    verbose: VerboseOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Measure this machine: model load, describe stage by stage (pool 1 vs 2), a short chat.
+
+    Describe runs four ways on one loaded model: the global view only, tiles at full detail,
+    the same grid pooled 2x2, and --pool auto. Time to first token (preprocess, CLIP, prefill)
+    and decode speed are reported apart, with the ratios the pooling targets are stated in.
+
+    Example: edgevlm bench --image ~/Pictures/IMG_0001.jpg --repeat 3
+    """
+    import tempfile
+
+    from .bench import run_bench, synthetic_photo
+    from .images import load_image
+    from .runtime import ModelFlags, load
+
+    _configure_logging(verbose)
+    with _handled(debug), tempfile.TemporaryDirectory(prefix="edgevlm-bench-") as tmp:
+        if image is None:
+            image = synthetic_photo(Path(tmp) / "bench-3840x2160.jpg")
+        load_image(image)  # a bad image fails here, before the model loads
+        if no_peer:
+            peer = None
+        elif peer is None and DEFAULT_PEER.exists():
+            peer = DEFAULT_PEER
+        if peer is not None and not peer.is_file():
+            raise ConfigError(f"--peer {peer}: no such file (build it with `make peers`)")
+        flags = ModelFlags(str(model), str(mmproj) if mmproj else None, n_ctx, n_gpu_layers, threads,
+                           answer_tokens=max_tokens, fetch=fetch_missing)
+        loaded = _load_with_progress(load, flags, quiet=json_out)
+        with err.status("measuring", spinner="dots") as status:
+            report = run_bench(loaded, image, turns=turns, max_tokens=max_tokens, repeats=repeat,
+                               peer=peer, on_step=lambda label: status.update(f"measuring: {label}"))
+        loaded.engine.close()
+        if json_out:
+            typer.echo(json.dumps(report.to_json()))
+        else:
+            _render_bench(report)
+
+
+@app.command()
 def fetch(
     presets: Annotated[list[str] | None, typer.Argument(help="Preset names; default llava-1.5-7b.")] = None,
     debug: DebugOpt = False,
@@ -452,6 +515,76 @@ def _load_with_progress(load: Any, flags: Any, *, quiet: bool) -> Any:
         return load(flags, on_progress=lambda f: progress.update(task, completed=f))
 
 
+def _render_bench(r: Any) -> None:
+    from rich.table import Table
+
+    from . import bench as b
+
+    out = Console(highlight=False)
+    out.print(f"[bold]edgevlm bench[/] · {escape(Path(r.model).name)} · {r.image_size[0]}x{r.image_size[1]} "
+              f"{escape(Path(r.image).name)} · n_ctx {r.n_ctx} · {r.n_gpu_layers} GPU layers · "
+              f"{r.n_threads} threads · flash attention {'on' if r.flash_attn else 'off'} · "
+              f"ubatch {r.n_ubatch} · median of {r.repeats}")
+    out.print(f"model load {r.load_s:.2f} s")
+    table = Table(title="describe (time to first token, then decode)", box=None, pad_edge=False)
+    table.add_column("stage")
+    for run in r.runs:
+        table.add_column(run.label, justify="right")
+    if r.peer:
+        table.add_column(r.peer.name, justify="right")
+
+    def row(name: str, cell: Any, peer_cell: str = "") -> None:
+        table.add_row(name, *[cell(run) for run in r.runs], *([peer_cell or "-"] if r.peer else []))
+
+    p = r.peer
+    row("grid", lambda x: (f"{x.grid[0]}x{x.grid[1]}" + (f" pooled {x.pool}x{x.pool}" if x.pool > 1 else ""))
+        if x.n_tiles else "global", "global (one 336² view)" if p else "")
+    row("visual tokens", lambda x: f"{x.visual_tokens}")
+    row("read image", lambda x: f"{1000 * x.decode_image_s:.0f} ms")
+    row("preprocess (read, tile, resize)", lambda x: f"{1000 * x.preprocess_s:.0f} ms",
+        f"{1000 * p.preprocess_s:.0f} ms" if p else "")
+    row("CLIP encode per view", lambda x: f"{1000 * x.clip_per_view_s:.0f} ms")
+    row("CLIP encode total", lambda x: f"{x.clip_encode_s:.2f} s", f"{p.clip_encode_s:.2f} s" if p else "")
+    row("prefill tokens", lambda x: f"{x.prefill_tokens}", f"{p.prompt_tokens}" if p else "")
+    row("prefill", lambda x: f"{x.prefill_s:.2f} s", f"{p.prefill_s:.2f} s" if p else "")
+    row("prefill speed", lambda x: f"{x.prefill_tok_s:.0f} tok/s",
+        f"{p.prefill_tok_s:.0f} tok/s" if p else "")
+    row("local tiles' prefill", lambda x: f"{x.tile_prefill_s:.2f} s" if x.n_tiles else "-")
+    row("[bold]time to first token[/]", lambda x: f"[bold]{x.ttft_s:.2f} s[/]",
+        f"[bold]{p.ttft_s:.2f} s[/]" if p else "")
+    row("decode", lambda x: f"{x.decode_tok_s:.1f} tok/s", f"{p.decode_tok_s:.1f} tok/s" if p else "")
+    row("inter-token p50 / p90", lambda x: f"{1000 * x.itl_p50_s:.0f} / {1000 * x.itl_p90_s:.0f} ms")
+    out.print(table)
+    ratios = r.ratios()
+    targets = [("tile_prefill_pool2_vs_pool1", "local tiles' prefill, pool 2 vs 1 (same grid)",
+                f"<= {b.TARGET_TILE_PREFILL_RATIO}x", lambda v: v <= b.TARGET_TILE_PREFILL_RATIO, "x"),
+               ("ttft_pool2_vs_pool1", "time to first token, pool 2 vs 1 (same grid)",
+                f"<= {b.TARGET_TTFT_RATIO}x", lambda v: v <= b.TARGET_TTFT_RATIO, "x"),
+               ("preprocess_share_of_ttft", "preprocessing share of TTFT (tiles, pool 1)",
+                f"<= {b.TARGET_PREPROCESS_SHARE:.0%}", lambda v: v <= b.TARGET_PREPROCESS_SHARE, "%"),
+               ("global_ttft_vs_mtmd_cli", "global-view TTFT vs llama-mtmd-cli",
+                f"within {b.TARGET_PEER_OVERHEAD:.0%}", lambda v: v <= 1 + b.TARGET_PEER_OVERHEAD, "x")]
+    for key, name, target, met, unit in targets:
+        if key not in ratios:
+            continue
+        value = ratios[key]
+        shown = f"{value:.1%}" if unit == "%" else f"{value:.2f}x"
+        mark = "[green]meets[/]" if met(value) else "[yellow]misses[/]"
+        out.print(f"  {name:<48} {shown:>7}  target {target:<10} {mark}")
+    if not r.peer:
+        why = escape(r.peer_error) if r.peer_error else "not built (make peers)"
+        out.print(f"  [dim]llama-mtmd-cli: {why}[/]")
+    if r.chat:
+        chat = Table(title="chat (image turns alternate with follow-ups)", box=None, pad_edge=False)
+        for column in ("turn", "image", "prefill tokens", "TTFT", "summary swap", "KV tokens", "visual live"):
+            chat.add_column(column, justify="right")
+        for t in r.chat:
+            chat.add_row(str(t.turn), "yes" if t.image else "-", str(t.prefill_tokens), f"{t.ttft_s:.2f} s",
+                         f"{t.swap_s:.2f} s" if t.swap_s else "-", f"{t.kv_tokens}/{r.n_ctx}",
+                         str(t.visual_tokens_live))
+        out.print(chat)
+
+
 def _verify_plan(choice: Any, the_plan: Any, flags: Any) -> tuple[Any, ...]:
     from .engine import Engine
     from .plan import compare
@@ -472,7 +605,8 @@ def _render_plan(p: Any, model_name: str, checks: tuple[Any, ...]) -> None:
     out.print(f"[bold]Plan for {escape(model_name)} on {where}[/]")
     out.print(f"  n_gpu_layers {p.n_gpu_layers}/{p.n_layers} · n_ctx {p.n_ctx} (trained {p.n_ctx_train}) "
               f"· KV {p.type_k} · flash attention {'on' if p.flash_attn else 'off'} · projector on "
-              f"{'GPU' if p.mmproj_on_gpu else 'CPU'} · up to {p.max_tiles} tiles per image")
+              f"{'GPU' if p.mmproj_on_gpu else 'CPU'} · ubatch {p.n_ubatch} · up to {p.max_tiles} "
+              f"tiles per image ({p.max_pooled_tiles} pooled)")
     b = p.breakdown
     table = Table(box=None, pad_edge=False)
     table.add_column("component")

@@ -204,6 +204,7 @@ class Engine:
         cparams.n_batch = cfg.n_batch
         cparams.n_ubatch = min(cfg.n_ubatch, cfg.n_batch)
         threads = cfg.n_threads or default_threads()
+        self.n_threads = threads
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.no_perf = False

@@ -111,6 +111,7 @@ def engine_config(choice: ModelChoice, plan: Plan, flags: ModelFlags) -> EngineC
     """The engine settings that carry out a plan."""
     return EngineConfig(choice.model_path, choice.mmproj_path, n_ctx=plan.n_ctx,
                         n_gpu_layers=plan.n_gpu_layers, n_threads=flags.n_threads,
+                        n_batch=plan.n_ubatch, n_ubatch=plan.n_ubatch,
                         flash_attn=plan.flash_attn, type_k=plan.type_k, type_v=plan.type_v,
                         mmproj_on_gpu=plan.mmproj_on_gpu)
 

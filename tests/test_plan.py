@@ -23,6 +23,7 @@ from edgevlm.plan import (
     estimate,
     kv_bytes,
     parse_size,
+    ubatch_for,
     weights_on_gpu,
     weights_on_host,
 )
@@ -170,7 +171,7 @@ def test_more_vram_never_means_less(llava: tuple[TextModelFacts, ProjectorFacts]
 def test_full_offload_wherever_it_fits(llava: tuple[TextModelFacts, ProjectorFacts]) -> None:
     text, projector = llava
     smallest_full = estimate(text, projector, n_ctx=2560, n_gpu_layers=33, type_k="q8_0",
-                             type_v="q8_0", flash_attn=True).total_gpu
+                             type_v="q8_0", flash_attn=True, n_ubatch=ubatch_for(projector)).total_gpu
     plan = choose(text, projector, Device(vram_free=smallest_full, ram_free=16 * GIB))
     assert plan.n_gpu_layers == 33
 
@@ -190,8 +191,10 @@ def test_estimate_matches_llama_cpp(shapes: dict[str, Path], variant: str, flash
     text, projector = read_text_model(shapes[variant]), read_projector(shapes["mmproj"])
     plan = choose(text, projector, Device(vram_free=None, ram_free=64 * GIB),
                   Settings(n_ctx=4096, flash_attn=flash_attn))
+    assert plan.n_ubatch == 576  # one LLaVA view per ubatch
     config = EngineConfig(shapes[variant], shapes["mmproj"], n_ctx=plan.n_ctx, n_gpu_layers=0,
-                          flash_attn=plan.flash_attn, type_k=plan.type_k, type_v=plan.type_v,
+                          n_batch=plan.n_ubatch, n_ubatch=plan.n_ubatch, flash_attn=plan.flash_attn,
+                          type_k=plan.type_k, type_v=plan.type_v,
                           mmproj_on_gpu=False, repack=False)
     with Engine(config) as engine:
         checks = {c.component: c for c in compare(plan, engine.reported_buffers)}
@@ -215,3 +218,15 @@ def test_plan_cli_json_and_verify(shapes: dict[str, Path]) -> None:
     assert human.returncode == 0 and "n_gpu_layers 33/33" in human.stdout and "total" in human.stdout
     bad = run_cli(*args, "--vram", "lots")
     assert bad.returncode == 2 and "not a size" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_one_image_view_per_ubatch(llava: tuple[TextModelFacts, ProjectorFacts]) -> None:
+    text, projector = llava
+    plan = choose(text, projector, Device(vram_free=12 * GIB, ram_free=16 * GIB))
+    assert plan.n_ubatch == ubatch_for(projector) == 576  # not 512 + 64
+    at_512 = estimate(text, projector, n_ctx=plan.n_ctx, n_gpu_layers=33, flash_attn=True, n_ubatch=512)
+    assert plan.breakdown.compute_gpu > at_512.compute_gpu  # the planner pays for the bigger graph
+    assert plan.max_tiles == 5 and plan.max_pooled_tiles == 15  # n_ctx 4096
+    assert plan.to_json()["n_ubatch"] == 576
+    explicit = choose(text, projector, Device(vram_free=12 * GIB, ram_free=16 * GIB), Settings(n_ubatch=256))
+    assert explicit.n_ubatch == 256
