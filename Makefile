@@ -73,6 +73,9 @@ lint: setup
 	$(VENV)/bin/ruff check edgevlm scripts tests
 
 bench: setup test-models
+	$(VENV)/bin/edgevlm bench --model models/test/SmolLM2-135M-Instruct.Q4_1.gguf \
+	  --mmproj models/test/mmproj-test-336.gguf --n-ctx 4096 --repeat 3
+	$(PY) scripts/bench_prefill.py
 	$(PY) scripts/bench_describe.py
 	$(PY) scripts/bench_chat.py
 	$(PY) scripts/bench_batch.py

@@ -520,7 +520,7 @@ def _render_bench(r: Any) -> None:
 
     from . import bench as b
 
-    out = Console(highlight=False)
+    out = Console(highlight=False, width=None if sys.stdout.isatty() else 132)
     out.print(f"[bold]edgevlm bench[/] · {escape(Path(r.model).name)} · {r.image_size[0]}x{r.image_size[1]} "
               f"{escape(Path(r.image).name)} · n_ctx {r.n_ctx} · {r.n_gpu_layers} GPU layers · "
               f"{r.n_threads} threads · flash attention {'on' if r.flash_attn else 'off'} · "

@@ -75,7 +75,8 @@ def load_image(path: str | os.PathLike[str], *, pixel_limit: int | None = None,
                     opened.draft("RGB", (math.ceil(width * shrink), math.ceil(height * shrink)))
                 opened.load()
                 decoded = opened.size
-                upright = ImageOps.exif_transpose(opened) or opened
+                ImageOps.exif_transpose(opened, in_place=True)  # no copy when already upright
+                upright = opened
                 rgb = to_rgb(upright)
                 turned = rgb.size != decoded
                 full_size = (height, width) if turned else (width, height)
