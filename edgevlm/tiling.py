@@ -152,11 +152,6 @@ def plan_image(width: int, height: int, *, room: int, tile_size: int, view_token
     return best
 
 
-def image_tokens(plan: TilePlan, view_tokens: int) -> int:
-    """Visual tokens the plan puts in the prompt: the full global view plus its (pooled) tiles."""
-    return view_tokens + plan.n_tiles * pooled_tokens(view_tokens, plan.pool)
-
-
 def useful_pixels(tile_size: int) -> int:
     """The most source pixels any plan can show (the largest canvas): decoding more is wasted."""
     return max(MAX_AUTO_TILES, MAX_POOLED_TILES) * tile_size * tile_size

@@ -13,7 +13,6 @@ from edgevlm.tiling import (
     MAX_POOLED_TILES,
     cut_tiles,
     effective_resolution,
-    image_tokens,
     letterbox,
     max_tiles_for_budget,
     plan_image,
@@ -153,8 +152,8 @@ def test_pooling_buys_a_larger_grid_at_4096() -> None:
     assert full.grid == (2, 2) and full.pool == 1
     assert pooled.grid == (5, 3) and pooled.pool == 2
     assert auto == pooled
-    assert image_tokens(full, 576) == 576 + 4 * 576
-    assert image_tokens(pooled, 576) == 576 + 15 * 144
+    assert full.n_tiles * pooled_tokens(576, full.pool) == 4 * 576
+    assert pooled.n_tiles * pooled_tokens(576, pooled.pool) == 15 * 144
 
 
 def test_auto_keeps_full_tiles_while_they_fit() -> None:
