@@ -161,7 +161,8 @@ def run_bench(loaded: Loaded, image_path: Path, *, turns: int = 4, max_tokens: i
     d = Describer(engine, loaded.prompt_format, tile_size=tile_size, max_tokens=max_tokens,
                   sampling=sampling, max_tiles=0, n_gpu_layers=loaded.n_gpu_layers)
     step("warm-up")
-    d.describe(load_image(image_path, useful_pixels=d.conversation.useful_pixels), BENCH_PROMPT)
+    warm_up = load_image(image_path, useful_pixels=d.conversation.useful_pixels)
+    d.describe(warm_up, BENCH_PROMPT)
 
     def measure(label: str, pool: int | None, max_tiles: int | None) -> DescribeRun:
         step(label)
@@ -193,11 +194,9 @@ def run_bench(loaded: Loaded, image_path: Path, *, turns: int = 4, max_tokens: i
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             peer_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     cfg = engine.config
-    with Image.open(image_path) as probe:
-        image_size = probe.size
     return BenchReport(
         model=str(loaded.choice.model_path), mmproj=str(loaded.choice.mmproj_path),
-        image=str(image_path), image_size=image_size, n_ctx=engine.n_ctx,
+        image=str(image_path), image_size=warm_up.size, n_ctx=engine.n_ctx,
         n_gpu_layers=loaded.n_gpu_layers, n_threads=engine.n_threads, flash_attn=bool(cfg.flash_attn),
         n_ubatch=min(cfg.n_ubatch, cfg.n_batch), load_s=engine.load_s, repeats=repeats, runs=tuple(runs),
         chat=chat, peer=peer_run, peer_error=peer_error)
