@@ -9,10 +9,12 @@ LLAMA_CPP_VERSION := 0.3.36
 
 # The backend: CUDA where an NVIDIA GPU answers (or GPU=cuda), else CPU.
 GPU ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
-CUDA_ARCH ?=
+# CUDA builds target this machine's cards (compute capability, e.g. 86 for an RTX 3060): far
+# faster to build than every architecture. CUDA_ARCH=all builds them all (a wheel to share).
+CUDA_ARCH ?= $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | tr -d . | sort -u | paste -sd';' -)
 ifeq ($(GPU),cuda)
-  BACKEND := cuda$(if $(CUDA_ARCH),-sm$(CUDA_ARCH),)
-  LLAMA_CMAKE_ARGS := -DGGML_CUDA=on $(if $(CUDA_ARCH),-DCMAKE_CUDA_ARCHITECTURES=$(CUDA_ARCH),)
+  BACKEND := cuda$(if $(filter-out all,$(CUDA_ARCH)),-sm$(subst ;,-,$(CUDA_ARCH)),)
+  LLAMA_CMAKE_ARGS := -DGGML_CUDA=on $(if $(filter-out all,$(CUDA_ARCH)),-DCMAKE_CUDA_ARCHITECTURES=$(CUDA_ARCH),)
 else
   BACKEND := cpu
   LLAMA_CMAKE_ARGS :=
@@ -33,6 +35,7 @@ help:
 	@echo "make test    set up, generate the test models and run the test suite"
 	@echo "make setup   .venv with edgevlm and llama-cpp-python $(LLAMA_CPP_VERSION) built for $(BACKEND)"
 	@echo "make models  fetch the default model into models/llava-1.5-7b/"
+	@echo "make test-models  write the small test models into models/test/ (no download)"
 	@echo "make bench   benchmarks on the test models"
 	@echo "make peers   build llama.cpp's own llama-mtmd-cli (the same pinned llama.cpp) for the benchmarks"
 	@echo "make lint    ruff"
@@ -52,7 +55,8 @@ $(SETUP_STAMP): pyproject.toml
 	$(PIP) install -q --force-reinstall --no-deps $(WHEEL_DIR)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl
 	$(PIP) install -q -e '.[dev]'
 	@rm -f $(VENV)/.edgevlm-setup-* && touch $@
-	@echo "edgevlm is set up in $(VENV) (llama.cpp backend: $(BACKEND))"
+	@echo "edgevlm is set up in $(VENV) (llama.cpp backend: $(BACKEND))."
+	@echo "Next: source $(VENV)/bin/activate, then edgevlm --help (or run $(VENV)/bin/edgevlm)"
 
 models: setup
 	$(VENV)/bin/edgevlm fetch llava-1.5-7b

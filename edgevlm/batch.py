@@ -1,4 +1,4 @@
-"""Caption many images with one model load: discovery, resume, atomic sidecars, prefetch."""
+"""Caption many images with one model load: discovery, resume, atomic sidecars, JSONL."""
 
 from __future__ import annotations
 
@@ -6,17 +6,13 @@ import fnmatch
 import json
 import os
 import tempfile
-import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import ImageError, UserError
-from .images import LoadedImage, load_image
-
-IMAGE_GLOBS = ("*.jpg", "*.jpeg", "*.png", "*.webp", "*.gif", "*.bmp", "*.tif", "*.tiff", "*.heic",
-               "*.heif", "*.avif")
+from .describe import DEFAULT_PROMPT, DescribeEvent, Describer, ImageDone, ImageFailed, describe_images
+from .errors import UserError
+from .images import IMAGE_SUFFIXES
 
 
 @dataclass(frozen=True)
@@ -37,25 +33,60 @@ class BatchSummary:
     failed: list[tuple[str, str]] = field(default_factory=list)
 
 
-def find_images(inputs: list[Path], *, recursive: bool, pattern: str | None) -> list[tuple[Path, Path]]:
-    """(image, root) pairs: files as given, directories expanded in a stable sorted order."""
-    found: list[tuple[Path, Path]] = []
+@dataclass(frozen=True)
+class ImageSkipped:
+    """An image already captioned by an earlier run (resume)."""
+
+    target: Target
+
+
+@dataclass(frozen=True)
+class Found:
+    """What the inputs named: images to describe, and inputs that do not exist."""
+
+    images: list[tuple[Path, Path]]  # (image, the folder it was found under)
+    missing: list[Path]
+
+
+def find_images(inputs: list[Path], *, recursive: bool, pattern: str | None) -> Found:
+    """Files as given, folders expanded to their images in a stable sorted order.
+
+    Only image files are taken from folders, whatever --glob says: edgevlm's own captions
+    (IMAGE.jpg.txt) and other files never become inputs. A folder with no image is an error.
+    """
+    images: list[tuple[Path, Path]] = []
     for item in inputs:
-        if not item.is_dir():
-            found.append((item, item.parent))
-            continue
-        walker = item.rglob("*") if recursive else item.glob("*")
-        matches = sorted((p for p in walker if p.is_file() and _matches(p.name, pattern)),
-                         key=lambda p: str(p.relative_to(item)).lower())
-        found.extend((p, item) for p in matches)
-    return found
+        if item.is_dir():
+            images.extend(_folder_images(item, recursive=recursive, pattern=pattern))
+        elif item.exists():
+            images.append((item, item.parent))
+    missing = [item for item in inputs if not item.exists()]
+    if not images and not missing:
+        raise UserError(_nothing_found(inputs, recursive=recursive, pattern=pattern))
+    return Found(images, missing)
 
 
-def _matches(name: str, pattern: str | None) -> bool:
+def _folder_images(folder: Path, *, recursive: bool, pattern: str | None) -> list[tuple[Path, Path]]:
+    walker = folder.rglob("*") if recursive else folder.glob("*")
+    matches = sorted((p for p in walker if p.is_file() and is_image_name(p.name, pattern)),
+                     key=lambda p: str(p.relative_to(folder)).lower())
+    return [(p, folder) for p in matches]
+
+
+def is_image_name(name: str, pattern: str | None = None) -> bool:
+    """An image file's name (by suffix) that matches the --glob pattern, if one is given."""
     lowered = name.lower()
-    if pattern is not None:
-        return fnmatch.fnmatch(lowered, pattern.lower())
-    return any(fnmatch.fnmatch(lowered, glob) for glob in IMAGE_GLOBS)
+    if lowered.startswith(".") or Path(lowered).suffix not in IMAGE_SUFFIXES:
+        return False  # hidden and temporary files (.IMG.jpg.txt.tmp) are never inputs
+    return pattern is None or fnmatch.fnmatch(lowered, pattern.lower())
+
+
+def _nothing_found(inputs: list[Path], *, recursive: bool, pattern: str | None) -> str:
+    where = ", ".join(str(p) for p in inputs)
+    kinds = " ".join(sorted(IMAGE_SUFFIXES))
+    looked = f"files matching '{pattern}' with an image suffix ({kinds})" if pattern else kinds
+    hint = "" if recursive else "; add --recursive to search subfolders"
+    return f"no images found in {where} (looked for {looked}){hint}"
 
 
 def plan_targets(found: list[tuple[Path, Path]], *, write_captions: bool,
@@ -131,33 +162,6 @@ class JsonlLog:
         self.done.add(str(row["image"]))
 
 
-def prefetched(targets: list[Target], prepare: Callable[[LoadedImage], object], *,
-               useful_pixels: int | None = None
-               ) -> Iterator[tuple[Target, object | None, ImageError | None, float]]:
-    """Each target with its image loaded and tiled on a helper thread, one image ahead.
-
-    Pillow releases the GIL while decoding and resizing, so this overlaps with llama.cpp.
-    Yields (target, prepared image or None, error or None, seconds the wait took).
-    """
-
-    def work(target: Target) -> object:
-        return prepare(load_image(target.path, useful_pixels=useful_pixels))
-
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgevlm-prefetch") as pool:
-        pending: Future[object] | None = pool.submit(work, targets[0]) if targets else None
-        for index, target in enumerate(targets):
-            assert pending is not None
-            current = pending
-            pending = pool.submit(work, targets[index + 1]) if index + 1 < len(targets) else None
-            waited = time.perf_counter()
-            try:
-                result = current.result()
-            except ImageError as exc:
-                yield target, None, exc, time.perf_counter() - waited
-                continue
-            yield target, result, None, time.perf_counter() - waited
-
-
 def check_outputs(*, write_captions: bool, jsonl: Path | None, out_dir: Path | None) -> None:
     """Refuse flag combinations that would write nothing where the user expects something."""
     if out_dir is not None and not write_captions:
@@ -166,52 +170,47 @@ def check_outputs(*, write_captions: bool, jsonl: Path | None, out_dir: Path | N
         raise UserError(f"{jsonl}: is a directory; --jsonl needs a file")
 
 
-@dataclass(frozen=True)
-class Event:
-    """What happened to one image, for progress and reporting."""
-
-    target: Target
-    index: int
-    total: int
-    status: str  # captioned | skipped | failed
-    result: object | None = None
-    error: str = ""
+BatchEvent = DescribeEvent | ImageSkipped
 
 
-def run_batch(describer: object, targets: list[Target], *, prompt: str, overwrite: bool,
-              jsonl: JsonlLog | None, on_event: Callable[[Event], None],
-              on_piece: Callable[[str], None] | None = None,
-              on_start: Callable[[Target], None] | None = None) -> BatchSummary:
-    """Caption every target once; already-captioned ones are skipped unless overwrite."""
+def caption_all(describer: Describer, targets: list[Target], *, prompt: str = DEFAULT_PROMPT,
+                overwrite: bool = False, jsonl: JsonlLog | None = None,
+                on_event: Callable[[BatchEvent], None]) -> BatchSummary:
+    """Describe every target once, writing its caption and JSONL row as soon as it is done.
+
+    Targets already captioned (by caption file and/or JSONL row) are skipped unless overwrite.
+    """
     summary = BatchSummary()
     todo: list[Target] = []
-    for index, target in enumerate(targets):
+    for target in targets:
         if not overwrite and _already_done(target, jsonl):
             summary.skipped += 1
-            on_event(Event(target, index, len(targets), "skipped"))
+            on_event(ImageSkipped(target))
         else:
             todo.append(target)
-    room = describer.conversation.fresh_room(prompt)  # type: ignore[attr-defined]
-    prepare = lambda image: describer.conversation.prepare(image, room)  # type: ignore[attr-defined]  # noqa: E731
-    position = {t.path: i for i, t in enumerate(targets)}
-    useful = describer.conversation.useful_pixels  # type: ignore[attr-defined]
-    for target, prepared, error, _waited in prefetched(todo, prepare, useful_pixels=useful):
-        index = position[target.path]
-        if error is not None:
-            summary.failed.append((target.key, str(error)))
-            on_event(Event(target, index, len(targets), "failed", error=str(error)))
-            continue
-        if on_start is not None:
-            on_start(target)
-        result = describer.describe(prepared, prompt, on_piece=on_piece)  # type: ignore[attr-defined]
-        row = result.to_json() | {"image": target.key}
-        if target.caption_path is not None:
-            write_atomically(target.caption_path, result.text + "\n")
-        if jsonl is not None:
-            jsonl.append(row)
-        summary.captioned += 1
-        on_event(Event(target, index, len(targets), "captioned", result=result))
+
+    def store(event: DescribeEvent) -> None:
+        if isinstance(event, ImageDone):
+            _write_outputs(todo[event.index], event, jsonl)
+            summary.captioned += 1
+        elif isinstance(event, ImageFailed):
+            summary.failed.append((todo[event.index].key, event.error))
+        on_event(event)
+
+    describe_images(describer, [t.path for t in todo], prompt, on_event=store)
     return summary
+
+
+def _write_outputs(target: Target, done: ImageDone, jsonl: JsonlLog | None) -> None:
+    if target.caption_path is not None:
+        write_atomically(target.caption_path, done.result.text + "\n")
+    if jsonl is not None:
+        jsonl.append(done.result.to_json() | {"image": target.key})
+
+
+def needs_work(targets: list[Target], *, jsonl: JsonlLog | None, overwrite: bool) -> bool:
+    """Whether any target still needs describing (so the model must be loaded at all)."""
+    return any(overwrite or not _already_done(t, jsonl) for t in targets)
 
 
 def _already_done(target: Target, jsonl: JsonlLog | None) -> bool:

@@ -19,8 +19,9 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from .conversation import Conversation
-from .describe import Describer, DescribeResult
+from .describe import DescribeEvent, Describer, DescribeResult, ImageDone, ImageFailed, describe_images
 from .engine import Sampling
+from .errors import ImageError, one_line
 from .images import load_image
 from .runtime import Loaded
 
@@ -122,11 +123,44 @@ class BenchReport:
             out["global_ttft_vs_mtmd_cli"] = glob.ttft_s / self.peer.ttft_s
         return out
 
+    def verdicts(self) -> tuple[Verdict, ...]:
+        """Each measured ratio against its target: met or missed (reported, never asserted)."""
+        ratios = self.ratios()
+        return tuple(Verdict(key, name, ratios[key], limit, unit)
+                     for key, name, limit, unit in TARGETS if key in ratios)
+
     def to_json(self) -> dict[str, Any]:
         """Plain data for --json; floats rounded."""
         data = asdict(self)
         data["ratios"] = self.ratios()
+        data["verdicts"] = {v.key: v.met for v in self.verdicts()}
         return _rounded(data)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One ratio and its target (an upper limit)."""
+
+    key: str
+    name: str
+    value: float
+    limit: float
+    unit: str  # "x" (a ratio) or "%" (a share)
+
+    @property
+    def met(self) -> bool:
+        return self.value <= self.limit
+
+
+# (ratio key, what it compares, upper limit, unit): the targets from the pooling issue.
+TARGETS = (
+    ("tile_prefill_pool2_vs_pool1", "local tiles' prefill, pool 2 vs 1 (same grid)",
+     TARGET_TILE_PREFILL_RATIO, "x"),
+    ("ttft_pool2_vs_pool1", "time to first token, pool 2 vs 1 (same grid)", TARGET_TTFT_RATIO, "x"),
+    ("preprocess_share_of_ttft", "preprocessing share of TTFT (tiles, pool 1)",
+     TARGET_PREPROCESS_SHARE, "%"),
+    ("global_ttft_vs_mtmd_cli", "global-view TTFT vs llama-mtmd-cli", 1 + TARGET_PEER_OVERHEAD, "x"),
+)
 
 
 def synthetic_photo(path: Path, size: tuple[int, int] = (3840, 2160)) -> Path:
@@ -155,25 +189,44 @@ def run_bench(loaded: Loaded, image_path: Path, *, turns: int = 4, max_tokens: i
     """Describe the image in four configurations, run a short chat, and the peer if given."""
     step = on_step or (lambda _label: None)
     engine = loaded.engine
-    tile_size = loaded.projector_facts.image_size
-    sampling = Sampling(temperature=0.0)
-
-    d = Describer(engine, loaded.prompt_format, tile_size=tile_size, max_tokens=max_tokens,
-                  sampling=sampling, max_tiles=0, n_gpu_layers=loaded.n_gpu_layers)
+    d = Describer(engine, loaded.prompt_format, tile_size=loaded.projector_facts.image_size,
+                  max_tokens=max_tokens, sampling=Sampling(temperature=0.0), max_tiles=0,
+                  n_gpu_layers=loaded.n_gpu_layers)
     step("warm-up")
-    warm_up = load_image(image_path, useful_pixels=d.conversation.useful_pixels)
-    d.describe(warm_up, BENCH_PROMPT)
+    size = _describe_repeatedly(d, image_path, 1)[0].result.image_size  # upright, as shown
+    runs = _describe_runs(d, image_path, repeats, step)
+    step("chat")
+    chat = _chat_scenario(loaded, image_path, turns=turns, max_tokens=max_tokens)
+    peer_run, peer_error = _peer(peer, loaded, image_path, max_tokens=max_tokens, repeats=repeats, step=step)
+    cfg = engine.config
+    return BenchReport(
+        model=str(loaded.choice.model_path), mmproj=str(loaded.choice.mmproj_path),
+        image=str(image_path), image_size=size, n_ctx=engine.n_ctx,
+        n_gpu_layers=loaded.n_gpu_layers, n_threads=engine.n_threads, flash_attn=bool(cfg.flash_attn),
+        n_ubatch=min(cfg.n_ubatch, cfg.n_batch), load_s=engine.load_s, repeats=repeats, runs=tuple(runs),
+        chat=chat, peer=peer_run, peer_error=peer_error)
 
+
+def _describe_repeatedly(d: Describer, image_path: Path, repeats: int) -> list[ImageDone]:
+    """The same image `repeats` times through the describe core; a bad image is an error."""
+    done: list[ImageDone] = []
+
+    def keep(event: DescribeEvent) -> None:
+        if isinstance(event, ImageFailed):
+            raise ImageError(event.error)
+        if isinstance(event, ImageDone):
+            done.append(event)
+
+    describe_images(d, [image_path] * repeats, BENCH_PROMPT, on_event=keep)
+    return done
+
+
+def _describe_runs(d: Describer, image_path: Path, repeats: int,
+                   step: Callable[[str], None]) -> list[DescribeRun]:
     def measure(label: str, pool: int | None, max_tiles: int | None) -> DescribeRun:
         step(label)
-        d.conversation.pool, d.conversation.max_tiles = pool, max_tiles
-        samples = []
-        for _ in range(repeats):
-            started = time.perf_counter()
-            image = load_image(image_path, useful_pixels=d.conversation.useful_pixels)
-            decode_s = time.perf_counter() - started
-            samples.append((decode_s, d.describe(image, BENCH_PROMPT, started=started)))
-        return _median_run(label, samples)
+        d.pool, d.max_tiles = pool, max_tiles
+        return _median_run(label, [e.result for e in _describe_repeatedly(d, image_path, repeats)])
 
     runs = [measure("global only", 1, 0), measure("tiles pool 1", 1, None)]
     same_grid = runs[1].n_tiles
@@ -182,42 +235,36 @@ def run_bench(loaded: Loaded, image_path: Path, *, turns: int = 4, max_tokens: i
     auto = measure("tiles pool auto", None, None)
     if (auto.grid, auto.pool) not in {(r.grid, r.pool) for r in runs}:
         runs.append(auto)
-
-    step("chat")
-    chat = _chat_scenario(loaded, image_path, turns=turns, max_tokens=max_tokens)
-
-    peer_run, peer_error = None, ""
-    if peer is not None:
-        step("llama-mtmd-cli")
-        try:
-            peer_run = run_peer(peer, loaded, image_path, max_tokens=max_tokens, repeats=repeats)
-        except (OSError, ValueError, subprocess.SubprocessError) as exc:
-            peer_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    cfg = engine.config
-    return BenchReport(
-        model=str(loaded.choice.model_path), mmproj=str(loaded.choice.mmproj_path),
-        image=str(image_path), image_size=warm_up.size, n_ctx=engine.n_ctx,
-        n_gpu_layers=loaded.n_gpu_layers, n_threads=engine.n_threads, flash_attn=bool(cfg.flash_attn),
-        n_ubatch=min(cfg.n_ubatch, cfg.n_batch), load_s=engine.load_s, repeats=repeats, runs=tuple(runs),
-        chat=chat, peer=peer_run, peer_error=peer_error)
+    return runs
 
 
-def _median_run(label: str, samples: list[tuple[float, DescribeResult]]) -> DescribeRun:
-    def med(get: Callable[[float, DescribeResult], float]) -> float:
-        return statistics.median(get(d, r) for d, r in samples)
+def _peer(peer: Path | None, loaded: Loaded, image_path: Path, *, max_tokens: int, repeats: int,
+          step: Callable[[str], None]) -> tuple[PeerRun | None, str]:
+    if peer is None:
+        return None, ""
+    step("llama-mtmd-cli")
+    try:
+        return run_peer(peer, loaded, image_path, max_tokens=max_tokens, repeats=repeats), ""
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        return None, one_line(exc)
 
-    _, first = samples[0]
+
+def _median_run(label: str, samples: list[DescribeResult]) -> DescribeRun:
+    def med(get: Callable[[DescribeResult], float]) -> float:
+        return statistics.median(get(r) for r in samples)
+
+    first = samples[0]
     views = 1 + first.n_tiles
     return DescribeRun(
         label=label, pool=first.pool, grid=first.grid, n_tiles=first.n_tiles,
         visual_tokens=first.visual_tokens, tile_tokens=first.tile_tokens,
         prefill_tokens=first.prompt_tokens - first.cached_tokens,
-        decode_image_s=med(lambda d, r: d), preprocess_s=med(lambda d, r: d + r.preprocess_s),
-        clip_encode_s=med(lambda d, r: r.clip_encode_s),
-        clip_per_view_s=med(lambda d, r: r.clip_encode_s / views), prefill_s=med(lambda d, r: r.prefill_s),
-        prefill_tok_s=med(lambda d, r: r.prefill_tok_s), tile_prefill_s=med(lambda d, r: r.tile_prefill_s),
-        ttft_s=med(lambda d, r: r.ttft_s), decode_tok_s=med(lambda d, r: r.decode_tok_s),
-        itl_p50_s=med(lambda d, r: r.itl_p50_s), itl_p90_s=med(lambda d, r: r.itl_p90_s),
+        decode_image_s=med(lambda r: r.read_s), preprocess_s=med(lambda r: r.preprocess_s),
+        clip_encode_s=med(lambda r: r.clip_encode_s),
+        clip_per_view_s=med(lambda r: r.clip_encode_s / views), prefill_s=med(lambda r: r.prefill_s),
+        prefill_tok_s=med(lambda r: r.prefill_tok_s), tile_prefill_s=med(lambda r: r.tile_prefill_s),
+        ttft_s=med(lambda r: r.ttft_s), decode_tok_s=med(lambda r: r.decode_tok_s),
+        itl_p50_s=med(lambda r: r.itl_p50_s), itl_p90_s=med(lambda r: r.itl_p90_s),
         completion_tokens=first.completion_tokens)
 
 

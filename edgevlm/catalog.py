@@ -8,6 +8,7 @@ from pathlib import Path
 
 from .errors import ModelError
 from .gguf_info import ProjectorFacts, TextModelFacts
+from .paths import data_dir
 
 MODELS_DIR_ENV = "EDGEVLM_MODELS_DIR"
 DEFAULT_PRESET = "llava-1.5-7b"
@@ -121,8 +122,7 @@ def models_dir() -> Path:
     checkout = Path(__file__).resolve().parent.parent / "models"
     if checkout.is_dir():
         return checkout
-    data_home = Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share"))
-    return data_home / "edgevlm" / "models"
+    return data_dir() / "models"
 
 
 def find_preset(name: str) -> Preset:

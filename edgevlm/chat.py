@@ -9,18 +9,24 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
+
+from rich.console import Console
 
 from .conversation import DEFAULT_QUESTION, Conversation, TurnRecord, TurnStats
-from .errors import EdgeVLMError, EngineError, Interrupted
-from .images import load_image
+from .errors import EdgeVLMError, EngineError, Interrupted, UserError
+from .images import IMAGE_SUFFIXES, load_image
+from .paths import data_dir
+from .render import PrefillDisplay
+from .tiling import parse_pool, parse_tiles
+
+if TYPE_CHECKING:
+    from .runtime import Loaded
 
 T = TypeVar("T")
-IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff",
-                            ".heic", ".heif", ".avif"})
 HELP = """\
 Type a question, or:
   /image PATH [question]   show the model an image (a plain or dropped path works too)
@@ -34,31 +40,34 @@ Type a question, or:
 """
 
 
-def data_dir() -> Path:
-    """Where edgevlm keeps sessions and history."""
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(base) / "edgevlm"
-
-
 def default_session_path() -> Path:
     """A new session file named after the time."""
     return data_dir() / "sessions" / f"chat-{datetime.now():%Y%m%d-%H%M%S}.jsonl"
 
 
 class JsonlAppender:
-    """Append JSON lines, flushed and fsynced each time; a failing disk warns once, never stops."""
+    """Append JSON lines, flushed and fsynced each time; a failing disk warns once, never stops.
 
-    def __init__(self, path: Path, *, warn: Callable[[str], None]) -> None:
+    A header line, if given, is written before the first line when the file is new, so a
+    chat that says nothing leaves no file behind.
+    """
+
+    def __init__(self, path: Path, *, warn: Callable[[str], None],
+                 header: dict[str, Any] | None = None) -> None:
         self.path = path
         self._warn = warn
         self._warned = False
+        self._header = header
 
     def append(self, data: dict[str, Any]) -> bool:
         """Write one line; False (after one warning) when the disk refuses."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            lines = [data]
+            if self._header is not None and not (self.path.exists() and self.path.stat().st_size):
+                lines.insert(0, self._header)
             with self.path.open("a", encoding="utf-8") as handle:
-                handle.write(json.dumps(data, ensure_ascii=False) + "\n")
+                handle.write("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines))
                 handle.flush()
                 os.fsync(handle.fileno())
             return True
@@ -70,46 +79,101 @@ class JsonlAppender:
             return False
 
 
-def load_transcript(path: Path) -> list[TurnRecord]:
-    """The turns of a session file; a torn last line (killed mid-write) is skipped."""
+@dataclass(frozen=True)
+class SavedSession:
+    """A session file's turns (since its last /reset) and the model it was held with."""
+
+    records: list[TurnRecord]
+    model: str | None = None
+    mmproj: str | None = None
+
+
+def load_transcript(path: Path) -> SavedSession:
+    """Read a session file; anything that is not one is refused (exit 2) and left untouched.
+
+    A torn last line (a chat killed mid-write) is skipped.
+    """
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise EdgeVLMError(f"{path}: cannot read the session ({exc.strerror or exc})") from None
-    records = []
+        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not UTF-8 text"
+        raise UserError(f"{path}: cannot read the session ({why})") from None
+    rows = [_session_row(line) for line in lines]
+    if not rows or rows[0] is None or None in rows[:-1]:
+        raise UserError(f"{path}: not an edgevlm chat session (expected the JSONL that `edgevlm chat` "
+                        "writes); pass a session file, or --session to start a new one")
+    header = next((r for r in rows if r and r["type"] == "session"), {})
     fields = set(TurnRecord.__dataclass_fields__)
-    for line in lines:
-        try:
-            data = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(data, dict) and data.get("type") == "turn":
-            records.append(TurnRecord(**{k: v for k, v in data.items() if k in fields}))
-    return records
+    records: list[TurnRecord] = []
+    for row in rows:
+        if row and row["type"] == "reset":
+            records = []
+        elif row and row["type"] == "turn":
+            records.append(TurnRecord(**{k: v for k, v in row.items() if k in fields}))
+    return SavedSession(records, header.get("model"), header.get("mmproj"))
+
+
+def _session_row(line: str) -> dict[str, Any] | None:
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    ok = isinstance(data, dict) and data.get("type") in ("session", "turn", "reset")
+    return data if ok else None
+
+
+def run_chat(conversation: Conversation, loaded: Loaded, *, saved: SavedSession | None,
+             session: Path | None, stats_json: Path | None) -> None:
+    """The chat command's body: restore a saved session, open the transcript, run the REPL."""
+    from .render import err
+
+    if saved is not None and saved.records:
+        conversation.restore(saved.records)
+    interactive = sys.stdin.isatty()
+    path = session or default_session_path()
+    header = {"type": "session", "model": str(loaded.choice.model_path),
+              "mmproj": str(loaded.choice.mmproj_path), "created": time.time()}
+    transcript = JsonlAppender(path, header=header,
+                               warn=lambda m: err.print(f"[yellow]warning:[/] {_escape(m)}"))
+    resumed = f" (resumed {len(saved.records)} turns)" if saved is not None else ""
+    err.print(f"[dim]session: {_escape(str(path))}{resumed}[/]")
+    if interactive:
+        err.print(f"[bold]edgevlm chat[/] · {_escape(loaded.choice.model_path.name)} · n_ctx "
+                  f"{loaded.engine.n_ctx} · /help for commands, Ctrl-D to leave")
+    stats = JsonlAppender(stats_json, warn=lambda m: err.print(_escape(m))) if stats_json else None
+    repl = ChatSession(conversation, out=sys.stdout, err=err, session=transcript, stats_json=stats,
+                       interactive=interactive)
+    repl.run(interactive_lines(data_dir() / "chat_history") if interactive else piped_lines())
 
 
 class ChatSession:
     """Runs the REPL over a Conversation; what it prints goes to `out` (answers) and `err`."""
 
-    def __init__(self, conversation: Conversation, *, out: TextIO, err: Any,
+    def __init__(self, conversation: Conversation, *, out: TextIO, err: Console,
                  session: JsonlAppender | None = None, stats_json: JsonlAppender | None = None,
                  interactive: bool = False) -> None:
         self.conversation = conversation
         self.out = out
-        self.err = err  # a rich Console on stderr
+        self.err = err
         self.session = session
         self.stats_json = stats_json
         self.interactive = interactive
         self.last_stats: TurnStats | None = None
         self._executor: ThreadPoolExecutor | None = None
+        self._prefill = PrefillDisplay(err, enabled=interactive and err.is_terminal)
 
     # -- the loop ---------------------------------------------------------------------------
 
     def run(self, lines: Iterable[str]) -> None:
         """Handle lines until they run out or /quit."""
-        for line in lines:
-            if not self.handle(line):
-                break
+        try:
+            for line in lines:
+                if not self.handle(line):
+                    break
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+                self._executor = None
 
     def handle(self, line: str) -> bool:
         """One line of input; False means quit."""
@@ -154,7 +218,9 @@ class ChatSession:
             self._save(rest.strip())
         elif name == "/reset":
             self._on_engine_thread(self.conversation.reset)
-            self.conversation.records.clear()
+            self.last_stats = None
+            if self.session is not None:
+                self.session.append({"type": "reset", "at": time.time()})
             self._note("conversation cleared")
         else:
             self._error(f"unknown command {name}; /help lists them")
@@ -164,14 +230,18 @@ class ChatSession:
 
     def _turn(self, question: str, image_path: str | None) -> None:
         started = time.perf_counter()
-        image = (load_image(image_path, useful_pixels=self.conversation.useful_pixels)
+        image = (load_image(Path(image_path).expanduser(), useful_pixels=self.conversation.useful_pixels)
                  if image_path else None)
         if image is not None and image.note:
             self._note(f"{image.path.name}: {image.note}")
-        with self._interruptible():
-            answer, stats = self._on_engine_thread(
-                lambda: self.conversation.ask(question or (DEFAULT_QUESTION if image else ""),
-                                              image=image, on_piece=self._write_piece, started=started))
+        try:
+            with self._interruptible():
+                answer, stats = self._on_engine_thread(
+                    lambda: self.conversation.ask(question or (DEFAULT_QUESTION if image else ""),
+                                                  image=image, on_piece=self._write_piece,
+                                                  on_progress=self._prefill.update, started=started))
+        finally:
+            self._prefill.clear()
         self.out.write("\n")
         self.out.flush()
         self.last_stats = stats
@@ -210,6 +280,7 @@ class ChatSession:
             engine.interrupt_requested = False
 
     def _write_piece(self, piece: str) -> None:
+        self._prefill.clear()
         self.out.write(piece)
         self.out.flush()
 
@@ -226,20 +297,19 @@ class ChatSession:
     # -- commands ---------------------------------------------------------------------------
 
     def _set_tiles(self, value: str) -> None:
-        if value == "auto":
-            self.conversation.max_tiles = None
-        elif value.isdigit():
-            self.conversation.max_tiles = int(value)
-        else:
+        try:
+            self.conversation.max_tiles = parse_tiles(value)
+        except ValueError:
             self._error("usage: /tiles auto|N")
             return
         self._note(f"tiles: {value}")
 
     def _set_pool(self, value: str) -> None:
-        if value not in ("auto", "1", "2"):
+        try:
+            self.conversation.pool = parse_pool(value)
+        except ValueError:
             self._error("usage: /pool auto|1|2")
             return
-        self.conversation.pool = None if value == "auto" else int(value)
         self._note(f"pool: {value}")
 
     def _print_stats(self) -> None:
@@ -303,18 +373,32 @@ def piped_lines(stream: TextIO = sys.stdin) -> Iterator[str]:
 def _dropped_image(line: str) -> tuple[str | None, str]:
     """A line that starts with an existing image path (typed, pasted or dropped) is an image turn."""
     path, rest = _split_path(line)
-    if path and Path(path).suffix.lower() in IMAGE_SUFFIXES and Path(path).expanduser().exists():
+    if path and Path(path).suffix.lower() in IMAGE_SUFFIXES and _is_file(path):
         return str(Path(path).expanduser()), rest
     return None, line
+
+
+# Longer than any path a system accepts (PATH_MAX is 4096): such a line is a message, not a path.
+_MAX_PATH_CHARS = 4096
+
+
+def _is_file(candidate: str) -> bool:
+    """Whether text names an existing file; text no file system accepts as a name is not one."""
+    if not candidate or len(candidate) > _MAX_PATH_CHARS:
+        return False
+    try:
+        return Path(candidate).expanduser().is_file()
+    except (OSError, ValueError):  # a component over NAME_MAX, a NUL byte, …
+        return False
 
 
 def _split_path(text: str) -> tuple[str, str]:
     """Split a leading path (quoted, escaped, or unquoted with spaces) from the rest of a line."""
     text = text.strip()
     words = text.split(" ")
-    for n in range(len(words), 1, -1):  # an unquoted path with spaces that exists on disk
+    for n in range(min(len(words), 64), 1, -1):  # an unquoted path with spaces that exists on disk
         candidate = " ".join(words[:n])
-        if Path(candidate).expanduser().is_file():
+        if _is_file(candidate):
             return candidate, " ".join(words[n:]).strip()
     if text[:1] in ("'", '"'):
         end = text.find(text[0], 1)

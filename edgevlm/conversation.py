@@ -14,20 +14,23 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from PIL import Image
 
-from .engine import Engine, ImageEmbedding, Sampling
-from .errors import ConfigError, ContextOverflowError, EngineError, Interrupted
+from .engine import Engine, ImageEmbedding, RequestStats, Sampling
+from .errors import ConfigError, ContextOverflowError, EmptyMessageError, EngineError, Interrupted
 from .images import LoadedImage
 from .prompts import PromptFormat
 from .tiling import (
     MAX_POOLED_TILES,
     Tile,
     TilePlan,
+    TurnCosts,
     cut_tiles,
     letterbox,
     plan_image,
+    pooled_tokens,
     tile_label,
     useful_pixels,
 )
@@ -116,6 +119,93 @@ class TurnRecord:
     stats: dict[str, object] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class PrefillProgress:
+    """How far an image turn's prefill has got: views encoded and tokens decoded."""
+
+    views_done: int
+    views_total: int
+    tokens_done: int
+    tokens_total: int  # an upper bound: tile labels are counted at their widest
+
+
+@dataclass(frozen=True)
+class _TurnParts:
+    """A turn's tokenized text and what it needs beside its image views."""
+
+    turn: int
+    head: tuple[int, ...]
+    tail: tuple[int, ...]
+    suffix: tuple[int, ...]
+    fixed: int  # head + tail + suffix + answer + caption reserve
+    image_floor: int  # the global view and its label (0 without an image)
+    caption_reserve: int
+
+
+class _ProgressCounter:
+    """Counts views and tokens as they are decoded and reports each step."""
+
+    def __init__(self, report: Callable[[PrefillProgress], None] | None, *, views: int, tokens: int):
+        self._report, self._views, self._tokens = report, views, tokens
+        self._views_done = self._tokens_done = 0
+        self._emit()
+
+    def add(self, tokens: int) -> None:
+        self._views_done += 1
+        self._tokens_done = min(self._tokens, self._tokens_done + tokens)
+        self._emit()
+
+    def _emit(self) -> None:
+        if self._report is not None:
+            self._report(PrefillProgress(self._views_done, self._views, self._tokens_done, self._tokens))
+
+
+class Tokenizer(Protocol):
+    """Anything that turns text into the model's token ids (a loaded engine, or a vocab alone)."""
+
+    def tokenize(self, text: str, *, add_bos: bool = False) -> list[int]: ...
+
+
+def turn_costs(tokenizer: Tokenizer, fmt: PromptFormat, question: str, *, view_tokens: int,
+               system: str | None = None, caption_tokens: int = 0) -> TurnCosts:
+    """The token costs of a fresh image turn: the one arithmetic `describe` and `plan` share."""
+    tok = tokenizer.tokenize
+    text = (len(tok(fmt.user_prefix)) + len(tok(_tail_text(question, fmt, with_image=True)))
+            + len(tok(fmt.assistant_suffix)))
+    if caption_tokens:
+        text += len(tok(_caption_request(fmt))) + caption_tokens
+    return TurnCosts(system_tokens=len(tok(fmt.system(system), add_bos=fmt.add_bos)),
+                     text_tokens=text, whole_image_tokens=len(tok(WHOLE_IMAGE)),
+                     label_tokens=_widest_label_tokens(tokenizer), view_tokens=view_tokens)
+
+
+def summary_text(index: int, name: str, caption: str) -> str:
+    """What stands in the cache for an answered image: `[Image N — name — summary: …]`."""
+    return f"[Image {index} — {name}" + (f" — summary: {caption}]" if caption else "]")
+
+
+def _tail_text(question: str, fmt: PromptFormat, *, with_image: bool) -> str:
+    """The question that closes a user turn (after a newline when an image precedes it)."""
+    lead = "\n" if with_image else ""
+    return f"{lead}{question}{fmt.user_suffix}"
+
+
+def _label_text(tile: Tile, grid: tuple[int, int], *, first: bool) -> str:
+    intro = f"\n{TILES_INTRO}" if first else ""
+    return f"{intro}\n{tile_label(tile, grid)}\n"
+
+
+def _widest_label_tokens(tokenizer: Tokenizer) -> int:
+    """Tokens of the longest tile label, so every label fits what the tiler budgets."""
+    widest = Tile(MAX_POOLED_TILES, MAX_POOLED_TILES, (0, 0, 0, 0))
+    text = _label_text(widest, (MAX_POOLED_TILES, MAX_POOLED_TILES), first=True)
+    return len(tokenizer.tokenize(text))
+
+
+def _caption_request(fmt: PromptFormat) -> str:
+    return f"{fmt.user_prefix}{CAPTION_REQUEST}{fmt.user_suffix}"
+
+
 @dataclass
 class _LiveImage:
     turn: int
@@ -146,13 +236,10 @@ class Conversation:
         self.caption_tokens = caption_tokens
         self.segments: list[Segment] = []
         self.records: list[TurnRecord] = []
-        self.turn = 0
-        self.images_seen = 0
+        self.turn = self.images_seen = 0
         self._live: list[_LiveImage] = []
         self._whole_image_tokens = len(engine.tokenize(WHOLE_IMAGE))
-        widest = Tile(MAX_POOLED_TILES, MAX_POOLED_TILES, (0, 0, 0, 0))
-        self._label_tokens = len(engine.tokenize(
-            self._label_text(widest, (MAX_POOLED_TILES, MAX_POOLED_TILES), first=True)))
+        self._label_tokens = _widest_label_tokens(engine)
         self._tile_tokens = 0
         self._tile_prefill_s = 0.0
         self.reset()
@@ -186,10 +273,12 @@ class Conversation:
         return sum(s.n_tokens for s in self.segments[:index])
 
     def reset(self) -> None:
-        """Forget every turn; decode the system prompt again."""
+        """Forget every turn (and its record); decode the system prompt again."""
         self.engine.truncate(0)
         self.segments = []
         self._live = []
+        self.records = []
+        self.turn = self.images_seen = 0
         tokens = self.engine.tokenize(self.fmt.system(self.system), add_bos=self.fmt.add_bos)
         self._append(Segment("system", 0, tuple(tokens)))
 
@@ -200,10 +289,14 @@ class Conversation:
 
     # -- a turn ---------------------------------------------------------------------------
 
+    def costs(self, question: str) -> TurnCosts:
+        """What an image turn with this question costs around its views (for grids and plans)."""
+        return turn_costs(self.engine, self.fmt, question, view_tokens=self.engine.image_tokens(),
+                          system=self.system, caption_tokens=self._caption_tokens_reserved())
+
     def fresh_room(self, question: str) -> int:
         """Tokens an image block may use in a turn that starts from just the system prompt."""
-        fixed = self._fixed_tokens(question, with_image=True)
-        return self.engine.n_ctx - self.segments[0].n_tokens - fixed
+        return self.costs(question).room(self.engine.n_ctx, self.max_tokens)
 
     def prepare(self, image: LoadedImage, room: int) -> PreparedImage:
         """The CPU side of an image turn (grid, global view, tiles); safe on a helper thread."""
@@ -212,73 +305,92 @@ class Conversation:
         views = (letterbox(image.image, plan.tile_size), *cut_tiles(image.image, plan))
         return PreparedImage(image, plan, views, room, time.perf_counter() - started)
 
-    def _fixed_tokens(self, question: str, *, with_image: bool) -> int:
-        """Text, answer and caption tokens of a turn, beside its image views."""
-        tok = self.engine.tokenize
-        tail = self._tail_text(question, with_image=with_image)
-        return (len(tok(self.fmt.user_prefix)) + len(tok(tail)) + self.max_tokens
-                + len(tok(self.fmt.assistant_suffix)) + (self._caption_reserve() if with_image else 0))
-
-    def _tail_text(self, question: str, *, with_image: bool) -> str:
-        """The question that closes a user turn (after a newline when an image precedes it)."""
-        lead = "\n" if with_image else ""
-        return f"{lead}{question}{self.fmt.user_suffix}"
-
     def ask(self, question: str, *, image: LoadedImage | PreparedImage | None = None,
-            on_piece: Callable[[str], None] | None = None, started: float | None = None
-            ) -> tuple[str, TurnStats]:
+            on_piece: Callable[[str], None] | None = None,
+            on_progress: Callable[[PrefillProgress], None] | None = None,
+            started: float | None = None) -> tuple[str, TurnStats]:
         """One user turn (optionally with an image) and the streamed answer."""
-        engine = self.engine
-        engine.begin_request(started=started)
+        self.engine.begin_request(started=started)
         prepared = image if isinstance(image, PreparedImage) else None
+        loaded = prepared.image if prepared is not None else image
         if prepared is not None:
-            image = prepared.image
-            engine.note_preprocess(prepared.preprocess_s)
-        question = question.strip() or (DEFAULT_QUESTION if image is not None else "")
+            self.engine.note_preprocess(prepared.preprocess_s)
+        question = question.strip() or (DEFAULT_QUESTION if loaded is not None else "")
         if not question:
-            raise ContextOverflowError("nothing to ask: the message is empty")
-        turn = self.turn + 1
-        head_tokens = engine.tokenize(self.fmt.user_prefix)
-        tail_tokens = engine.tokenize(self._tail_text(question, with_image=image is not None))
-        suffix = engine.tokenize(self.fmt.assistant_suffix)
-        image_floor = engine.image_tokens() + self._whole_image_tokens if image is not None else 0
-        caption_reserve = self._caption_reserve() if image is not None else 0
-        fixed = self._fixed_tokens(question, with_image=image is not None)
-        system_tokens = self.segments[0].n_tokens
-        if system_tokens + fixed + image_floor > engine.n_ctx:
-            limit = engine.n_ctx - system_tokens - self.max_tokens - caption_reserve - image_floor \
-                - len(head_tokens) - len(suffix)
-            if image is not None and limit < 64:
-                raise ContextOverflowError(
-                    f"one image ({engine.image_tokens()} tokens) plus the prompt and --max-tokens "
-                    f"{self.max_tokens} do not fit a context of {engine.n_ctx}; "
-                    "raise --n-ctx or lower --max-tokens")
-            raise ContextOverflowError(
-                f"the message is {len(tail_tokens)} tokens; at most {max(limit, 0)} fit beside "
-                f"--max-tokens {self.max_tokens} in a context of {engine.n_ctx}; shorten it")
-        dropped = self._make_room(fixed + image_floor)
+            raise EmptyMessageError("nothing to ask: the message is empty")
+        parts = self._parts(self.turn + 1, question, with_image=loaded is not None)
+        self._check_budget(parts)
+        dropped = self._make_room(parts.fixed + parts.image_floor)
+        plan = self._prefill(parts, loaded, prepared, on_progress)
+        prompt_tokens = self.kv_tokens
+        answer, answer_tokens, interrupted = self._generate(parts, on_piece)
+        generated = self.engine.stats()
+        summary, swap_s = self._after_answer(parts.turn, loaded, answer, answer_tokens)
+        self.turn = parts.turn
+        stats = self._turn_stats(parts.turn, plan, generated, swap_s=swap_s, dropped=dropped,
+                                 completion_tokens=len(answer_tokens), prompt_tokens=prompt_tokens)
+        self.records.append(TurnRecord(
+            turn=parts.turn, user=question, answer=answer,
+            image=str(loaded.path) if loaded else None,
+            image_index=self.images_seen if loaded else None, summary=summary,
+            interrupted=interrupted, stats=_plain(stats)))
+        return answer, stats
 
+    # -- the steps of a turn ----------------------------------------------------------------
+
+    def _parts(self, turn: int, question: str, *, with_image: bool) -> _TurnParts:
+        """Tokenize the text of a turn and count what it needs beside its image views."""
+        tok = self.engine.tokenize
+        head, suffix = tok(self.fmt.user_prefix), tok(self.fmt.assistant_suffix)
+        tail = tok(_tail_text(question, self.fmt, with_image=with_image))
+        caption = self._caption_reserve() if with_image else 0
+        floor = self.engine.image_tokens() + self._whole_image_tokens if with_image else 0
+        fixed = len(head) + len(tail) + self.max_tokens + len(suffix) + caption
+        return _TurnParts(turn, tuple(head), tuple(tail), tuple(suffix), fixed, floor, caption)
+
+    def _check_budget(self, parts: _TurnParts) -> None:
+        """Refuse a turn that cannot fit even with every earlier turn dropped."""
+        n_ctx, system = self.engine.n_ctx, self.segments[0].n_tokens
+        if system + parts.fixed + parts.image_floor <= n_ctx:
+            return
+        limit = (n_ctx - system - self.max_tokens - parts.caption_reserve - parts.image_floor
+                 - len(parts.head) - len(parts.suffix))
+        if parts.image_floor and limit < 64:
+            raise ContextOverflowError(
+                f"one image ({self.engine.image_tokens()} tokens) plus the prompt and --max-tokens "
+                f"{self.max_tokens} do not fit a context of {n_ctx}; raise --n-ctx or lower --max-tokens")
+        raise ContextOverflowError(
+            f"the message is {len(parts.tail)} tokens; at most {max(limit, 0)} fit beside "
+            f"--max-tokens {self.max_tokens} in a context of {n_ctx}; shorten it")
+
+    def _prefill(self, parts: _TurnParts, image: LoadedImage | None, prepared: PreparedImage | None,
+                 on_progress: Callable[[PrefillProgress], None] | None) -> TilePlan | None:
+        """Decode the user turn (and its image); an interrupt rolls the cache back to before it."""
         start_index = len(self.segments)
-        grid, n_tiles, pool = (0, 0), 0, 1
         self._tile_tokens, self._tile_prefill_s = 0, 0.0
+        plan = None
         try:
-            self._append(Segment("user", turn, tuple(head_tokens)))
+            self._append(Segment("user", parts.turn, parts.head))
             if image is not None:
-                room = engine.n_ctx - self.kv_tokens - fixed + len(head_tokens)
+                room = self.engine.n_ctx - self.kv_tokens - parts.fixed + len(parts.head)
                 if prepared is None or prepared.room > room:  # made for more room than there is
                     prepared = self.prepare(image, room)
-                    engine.note_preprocess(prepared.preprocess_s)
-                grid, n_tiles, pool = prepared.plan.grid, prepared.plan.n_tiles, prepared.plan.pool
-                self._eval_image_block(prepared, turn)
-            self._append(Segment("user", turn, tuple(tail_tokens)))
+                    self.engine.note_preprocess(prepared.preprocess_s)
+                plan = prepared.plan
+                self._eval_image_block(prepared, parts.turn, on_progress)
+            self._append(Segment("user", parts.turn, parts.tail))
         except (KeyboardInterrupt, Interrupted):
-            engine.interrupt_requested = False
-            engine.resync()
+            self.engine.interrupt_requested = False
+            self.engine.resync()
             del self.segments[start_index:]
-            engine.truncate(self.kv_tokens)
-            raise Interrupted("interrupted; the message was not sent") from None
+            self.engine.truncate(self.kv_tokens)
+            raise Interrupted("interrupted; nothing was kept of this message") from None
+        return plan
 
-        prompt_tokens = self.kv_tokens
+    def _generate(self, parts: _TurnParts, on_piece: Callable[[str], None] | None
+                  ) -> tuple[str, list[int], bool]:
+        """Stream the answer into the cache; an interrupt keeps what was shown as the answer."""
+        engine = self.engine
         pieces: list[str] = []
         interrupted = False
         try:
@@ -287,45 +399,44 @@ class Conversation:
                 if on_piece is not None:
                     on_piece(piece)
         except (KeyboardInterrupt, Interrupted):
-            interrupted = True  # what was shown is in the cache; keep it as the answer
+            interrupted = True
         answer_tokens = list(engine.last_completion_tokens)
         engine.interrupt_requested = False
         # An interrupt can land between a decode and its bookkeeping: trust the ledger.
         engine.resync()
         engine.truncate(min(engine.n_past, self.kv_tokens + len(answer_tokens)))
-        self.segments.append(Segment("answer", turn, tuple(answer_tokens)))  # already decoded
-        self._append(Segment("answer", turn, tuple(suffix)))
-        answer = "".join(pieces).strip()
-        generated = engine.stats()
+        self.segments.append(Segment("answer", parts.turn, tuple(answer_tokens)))  # already decoded
+        self._append(Segment("answer", parts.turn, parts.suffix))
+        return "".join(pieces).strip(), answer_tokens, interrupted
 
-        swap_started = time.perf_counter()
-        summary = None
-        if image is not None:
-            self.images_seen += 1
-            live = _LiveImage(turn, self.images_seen, image.path.name)
-            live.caption = self._summarise(answer, answer_tokens)
-            summary = live.caption
-            self._live.append(live)
-            self._swap_old_images()
-        swap_s = time.perf_counter() - swap_started
-        self.turn = turn
-        after = engine.stats()
-        stats = TurnStats(
+    def _after_answer(self, turn: int, image: LoadedImage | None, answer: str,
+                      answer_tokens: list[int]) -> tuple[str | None, float]:
+        """Summarise an answered image and swap older live images for their summaries."""
+        if image is None:
+            return None, 0.0
+        started = time.perf_counter()
+        self.images_seen += 1
+        live = _LiveImage(turn, self.images_seen, image.path.name)
+        live.caption = self._summarise(answer, answer_tokens)
+        self._live.append(live)
+        self._swap_old_images()
+        return live.caption, time.perf_counter() - started
+
+    def _turn_stats(self, turn: int, plan: TilePlan | None, generated: RequestStats, *, swap_s: float,
+                    dropped: int, completion_tokens: int, prompt_tokens: int) -> TurnStats:
+        after = self.engine.stats()  # the caption request counts as this turn's prefill
+        return TurnStats(
             turn=turn, prefill_tokens=after.prompt_tokens, kv_tokens=self.kv_tokens,
             visual_tokens_live=self.visual_tokens_live, clip_encodes=after.clip_encodes,
             ttft_s=generated.ttft_s, decode_tok_s=generated.decode_tok_s, swap_s=swap_s,
-            completion_tokens=len(answer_tokens), visual_tokens=generated.visual_tokens,
-            prompt_tokens=prompt_tokens, grid=grid, n_tiles=n_tiles, dropped_turns=dropped,
+            completion_tokens=completion_tokens, visual_tokens=generated.visual_tokens,
+            prompt_tokens=prompt_tokens, grid=plan.grid if plan else (0, 0),
+            n_tiles=plan.n_tiles if plan else 0, dropped_turns=dropped,
             preprocess_s=generated.preprocess_s, clip_encode_s=generated.clip_encode_s,
             prefill_s=generated.prefill_s, decode_s=generated.decode_s,
-            prefill_tok_s=generated.prefill_tok_s, pool=pool, tile_tokens=self._tile_tokens,
-            tile_prefill_s=self._tile_prefill_s, itl_p50_s=generated.itl_p50_s,
-            itl_p90_s=generated.itl_p90_s)
-        self.records.append(TurnRecord(
-            turn=turn, user=question, answer=answer, image=str(image.path) if image else None,
-            image_index=self.images_seen if image else None, summary=summary,
-            interrupted=interrupted, stats=_plain(stats)))
-        return answer, stats
+            prefill_tok_s=generated.prefill_tok_s, pool=plan.pool if plan else 1,
+            tile_tokens=self._tile_tokens, tile_prefill_s=self._tile_prefill_s,
+            itl_p50_s=generated.itl_p50_s, itl_p90_s=generated.itl_p90_s)
 
     # -- images ---------------------------------------------------------------------------
 
@@ -336,24 +447,35 @@ class Conversation:
                               view_tokens=self.engine.image_tokens(), label_tokens=self._label_tokens,
                               reserved_tokens=self._whole_image_tokens, pool=self.pool,
                               max_tiles=self.max_tiles)
-        except ValueError as exc:
+        except ValueError as exc:  # an explicit pool this projector's grid cannot take
             raise ConfigError(f"--pool {self.pool}: {exc}") from None
 
-    def _eval_image_block(self, prepared: PreparedImage, turn: int) -> None:
+    def _eval_image_block(self, prepared: PreparedImage, turn: int,
+                          on_progress: Callable[[PrefillProgress], None] | None) -> None:
         plan, views = prepared.plan, prepared.views
+        progress = _ProgressCounter(on_progress, views=len(views),
+                                    tokens=self._block_tokens(plan))
         if plan.tiles:
             self._append(Segment("label", turn, tuple(self.engine.tokenize(WHOLE_IMAGE))))
-        self._append_image(views[0], turn)
+        progress.add(self._append_image(views[0], turn)[0] + self._whole_image_tokens * bool(plan.tiles))
         for tile, view in zip(plan.tiles, views[1:], strict=True):
-            text = self._label_text(tile, plan.grid, first=tile.row == 1 and tile.col == 1)
-            self._append(Segment("label", turn, tuple(self.engine.tokenize(text))))
+            text = _label_text(tile, plan.grid, first=tile.row == 1 and tile.col == 1)
+            label = self.engine.tokenize(text)
+            self._append(Segment("label", turn, tuple(label)))
             tokens, decode_s = self._append_image(view, turn, pool=plan.pool)
             self._tile_tokens += tokens
             self._tile_prefill_s += decode_s
+            progress.add(tokens + len(label))
 
-    def _append_image(self, view: object, turn: int, *, pool: int = 1) -> tuple[int, float]:
+    def _block_tokens(self, plan: TilePlan) -> int:
+        """An upper bound of the image block's tokens (labels counted at their widest)."""
+        per_tile = pooled_tokens(self.engine.image_tokens(), plan.pool) + self._label_tokens
+        whole = self._whole_image_tokens if plan.tiles else 0
+        return self.engine.image_tokens() + whole + plan.n_tiles * per_tile
+
+    def _append_image(self, view: Image.Image, turn: int, *, pool: int = 1) -> tuple[int, float]:
         """Encode a view, pool its rows, decode them; returns (tokens, seconds decoding)."""
-        embedding = self.engine.encode_image(view).pooled(pool)  # type: ignore[arg-type]
+        embedding = self.engine.encode_image(view).pooled(pool)
         started = time.perf_counter()
         self.engine.eval_embedding(embedding)
         decode_s = time.perf_counter() - started
@@ -366,7 +488,7 @@ class Conversation:
         if self.summary == "answer":
             return self.engine.detokenize(answer_tokens[:self.caption_tokens]).strip() or answer
         checkpoint = len(self.segments)
-        request = self.engine.tokenize(f"{self.fmt.user_prefix}{CAPTION_REQUEST}{self.fmt.user_suffix}")
+        request = self.engine.tokenize(_caption_request(self.fmt))
         caption = ""
         try:
             self._append(Segment("user", -1, tuple(request)))
@@ -394,8 +516,7 @@ class Conversation:
         if not block:
             return
         first, last = block[0], block[-1]
-        text = f"[Image {live.index} — {live.name}" + (f" — summary: {live.caption}]" if live.caption
-                                                       else "]")
+        text = summary_text(live.index, live.name, live.caption)
         summary = Segment("summary", live.turn, tuple(self.engine.tokenize(text)))
         rest = self.segments[last + 1:]
         self._truncate_to(first)
@@ -443,16 +564,14 @@ class Conversation:
         self.engine.truncate(self.position_of(index))
         del self.segments[index:]
 
+    def _caption_tokens_reserved(self) -> int:
+        return self.caption_tokens if self.summary == "caption" else 0
+
     def _caption_reserve(self) -> int:
+        """The caption request and its answer, made while the image is still live."""
         if self.summary != "caption":
             return 0
-        return len(self.engine.tokenize(f"{self.fmt.user_prefix}{CAPTION_REQUEST}{self.fmt.user_suffix}")) \
-            + self.caption_tokens
-
-    @staticmethod
-    def _label_text(tile: Tile, grid: tuple[int, int], *, first: bool) -> str:
-        intro = f"\n{TILES_INTRO}" if first else ""
-        return f"{intro}\n{tile_label(tile, grid)}\n"
+        return len(self.engine.tokenize(_caption_request(self.fmt))) + self.caption_tokens
 
     # -- rebuilding from a transcript ---------------------------------------------------------
 
@@ -463,8 +582,7 @@ class Conversation:
             summary = ""
             if record.image is not None:
                 name = record.image.rsplit("/", 1)[-1]
-                summary = f"[Image {record.image_index} — {name}" + (
-                    f" — summary: {record.summary}]\n" if record.summary else "]\n")
+                summary = summary_text(record.image_index or 0, name, record.summary or "") + "\n"
             user = f"{self.fmt.user_prefix}{summary}{record.user}{self.fmt.user_suffix}"
             answer = f"{record.answer}{self.fmt.assistant_suffix}"
             needed = len(self.engine.tokenize(user + answer))

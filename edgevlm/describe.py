@@ -1,14 +1,24 @@
-"""Describe photos: each one is a single-turn conversation from the cached system prompt."""
+"""Describe images: the one core for a photo, several, a folder, or the bench's runs.
+
+Each image is a single-turn conversation from the cached system prompt. `describe_images`
+reads and tiles each image on a helper thread (one ahead, overlapping llama.cpp), describes
+it, and reports what happens as events; the faces (the CLI, folder captioning, the bench)
+render or store them and hold no describe logic of their own.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
-from .conversation import DEFAULT_QUESTION, Conversation, PreparedImage
+from .conversation import DEFAULT_QUESTION, Conversation, PrefillProgress, PreparedImage
 from .engine import Engine, Sampling
-from .images import LoadedImage
+from .errors import ImageError
+from .images import LoadedImage, load_image
 from .prompts import PromptFormat
 
 DEFAULT_PROMPT = DEFAULT_QUESTION
@@ -41,12 +51,69 @@ class DescribeResult:
     tile_prefill_s: float = 0.0
     itl_p50_s: float = 0.0
     itl_p90_s: float = 0.0
+    read_s: float = 0.0  # reading the file (decode, orientation); part of preprocess_s
+    image_size: tuple[int, int] = (0, 0)  # upright, full resolution (the grid is laid over this)
 
     def to_json(self) -> dict[str, Any]:
         """A plain dict for --json (floats rounded for reading)."""
         data = asdict(self)
-        data["grid"] = list(self.grid)
+        data["grid"], data["image_size"] = list(self.grid), list(self.image_size)
         return {k: round(v, 4) if isinstance(v, float) else v for k, v in data.items()}
+
+
+# -- events ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ImageStarted:
+    """An image was read and is about to be shown to the model."""
+
+    index: int
+    total: int
+    path: Path
+    note: str = ""  # e.g. "animated image: using frame 1 of 12"
+
+
+@dataclass(frozen=True)
+class ImageProgress:
+    """How far the image's prefill has got (views encoded, tokens decoded)."""
+
+    index: int
+    progress: PrefillProgress
+
+
+@dataclass(frozen=True)
+class TextPiece:
+    """A piece of the answer, as it streams."""
+
+    index: int
+    text: str
+
+
+@dataclass(frozen=True)
+class ImageDone:
+    """The image is described."""
+
+    index: int
+    total: int
+    path: Path
+    result: DescribeResult
+
+
+@dataclass(frozen=True)
+class ImageFailed:
+    """The image could not be read; the run goes on with the next one."""
+
+    index: int
+    total: int
+    path: Path
+    error: str
+
+
+DescribeEvent = ImageStarted | ImageProgress | TextPiece | ImageDone | ImageFailed
+
+
+# -- the describer ---------------------------------------------------------------------------
 
 
 class Describer:
@@ -58,34 +125,147 @@ class Describer:
         self.engine = engine
         self.max_tokens = max_tokens
         self.n_gpu_layers = n_gpu_layers
-        self.conversation = Conversation(engine, fmt, tile_size=tile_size, max_tokens=max_tokens,
-                                         sampling=sampling, max_tiles=max_tiles, summary="none",
-                                         pool=pool)
-        self._described = 0
+        started = time.perf_counter()
+        self._conversation = Conversation(engine, fmt, tile_size=tile_size, max_tokens=max_tokens,
+                                          sampling=sampling, max_tiles=max_tiles, summary="none",
+                                          pool=pool)
+        # The system prompt is decoded now, before any request's clock starts: the first
+        # image is charged for it, so its prefill speed counts tokens and time alike.
+        self._system_prefill_s: float | None = time.perf_counter() - started
+
+    @property
+    def n_ctx(self) -> int:
+        return self.engine.n_ctx
+
+    @property
+    def useful_pixels(self) -> int:
+        """Source pixels worth decoding for this projector's tiles (see images.load_image)."""
+        return self._conversation.useful_pixels
+
+    @property
+    def pool(self) -> int | None:
+        """2x2 pooling of tiles: 1, 2 or None (auto)."""
+        return self._conversation.pool
+
+    @pool.setter
+    def pool(self, value: int | None) -> None:
+        self._conversation.pool = value
+
+    @property
+    def max_tiles(self) -> int | None:
+        """The most tiles per image (None: as many as the context allows)."""
+        return self._conversation.max_tiles
+
+    @max_tiles.setter
+    def max_tiles(self, value: int | None) -> None:
+        self._conversation.max_tiles = value
+
+    @property
+    def kv_tokens(self) -> int:
+        """Positions in the cache now: the system prompt plus the last image's turn."""
+        return self._conversation.kv_tokens
+
+    def check(self) -> None:
+        """The KV-ledger invariant (ledger == engine position == KV cells), or EngineError."""
+        self._conversation.check()
 
     def shared_prefix_len(self) -> int:
         """Positions of the system prompt that every image starts from."""
-        return self.conversation.segments[0].n_tokens
+        return self._conversation.segments[0].n_tokens
+
+    def room_for(self, prompt: str) -> int:
+        """Tokens an image may use beside this prompt and the answer."""
+        return self._conversation.fresh_room(prompt)
+
+    def prepare(self, image: LoadedImage, room: int) -> PreparedImage:
+        """Choose the grid and cut the views (CPU only; safe on a helper thread)."""
+        return self._conversation.prepare(image, room)
 
     def describe(self, image: LoadedImage | PreparedImage, prompt: str = DEFAULT_PROMPT, *,
-                 started: float | None = None,
-                 on_piece: Callable[[str], None] | None = None) -> DescribeResult:
+                 started: float | None = None, on_piece: Callable[[str], None] | None = None,
+                 on_progress: Callable[[PrefillProgress], None] | None = None,
+                 read_s: float = 0.0) -> DescribeResult:
         """Describe one loaded image, streaming pieces to on_piece."""
-        self.conversation.rewind()
-        # The first image paid for the system prompt when the conversation began.
-        cached = self.shared_prefix_len() if self._described else 0
-        text, stats = self.conversation.ask(prompt, image=image, on_piece=on_piece, started=started)
-        self._described += 1
-        prefilled = stats.prefill_tokens + (0 if cached else self.shared_prefix_len())
+        self._conversation.rewind()
+        system_s, self._system_prefill_s = self._system_prefill_s, None
+        text, stats = self._conversation.ask(prompt, image=image, on_piece=on_piece,
+                                             on_progress=on_progress, started=started)
+        system = self.shared_prefix_len() if system_s is not None else 0
+        prefill_s = stats.prefill_s + (system_s or 0.0)
         loaded = image.image if isinstance(image, PreparedImage) else image
         return DescribeResult(
             image=str(loaded.path), text=text, grid=stats.grid, n_tiles=stats.n_tiles,
             visual_tokens=stats.visual_tokens, prompt_tokens=stats.prompt_tokens,
-            cached_tokens=cached, completion_tokens=stats.completion_tokens,
-            preprocess_s=stats.preprocess_s, clip_encode_s=stats.clip_encode_s,
-            prefill_s=stats.prefill_s, ttft_s=stats.ttft_s, decode_s=stats.decode_s,
-            prefill_tok_s=prefilled / stats.prefill_s if stats.prefill_s else 0.0,
+            cached_tokens=self.shared_prefix_len() - system, completion_tokens=stats.completion_tokens,
+            preprocess_s=stats.preprocess_s + read_s, clip_encode_s=stats.clip_encode_s,
+            prefill_s=prefill_s, ttft_s=stats.ttft_s, decode_s=stats.decode_s,
+            prefill_tok_s=(stats.prefill_tokens + system) / prefill_s if prefill_s else 0.0,
             decode_tok_s=stats.decode_tok_s, n_ctx=self.engine.n_ctx,
             n_gpu_layers=self.n_gpu_layers, note=loaded.note, pool=stats.pool,
             tile_tokens=stats.tile_tokens, tile_prefill_s=stats.tile_prefill_s,
-            itl_p50_s=stats.itl_p50_s, itl_p90_s=stats.itl_p90_s)
+            itl_p50_s=stats.itl_p50_s, itl_p90_s=stats.itl_p90_s, read_s=read_s,
+            image_size=loaded.size)
+
+
+# -- the one loop ------------------------------------------------------------------------------
+
+
+def describe_images(describer: Describer, paths: Sequence[Path], prompt: str = DEFAULT_PROMPT, *,
+                    on_event: Callable[[DescribeEvent], None]) -> int:
+    """Describe each image in order, reporting events; returns how many were described.
+
+    Time to first token counts reading and tiling the image (done on the helper thread,
+    one image ahead) as well as CLIP and the prefill: what one image costs on its own.
+    An unreadable image is an ImageFailed event; every other error ends the run.
+    """
+    room = describer.room_for(prompt)
+    total, described = len(paths), 0
+    loaded = prefetched(paths, lambda image: describer.prepare(image, room),
+                        useful_pixels=describer.useful_pixels)
+    for index, (path, prepared, error, read_s) in enumerate(loaded):
+        if prepared is None:
+            on_event(ImageFailed(index, total, path, str(error)))
+            continue
+        on_event(ImageStarted(index, total, path, prepared.image.note))
+        started = time.perf_counter() - read_s - prepared.preprocess_s
+        on_piece, on_progress = _forwarders(on_event, index)
+        result = describer.describe(prepared, prompt, started=started, read_s=read_s,
+                                    on_piece=on_piece, on_progress=on_progress)
+        described += 1
+        on_event(ImageDone(index, total, path, result))
+    return described
+
+
+def _forwarders(on_event: Callable[[DescribeEvent], None], index: int
+                ) -> tuple[Callable[[str], None], Callable[[PrefillProgress], None]]:
+    """The describer's callbacks, turned into events for image `index`."""
+    return (lambda text: on_event(TextPiece(index, text)),
+            lambda progress: on_event(ImageProgress(index, progress)))
+
+
+def prefetched(paths: Sequence[Path], prepare: Callable[[LoadedImage], PreparedImage], *,
+               useful_pixels: int | None = None
+               ) -> Iterator[tuple[Path, PreparedImage | None, ImageError | None, float]]:
+    """Each path with its image read and tiled on a helper thread, one image ahead.
+
+    Pillow releases the GIL while decoding and resizing, so this overlaps with llama.cpp.
+    Yields (path, prepared image or None, error or None, seconds reading the file took).
+    """
+
+    def work(path: Path) -> tuple[PreparedImage, float]:
+        started = time.perf_counter()
+        image = load_image(path, useful_pixels=useful_pixels)
+        return prepare(image), time.perf_counter() - started
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgevlm-prefetch") as pool:
+        pending: Future[tuple[PreparedImage, float]] | None = pool.submit(work, paths[0]) if paths else None
+        for index, path in enumerate(paths):
+            assert pending is not None
+            current = pending
+            pending = pool.submit(work, paths[index + 1]) if index + 1 < len(paths) else None
+            try:
+                prepared, elapsed_s = current.result()
+            except ImageError as exc:
+                yield path, None, exc, 0.0
+                continue
+            yield path, prepared, None, max(elapsed_s - prepared.preprocess_s, 0.0)

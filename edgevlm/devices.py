@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from .plan import Device
 
@@ -34,30 +35,28 @@ def ram_free_bytes() -> int:
         return 8 << 30
 
 
-def first_visible_gpu() -> GpuInfo | None:
-    """The GPU CUDA will use first (honouring CUDA_VISIBLE_DEVICES), or None without NVIDIA."""
+# NVML errors that only mean "this machine has no NVIDIA GPU": no note for the user.
+_NO_GPU_ERRORS = ("LibraryNotFound", "DriverNotLoaded", "NoPermission")
+
+
+def first_visible_gpu() -> tuple[GpuInfo | None, str]:
+    """The GPU CUDA will use first (honouring CUDA_VISIBLE_DEVICES), or None and why not.
+
+    The reason is empty when there is simply no NVIDIA GPU; otherwise it says what failed.
+    """
     try:
         import pynvml
     except ImportError:
-        return None
+        return None, ""
     try:
         pynvml.nvmlInit()
-    except Exception:  # no driver, no GPU, WSL without NVML: all mean "no GPU here"
-        return None
+    except Exception as exc:  # no driver, no GPU, WSL without NVML
+        name = type(exc).__name__
+        return None, "" if any(e in name for e in _NO_GPU_ERRORS) else f"NVML did not start ({exc})"
     try:
-        handle = _visible_handle(pynvml)
-        if handle is None:
-            return None
-        try:  # v2 separates driver-reserved memory; old drivers and WSL only have v1
-            memory = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
-        except Exception:
-            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-        name = pynvml.nvmlDeviceGetName(handle)
-        index = pynvml.nvmlDeviceGetIndex(handle)
-        return GpuInfo(int(index), name.decode() if isinstance(name, bytes) else str(name),
-                       int(memory.total), int(memory.free), int(memory.used))
-    except Exception:
-        return None
+        return _read_gpu(pynvml)
+    except Exception as exc:
+        return None, f"NVML could not read the GPU ({exc})"
     finally:
         try:
             pynvml.nvmlShutdown()
@@ -65,18 +64,31 @@ def first_visible_gpu() -> GpuInfo | None:
             pass
 
 
-def _visible_handle(pynvml: object) -> object | None:
+def _read_gpu(pynvml: Any) -> tuple[GpuInfo | None, str]:
+    handle = _visible_handle(pynvml)
+    if handle is None:
+        return None, ""
+    try:  # v2 separates driver-reserved memory; old drivers and WSL only have v1
+        memory = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+    except Exception:
+        memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+    name = pynvml.nvmlDeviceGetName(handle)
+    index = pynvml.nvmlDeviceGetIndex(handle)
+    return GpuInfo(int(index), name.decode() if isinstance(name, bytes) else str(name),
+                   int(memory.total), int(memory.free), int(memory.used)), ""
+
+
+def _visible_handle(pynvml: Any) -> object | None:
+    """NVML's handle for CUDA's first device; CUDA is told to count in PCI order as NVML does."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None or visible.strip() == "":
-        return pynvml.nvmlDeviceGetHandleByIndex(0) if visible is None else None  # type: ignore[attr-defined]
+        return pynvml.nvmlDeviceGetHandleByIndex(0) if visible is None else None
     first = visible.split(",")[0].strip()
     if first.startswith(("GPU-", "MIG-")):
-        return pynvml.nvmlDeviceGetHandleByUUID(first.encode())  # type: ignore[attr-defined]
+        return pynvml.nvmlDeviceGetHandleByUUID(first.encode())
     if not first.lstrip("-").isdigit() or int(first) < 0:
         return None
-    # NVML counts in PCI order; CUDA does too once CUDA_DEVICE_ORDER=PCI_BUS_ID, which we set.
-    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-    return pynvml.nvmlDeviceGetHandleByIndex(int(first))  # type: ignore[attr-defined]
+    return pynvml.nvmlDeviceGetHandleByIndex(int(first))
 
 
 def detect(vram: int | None = None) -> Device:
@@ -84,7 +96,8 @@ def detect(vram: int | None = None) -> Device:
     ram = ram_free_bytes()
     if vram is not None:
         return Device(vram_free=vram, ram_free=ram, name=f"a GPU with {vram / (1 << 30):.1f} GiB free")
-    gpu = first_visible_gpu()
+    gpu, why_not = first_visible_gpu()
     if gpu is None:
-        return Device(vram_free=None, ram_free=ram, name="CPU")
+        note = f"planning for the CPU: {why_not}" if why_not else ""
+        return Device(vram_free=None, ram_free=ram, name="CPU", note=note)
     return Device(vram_free=gpu.free_bytes, ram_free=ram, name=f"GPU {gpu.index}: {gpu.name}")

@@ -31,8 +31,6 @@ from .errors import ContextOverflowError, EngineError, Interrupted, ModelError
 
 log = logging.getLogger("edgevlm.llama")
 
-KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0,
-            "q4_0": llama_cpp.GGML_TYPE_Q4_0}
 _SEQ = 0
 T = TypeVar("T")
 
@@ -177,6 +175,13 @@ class Engine:
     # -- loading -------------------------------------------------------------------------
 
     def _load(self, on_load_progress: Callable[[float], None] | None) -> None:
+        self._load_model(on_load_progress)
+        self._create_context()
+        self.tokens_per_image = 0
+        if self.config.mmproj_path is not None:
+            self._load_projector(self.config.mmproj_path)
+
+    def _load_model(self, on_load_progress: Callable[[float], None] | None) -> None:
         cfg = self.config
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = cfg.n_gpu_layers
@@ -199,20 +204,18 @@ class Engine:
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_embd = llama_cpp.llama_model_n_embd(self._model)
 
+    def _create_context(self) -> None:
+        cfg = self.config
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = cfg.n_ctx
         cparams.n_batch = cfg.n_batch
         cparams.n_ubatch = min(cfg.n_ubatch, cfg.n_batch)
-        threads = cfg.n_threads or default_threads()
-        self.n_threads = threads
-        cparams.n_threads = threads
-        cparams.n_threads_batch = threads
+        self.n_threads = cfg.n_threads or default_threads()
+        cparams.n_threads = cparams.n_threads_batch = self.n_threads
         cparams.no_perf = False
-        cparams.type_k = KV_TYPES[cfg.type_k]
-        cparams.type_v = KV_TYPES[cfg.type_v]
+        cparams.type_k, cparams.type_v = _ggml_type(cfg.type_k), _ggml_type(cfg.type_v)
         if cfg.flash_attn is not None:
-            cparams.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if cfg.flash_attn
-                                       else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+            cparams.flash_attn_type = _flash_attn_type(cfg.flash_attn)
         # No abort_callback: ggml would call it from its worker threads for every graph node,
         # and each call must take Python's GIL (seconds per token when another thread holds it).
         # Interrupts are honoured between batches and between tokens instead.
@@ -223,25 +226,21 @@ class Engine:
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
         self.n_batch = llama_cpp.llama_n_batch(self._ctx)
 
-        self.tokens_per_image = 0
-        if cfg.mmproj_path is not None:
-            mtmd_params = mtmd_cpp.mtmd_context_params_default()
-            mtmd_params.use_gpu = cfg.mmproj_on_gpu
-            mtmd_params.n_threads = threads
-            mtmd_params.print_timings = False
-            mtmd_params.warmup = True  # allocate the CLIP compute buffer now, not at the first image
-            if cfg.flash_attn is not None:
-                mtmd_params.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
-                                               if cfg.flash_attn
-                                               else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
-            self._mctx = mtmd_cpp.mtmd_init_from_file(str(cfg.mmproj_path).encode(), self._model,
-                                                      mtmd_params)
-            if not self._mctx:
-                raise ModelError(f"{cfg.mmproj_path}: llama.cpp could not load the projector "
-                                 f"({_last_error()})")
-            if not mtmd_cpp.mtmd_support_vision(self._mctx):
-                raise ModelError(f"{cfg.mmproj_path}: this projector does not take images")
-            self._marker = mtmd_cpp.mtmd_default_marker()
+    def _load_projector(self, path: Path) -> None:
+        cfg = self.config
+        mtmd_params = mtmd_cpp.mtmd_context_params_default()
+        mtmd_params.use_gpu = cfg.mmproj_on_gpu
+        mtmd_params.n_threads = self.n_threads
+        mtmd_params.print_timings = False
+        mtmd_params.warmup = True  # allocate the CLIP compute buffer now, not at the first image
+        if cfg.flash_attn is not None:
+            mtmd_params.flash_attn_type = _flash_attn_type(cfg.flash_attn)
+        self._mctx = mtmd_cpp.mtmd_init_from_file(str(path).encode(), self._model, mtmd_params)
+        if not self._mctx:
+            raise ModelError(f"{path}: llama.cpp could not load the projector ({_last_error()})")
+        if not mtmd_cpp.mtmd_support_vision(self._mctx):
+            raise ModelError(f"{path}: this projector does not take images")
+        self._marker = mtmd_cpp.mtmd_default_marker()
 
     @contextlib.contextmanager
     def interrupt_on_sigint(self) -> Iterator[None]:
@@ -347,14 +346,7 @@ class Engine:
 
     def tokenize(self, text: str, *, add_bos: bool = False) -> list[int]:
         """Text to token ids; special tokens written in the text (e.g. <|im_start|>) are parsed."""
-        data = text.encode("utf-8")
-        capacity = len(data) + 8
-        while True:
-            buf = (llama_cpp.llama_token * capacity)()
-            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_bos, True)
-            if n >= 0:
-                return list(buf[:n])
-            capacity = -n
+        return _tokenize(self._vocab, text, add_bos=add_bos)
 
     def token_bytes(self, token: int) -> bytes:
         """The raw bytes of one token's text (special tokens render as nothing)."""
@@ -404,6 +396,8 @@ class Engine:
 
     def image_tokens(self) -> int:
         """Tokens one image (or tile) costs with this projector."""
+        if self._mctx is None:
+            raise EngineError("no projector is loaded, so images cannot be read")
         if not self.tokens_per_image:
             probe = Image.new("RGB", (8, 8))
             self.tokens_per_image = self._with_image_chunks(
@@ -572,10 +566,57 @@ class Engine:
     def _check(self, rc: int, what: str) -> None:
         if rc == 0:
             return
-        if self.interrupt_requested or rc == 2:
+        if self.interrupt_requested:
             self._n_past = self.kv_cells()
             raise Interrupted(f"interrupted during {what}")
         raise EngineError(f"llama.cpp failed to {what} (code {rc}; {_last_error()})")
+
+
+def _ggml_type(name: str) -> int:
+    """A KV cache type by its ggml name (f16, q8_0, q4_0: the names plan.py knows)."""
+    value = getattr(llama_cpp, f"GGML_TYPE_{name.upper()}", None)
+    if value is None:
+        raise EngineError(f"llama.cpp has no tensor type '{name}'")
+    return int(value)
+
+
+def _flash_attn_type(enabled: bool) -> int:
+    return llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if enabled else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+
+
+class Vocab:
+    """A model's tokenizer alone (llama.cpp's vocab-only load: no weights, milliseconds)."""
+
+    def __init__(self, model_path: Path) -> None:
+        _install_log_router()
+        llama_cpp.llama_backend_init()
+        params = llama_cpp.llama_model_default_params()
+        params.vocab_only = True
+        self._model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), params)
+        if not self._model:
+            raise ModelError(f"{model_path}: llama.cpp could not read its vocabulary ({_last_error()})")
+        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+
+    def tokenize(self, text: str, *, add_bos: bool = False) -> list[int]:
+        """Text to token ids, exactly as a loaded engine tokenizes it."""
+        return _tokenize(self._vocab, text, add_bos=add_bos)
+
+    def close(self) -> None:
+        """Free the vocabulary (idempotent)."""
+        if self._model:
+            llama_cpp.llama_model_free(self._model)
+            self._model = None
+
+
+def _tokenize(vocab: ctypes.c_void_p, text: str, *, add_bos: bool) -> list[int]:
+    data = text.encode("utf-8")
+    capacity = len(data) + 8
+    while True:
+        buf = (llama_cpp.llama_token * capacity)()
+        n = llama_cpp.llama_tokenize(vocab, data, len(data), buf, capacity, add_bos, True)
+        if n >= 0:
+            return list(buf[:n])
+        capacity = -n
 
 
 def default_threads() -> int:

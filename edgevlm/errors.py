@@ -31,6 +31,10 @@ class EngineError(EdgeVLMError):
     """llama.cpp refused an operation (decode failed, out of memory, …)."""
 
 
+class EmptyMessageError(UserError):
+    """A turn with nothing to ask: no text and no image."""
+
+
 class ContextOverflowError(EngineError):
     """The prompt would not fit the context window."""
 
@@ -41,3 +45,9 @@ class Interrupted(EdgeVLMError):
     """The user pressed Ctrl-C."""
 
     exit_code = 130
+
+
+def one_line(exc: BaseException, *, limit: int = 160) -> str:
+    """The first line of an exception's message (its type name when it has none), for users."""
+    text = str(exc).strip().splitlines()
+    return text[0][:limit] if text else type(exc).__name__

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .catalog import Preset, preset_dir
-from .errors import ModelError
+from .errors import ModelError, one_line
 
 VERIFIED_FILE = ".verified.json"
 CHUNK_BYTES = 1 << 20
@@ -35,12 +35,18 @@ def fetch_preset(preset: Preset, *, on_progress: ProgressFn | None = None) -> li
     if preset.repo_id is None:
         raise ModelError(f"'{preset.name}' is generated locally, not downloaded: run `make test-models`")
     folder = preset_dir(preset)
+    created = not folder.exists()
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ModelError(f"cannot create {folder}: {exc.strerror or exc}") from None
-    return [fetch_file(preset, name, folder / name, on_progress=on_progress)
-            for name in (preset.model_file, preset.mmproj_file)]
+    try:
+        return [fetch_file(preset, name, folder / name, on_progress=on_progress)
+                for name in (preset.model_file, preset.mmproj_file)]
+    except BaseException:
+        if created and not any(folder.iterdir()):
+            folder.rmdir()  # a failed first fetch leaves nothing behind
+        raise
 
 
 def is_verified(path: Path) -> bool:
@@ -50,6 +56,17 @@ def is_verified(path: Path) -> bool:
         return False
     stat = path.stat()
     return record.get("size") == stat.st_size and record.get("mtime_ns") == stat.st_mtime_ns
+
+
+def preset_state(preset: Preset) -> tuple[str, Path]:
+    """A preset's files: missing, present (generated locally), verified or unverified; and where."""
+    folder = preset_dir(preset)
+    files = [folder / preset.model_file, folder / preset.mmproj_file]
+    if not all(f.exists() for f in files):
+        return "missing", folder
+    if preset.repo_id is None:
+        return "present", folder
+    return ("verified" if all(is_verified(f) for f in files) else "unverified"), folder
 
 
 def fetch_file(preset: Preset, filename: str, dest: Path, *, on_progress: ProgressFn | None = None) -> Path:
@@ -87,9 +104,10 @@ def _metadata(preset: Preset, filename: str) -> tuple[str, int | None, str]:
 
     url = hf_hub_url(preset.repo_id or "", filename, revision=preset.revision)
     try:
-        meta = get_hf_file_metadata(url, retry_on_errors=True)
+        # No retries: without a network they only add seconds of "Retrying in Ns" before the error.
+        meta = get_hf_file_metadata(url, retry_on_errors=False)
     except Exception as exc:  # network, 404, auth: each is one line for the user
-        raise ModelError(f"{preset.name}: cannot reach {filename} on the hub ({_one_line(exc)}); "
+        raise ModelError(f"{preset.name}: cannot reach {filename} on the hub ({one_line(exc)}); "
                          "check the network, HF_ENDPOINT or HF_TOKEN") from None
     sha = (meta.etag or "").strip('"').lower()
     return (sha if _SHA256.match(sha) else ""), meta.size, meta.location or url
@@ -134,7 +152,7 @@ def _download(url: str, part: Path, size: int | None, filename: str,
     except OSError as exc:
         raise ModelError(f"cannot write {part}: {exc.strerror or exc}") from None
     except Exception as exc:  # a dropped connection: what arrived stays in .part for next time
-        raise ModelError(f"download of {filename} was interrupted ({_one_line(exc)}); "
+        raise ModelError(f"download of {filename} was interrupted ({one_line(exc)}); "
                          "run the same command again to resume") from None
     return digest.hexdigest()
 
@@ -166,7 +184,3 @@ def _remember(path: Path, sha256: str) -> None:
     except OSError:
         pass  # only costs a re-check next time
 
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:160] if text else type(exc).__name__

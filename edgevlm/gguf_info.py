@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .errors import ModelError
+from .paths import cache_dir
 
 GGUF_MAGIC = b"GGUF"
 PROJECTOR_ARCH = "clip"
@@ -18,7 +19,7 @@ PROJECTOR_ARCH = "clip"
 SUPPORTED_TEXT_ARCHS = frozenset({"llama", "mistral", "qwen2", "gemma", "phi3", "granite"})
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.")
 # Bump when the facts' fields change, so stale cache entries are ignored.
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2
 _Facts = TypeVar("_Facts", "TextModelFacts", "ProjectorFacts")
 
 
@@ -40,9 +41,10 @@ class TextModelFacts:
     n_vocab: int
     chat_template: str | None
     layer_bytes: tuple[int, ...]
-    output_bytes: int
+    output_bytes: int  # the output layer's own tensors (output.weight unless tied, output_norm)
     token_embd_bytes: int
     file_bytes: int
+    tied_embeddings: bool = False  # no output.weight: the output layer reuses token_embd
 
     @property
     def weight_bytes(self) -> int:
@@ -113,9 +115,6 @@ def _read_text_model(path: Path) -> TextModelFacts:
         elif tensor.name.startswith("output"):
             output_bytes += size
             has_output_weight |= tensor.name == "output.weight"
-    if not has_output_weight:
-        # Tied embeddings: llama.cpp puts a copy of token_embd on the output layer's device.
-        output_bytes += token_embd_bytes
     template = fields.get("tokenizer.chat_template")
     return TextModelFacts(
         path=path,
@@ -135,6 +134,7 @@ def _read_text_model(path: Path) -> TextModelFacts:
         output_bytes=output_bytes,
         token_embd_bytes=token_embd_bytes,
         file_bytes=path.stat().st_size,
+        tied_embeddings=not has_output_weight,
     )
 
 
@@ -177,9 +177,6 @@ def check_pair(text: TextModelFacts, projector: ProjectorFacts) -> None:
         )
 
 
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "edgevlm" / "gguf-facts"
 
 
 def _cached(path: Path, kind: type[_Facts], read: Any) -> _Facts:
@@ -187,7 +184,7 @@ def _cached(path: Path, kind: type[_Facts], read: Any) -> _Facts:
     _check_file(path)
     stat = path.stat()
     key = f"{_CACHE_VERSION}:{kind.__name__}:{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
-    entry = _cache_dir() / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
+    entry = cache_dir() / "gguf-facts" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
     try:
         data = json.loads(entry.read_text())
         data["path"] = path

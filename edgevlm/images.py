@@ -11,12 +11,16 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
-from .errors import ImageError
+from .errors import ConfigError, ImageError, one_line
 
 # LLaVA-1.5's mean colour: what it was trained to see in padding.
 MEAN_RGB = (122, 116, 104)
 DEFAULT_MAX_PIXELS = 64_000_000
 MAX_PIXELS_ENV = "EDGEVLM_MAX_PIXELS"
+# The file types edgevlm reads (HEIF/AVIF with the optional pillow-heif extra); one list for
+# folder discovery, dropped paths in the chat and the API.
+IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff",
+                            ".heic", ".heif", ".avif"})
 
 # Truncated files must fail loudly rather than decode as grey.
 ImageFile.LOAD_TRUNCATED_IMAGES = False
@@ -40,11 +44,17 @@ class LoadedImage:
 
 def max_pixels() -> int:
     """The decompression-bomb guard, from EDGEVLM_MAX_PIXELS or the default."""
-    raw = os.environ.get(MAX_PIXELS_ENV, "")
-    try:
-        return int(raw) if raw else DEFAULT_MAX_PIXELS
-    except ValueError:
+    raw = os.environ.get(MAX_PIXELS_ENV, "").strip()
+    if not raw:
         return DEFAULT_MAX_PIXELS
+    try:
+        value = int(raw.replace("_", ""))
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise ConfigError(f"{MAX_PIXELS_ENV}={raw} is not a positive whole number of pixels "
+                          f"(default {DEFAULT_MAX_PIXELS:_})")
+    return value
 
 
 def load_image(path: str | os.PathLike[str], *, pixel_limit: int | None = None,
@@ -90,7 +100,7 @@ def load_image(path: str | os.PathLike[str], *, pixel_limit: int | None = None,
     except (OSError, SyntaxError, ValueError, TypeError, IndexError, KeyError,
             ZeroDivisionError, EOFError, MemoryError, AttributeError, RuntimeError) as exc:
         # Pillow's plugins raise all of these on corrupt data; each means the same to a user.
-        raise ImageError(f"{path}: corrupt or truncated image ({_one_line(exc)})") from exc
+        raise ImageError(f"{path}: corrupt or truncated image ({one_line(exc)})") from exc
     if rgb.width < 1 or rgb.height < 1:
         raise ImageError(f"{path}: image has no pixels")
     note = f"animated image: using frame 1 of {n_frames}" if n_frames > 1 else ""
@@ -142,11 +152,6 @@ def _heif_hint(path: Path) -> str:
     if path.suffix.lower() in {".heic", ".heif", ".avif"}:
         return "; install the optional extra for phone photos: pip install 'edgevlm[heif]'"
     return ""
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 def _register_heif() -> None:

@@ -10,7 +10,8 @@ the library on shape-faithful GGUFs):
 - with flash attention the n_ctx·H score matrix never exists: 4·u·max(3·ff + 4E, V + 1.5E)
   plus the f16 mask, 2·u·n_ctx;
 - CLIP's graph for one view of P positions: 4·P²·heads + 4·P·(ff + 1.6·W), or with flash
-  attention 4·P·(2·ff + 1.6·W).
+  attention 4·P·(2·ff + 1.6·W); or the projection MLP's 4·P·(2·proj + 1.6·W) if larger;
+- a tied output layer (no output.weight) costs a copy of token_embd only on a GPU.
 """
 
 from __future__ import annotations
@@ -19,21 +20,23 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .gguf_info import ProjectorFacts, TextModelFacts
+from .tiling import TurnCosts
 
 MIB = 1 << 20
 GIB = 1 << 30
 # Bytes per element of the KV cache: exact ggml block sizes (32 values + an f16 scale).
 KV_BYTES_PER_ELEMENT = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
+KV_TYPES = tuple(KV_BYTES_PER_ELEMENT)  # the KV cache types edgevlm offers, by ggml name
 CUDA_CONTEXT_BYTES = 457 * MIB  # what the driver takes per device and no buffer reports
 DEFAULT_MARGIN_BYTES = 512 * MIB
 HOST_COMPUTE_BYTES_FULL_OFFLOAD = 16 * MIB
 CTX_STEP = 256
 TEXT_RESERVE_TOKENS = 100  # system prompt, labels and question around the images
+# The photo `plan` shows a grid for: what a phone or camera takes (and `bench` generates).
+EXAMPLE_PHOTO = (3840, 2160)
 DEFAULT_ANSWER_TOKENS = 512
 MIN_TILES_PER_TURN = 2  # the smallest grid that adds detail: 2x1 or 1x2
 MIN_CTX_FLOOR = 2048
-MAX_TILES_REPORTED = 12
-MAX_POOLED_TILES_REPORTED = 15
 MIN_UBATCH = 512  # llama.cpp's default
 MAX_UBATCH = 1024
 # On a CPU prefill runs at tens of tokens per second for a 7B: a bigger automatic context
@@ -53,6 +56,7 @@ class Settings:
     margin_bytes: int = DEFAULT_MARGIN_BYTES
     overhead_bytes: int = CUDA_CONTEXT_BYTES
     answer_tokens: int = DEFAULT_ANSWER_TOKENS
+    costs: TurnCosts | None = None  # the model's real token counts; None: estimated (no vocab)
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,7 @@ class Device:
     vram_free: int | None
     ram_free: int
     name: str = "cpu"
+    note: str = ""  # why a GPU that seems present is not planned for (NVML failed, …)
 
     @property
     def is_gpu(self) -> bool:
@@ -117,6 +122,13 @@ class Plan:
     notes: tuple[str, ...] = field(default=())
     n_ubatch: int = 512
     max_pooled_tiles: int = 0
+    photo_grid: tuple[int, int] = (0, 0)  # what describe gives EXAMPLE_PHOTO (--pool auto)
+    photo_pool: int = 1
+    tile_size: int = 336
+
+    @property
+    def photo_tiles(self) -> int:
+        return self.photo_grid[0] * self.photo_grid[1]
 
     def to_json(self) -> dict[str, Any]:
         """The plan for `edgevlm plan --json`: all sizes in bytes."""
@@ -128,6 +140,8 @@ class Plan:
             "mmproj_on_gpu": self.mmproj_on_gpu, "vram_free": self.vram_free,
             "ram_free": self.ram_free, "max_tiles": self.max_tiles,
             "max_pooled_tiles": self.max_pooled_tiles, "n_ubatch": self.n_ubatch,
+            "example_photo": {"size": list(EXAMPLE_PHOTO), "grid": list(self.photo_grid),
+                              "tiles": self.photo_tiles, "pool": self.photo_pool},
             "bytes": {
                 "weights_gpu": b.weights_gpu, "weights_host": b.weights_host,
                 "kv": b.kv_gpu + b.kv_host, "kv_gpu": b.kv_gpu, "kv_host": b.kv_host,
@@ -144,19 +158,27 @@ class Plan:
 
 
 def weights_on_gpu(text: TextModelFacts, n_gpu_layers: int) -> int:
-    """Bytes llama.cpp puts on the GPU: the output layer first, then blocks from the last."""
+    """Bytes llama.cpp puts on the GPU: the output layer first, then blocks from the last.
+
+    A tied output layer (no output.weight) gets its own copy of token_embd on the GPU; on the
+    host it reuses the mapped token_embd, so there it costs nothing.
+    """
     n_gpu_layers = max(0, min(n_gpu_layers, text.n_layer + 1))
     if n_gpu_layers == 0:
         return 0
     n_blocks = n_gpu_layers - 1
     blocks = text.layer_bytes[text.n_layer - n_blocks:] if n_blocks else ()
-    return text.output_bytes + sum(blocks)
+    return _tied_copy(text) + text.output_bytes + sum(blocks)
 
 
 def weights_on_host(text: TextModelFacts, n_gpu_layers: int) -> int:
     """Bytes that stay in system memory (token_embd always does)."""
-    total = text.token_embd_bytes + text.output_bytes + sum(text.layer_bytes)
-    return total - weights_on_gpu(text, n_gpu_layers)
+    offloaded = weights_on_gpu(text, n_gpu_layers)
+    return text.weight_bytes - (offloaded - _tied_copy(text) if offloaded else 0)
+
+
+def _tied_copy(text: TextModelFacts) -> int:
+    return text.token_embd_bytes if text.tied_embeddings else 0
 
 
 def kv_bytes_per_layer(text: TextModelFacts, n_ctx: int, type_k: str = "f16",
@@ -189,13 +211,21 @@ def compute_bytes(text: TextModelFacts, n_ctx: int, *, n_ubatch: int = 512, flas
 
 
 def clip_compute_bytes(projector: ProjectorFacts, *, flash_attn: bool) -> int:
-    """CLIP's graph for one view, allocated when the projector is initialised."""
+    """CLIP's graph for one view, allocated when the projector is initialised.
+
+    The peak is the encoder's (attention and FFN) or the projection MLP's into the text
+    model's width, whichever is larger: for ViT-L into a 7B they tie, but a narrow encoder
+    feeding a wider model peaks in the projection.
+    """
     positions = projector.tokens_per_image + 1  # patches + the class token
     width, heads = projector.vision_width, projector.vision_heads
     ff = projector.vision_ff or 4 * width
+    projection = 4 * positions * (2 * projector.projection_dim + 1.6 * width)
     if flash_attn:
-        return int(4 * positions * (2 * ff + 1.6 * width))
-    return int(4 * positions * positions * heads + 4 * positions * (ff + 1.6 * width))
+        encoder = 4 * positions * (2 * ff + 1.6 * width)
+    else:
+        encoder = 4 * positions * positions * heads + 4 * positions * (ff + 1.6 * width)
+    return int(max(encoder, projection))
 
 
 def estimate(text: TextModelFacts, projector: ProjectorFacts, *, n_ctx: int, n_gpu_layers: int,
@@ -243,13 +273,33 @@ def min_ctx_for_images(projector: ProjectorFacts, *, answer_tokens: int = DEFAUL
     return max(MIN_CTX_FLOOR, _round_up(needed, CTX_STEP))
 
 
-def max_tiles_at(projector: ProjectorFacts, n_ctx: int, *, answer_tokens: int = DEFAULT_ANSWER_TOKENS,
-                 pool: int = 1) -> int:
-    """Local tiles per image that a context leaves room for, beside the global view."""
-    per_tile = projector.tokens_per_image // (pool * pool)
-    free = n_ctx - TEXT_RESERVE_TOKENS - answer_tokens - projector.tokens_per_image
-    cap = MAX_TILES_REPORTED if pool == 1 else MAX_POOLED_TILES_REPORTED
-    return max(0, min(cap, free // max(per_tile, 1)))
+def estimated_costs(projector: ProjectorFacts) -> TurnCosts:
+    """Token costs for a model whose vocabulary is not at hand (a preset not yet downloaded).
+
+    Measured on LLaVA-1.5's Vicuna prompt: a 40-token system prompt, about 25 tokens of turn
+    text, 5 for "Whole image:" and 30 for the widest tile label.
+    """
+    return TurnCosts(system_tokens=40, text_tokens=25, whole_image_tokens=5, label_tokens=30,
+                     view_tokens=projector.tokens_per_image)
+
+
+@dataclass(frozen=True)
+class TileCounts:
+    """What describe will do at one context size: the most tiles, and a 4K photo's grid."""
+
+    max_tiles: int
+    max_pooled_tiles: int
+    photo_grid: tuple[int, int]
+    photo_pool: int
+
+
+def tiles_at(costs: TurnCosts, projector: ProjectorFacts, n_ctx: int, answer_tokens: int) -> TileCounts:
+    """The tiles describe's own arithmetic gives at this context (full and pooled, and EXAMPLE_PHOTO)."""
+    photo = costs.plan(*EXAMPLE_PHOTO, n_ctx=n_ctx, answer_tokens=answer_tokens,
+                       tile_size=projector.image_size, pool=None)
+    return TileCounts(max_tiles=costs.max_tiles(n_ctx=n_ctx, answer_tokens=answer_tokens),
+                      max_pooled_tiles=costs.max_tiles(n_ctx=n_ctx, answer_tokens=answer_tokens, pool=2),
+                      photo_grid=photo.grid, photo_pool=photo.pool)
 
 
 def ubatch_for(projector: ProjectorFacts) -> int:
@@ -274,97 +324,112 @@ def choose(text: TextModelFacts, projector: ProjectorFacts, device: Device,
     image context; the projector leaves the GPU only when not even it fits (then the whole
     plan is a CPU plan). More VRAM never yields fewer layers or a smaller context.
     """
-    n_layers = text.n_layer + 1
-    ctx_cap = settings.n_ctx or text.n_ctx_train
-    min_ctx = settings.n_ctx or min(min_ctx_for_images(projector, answer_tokens=settings.answer_tokens),
-                                    ctx_cap)
-    kv_choices = [settings.kv_type] if settings.kv_type else ["f16", "q8_0"]
-    n_ubatch = settings.n_ubatch or ubatch_for(projector)
-    notes: list[str] = []
-
-    def build(n_ctx: int, layers: int, kv: str, *, on_gpu: bool = True) -> Plan:
-        fa = settings.flash_attn or kv != "f16"  # a quantized V cache needs flash attention
-        breakdown = estimate(text, projector, n_ctx=n_ctx, n_gpu_layers=layers, type_k=kv,
-                             type_v=kv, flash_attn=fa, mmproj_on_gpu=on_gpu, n_ubatch=n_ubatch,
-                             on_gpu=on_gpu and device.is_gpu, overhead_bytes=settings.overhead_bytes,
-                             margin_bytes=settings.margin_bytes)
-        return Plan(
-            device="cuda" if on_gpu and device.is_gpu else "cpu", n_gpu_layers=layers if on_gpu else 0,
-            n_layers=n_layers, n_ctx=n_ctx, n_ctx_train=text.n_ctx_train, type_k=kv, type_v=kv,
-            flash_attn=fa, mmproj_on_gpu=on_gpu and device.is_gpu, vram_free=device.vram_free,
-            ram_free=device.ram_free,
-            max_tiles=max_tiles_at(projector, n_ctx, answer_tokens=settings.answer_tokens),
-            max_pooled_tiles=max_tiles_at(projector, n_ctx, answer_tokens=settings.answer_tokens, pool=2),
-            breakdown=breakdown, notes=tuple(notes), n_ubatch=n_ubatch)
-
-    def fits(plan: Plan) -> bool:
-        return device.vram_free is not None and plan.breakdown.total_gpu <= device.vram_free
-
+    planner = _Planner(text, projector, device, settings)
     if not device.is_gpu:
-        return _cpu_plan(text, device, ctx_cap, min_ctx, settings, build, notes)
-
+        return planner.cpu_plan(planner.ctx_cap, [])
     if settings.n_gpu_layers is not None:
-        layers = max(0, min(settings.n_gpu_layers, n_layers))
-        plan = _largest_ctx(build, fits, layers, kv_choices, ctx_cap, min_ctx)
-        if plan is None:
-            notes.append("the requested --n-gpu-layers does not fit the free VRAM at the minimum context")
-            plan = build(min_ctx, layers, kv_choices[-1])
+        return planner.with_layers(settings.n_gpu_layers)
+    return planner.full_offload() or planner.partial_offload()
+
+
+class _Planner:
+    """The candidates `choose` weighs, built and checked one way."""
+
+    def __init__(self, text: TextModelFacts, projector: ProjectorFacts, device: Device,
+                 settings: Settings) -> None:
+        self.text, self.projector, self.device, self.settings = text, projector, device, settings
+        self.n_layers = text.n_layer + 1
+        self.ctx_cap = settings.n_ctx or text.n_ctx_train
+        self.min_ctx = settings.n_ctx or min(
+            min_ctx_for_images(projector, answer_tokens=settings.answer_tokens), self.ctx_cap)
+        self.kv_choices = [settings.kv_type] if settings.kv_type else ["f16", "q8_0"]
+        self.n_ubatch = settings.n_ubatch or ubatch_for(projector)
+        self.costs = settings.costs or estimated_costs(projector)
+
+    def build(self, n_ctx: int, layers: int, kv: str, *, on_gpu: bool = True,
+              notes: tuple[str, ...] = ()) -> Plan:
+        """One candidate plan with its estimate."""
+        s, gpu = self.settings, on_gpu and self.device.is_gpu
+        fa = s.flash_attn or kv != "f16"  # a quantized V cache needs flash attention
+        breakdown = estimate(self.text, self.projector, n_ctx=n_ctx, n_gpu_layers=layers, type_k=kv,
+                             type_v=kv, flash_attn=fa, mmproj_on_gpu=on_gpu, n_ubatch=self.n_ubatch,
+                             on_gpu=gpu, overhead_bytes=s.overhead_bytes, margin_bytes=s.margin_bytes)
+        tiles = tiles_at(self.costs, self.projector, n_ctx, s.answer_tokens)
+        return Plan(
+            device="cuda" if gpu else "cpu", n_gpu_layers=layers if on_gpu else 0, n_layers=self.n_layers,
+            n_ctx=n_ctx, n_ctx_train=self.text.n_ctx_train, type_k=kv, type_v=kv, flash_attn=fa,
+            mmproj_on_gpu=gpu, vram_free=self.device.vram_free, ram_free=self.device.ram_free,
+            breakdown=breakdown, notes=notes, n_ubatch=self.n_ubatch, max_tiles=tiles.max_tiles,
+            max_pooled_tiles=tiles.max_pooled_tiles, photo_grid=tiles.photo_grid,
+            photo_pool=tiles.photo_pool, tile_size=self.projector.image_size)
+
+    def fits(self, plan: Plan) -> bool:
+        vram = self.device.vram_free
+        return vram is not None and plan.breakdown.total_gpu <= vram
+
+    def largest_ctx(self, layers: int) -> Plan | None:
+        """The largest context (either KV type; f16 wins ties) at which `layers` fit."""
+        best: Plan | None = None
+        for kv in self.kv_choices:
+            for ctx in _ctx_candidates(self.ctx_cap, self.min_ctx):
+                candidate = self.build(ctx, layers, kv)
+                if self.fits(candidate):
+                    if best is None or candidate.n_ctx > best.n_ctx:
+                        best = candidate
+                    break
+        return best
+
+    def with_layers(self, requested: int) -> Plan:
+        """--n-gpu-layers given: the largest context that fits them."""
+        layers = max(0, min(requested, self.n_layers))
+        plan = self.largest_ctx(layers)
+        if plan is not None:
+            return plan
+        note = "the requested --n-gpu-layers does not fit the free VRAM at the minimum context"
+        return self.build(self.min_ctx, layers, self.kv_choices[-1], notes=(note,))
+
+    def full_offload(self) -> Plan | None:
+        """Every layer on the GPU, at the largest context either KV type allows."""
+        plan = self.largest_ctx(self.n_layers)
+        if plan is not None and plan.type_k != "f16":
+            note = f"q8_0 KV cache (with flash attention) buys n_ctx {plan.n_ctx}"
+            plan = replace(plan, notes=(note,))
         return plan
 
-    # (1)-(3): everything on the GPU, the largest context either KV type allows.
-    plan = _largest_ctx(build, fits, n_layers, kv_choices, ctx_cap, min_ctx)
-    if plan is not None:
-        if plan.type_k != "f16":
-            notes.append(f"q8_0 KV cache (with flash attention) buys n_ctx {plan.n_ctx}")
-            plan = replace(plan, notes=tuple(notes))
-        return plan
-    # (4): fewer layers, at the minimum context for one tiled image, with the smallest KV.
-    kv = kv_choices[-1]
-    for layers in range(n_layers - 1, -1, -1):
-        candidate = build(min_ctx, layers, kv)
-        if fits(candidate) and layers > 0:
-            notes.append(f"{n_layers - layers} of {n_layers} layers stay on the CPU: "
-                         "the full model does not fit the free VRAM")
-            return replace(candidate, notes=tuple(notes))
-    notes.append("not even the projector fits the free VRAM: running on the CPU")
-    # The minimum context, so that a slightly bigger card (a few layers on it) never gets less.
-    return _cpu_plan(text, device, min_ctx, min_ctx, settings, build, notes)
+    def partial_offload(self) -> Plan:
+        """Fewer layers at the minimum image context and the smallest KV; else the CPU."""
+        kv = self.kv_choices[-1]
+        for layers in range(self.n_layers - 1, 0, -1):
+            candidate = self.build(self.min_ctx, layers, kv)
+            if self.fits(candidate):
+                note = (f"{self.n_layers - layers} of {self.n_layers} layers stay on the CPU: "
+                        "the full model does not fit the free VRAM")
+                return replace(candidate, notes=(note,))
+        # The minimum context, so that a slightly bigger card (a few layers on it) never gets less.
+        return self.cpu_plan(self.min_ctx, ["not even the projector fits the free VRAM: running on the CPU"])
 
-
-def _largest_ctx(build: Any, fits: Any, layers: int, kv_choices: list[str], ctx_cap: int,
-                 min_ctx: int) -> Plan | None:
-    best: Plan | None = None
-    for kv in kv_choices:  # f16 first: it wins ties
-        for ctx in _ctx_candidates(ctx_cap, min_ctx):
-            candidate = build(ctx, layers, kv)
-            if fits(candidate):
-                if best is None or candidate.n_ctx > best.n_ctx:
-                    best = candidate
+    def cpu_plan(self, ctx_cap: int, notes: list[str]) -> Plan:
+        """No GPU: the largest context up to the CPU cap that fits the free RAM."""
+        s, ram = self.settings, self.device.ram_free
+        if s.n_ctx is None and ctx_cap > max(CPU_AUTO_CTX_CAP, self.min_ctx):
+            ctx_cap = max(CPU_AUTO_CTX_CAP, self.min_ctx)
+            notes.append(f"n_ctx capped at {ctx_cap} on the CPU to keep prefill short; --n-ctx raises it")
+        kv = s.kv_type or "f16"
+        for ctx in _ctx_candidates(ctx_cap, self.min_ctx):
+            plan = self.build(ctx, 0, kv, on_gpu=False)
+            if plan.breakdown.total_host + s.margin_bytes <= ram:
                 break
-    return best
+        if plan.breakdown.total_host + s.margin_bytes > ram:
+            notes.append("the model is larger than the free RAM: it will page from disk (slow)")
+        notes.append("llama.cpp's CPU backend may repack quantized weights into an extra buffer "
+                     "(faster matmuls); the file's own pages then become reclaimable cache")
+        return replace(plan, notes=tuple(notes))
 
 
 def _ctx_candidates(cap: int, floor: int) -> list[int]:
     """cap, then the multiples of CTX_STEP below it, down to floor (largest first)."""
     steps = range(cap // CTX_STEP * CTX_STEP, floor - 1, -CTX_STEP)
     return [cap] + [c for c in steps if floor <= c < cap]
-
-
-def _cpu_plan(text: TextModelFacts, device: Device, ctx_cap: int, min_ctx: int, settings: Settings,
-              build: Any, notes: list[str]) -> Plan:
-    kv = settings.kv_type or "f16"
-    if settings.n_ctx is None and ctx_cap > max(CPU_AUTO_CTX_CAP, min_ctx):
-        ctx_cap = max(CPU_AUTO_CTX_CAP, min_ctx)
-        notes.append(f"n_ctx capped at {ctx_cap} on the CPU to keep prefill short; --n-ctx raises it")
-    for ctx in _ctx_candidates(ctx_cap, min_ctx):
-        plan = build(ctx, 0, kv, on_gpu=False)
-        if plan.breakdown.total_host + settings.margin_bytes <= device.ram_free:
-            break
-    if plan.breakdown.total_host + settings.margin_bytes > device.ram_free:
-        notes.append("the model is larger than the free RAM: it will page from disk (slow)")
-    notes.append("llama.cpp's CPU backend may repack quantized weights into an extra buffer "
-                 "(faster matmuls); the file's own pages then become reclaimable cache")
-    return replace(plan, notes=tuple(notes))
 
 
 def _round_up(value: int, step: int) -> int:
@@ -386,6 +451,10 @@ class Check:
     def error(self) -> float:
         """Relative error of the estimate (0.01 is 1 %)."""
         return (self.estimated - self.reported) / self.reported if self.reported else 0.0
+
+    def to_json(self) -> dict[str, object]:
+        """For `plan --verify --json`."""
+        return {"component": self.component, "estimated": self.estimated, "reported": self.reported}
 
 
 def compare(plan: Plan, reported: tuple[tuple[str, str, float], ...]) -> tuple[Check, ...]:
@@ -409,8 +478,10 @@ def compare(plan: Plan, reported: tuple[tuple[str, str, float], ...]) -> tuple[C
 
 # -- sizes on the command line -------------------------------------------------------------
 
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000**2, "mb": 1000**2,
-          "mib": MIB, "g": GIB, "gb": 1000**3, "gib": GIB, "t": 1 << 40, "tib": 1 << 40}
+# Bare K/M/G/T are binary, as GPU makers and nvidia-smi use them; KB/MB/GB are decimal (SI).
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 1000, "m": MIB, "mib": MIB,
+          "mb": 1000**2, "g": GIB, "gib": GIB, "gb": 1000**3, "t": 1 << 40, "tib": 1 << 40,
+          "tb": 1000**4}
 
 
 def parse_size(text: str) -> int:
@@ -426,9 +497,7 @@ def parse_size(text: str) -> int:
         raise ValueError(f"'{text}' is not a size: use e.g. 8GiB, 8G, 8192MiB or a number of bytes") from None
     if value <= 0:
         raise ValueError(f"'{text}' must be larger than zero")
-    # Bare G/M/K mean binary units, as GPU makers and nvidia-smi use them.
-    multiplier = {"g": GIB, "m": MIB, "k": 1 << 10, "t": 1 << 40}.get(unit, _UNITS[unit])
-    return int(value * multiplier)
+    return int(value * _UNITS[unit])
 
 
 def format_bytes(n: int) -> str:

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from . import devices
 from .catalog import ModelChoice, Preset, facts_from_shape, find_preset, resolve
-from .engine import Engine, EngineConfig, gpu_offload_supported
+from .conversation import DEFAULT_QUESTION, turn_costs
+from .engine import Engine, EngineConfig, Vocab, gpu_offload_supported
 from .errors import ConfigError, EdgeVLMError, ModelError
 from .gguf_info import ProjectorFacts, TextModelFacts, check_pair, read_projector, read_text_model
-from .plan import Device, Plan, Settings, choose
+from .plan import KV_TYPES, Check, Device, Plan, Settings, choose, compare
 from .prompts import PromptFormat, detect_format
+from .tiling import TurnCosts
 
 log = logging.getLogger("edgevlm")
 # A failed GPU load is retried once on a plan made for this share of the free VRAM.
@@ -90,21 +93,53 @@ def _missing_preset(flags: ModelFlags) -> Preset | None:
     return preset if preset.repo_id is not None else None
 
 
-def make_plan(flags: ModelFlags, text: TextModelFacts, projector: ProjectorFacts) -> Plan:
+def make_plan(flags: ModelFlags, text: TextModelFacts, projector: ProjectorFacts, *,
+              costs: TurnCosts | None = None) -> Plan:
     """The memory plan for these flags on this machine (or on --vram)."""
     if flags.n_ctx is not None and flags.n_ctx < 256:
         raise ConfigError(f"--n-ctx {flags.n_ctx} is too small; use at least 256")
-    if flags.kv_type is not None and flags.kv_type not in ("f16", "q8_0", "q4_0"):
-        raise ConfigError(f"--kv-type must be f16, q8_0 or q4_0, not '{flags.kv_type}'")
+    if flags.kv_type is not None and flags.kv_type not in KV_TYPES:
+        raise ConfigError(f"--kv-type must be {', '.join(KV_TYPES)}, not '{flags.kv_type}'")
     device = devices.detect(flags.vram)
-    notes: tuple[str, ...] = ()
+    notes = (device.note,) if device.note else ()
     if device.is_gpu and flags.vram is None and not gpu_offload_supported():
         device = Device(vram_free=None, ram_free=device.ram_free, name="CPU")
-        notes = ("this llama.cpp build has no GPU support: run `make setup GPU=cuda` to use the GPU",)
+        notes += ("this llama.cpp build has no GPU support: run `make setup GPU=cuda` to use the GPU",)
     settings = Settings(n_ctx=flags.n_ctx, n_gpu_layers=flags.n_gpu_layers, kv_type=flags.kv_type,
-                        flash_attn=flags.flash_attn, answer_tokens=flags.answer_tokens)
+                        flash_attn=flags.flash_attn, answer_tokens=flags.answer_tokens, costs=costs)
     plan = choose(text, projector, device, settings)
     return replace(plan, notes=notes + plan.notes) if notes else plan
+
+
+def describe_costs(choice: ModelChoice, text: TextModelFacts, projector: ProjectorFacts,
+                   question: str = DEFAULT_QUESTION) -> TurnCosts | None:
+    """A describe turn's exact token costs from the model's own vocabulary (None if not here)."""
+    if not choice.model_path.exists():
+        return None
+    vocab = Vocab(choice.model_path)
+    try:
+        return turn_costs(vocab, prompt_format(choice, text), question,
+                          view_tokens=projector.tokens_per_image)
+    finally:
+        vocab.close()
+
+
+def prompt_format(choice: ModelChoice, text: TextModelFacts) -> PromptFormat:
+    """The model's prompt format: the preset's, else what its chat template looks like."""
+    return detect_format(text.chat_template,
+                         preset_format=choice.preset.prompt_format if choice.preset else None)
+
+
+def verify(choice: ModelChoice, plan: Plan, flags: ModelFlags) -> tuple[Check, ...]:
+    """Load the model with the plan and compare the estimate with llama.cpp's own report."""
+    if plan.device == "cuda" and not gpu_offload_supported():
+        raise ConfigError("--verify cannot check a GPU plan: this llama.cpp build has no GPU support "
+                          "(run `make setup GPU=cuda`, or drop --vram to verify the CPU plan)")
+    if not choice.model_path.exists():
+        raise ModelError(f"--verify needs the files: run `edgevlm fetch {choice.preset.name}`"
+                         if choice.preset else f"{choice.model_path}: no such file")
+    with Engine(engine_config(choice, plan, flags)) as engine:
+        return compare(plan, engine.reported_buffers)
 
 
 def engine_config(choice: ModelChoice, plan: Plan, flags: ModelFlags) -> EngineConfig:
@@ -122,24 +157,33 @@ def load(flags: ModelFlags, *, on_progress: Callable[[float], None] | None = Non
     plan = make_plan(flags, text, projector)
     for note in plan.notes:
         log.info("plan: %s", note)
+    # NVML (the planner) counts GPUs in PCI order; make CUDA count them the same way.
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     try:
         engine = Engine(engine_config(choice, plan, flags), on_load_progress=on_progress)
     except EdgeVLMError as first:
         if plan.device != "cuda" or plan.vram_free is None:
             raise
-        smaller = choose(text, projector, Device(int(plan.vram_free * RETRY_VRAM_SHARE), plan.ram_free),
-                         Settings(n_ctx=None, kv_type=flags.kv_type, flash_attn=flags.flash_attn,
-                                  answer_tokens=flags.answer_tokens))
-        log.warning("loading failed (%s); retrying with a smaller plan: %d layers, n_ctx %d",
-                    first, smaller.n_gpu_layers, smaller.n_ctx)
-        try:
-            engine = Engine(engine_config(choice, smaller, flags), on_load_progress=on_progress)
-        except EdgeVLMError as second:
-            raise type(second)(
-                f"{second} — even the smaller plan failed: it needed "
-                f"{smaller.breakdown.total_gpu / 2**30:.2f} GiB of the {plan.vram_free / 2**30:.2f} GiB "
-                "free; close other GPU programs or pass --n-gpu-layers lower") from None
-        plan = replace(smaller, notes=smaller.notes + ("retried with a smaller plan after a failed load",))
-    fmt = detect_format(text.chat_template,
-                        preset_format=choice.preset.prompt_format if choice.preset else None)
-    return Loaded(engine, fmt, choice, text, projector, plan)
+        engine, plan = _load_smaller(choice, text, projector, plan, flags, first, on_progress)
+    return Loaded(engine, prompt_format(choice, text), choice, text, projector, plan)
+
+
+def _load_smaller(choice: ModelChoice, text: TextModelFacts, projector: ProjectorFacts, plan: Plan,
+                  flags: ModelFlags, first: EdgeVLMError,
+                  on_progress: Callable[[float], None] | None) -> tuple[Engine, Plan]:
+    """The one retry after a failed GPU load: a plan for a share of the free VRAM."""
+    vram = int((plan.vram_free or 0) * RETRY_VRAM_SHARE)
+    smaller = choose(text, projector, Device(vram, plan.ram_free),
+                     Settings(n_ctx=None, kv_type=flags.kv_type, flash_attn=flags.flash_attn,
+                              answer_tokens=flags.answer_tokens))
+    log.warning("loading failed (%s); retrying with a smaller plan: %d layers, n_ctx %d",
+                first, smaller.n_gpu_layers, smaller.n_ctx)
+    try:
+        engine = Engine(engine_config(choice, smaller, flags), on_load_progress=on_progress)
+    except EdgeVLMError as second:
+        raise type(second)(
+            f"{second} — even the smaller plan failed: it needed "
+            f"{smaller.breakdown.total_gpu / 2**30:.2f} GiB of the {(plan.vram_free or 0) / 2**30:.2f} GiB "
+            "free; close other GPU programs or pass --n-gpu-layers lower") from None
+    note = "retried with a smaller plan after a failed load"
+    return engine, replace(smaller, notes=smaller.notes + (note,))

@@ -152,6 +152,60 @@ def plan_image(width: int, height: int, *, room: int, tile_size: int, view_token
     return best
 
 
+@dataclass(frozen=True)
+class TurnCosts:
+    """The tokens of one image turn around its views, as the model's tokenizer counts them.
+
+    `describe` and `plan` both size grids from this, so the plan reports the grid that
+    describe will really use.
+    """
+
+    system_tokens: int  # the system prompt, decoded once and shared by every image
+    text_tokens: int  # user prefix, question, assistant suffix (and a caption request, if any)
+    whole_image_tokens: int  # the "Whole image:" label before the global view
+    label_tokens: int  # one tile's label (the widest one, so every label fits)
+    view_tokens: int  # one 336² view from the projector
+
+    def room(self, n_ctx: int, answer_tokens: int) -> int:
+        """Tokens an image block may use in a turn that starts from just the system prompt."""
+        return n_ctx - self.system_tokens - self.text_tokens - answer_tokens
+
+    def plan(self, width: int, height: int, *, n_ctx: int, answer_tokens: int, tile_size: int,
+             pool: int | None = 1, max_tiles: int | None = None) -> TilePlan:
+        """The grid for a width x height image in a fresh turn at this context size."""
+        return plan_image(width, height, room=self.room(n_ctx, answer_tokens), tile_size=tile_size,
+                          view_tokens=self.view_tokens, label_tokens=self.label_tokens,
+                          reserved_tokens=self.whole_image_tokens, pool=pool, max_tiles=max_tiles)
+
+    def max_tiles(self, *, n_ctx: int, answer_tokens: int, pool: int = 1) -> int:
+        """The most tiles any image can get at this context size, at one pooling factor."""
+        if pooled_tokens(self.view_tokens, pool) == 0:
+            return 0  # this projector's grid cannot be pooled that way
+        return max_tiles_for_budget(
+            n_ctx=self.room(n_ctx, answer_tokens), reserved_tokens=self.whole_image_tokens,
+            global_tokens=self.view_tokens,
+            tokens_per_tile=pooled_tokens(self.view_tokens, pool) + self.label_tokens,
+            cap=MAX_AUTO_TILES if pool == 1 else MAX_POOLED_TILES)
+
+
+def parse_tiles(value: str) -> int | None:
+    """'auto' (None), '0' or a positive number of tiles; ValueError says what is accepted."""
+    if value.strip() == "auto":
+        return None
+    if not value.strip().isdigit():
+        raise ValueError(f"must be auto, 0 or a positive number, not '{value}'")
+    return int(value)
+
+
+def parse_pool(value: str) -> int | None:
+    """'auto' (None), '1' or '2'; ValueError says what is accepted."""
+    if value.strip() == "auto":
+        return None
+    if value.strip() not in {str(p) for p in POOL_CHOICES}:
+        raise ValueError(f"must be {', '.join(map(str, POOL_CHOICES))} or auto, not '{value}'")
+    return int(value)
+
+
 def useful_pixels(tile_size: int) -> int:
     """The most source pixels any plan can show (the largest canvas): decoding more is wasted."""
     return max(MAX_AUTO_TILES, MAX_POOLED_TILES) * tile_size * tile_size

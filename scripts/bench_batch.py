@@ -23,7 +23,7 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from edgevlm.batch import find_images, plan_targets, run_batch  # noqa: E402
+from edgevlm.batch import caption_all, find_images, plan_targets  # noqa: E402
 from edgevlm.describe import Describer  # noqa: E402
 from edgevlm.engine import Engine, EngineConfig, Sampling, default_threads  # noqa: E402
 from edgevlm.gguf_info import read_text_model  # noqa: E402
@@ -76,10 +76,10 @@ def main() -> None:
             describer.describe(image, PROMPT)
         inline_s = time.perf_counter() - started
 
-        targets = plan_targets(find_images([folder], recursive=False, pattern=None),
+        targets = plan_targets(find_images([folder], recursive=False, pattern=None).images,
                                write_captions=False, out_dir=None)
         started = time.perf_counter()
-        run_batch(describer, targets, prompt=PROMPT, overwrite=True, jsonl=None, on_event=lambda e: None)
+        caption_all(describer, targets, prompt=PROMPT, overwrite=True, jsonl=None, on_event=lambda e: None)
         batch_s = time.perf_counter() - started
         engine.close()
 

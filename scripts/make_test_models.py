@@ -149,10 +149,15 @@ def write_sparse_llama(path: Path, shape: LlamaShape) -> Path:
     writer.add_rope_dimension_count(shape.n_embd // shape.n_head)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_file_type(15)  # MOSTLY_Q4_K_M
+    # LLaMA's vocabulary layout: <unk>, <s>, </s>, the 256 byte tokens (so any text tokenizes
+    # by byte fallback, as llama.cpp requires), then ordinary pieces.
+    specials = ["<unk>", "<s>", "</s>"]
+    byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
+    pieces = [f"<t{i}>" for i in range(shape.n_vocab - len(specials) - len(byte_tokens))]
     writer.add_tokenizer_model("llama")
-    writer.add_token_list([f"<t{i}>" for i in range(shape.n_vocab)])
+    writer.add_token_list(specials + byte_tokens + pieces)
     writer.add_token_scores([0.0] * shape.n_vocab)
-    writer.add_token_types([1] * shape.n_vocab)
+    writer.add_token_types([2, 3, 3] + [6] * len(byte_tokens) + [1] * len(pieces))
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
 

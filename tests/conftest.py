@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -15,6 +17,18 @@ TEST_MODELS = ROOT / "models" / "test"
 TEXT_MODEL = TEST_MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
 MMPROJ_336 = TEST_MODELS / "mmproj-test-336.gguf"  # 576 tokens per image, like LLaVA-1.5
 MMPROJ_112 = TEST_MODELS / "mmproj-test-112.gguf"  # 64 tokens per image, for fast CLI runs
+
+
+def load_script(name: str) -> ModuleType:
+    """A module from scripts/ (the test-model writers), imported without touching sys.path."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses in the script look their module up by name
+    spec.loader.exec_module(module)
+    return module
 
 
 def _ensure_test_models() -> None:

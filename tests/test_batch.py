@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from edgevlm.batch import JsonlLog, find_images, plan_targets, run_batch, write_atomically
-from edgevlm.describe import Describer
+from edgevlm.batch import JsonlLog, caption_all, find_images, plan_targets, write_atomically
+from edgevlm.describe import Describer, ImageDone
 from edgevlm.engine import Engine
 from edgevlm.prompts import CHATML
 
@@ -70,10 +70,10 @@ def test_out_dir_mirrors_the_tree_and_glob_filters(test_models: dict[str, Path],
 
 
 def test_discovery_is_sorted_and_stable(folder: Path) -> None:
-    flat = [p.name for p, _ in find_images([folder], recursive=False, pattern=None)]
+    flat = [p.name for p, _ in find_images([folder], recursive=False, pattern=None).images]
     assert flat == ["a.jpg", "B.PNG", "c.webp"]
     deep = [p.relative_to(folder).as_posix() for p, _ in find_images([folder], recursive=True,
-                                                                     pattern=None)]
+                                                                     pattern=None).images]
     assert deep == sorted(deep, key=str.lower) and len(deep) == 14
 
 
@@ -92,21 +92,21 @@ def test_a_crashed_run_resumes_without_captioning_twice(small_engine: Engine, fo
         return original(image, prompt, **kwargs)
 
     describer.describe = counting  # type: ignore[method-assign]
-    targets = plan_targets(find_images([folder], recursive=True, pattern=None), write_captions=True,
+    targets = plan_targets(find_images([folder], recursive=True, pattern=None).images, write_captions=True,
                            out_dir=None)
     log_path = tmp_path / "run.jsonl"
 
     def crash_after_five(event) -> None:  # noqa: ANN001
-        if event.status == "captioned" and len(calls) == 5:
+        if isinstance(event, ImageDone) and len(calls) == 5:
             raise _Crash
 
     with pytest.raises(_Crash):
-        run_batch(describer, targets, prompt="Describe.", overwrite=False, jsonl=JsonlLog(log_path),
-                  on_event=crash_after_five)
+        caption_all(describer, targets, prompt="Describe.", overwrite=False, jsonl=JsonlLog(log_path),
+                    on_event=crash_after_five)
     assert len(calls) == 5
     assert not list(folder.rglob("*.tmp"))  # no half-written caption anywhere
-    summary = run_batch(describer, targets, prompt="Describe.", overwrite=False,
-                        jsonl=JsonlLog(log_path), on_event=lambda event: None)
+    summary = caption_all(describer, targets, prompt="Describe.", overwrite=False,
+                          jsonl=JsonlLog(log_path), on_event=lambda event: None)
     assert (summary.captioned, summary.skipped, len(summary.failed)) == (7, 5, 2)
     assert len(calls) == 12 and len(set(calls)) == 12  # every image exactly once
 
@@ -117,17 +117,18 @@ def test_each_image_starts_from_the_shared_prefix(small_engine: Engine, tmp_path
         image.save(tmp_path / name)
     describer = Describer(small_engine, CHATML, tile_size=112, max_tokens=6, max_tiles=0)
     results = []
-    targets = plan_targets(find_images([tmp_path], recursive=False, pattern=None),
+    targets = plan_targets(find_images([tmp_path], recursive=False, pattern=None).images,
                            write_captions=False, out_dir=None)
+    kv_after: list[int] = []
 
     def record(event) -> None:  # noqa: ANN001
-        results.append(event.result)
-        conversation = describer.conversation
-        turn_segments = [s for s in conversation.segments if s.turn > 0]
-        assert {s.turn for s in turn_segments} == {conversation.turn}  # only the current image
-        conversation.check()
+        if isinstance(event, ImageDone):
+            results.append(event.result)
+            kv_after.append(describer.kv_tokens)
+            describer.check()
 
-    run_batch(describer, targets, prompt="Describe.", overwrite=False, jsonl=None, on_event=record)
+    caption_all(describer, targets, prompt="Describe.", overwrite=False, jsonl=None, on_event=record)
+    assert len(set(kv_after)) == 1  # each image replaced the last one: nothing piles up
     assert len({r.prompt_tokens for r in results}) == 1  # identical images, identical prompts
     assert len({r.text for r in results}) == 1  # nothing leaked from one image into the next
     assert results[1].cached_tokens == results[2].cached_tokens == describer.shared_prefix_len()

@@ -44,7 +44,7 @@ def test_peer_log_is_read_into_ttft_and_speeds() -> None:
         parse_peer_log("llama-mtmd-cli: error: failed to load model")
 
 
-def test_bench_json_measures_every_stage(test_models: dict[str, Path], tmp_path: Path) -> None:
+def test_bench_json_measures_every_stage(test_models: dict[str, Path]) -> None:
     result = run_cli("bench", *_models(test_models), "--max-tokens", "6", "--turns", "3", "--json",
                      "--no-peer")
     assert result.returncode == 0, result.stderr

@@ -110,7 +110,7 @@ def test_user_errors_are_one_line_with_exit_2(test_models: dict[str, Path], phot
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-def test_help_teaches(photos: dict[str, Path]) -> None:
+def test_help_teaches() -> None:
     result = run_cli("describe", "--help")
     assert result.returncode == 0
     for flag in ("--prompt", "--tiles", "--pool", "--json", "--n-ctx", "--n-gpu-layers", "--model"):

@@ -96,3 +96,57 @@ def test_pool_auto_buys_a_larger_grid_when_full_tiles_do_not_fit(small_engine: E
     assert auto.tile_tokens == auto.n_tiles * 16 and full.tile_tokens == full.n_tiles * 64
     assert auto.visual_tokens == 64 + auto.tile_tokens
     assert auto.to_json()["pool"] == 2
+
+
+@pytest.mark.parametrize("n_ctx", [2048, 3072, 4096])
+def test_plan_reports_the_grid_describe_uses(test_models: dict[str, Path], n_ctx: int) -> None:
+    from edgevlm.describe import DEFAULT_PROMPT
+    from edgevlm.runtime import ModelFlags, describe_costs, inspect, make_plan
+
+    flags = ModelFlags(str(test_models["text"]), str(test_models["mmproj_336"]), n_ctx=n_ctx)
+    choice, text, projector = inspect(flags)
+    plan = make_plan(flags, text, projector, costs=describe_costs(choice, text, projector))
+    photo = _image((3840, 2160))
+    with make_engine(test_models["mmproj_336"], n_ctx=n_ctx) as engine:
+        for pool in (None, 1, 2):
+            describer = Describer(engine, CHATML, tile_size=336, max_tokens=flags.answer_tokens, pool=pool)
+            grid = describer.prepare(photo, describer.room_for(DEFAULT_PROMPT)).plan
+            if pool is None:  # what plan shows for a 4K photo (--pool auto)
+                assert (grid.grid, grid.pool) == (plan.photo_grid, plan.photo_pool)
+            # Never more tiles than plan says fit, at either pooling.
+            assert grid.n_tiles <= (plan.max_pooled_tiles if grid.pool == 2 else plan.max_tiles)
+
+
+def test_describe_images_reports_each_step_in_order(small_engine: Engine, tmp_path: Path) -> None:
+    from edgevlm.describe import ImageDone, ImageFailed, ImageProgress, ImageStarted, TextPiece, describe_images
+
+    Image.new("RGB", (900, 600), (10, 200, 30)).save(tmp_path / "a.png")
+    (tmp_path / "bad.jpg").write_bytes(b"not a jpeg")
+    events: list[object] = []
+    described = describe_images(_describer(small_engine), [tmp_path / "a.png", tmp_path / "bad.jpg"],
+                                on_event=events.append)
+    assert described == 1
+    kinds = [type(e).__name__ for e in events]
+    assert kinds[0] == "ImageStarted" and kinds[-2:] == ["ImageDone", "ImageFailed"]
+    progress = [e.progress for e in events if isinstance(e, ImageProgress)]
+    done = next(e for e in events if isinstance(e, ImageDone))
+    assert progress[0].views_done == 0 and progress[-1].views_done == progress[-1].views_total
+    assert progress[-1].views_total == 1 + done.result.n_tiles
+    assert all(a.tokens_done <= b.tokens_done <= b.tokens_total for a, b in zip(progress, progress[1:]))
+    first_text = kinds.index("TextPiece") if "TextPiece" in kinds else kinds.index("ImageDone")
+    assert max(i for i, k in enumerate(kinds) if k == "ImageProgress") < first_text
+    assert "".join(e.text for e in events if isinstance(e, TextPiece)).strip() == done.result.text
+    failed = next(e for e in events if isinstance(e, ImageFailed))
+    assert "bad.jpg" in failed.error and isinstance(events[0], ImageStarted)
+    assert done.result.image_size == (900, 600) and done.result.read_s > 0
+
+
+def test_the_first_image_pays_for_the_system_prompt_in_tokens_and_time(small_engine: Engine) -> None:
+    describer = _describer(small_engine, max_tiles=0)
+    first = describer.describe(_image((800, 600), "a.jpg"))
+    second = describer.describe(_image((800, 600), "b.jpg"))
+    assert second.prompt_tokens == first.prompt_tokens and second.cached_tokens > 0
+    # Same image, same prompt: the first image's speed counts the system prompt's tokens and
+    # its time alike, so it is in the same range as the second's, not inflated by free tokens.
+    assert first.prefill_s > second.prefill_s
+    assert first.prefill_tok_s < 3 * second.prefill_tok_s

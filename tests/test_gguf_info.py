@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 
 from edgevlm.errors import ModelError
 from edgevlm.gguf_info import check_pair, read_projector, read_text_model
+
+from .conftest import load_script
 
 
 def test_text_model_facts(test_models: dict[str, Path]) -> None:
@@ -39,12 +40,8 @@ def test_swapped_files_are_named(test_models: dict[str, Path]) -> None:
 
 
 def test_width_mismatch_is_caught_before_loading(test_models: dict[str, Path], tmp_path: Path) -> None:
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-    from make_test_models import write_projector
-
-    wide = write_projector(tmp_path / "wide.gguf", image_size=112, text_width=640)
+    writers = load_script("make_test_models")
+    wide = writers.write_projector(tmp_path / "wide.gguf", image_size=112, text_width=640)
     with pytest.raises(ModelError, match="width 640 .* embedding width 576"):
         check_pair(read_text_model(test_models["text"]), read_projector(wide))
 
@@ -61,4 +58,3 @@ def test_not_gguf_and_truncated(tmp_path: Path, test_models: dict[str, Path]) ->
         read_text_model(cut)
     with pytest.raises(ModelError, match="no such file"):
         read_text_model(tmp_path / "absent.gguf")
-    shutil.rmtree(tmp_path)

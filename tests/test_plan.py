@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,15 +27,12 @@ from edgevlm.plan import (
     weights_on_host,
 )
 
-from .conftest import ROOT, run_cli
+from .conftest import load_script, run_cli
 
-sys.path.insert(0, str(ROOT / "scripts"))
-from make_test_models import (  # noqa: E402
-    LLAVA_7B,
-    LLAVA_7B_GQA,
-    write_sparse_llama,
-    write_sparse_vit_projector,
-)
+_writers = load_script("make_test_models")
+LLAVA_7B, LLAVA_7B_GQA = _writers.LLAVA_7B, _writers.LLAVA_7B_GQA
+write_sparse_llama = _writers.write_sparse_llama
+write_sparse_vit_projector = _writers.write_sparse_vit_projector
 
 
 def _facts(**changes: object) -> TextModelFacts:
@@ -112,7 +108,7 @@ def test_clip_compute_for_vit_l(shapes: dict[str, Path]) -> None:
 
 @pytest.mark.parametrize(("text", "expected"), [
     ("8GiB", 8 * GIB), ("8G", 8 * GIB), ("8192MiB", 8 * GIB), ("12gb", 12 * 10**9), ("1000", 1000),
-    ("1.5GiB", 3 * GIB // 2)])
+    ("1.5GiB", 3 * GIB // 2), ("512M", 512 * MIB), ("512MB", 512 * 10**6), ("64k", 65536), ("64KB", 64000)])
 def test_parse_size(text: str, expected: int) -> None:
     assert parse_size(text) == expected
 
@@ -205,6 +201,32 @@ def test_estimate_matches_llama_cpp(shapes: dict[str, Path], variant: str, flash
         assert abs(checks[name].error) <= 0.10, checks[name]
 
 
+@pytest.mark.parametrize("mmproj", ["mmproj_336", "mmproj_112"])
+@pytest.mark.parametrize("flash_attn", [True, False])
+def test_estimate_matches_llama_cpp_on_a_tied_small_model(test_models: dict[str, Path], mmproj: str,
+                                                         flash_attn: bool) -> None:
+    """SmolLM ties its embeddings, like Qwen and Gemma: weights must not count token_embd twice."""
+    text, projector = read_text_model(test_models["text"]), read_projector(test_models[mmproj])
+    assert text.tied_embeddings
+    plan = choose(text, projector, Device(vram_free=None, ram_free=16 * GIB),
+                  Settings(n_ctx=2048, flash_attn=flash_attn))
+    with Engine(EngineConfig(test_models["text"], test_models[mmproj], n_ctx=2048, n_gpu_layers=0,
+                             n_batch=plan.n_ubatch, n_ubatch=plan.n_ubatch, flash_attn=flash_attn)) as engine:
+        checks = {c.component: c for c in compare(plan, engine.reported_buffers)}
+    for name in ("weights", "kv", "mmproj"):
+        assert abs(checks[name].error) <= 0.01, checks[name]
+    for name in ("compute", "mmproj_compute"):
+        assert abs(checks[name].error) <= 0.10, checks[name]
+
+
+def test_a_tied_output_layer_is_copied_only_to_the_gpu() -> None:
+    tied = _facts(tied_embeddings=True, output_bytes=1 * MIB)
+    assert weights_on_gpu(tied, 0) == 0
+    assert weights_on_gpu(tied, 1) == tied.token_embd_bytes + 1 * MIB  # the copy, on the GPU
+    assert weights_on_host(tied, 1) == tied.weight_bytes - 1 * MIB  # token_embd stays on the host
+    assert weights_on_host(tied, 0) == tied.weight_bytes  # on the CPU the mapped tensor is reused
+
+
 def test_plan_cli_json_and_verify(shapes: dict[str, Path]) -> None:
     args = ["plan", "--model", str(shapes["mha"]), "--mmproj", str(shapes["mmproj"])]
     result = run_cli(*args, "--vram", "12GiB", "--json")
@@ -226,7 +248,10 @@ def test_one_image_view_per_ubatch(llava: tuple[TextModelFacts, ProjectorFacts])
     assert plan.n_ubatch == ubatch_for(projector) == 576  # not 512 + 64
     at_512 = estimate(text, projector, n_ctx=plan.n_ctx, n_gpu_layers=33, flash_attn=True, n_ubatch=512)
     assert plan.breakdown.compute_gpu > at_512.compute_gpu  # the planner pays for the bigger graph
-    assert plan.max_tiles == 5 and plan.max_pooled_tiles == 15  # n_ctx 4096
+    # n_ctx 4096: 4 full tiles beside the global view, labels and a 512-token answer (not 5,
+    # which a flat text reserve without labels claimed); a 4K photo gets 5x3 pooled.
+    assert plan.max_tiles == 4 and plan.max_pooled_tiles == 15
+    assert (plan.photo_grid, plan.photo_pool) == ((5, 3), 2)
     assert plan.to_json()["n_ubatch"] == 576
     explicit = choose(text, projector, Device(vram_free=12 * GIB, ram_free=16 * GIB), Settings(n_ubatch=256))
     assert explicit.n_ubatch == 256

@@ -1,0 +1,124 @@
+"""The command line in-process (Typer's CliRunner): arguments, help and one-line errors.
+
+Everything here fails or answers before a model is loaded, so it runs in milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from edgevlm.cli import app
+
+runner = CliRunner()
+
+
+def _run(*args: str, env: dict[str, str] | None = None):  # noqa: ANN202
+    return runner.invoke(app, list(args), env=env)
+
+
+def _one_line_error(result, code: int = 2) -> str:  # noqa: ANN001
+    assert result.exit_code == code, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.output
+    return lines[0]
+
+
+@pytest.mark.parametrize(("args", "env", "message"), [
+    (["--tiles", "many"], {}, "--tiles must be auto, 0 or a positive number, not 'many'"),
+    (["--tiles", "-3"], {}, "--tiles must be auto, 0 or a positive number"),
+    (["--pool", "3"], {}, "--pool must be 1, 2 or auto, not '3'"),
+    ([], {"EDGEVLM_POOL": "3"}, "EDGEVLM_POOL=3: must be 1, 2 or auto"),
+    (["--out-dir", "x"], {}, "--out-dir needs --write-captions"),
+])
+def test_bad_describe_options_are_one_line(tmp_path: Path, args: list[str], env: dict[str, str],
+                                           message: str) -> None:
+    (tmp_path / "a.jpg").write_bytes(b"x")
+    line = _one_line_error(_run("describe", str(tmp_path / "a.jpg"), *args, env=env))
+    assert message in line
+
+
+def test_a_bad_pixel_limit_variable_is_named(tmp_path: Path) -> None:
+    from PIL import Image
+
+    Image.new("RGB", (8, 8)).save(tmp_path / "a.png")
+    result = _run("describe", str(tmp_path / "a.png"), "--model", str(tmp_path / "no.gguf"),
+                  "--mmproj", str(tmp_path / "no.gguf"), env={"EDGEVLM_MAX_PIXELS": "abc"})
+    assert "EDGEVLM_MAX_PIXELS=abc is not a positive whole number" in _one_line_error(result)
+
+
+def test_max_pixels_variable_is_checked() -> None:
+    from edgevlm.errors import ConfigError
+    from edgevlm.images import max_pixels
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EDGEVLM_MAX_PIXELS", "abc")
+        with pytest.raises(ConfigError, match="EDGEVLM_MAX_PIXELS=abc is not a positive"):
+            max_pixels()
+        mp.setenv("EDGEVLM_MAX_PIXELS", "1_000_000")
+        assert max_pixels() == 1_000_000
+
+
+@pytest.mark.parametrize("contents", [[], ["notes.txt"], ["img1.jpg.txt"]])
+def test_a_folder_without_images_says_so(tmp_path: Path, contents: list[str]) -> None:
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for name in contents:
+        (folder / name).write_text("not an image")
+    line = _one_line_error(_run("describe", str(folder)))
+    assert "no images found in" in line and ".jpg" in line and "--recursive" in line
+
+
+def test_a_directory_named_like_an_image_is_a_folder(tmp_path: Path) -> None:
+    (tmp_path / "x.jpg").mkdir()
+    line = _one_line_error(_run("describe", str(tmp_path / "x.jpg"), "-r"))
+    assert "no images found in" in line and "--recursive" not in line
+
+
+def test_glob_never_takes_edgevlm_outputs(tmp_path: Path) -> None:
+    from edgevlm.batch import find_images
+
+    for name in ("img1.jpg", "img1.jpg.txt", "img10.png", ".img1.jpg.txt.tmp", "img1.notes"):
+        (tmp_path / name).write_bytes(b"x")
+    found = find_images([tmp_path], recursive=False, pattern="img1*")
+    assert [p.name for p, _ in found.images] == ["img1.jpg", "img10.png"]
+
+
+@pytest.mark.parametrize("kind", ["missing", "notes", "binary"])
+def test_resume_refuses_what_is_not_a_session_and_leaves_it_alone(tmp_path: Path, kind: str) -> None:
+    path = tmp_path / "notes.txt"
+    original = {"missing": None, "notes": b"my shopping list\nmilk\n", "binary": b"\xff\xfe\x00"}[kind]
+    if original is not None:
+        path.write_bytes(original)
+    line = _one_line_error(_run("chat", "--resume", str(path)))
+    assert str(path) in line
+    assert (path.read_bytes() if path.exists() else None) == original  # never appended to
+
+
+def test_chat_summary_choice_is_checked() -> None:
+    assert "--summary must be caption or answer" in _one_line_error(_run("chat", "--summary", "x"))
+
+
+def test_plan_vram_errors_and_json_fields(tmp_path: Path) -> None:
+    assert "not a size" in _one_line_error(_run("plan", "--vram", "lots"))
+    result = _run("plan", "llava-1.5-7b", "--vram", "8GiB", "--json",
+                  env={"EDGEVLM_MODELS_DIR": str(tmp_path)})
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["example_photo"]["size"] == [3840, 2160] and data["example_photo"]["tiles"] >= 0
+    assert any("tile counts are estimated" in n for n in data["notes"])
+
+
+def test_help_teaches_and_copies_cleanly() -> None:
+    chat_help = _run("chat", "--help").stdout
+    assert "printf '/image a.jpg what is this?\\nwhat colour was it?\\n' | edgevlm chat" in chat_help
+    describe_help = _run("describe", "--help").stdout
+    for flag in ("--prompt", "--tiles", "--pool", "--json", "--n-ctx", "--n-gpu-layers", "--model"):
+        assert flag in describe_help
+    root = _run("--help").stdout
+    assert "--version" in root and "<bool>" not in root and "<str>" not in _run("describe", "--help").stdout
+    assert _run("--version").stdout.startswith("edgevlm ")
