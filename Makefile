@@ -39,6 +39,7 @@ help:
 	@echo "make bench   benchmarks on the test models"
 	@echo "make peers   build llama.cpp's own llama-mtmd-cli (the same pinned llama.cpp) for the benchmarks"
 	@echo "make lint    ruff"
+	@echo "make clean   remove .venv and the tool caches (built wheels and models stay)"
 
 setup: $(SETUP_STAMP)
 

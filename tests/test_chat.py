@@ -133,12 +133,22 @@ def test_repl_in_a_terminal(test_models: dict[str, Path], tmp_path: Path) -> Non
         child.send("/stats\r")
         child.expect("turns 1")
         child.expect(">>>")
+        child.send("word " * 1000 + "\r")  # 5,000 pasted characters: refused, and the chat goes on
+        child.expect("shorten it")
+        child.expect(">>>")
+        child.send("/reset\r")
+        child.expect("conversation cleared")
+        child.send("/stats\r")
+        child.expect("turns 0 · images 0")
+        child.expect(">>>")
         child.sendeof()
         child.expect(pexpect.EOF)
     finally:
         child.close(force=True)
     assert child.exitstatus == 0
-    turns = _turns(tmp_path / "session.jsonl")
+    rows = [json.loads(line) for line in (tmp_path / "session.jsonl").read_text().splitlines()]
+    assert [r["type"] for r in rows] == ["session", "turn", "reset"]
+    turns = [r for r in rows if r["type"] == "turn"]
     assert len(turns) == 1 and turns[0]["interrupted"]
     assert turns[0]["stats"]["completion_tokens"] < 1500
 
@@ -153,3 +163,32 @@ def test_an_unwritable_session_file_warns_once_and_chats_on(test_models: dict[st
     assert result.returncode == 0
     assert result.stderr.count("not being saved") == 1
     assert len([line for line in result.stdout.splitlines() if line.strip()]) >= 2
+
+
+def test_long_lines_home_paths_and_reset_when_piped(test_models: dict[str, Path], tmp_path: Path,
+                                                   photo: Path) -> None:
+    home = photo.parent
+    lines = ["x" * 5000,  # over 4 KB and no path: a message, not a traceback
+             "y " * 200,  # over 255 bytes with no slash
+             f"/image ~/{photo.name} what is this?",  # ~ is the user's home, as in a shell
+             "/reset", "/stats", "after the reset"]
+    result = run_cli(*_args(test_models, tmp_path), stdin="\n".join(lines) + "\n",
+                     env={"HOME": str(home)})
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr and "File name too long" not in result.stderr
+    assert "error" not in result.stderr
+    assert "turns 0 · images 0" in result.stderr  # /stats after /reset
+    session = tmp_path / "session.jsonl"
+    rows = [json.loads(line) for line in session.read_text().splitlines()]
+    assert [r["type"] for r in rows] == ["session", "turn", "turn", "turn", "reset", "turn"]
+    assert rows[1]["user"] == "x" * 5000 and rows[3]["image"] == str(photo)
+    resumed = run_cli("chat", "--resume", str(session), "--max-tokens", "4", stdin="")
+    assert resumed.returncode == 0, resumed.stderr  # with the recorded model, not the default preset
+    assert "resumed 1 turns" in resumed.stderr  # only what followed the /reset
+
+
+def test_a_chat_that_says_nothing_leaves_no_session_file(test_models: dict[str, Path],
+                                                        tmp_path: Path) -> None:
+    result = run_cli(*_args(test_models, tmp_path), stdin="/help\n/stats\n")
+    assert result.returncode == 0, result.stderr
+    assert not (tmp_path / "session.jsonl").exists()

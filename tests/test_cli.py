@@ -136,6 +136,7 @@ def test_ctrl_c_during_describe_exits_130_cleanly(test_models: dict[str, Path],
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 130
     assert "interrupted" in stderr and "Traceback" not in stderr
+    assert "message" not in stderr  # describe sends no message; that wording is the chat's
 
 
 def test_a_prompt_longer_than_the_context_is_refused(test_models: dict[str, Path],
@@ -155,3 +156,42 @@ def test_llama_log_only_with_verbose_and_tracebacks_only_with_debug(
     debug = run_cli("describe", str(photos["alpha"]), "--model", str(tmp_path / "absent.gguf"),
                     "--mmproj", str(test_models["mmproj_112"]), "--debug")
     assert debug.returncode != 0 and "Traceback" in debug.stderr
+
+
+def test_several_images_are_told_apart_on_stdout(test_models: dict[str, Path], photos: dict[str, Path],
+                                                 tmp_path: Path) -> None:
+    result = run_cli("describe", str(photos["photo"]), str(photos["alpha"]), *_model_args(test_models),
+                     "--tiles", "0")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"==> {photos['photo']} <==\n")  # head(1)'s convention
+    assert f"\n\n==> {photos['alpha']} <==\n" in result.stdout
+    assert result.stderr.count("TTFT") == 2  # a stats line per image
+    folder = tmp_path / "two"
+    folder.mkdir()
+    for name in ("photo", "alpha"):
+        (folder / photos[name].name).write_bytes(photos[name].read_bytes())
+    in_folder = run_cli("describe", str(folder), *_model_args(test_models), "--tiles", "0")
+    assert in_folder.returncode == 0, in_folder.stderr
+    assert in_folder.stdout.count("==> ") == 2 and in_folder.stderr.count("TTFT") == 2
+    assert "2 captioned, 0 skipped (already done), 0 failed" in in_folder.stderr
+
+
+def test_live_progress_in_a_terminal(test_models: dict[str, Path], photos: dict[str, Path]) -> None:
+    import os
+    import sys
+
+    import pexpect
+
+    from .conftest import ROOT
+
+    child = pexpect.spawn(sys.executable, ["-m", "edgevlm.cli", "describe", str(photos["photo"]),
+                                           *_model_args(test_models)], cwd=str(ROOT),
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "TERM": "xterm"},
+                          encoding="utf-8", timeout=120, dimensions=(30, 160))
+    try:
+        child.expect(r"views 0/\d+ · prefill 0/\d+ tokens")  # shown while the image is read
+        child.expect("TTFT")  # then the answer and its stats line
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0

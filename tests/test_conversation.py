@@ -100,6 +100,18 @@ def test_reset_and_rewind(engine_4k: Engine) -> None:
     chat.reset()
     chat.check()
     assert len(chat.segments) == 1 and chat.kv_tokens == engine_4k.n_past > 0
+    assert (chat.turn, chat.images_seen, chat.records) == (0, 0, [])  # /stats starts over
+
+
+def test_an_empty_message_is_a_user_error_not_an_overflow(engine_4k: Engine) -> None:
+    from edgevlm.errors import EmptyMessageError, UserError
+
+    chat = _chat(engine_4k)
+    with pytest.raises(EmptyMessageError, match="the message is empty") as caught:
+        chat.ask("   ")
+    assert isinstance(caught.value, UserError) and not isinstance(caught.value, ContextOverflowError)
+    chat.check()
+    assert chat.turn == 0
 
 
 def test_interrupt_while_prefilling_rolls_back(engine_4k: Engine) -> None:

@@ -140,3 +140,12 @@ def test_pooled_rows_decode_at_the_ledger_positions(engine: Engine) -> None:
     assert engine.n_past == start + 144 and _ledger_ok(engine)
     engine.eval_text(engine.tokenize(QUESTION))
     assert len("".join(engine.generate(4))) > 0 and _ledger_ok(engine)
+
+
+def test_an_engine_without_a_projector_refuses_images_clearly(test_models: dict[str, Path]) -> None:
+    from edgevlm.engine import EngineConfig
+
+    with Engine(EngineConfig(test_models["text"], None, n_ctx=256, n_gpu_layers=0)) as text_only:
+        for call in (text_only.image_tokens, lambda: text_only.encode_image(Image.new("RGB", (8, 8)))):
+            with pytest.raises(EngineError, match="no projector is loaded"):
+                call()

@@ -191,3 +191,18 @@ def test_plan_answers_for_a_preset_that_is_not_downloaded(tmp_path: Path) -> Non
     data = json.loads(result.stdout)
     assert data["n_layers"] == 41 and data["n_gpu_layers"] == 41
     assert any("planned from the catalog" in note for note in data["notes"])
+
+
+def test_no_network_fails_at_once_and_leaves_nothing_behind(models_dir: Path) -> None:
+    import socket
+
+    with socket.socket() as probe:  # a port on this machine that nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    env = {"HF_ENDPOINT": f"http://127.0.0.1:{closed}", "EDGEVLM_MODELS_DIR": str(models_dir),
+           "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_XET": "1"}
+    result = run_cli("fetch", "fake", env=env, timeout=120)
+    assert result.returncode == 2
+    assert "Retrying" not in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "cannot reach" in result.stderr
+    assert not (models_dir / "fake").exists()  # no empty folder left behind

@@ -255,3 +255,17 @@ def test_one_image_view_per_ubatch(llava: tuple[TextModelFacts, ProjectorFacts])
     assert plan.to_json()["n_ubatch"] == 576
     explicit = choose(text, projector, Device(vram_free=12 * GIB, ram_free=16 * GIB), Settings(n_ubatch=256))
     assert explicit.n_ubatch == 256
+
+
+def test_plan_reads_whole_when_piped_and_refuses_to_verify_a_gpu_plan_on_a_cpu_build(
+        test_models: dict[str, Path]) -> None:
+    from edgevlm.engine import gpu_offload_supported
+
+    args = ["plan", "--model", str(test_models["text"]), "--mmproj", str(test_models["mmproj_336"])]
+    result = run_cli(*args)
+    assert result.returncode == 0, result.stderr
+    summary = next(line for line in result.stdout.splitlines() if "n_gpu_layers" in line)
+    assert "a 3840x2160 photo:" in summary and len(summary) > 80  # one line, not wrapped at 80
+    if not gpu_offload_supported():
+        refused = run_cli(*args, "--vram", "8GiB", "--verify")
+        assert refused.returncode == 2 and "cannot check a GPU plan" in refused.stderr
