@@ -118,7 +118,14 @@ def test_plan_reports_the_grid_describe_uses(test_models: dict[str, Path], n_ctx
 
 
 def test_describe_images_reports_each_step_in_order(small_engine: Engine, tmp_path: Path) -> None:
-    from edgevlm.describe import ImageDone, ImageFailed, ImageProgress, ImageStarted, TextPiece, describe_images
+    from edgevlm.describe import (
+        ImageDone,
+        ImageFailed,
+        ImageProgress,
+        ImageStarted,
+        TextPiece,
+        describe_images,
+    )
 
     Image.new("RGB", (900, 600), (10, 200, 30)).save(tmp_path / "a.png")
     (tmp_path / "bad.jpg").write_bytes(b"not a jpeg")
@@ -132,7 +139,8 @@ def test_describe_images_reports_each_step_in_order(small_engine: Engine, tmp_pa
     done = next(e for e in events if isinstance(e, ImageDone))
     assert progress[0].views_done == 0 and progress[-1].views_done == progress[-1].views_total
     assert progress[-1].views_total == 1 + done.result.n_tiles
-    assert all(a.tokens_done <= b.tokens_done <= b.tokens_total for a, b in zip(progress, progress[1:]))
+    steps = zip(progress, progress[1:], strict=False)
+    assert all(a.tokens_done <= b.tokens_done <= b.tokens_total for a, b in steps)
     first_text = kinds.index("TextPiece") if "TextPiece" in kinds else kinds.index("ImageDone")
     assert max(i for i, k in enumerate(kinds) if k == "ImageProgress") < first_text
     assert "".join(e.text for e in events if isinstance(e, TextPiece)).strip() == done.result.text

@@ -15,6 +15,7 @@ from .conftest import ROOT
 def test_make_help_lists_every_target() -> None:
     phony = re.search(r"^\.PHONY:(.*)$", (ROOT / "Makefile").read_text(), re.MULTILINE)
     assert phony is not None
-    shown = subprocess.run(["make", "-s", "help"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    shown = subprocess.run(["make", "-s", "help"], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout
     listed = {line.split()[1] for line in shown.splitlines() if line.startswith("make ")}
     assert set(phony.group(1).split()) - {"help"} <= listed
