@@ -16,6 +16,8 @@ import typer
 from rich.markup import escape
 
 from . import __version__
+from . import options as opt
+from .catalog import DEFAULT_PRESET as DEFAULT_MODEL
 from .errors import ConfigError, EdgeVLMError, Interrupted
 from .render import err
 
@@ -37,31 +39,51 @@ app = typer.Typer(
 # Where `make peers` puts llama.cpp's own multimodal CLI.
 DEFAULT_PEER = Path("peers") / "bin" / "llama-mtmd-cli"
 
-ModelOpt = Annotated[str, typer.Option(
-    "--model", "-m", envvar="EDGEVLM_MODEL", metavar="NAME|GGUF",
-    help="A preset name (see `edgevlm models`) or a path to a text-model .gguf.")]
-MmprojOpt = Annotated[Path | None, typer.Option(
-    metavar="GGUF", help="The projector (mmproj) .gguf; needed when --model is a path.")]
-NCtxOpt = Annotated[int | None, typer.Option(
-    "--n-ctx", metavar="TOKENS",
-    help="Context size in tokens. Default: 4096 (or the model's training context).")]
-NglOpt = Annotated[int | None, typer.Option(
-    "--n-gpu-layers", metavar="N", help="Layers to put on the GPU (the output layer counts as one). "
-    "Default: all, when llama.cpp was built with GPU support.")]
-ThreadsOpt = Annotated[int | None, typer.Option(metavar="N", help="CPU threads for llama.cpp.")]
-VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's own log.")]
-DebugOpt = Annotated[bool, typer.Option(help="Show Python tracebacks for errors.")]
-FetchOpt = Annotated[bool, typer.Option("--fetch", help="Download the preset first if it is missing.")]
-MaxTokensOpt = Annotated[int, typer.Option(metavar="N", help="Longest answer, in tokens.", min=1)]
-TilesOpt = Annotated[str, typer.Option(
-    metavar="auto|0|N",
-    help="Local 336px tiles beside the global view: auto (as many as the context allows), "
-    "0 (global view only, best for whole-scene questions) or a maximum N.")]
-PoolOpt = Annotated[str, typer.Option(
-    "--pool", envvar="EDGEVLM_POOL", metavar="auto|1|2",
-    help="Average-pool each close-up tile's 24x24 tokens: 1 (full detail), 2 (2x2: 576 -> 144 tokens "
-    "per tile, so prefill is ~4x cheaper and more tiles fit; small text suffers) or auto (full tiles "
-    "while they fit, pooled tiles when pooling buys a larger grid). The global view is never pooled.")]
+DESCRIBE_HELP = """Describe photos (JPEG, PNG, WebP, …) or folders of them in detail: a global view
+plus labelled close-up tiles.
+
+The description streams to stdout (with a ==> name <== header per image when there are
+several); a stats line per image (tiles, visual tokens, time to first token, prefill and
+decode speed) goes to stderr. Exit code 2 if any image failed.
+
+Folders are captioned with one model load, a progress bar and resume: with --write-captions
+or --jsonl, images already done are skipped, so an interrupted run carries on where it stopped.
+
+\b
+Examples:
+  edgevlm describe photo.jpg --prompt "What does the small sign say?"
+  edgevlm describe ~/Pictures -r --write-captions --jsonl captions.jsonl --tiles 0
+"""
+CHAT_HELP = """Chat about images in the terminal; answered images turn into text, so the chat never
+fills up.
+
+Ask with `/image PATH question` or drop an image path into the line; follow-up questions
+reuse the cache (no re-prefill). Piped input is read one turn per line:
+
+\b
+  printf '/image a.jpg what is this?\\nwhat colour was it?\\n' | edgevlm chat
+"""
+PLAN_HELP = """Estimate GPU memory and choose n_gpu_layers and n_ctx, counting the vision projector.
+
+NAME|GGUF is a preset or a .gguf path, the same as --model. Reads the GGUF files (no
+loading), measures free VRAM with NVML (or takes --vram), and explains the choice, with the
+tiles `describe` will give a 4K photo. `describe` and `chat` use the same plan unless
+--n-gpu-layers or --n-ctx are given.
+
+\b
+Example:
+  edgevlm plan --vram 8GiB
+"""
+BENCH_HELP = """Measure this machine: model load, describe stage by stage (pool 1 vs 2), a short chat.
+
+Describe runs four ways on one loaded model: the global view only, tiles at full detail,
+the same grid pooled 2x2, and --pool auto. Time to first token (preprocess, CLIP, prefill)
+and decode speed are reported apart, with the ratios the pooling targets are stated in.
+
+\b
+Example:
+  edgevlm bench --image ~/Pictures/IMG_0001.jpg --repeat 3
+"""
 
 
 def _version(value: bool) -> None:
@@ -71,65 +93,23 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def _root(
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
-                                          help="Print the version and exit.", show_default=False)] = False,
-) -> None:
+def _root(version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True, help="Print the version and exit.")] = False) -> None:
     """edgevlm: a vision-language model on your own machine."""
 
 
-@app.command()
+@app.command(help=DESCRIBE_HELP)
 def describe(
-    ctx: typer.Context,
-    photos: Annotated[list[Path], typer.Argument(show_default=False, metavar="IMAGE_OR_FOLDER...")],
-    prompt: Annotated[str | None, typer.Option(
-        "--prompt", "-p", metavar="TEXT", help="What to ask about each image.")] = None,
-    max_tokens: MaxTokensOpt = 512,
-    tiles: TilesOpt = "auto",
-    pool: PoolOpt = "auto",
-    model: ModelOpt = "llava-1.5-7b",
-    mmproj: MmprojOpt = None,
-    n_gpu_layers: NglOpt = None,
-    n_ctx: NCtxOpt = None,
-    seed: Annotated[int | None, typer.Option(
-        metavar="N", help="Sampling seed (with --temperature > 0).")] = None,
-    temperature: Annotated[float, typer.Option(
-        metavar="T", help="0 is greedy and repeatable.", min=0.0)] = 0.0,
-    json_out: Annotated[bool, typer.Option("--json", help="One JSON object per image on stdout.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress or stats on stderr.")] = False,
-    recursive: Annotated[bool, typer.Option("--recursive", "-r", help="Descend into subfolders.")] = False,
-    glob: Annotated[str | None, typer.Option(
-        metavar="PATTERN",
-        help="In folders, only images whose name matches this pattern (e.g. 'IMG_*').")] = None,
-    write_captions: Annotated[bool, typer.Option(
-        help="Write IMAGE.txt next to each image (or under --out-dir).")] = False,
-    out_dir: Annotated[Path | None, typer.Option(
-        metavar="DIR",
-        help="With --write-captions: put the .txt files here, mirroring the folder tree.")] = None,
-    jsonl: Annotated[Path | None, typer.Option(
-        metavar="FILE", help="Append one JSON object per image to this file.")] = None,
-    overwrite: Annotated[bool, typer.Option(help="Caption images that already have a caption.")] = False,
-    fetch_missing: FetchOpt = False,
-    threads: ThreadsOpt = None,
-    verbose: VerboseOpt = False,
-    debug: DebugOpt = False,
+    ctx: typer.Context, photos: opt.Photos, prompt: opt.Prompt = None, max_tokens: opt.MaxTokens = 512,
+    tiles: opt.Tiles = "auto", pool: opt.Pool = "auto", model: opt.Model = DEFAULT_MODEL,
+    mmproj: opt.Mmproj = None, n_gpu_layers: opt.NGpuLayers = None, n_ctx: opt.NCtx = None,
+    seed: opt.Seed = None, temperature: opt.Temperature = 0.0, json_out: opt.JsonOut = False,
+    quiet: opt.Quiet = False, recursive: opt.Recursive = False, glob: opt.Glob = None,
+    write_captions: opt.WriteCaptions = False, out_dir: opt.OutDir = None, jsonl: opt.Jsonl = None,
+    overwrite: opt.Overwrite = False, fetch_missing: opt.Fetch = False, threads: opt.Threads = None,
+    verbose: opt.Verbose = False, debug: opt.Debug = False,
 ) -> None:
-    """Describe photos (JPEG, PNG, WebP, …) or folders of them in detail: a global view plus
-    labelled close-up tiles.
-
-    The description streams to stdout (with a ==> name <== header per image when there are
-    several); a stats line per image (tiles, visual tokens, time to first token, prefill and
-    decode speed) goes to stderr. Exit code 2 if any image failed.
-
-    Folders are captioned with one model load, a progress bar and resume: with
-    --write-captions or --jsonl, images already done are skipped, so an interrupted run
-    carries on where it stopped.
-
-    \b
-    Examples:
-      edgevlm describe photo.jpg --prompt "What does the small sign say?"
-      edgevlm describe ~/Pictures -r --write-captions --jsonl captions.jsonl --tiles 0
-    """
+    """Describe photos and folders (see DESCRIBE_HELP)."""
     from .batch import (
         BatchSummary,
         JsonlLog,
@@ -157,10 +137,8 @@ def describe(
         if needs_work(targets, jsonl=log, overwrite=overwrite):
             flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, max_tokens, fetch_missing)
             with _loaded(flags, quiet=quiet or json_out) as loaded, view:
-                describer = Describer(loaded.engine, loaded.prompt_format, max_tokens=max_tokens,
-                                      tile_size=loaded.projector_facts.image_size, max_tiles=max_tiles,
-                                      sampling=_sampling(temperature, seed), pool=pool_factor,
-                                      n_gpu_layers=loaded.n_gpu_layers)
+                describer = Describer.for_model(loaded, max_tokens=max_tokens, max_tiles=max_tiles,
+                                                sampling=_sampling(temperature, seed), pool=pool_factor)
                 summary = caption_all(describer, targets, prompt=prompt or DEFAULT_PROMPT,
                                       overwrite=overwrite, jsonl=log, on_event=view.on_event)
         folder = write_captions or jsonl is not None or any(p.is_dir() for p in photos)
@@ -168,49 +146,17 @@ def describe(
             raise typer.Exit(2)
 
 
-@app.command()
+@app.command(help=CHAT_HELP)
 def chat(
-    ctx: typer.Context,
-    model: ModelOpt = "llava-1.5-7b",
-    mmproj: MmprojOpt = None,
-    n_ctx: NCtxOpt = None,
-    n_gpu_layers: NglOpt = None,
-    max_tokens: MaxTokensOpt = 512,
-    temperature: Annotated[float, typer.Option(
-        metavar="T", help="0 is greedy and repeatable.", min=0.0)] = 0.2,
-    seed: Annotated[int | None, typer.Option(metavar="N", help="Sampling seed.")] = None,
-    summary: Annotated[str, typer.Option(
-        metavar="caption|answer",
-        help="What replaces an answered image in the cache: caption (a dense factual caption the "
-        "model writes while it still sees the image) or answer (its answer).")] = "caption",
-    keep_images: Annotated[int, typer.Option(
-        metavar="N", help="Keep the last N images live for follow-ups before they become text.", min=0)] = 0,
-    tiles: TilesOpt = "auto",
-    pool: PoolOpt = "auto",
-    system: Annotated[str | None, typer.Option(
-        metavar="TEXT", help="A system prompt instead of the default.")] = None,
-    session: Annotated[Path | None, typer.Option(
-        metavar="FILE",
-        help="Append the transcript here (JSONL). Default: a new file in the user data directory.")] = None,
-    resume: Annotated[Path | None, typer.Option(
-        metavar="FILE",
-        help="Continue a saved session with its model: text and image summaries are restored, "
-        "no image is re-read.")] = None,
-    stats_json: Annotated[Path | None, typer.Option(
-        metavar="FILE", help="Append one JSON object of stats per turn.")] = None,
-    fetch_missing: FetchOpt = False,
-    threads: ThreadsOpt = None,
-    verbose: VerboseOpt = False,
-    debug: DebugOpt = False,
+    ctx: typer.Context, model: opt.Model = DEFAULT_MODEL, mmproj: opt.Mmproj = None,
+    n_ctx: opt.NCtx = None, n_gpu_layers: opt.NGpuLayers = None, max_tokens: opt.MaxTokens = 512,
+    temperature: opt.Temperature = 0.2, seed: opt.Seed = None, summary: opt.Summary = "caption",
+    keep_images: opt.KeepImages = 0, tiles: opt.Tiles = "auto", pool: opt.Pool = "auto",
+    system: opt.System = None, session: opt.Session = None, resume: opt.Resume = None,
+    stats_json: opt.StatsJson = None, fetch_missing: opt.Fetch = False, threads: opt.Threads = None,
+    verbose: opt.Verbose = False, debug: opt.Debug = False,
 ) -> None:
-    """Chat about images in the terminal; answered images turn into text, so the chat never fills up.
-
-    Ask with `/image PATH question` or drop an image path into the line; follow-up questions
-    reuse the cache (no re-prefill). Piped input is read one turn per line:
-
-    \b
-      printf '/image a.jpg what is this?\\nwhat colour was it?\\n' | edgevlm chat
-    """
+    """Chat about images in the terminal (see CHAT_HELP)."""
     from .chat import load_transcript, run_chat
     from .conversation import Conversation
     from .images import max_pixels
@@ -226,48 +172,21 @@ def chat(
             model, mmproj = saved.model, mmproj or (Path(saved.mmproj) if saved.mmproj else None)
         flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, max_tokens, fetch_missing)
         with _loaded(flags, quiet=False) as loaded:
-            conversation = Conversation(loaded.engine, loaded.prompt_format,
-                                        tile_size=loaded.projector_facts.image_size, max_tokens=max_tokens,
-                                        sampling=_sampling(temperature, seed), max_tiles=max_tiles,
-                                        summary=summary, keep_images=keep_images, system=system,
-                                        pool=pool_factor)
+            conversation = Conversation(
+                loaded.engine, loaded.prompt_format, tile_size=loaded.projector_facts.image_size,
+                max_tokens=max_tokens, sampling=_sampling(temperature, seed), max_tiles=max_tiles,
+                summary=summary, keep_images=keep_images, system=system, pool=pool_factor)
             run_chat(conversation, loaded, saved=saved, session=session or resume, stats_json=stats_json)
 
 
-@app.command()
+@app.command(help=PLAN_HELP)
 def plan(
-    preset: Annotated[str | None, typer.Argument(show_default=False, metavar="NAME|GGUF")] = None,
-    model: ModelOpt = "llava-1.5-7b",
-    mmproj: MmprojOpt = None,
-    vram: Annotated[str | None, typer.Option(
-        metavar="SIZE",
-        help="Plan for a card with this much free memory (8GiB, 8G, 8192MiB, bytes) instead of "
-        "this machine's.")] = None,
-    n_ctx: NCtxOpt = None,
-    kv_type: Annotated[str | None, typer.Option(
-        metavar="f16|q8_0|q4_0",
-        help="KV cache type: f16, q8_0 or q4_0. Default: f16, or q8_0 when it buys context.")] = None,
-    flash_attn: Annotated[bool, typer.Option("--flash-attn/--no-flash-attn",
-                                             help="Flash attention (smaller compute buffer).")] = True,
-    max_tokens: Annotated[int, typer.Option(
-        metavar="N", help="Answer length to leave room for.", min=1)] = 512,
-    verify: Annotated[bool, typer.Option(
-        help="Load the model with the plan and compare the estimate with llama.cpp's report.")] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="The plan as JSON, sizes in bytes.")] = False,
-    verbose: VerboseOpt = False,
-    debug: DebugOpt = False,
+    preset: opt.PlanModel = None, model: opt.Model = DEFAULT_MODEL, mmproj: opt.Mmproj = None,
+    vram: opt.Vram = None, n_ctx: opt.NCtx = None, kv_type: opt.KvType = None,
+    flash_attn: opt.FlashAttn = True, max_tokens: opt.AnswerRoom = 512, verify: opt.Verify = False,
+    json_out: opt.PlanJson = False, verbose: opt.Verbose = False, debug: opt.Debug = False,
 ) -> None:
-    """Estimate GPU memory and choose n_gpu_layers and n_ctx, counting the vision projector.
-
-    NAME|GGUF is a preset or a .gguf path, the same as --model. Reads the GGUF files (no
-    loading), measures free VRAM with NVML (or takes --vram), and
-    explains the choice, with the tiles `describe` will give a 4K photo. `describe` and
-    `chat` use the same plan unless --n-gpu-layers or --n-ctx are given.
-
-    \b
-    Example:
-      edgevlm plan --vram 8GiB
-    """
+    """The memory plan (see PLAN_HELP)."""
     from .plan import parse_size
     from .render import render_plan
     from .runtime import ModelFlags, describe_costs, inspect, make_plan
@@ -295,39 +214,15 @@ def plan(
             render_plan(the_plan, Path(flags.model).name, checks)
 
 
-@app.command()
+@app.command(help=BENCH_HELP)
 def bench(
-    model: ModelOpt = "llava-1.5-7b",
-    mmproj: MmprojOpt = None,
-    image: Annotated[Path | None, typer.Option(
-        metavar="FILE", help="The photo to measure on. Default: a generated 3840x2160 JPEG.")] = None,
-    turns: Annotated[int, typer.Option(
-        metavar="N", help="Turns in the chat scenario (image, follow-up, …).", min=0)] = 4,
-    max_tokens: Annotated[int, typer.Option(metavar="N", help="Tokens generated per answer.", min=2)] = 32,
-    repeat: Annotated[int, typer.Option(
-        metavar="N", help="Measured runs per configuration (the median is shown).", min=1)] = 1,
-    peer: Annotated[Path | None, typer.Option(
-        envvar="EDGEVLM_PEER", metavar="FILE", help="llama.cpp's llama-mtmd-cli to run beside edgevlm. "
-        "Default: peers/bin/llama-mtmd-cli when `make peers` has built it.")] = None,
-    no_peer: Annotated[bool, typer.Option("--no-peer", help="Do not run llama-mtmd-cli.")] = False,
-    n_ctx: NCtxOpt = None,
-    n_gpu_layers: NglOpt = None,
-    threads: ThreadsOpt = None,
-    json_out: Annotated[bool, typer.Option("--json", help="The numbers as one JSON object.")] = False,
-    fetch_missing: FetchOpt = False,
-    verbose: VerboseOpt = False,
-    debug: DebugOpt = False,
+    model: opt.Model = DEFAULT_MODEL, mmproj: opt.Mmproj = None, image: opt.BenchImage = None,
+    turns: opt.Turns = 4, max_tokens: opt.BenchTokens = 32, repeat: opt.Repeat = 1, peer: opt.Peer = None,
+    no_peer: opt.NoPeer = False, n_ctx: opt.NCtx = None, n_gpu_layers: opt.NGpuLayers = None,
+    threads: opt.Threads = None, json_out: opt.BenchJson = False, fetch_missing: opt.Fetch = False,
+    verbose: opt.Verbose = False, debug: opt.Debug = False,
 ) -> None:
-    """Measure this machine: model load, describe stage by stage (pool 1 vs 2), a short chat.
-
-    Describe runs four ways on one loaded model: the global view only, tiles at full detail,
-    the same grid pooled 2x2, and --pool auto. Time to first token (preprocess, CLIP, prefill)
-    and decode speed are reported apart, with the ratios the pooling targets are stated in.
-
-    \b
-    Example:
-      edgevlm bench --image ~/Pictures/IMG_0001.jpg --repeat 3
-    """
+    """Measure this machine (see BENCH_HELP)."""
     import tempfile
 
     from .bench import run_bench, synthetic_photo
@@ -352,36 +247,15 @@ def bench(
 
 
 @app.command()
-def fetch(
-    presets: Annotated[list[str] | None, typer.Argument(metavar="NAME", show_default=False)] = None,
-    debug: DebugOpt = False,
-) -> None:
+def fetch(presets: opt.Presets = None, debug: opt.Debug = False) -> None:
     """Download model presets (default llava-1.5-7b) from the Hugging Face hub into models/NAME/."""
-    from rich.progress import (
-        BarColumn,
-        DownloadColumn,
-        Progress,
-        TaskID,
-        TextColumn,
-        TimeRemainingColumn,
-        TransferSpeedColumn,
-    )
-
     from .catalog import DEFAULT_PRESET, find_preset
     from .fetch import fetch_preset
+    from .render import download_progress
 
     with _handled(debug):
         chosen = [find_preset(name) for name in presets or [DEFAULT_PRESET]]  # unknown names first
-        with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                      TransferSpeedColumn(), TimeRemainingColumn(), console=err,
-                      disable=not err.is_terminal) as progress:
-            tasks: dict[str, TaskID] = {}
-
-            def on_progress(filename: str, done: int, total: int | None) -> None:
-                if filename not in tasks:
-                    tasks[filename] = progress.add_task(filename, total=total)
-                progress.update(tasks[filename], completed=done)
-
+        with download_progress() as on_progress:
             for item in chosen:
                 for path in fetch_preset(item, on_progress=on_progress):
                     err.print(f"[green]verified[/] {escape(str(path))}")

@@ -13,13 +13,16 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .conversation import DEFAULT_QUESTION, Conversation, PrefillProgress, PreparedImage
 from .engine import Engine, Sampling
 from .errors import ImageError
 from .images import LoadedImage, load_image
 from .prompts import PromptFormat
+
+if TYPE_CHECKING:
+    from .runtime import Loaded
 
 DEFAULT_PROMPT = DEFAULT_QUESTION
 
@@ -132,6 +135,14 @@ class Describer:
         # The system prompt is decoded now, before any request's clock starts: the first
         # image is charged for it, so its prefill speed counts tokens and time alike.
         self._system_prefill_s: float | None = time.perf_counter() - started
+
+    @classmethod
+    def for_model(cls, loaded: Loaded, *, max_tokens: int = 512, sampling: Sampling | None = None,
+                  max_tiles: int | None = None, pool: int | None = 1) -> Describer:
+        """A describer on a freshly loaded model, with its prompt format and projector's view size."""
+        return cls(loaded.engine, loaded.prompt_format, tile_size=loaded.projector_facts.image_size,
+                   max_tokens=max_tokens, sampling=sampling, max_tiles=max_tiles,
+                   n_gpu_layers=loaded.n_gpu_layers, pool=pool)
 
     @property
     def n_ctx(self) -> int:

@@ -8,10 +8,13 @@ import os
 import re
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import ModelError
 from .paths import cache_dir
+
+if TYPE_CHECKING:  # the gguf package is imported when a file is read, not at start-up
+    from gguf import GGUFReader
 
 GGUF_MAGIC = b"GGUF"
 PROJECTOR_ARCH = "clip"
@@ -102,19 +105,7 @@ def _read_text_model(path: Path) -> TextModelFacts:
     tokens = fields.get("tokenizer.ggml.tokens")
     n_vocab = int(fields.get(f"{arch}.vocab_size", len(tokens) if tokens is not None else 0))
 
-    layer_bytes = [0] * n_layer
-    output_bytes = token_embd_bytes = 0
-    has_output_weight = False
-    for tensor in reader.tensors:
-        size = int(tensor.n_bytes)
-        match = _LAYER_RE.match(tensor.name)
-        if match and int(match.group(1)) < n_layer:
-            layer_bytes[int(match.group(1))] += size
-        elif tensor.name == "token_embd.weight":
-            token_embd_bytes = size
-        elif tensor.name.startswith("output"):
-            output_bytes += size
-            has_output_weight |= tensor.name == "output.weight"
+    sizes = _tensor_sizes(reader, n_layer)
     template = fields.get("tokenizer.chat_template")
     return TextModelFacts(
         path=path,
@@ -130,12 +121,38 @@ def _read_text_model(path: Path) -> TextModelFacts:
         n_ctx_train=int(fields.get(f"{arch}.context_length", 2048)),
         n_vocab=n_vocab,
         chat_template=str(template) if template else None,
-        layer_bytes=tuple(layer_bytes),
-        output_bytes=output_bytes,
-        token_embd_bytes=token_embd_bytes,
+        layer_bytes=sizes.layer_bytes,
+        output_bytes=sizes.output_bytes,
+        token_embd_bytes=sizes.token_embd_bytes,
         file_bytes=path.stat().st_size,
-        tied_embeddings=not has_output_weight,
+        tied_embeddings=not sizes.has_output_weight,
     )
+
+
+@dataclass(frozen=True)
+class _TensorSizes:
+    layer_bytes: tuple[int, ...]
+    output_bytes: int
+    token_embd_bytes: int
+    has_output_weight: bool
+
+
+def _tensor_sizes(reader: GGUFReader, n_layer: int) -> _TensorSizes:
+    """Bytes per block, of the output layer and of token_embd, from the tensor table."""
+    layer_bytes = [0] * n_layer
+    output_bytes = token_embd_bytes = 0
+    has_output_weight = False
+    for tensor in reader.tensors:
+        size = int(tensor.n_bytes)
+        match = _LAYER_RE.match(tensor.name)
+        if match and int(match.group(1)) < n_layer:
+            layer_bytes[int(match.group(1))] += size
+        elif tensor.name == "token_embd.weight":
+            token_embd_bytes = size
+        elif tensor.name.startswith("output"):
+            output_bytes += size
+            has_output_weight |= tensor.name == "output.weight"
+    return _TensorSizes(tuple(layer_bytes), output_bytes, token_embd_bytes, has_output_weight)
 
 
 def _read_projector(path: Path) -> ProjectorFacts:
@@ -221,7 +238,7 @@ def _projection_width(tensors: dict[str, Any], fields: dict[str, Any]) -> int:
     return int(fields.get("clip.vision.projection_dim", 0))
 
 
-def _open(path: Path, *, role: str) -> Any:
+def _open(path: Path, *, role: str) -> GGUFReader:
     with path.open("rb") as handle:
         magic = handle.read(4)
     if magic != GGUF_MAGIC:
@@ -239,7 +256,7 @@ def _open(path: Path, *, role: str) -> Any:
     return reader
 
 
-def _fields(reader: Any) -> dict[str, Any]:
+def _fields(reader: GGUFReader) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, field in reader.fields.items():
         if key in ("tokenizer.ggml.tokens",):

@@ -6,9 +6,10 @@ stderr console. Progress appears only when stderr is a terminal.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,6 +42,23 @@ def stats_line(r: DescribeResult) -> str:
             f"TTFT {r.ttft_s:.2f} s (prefill {r.prompt_tokens - r.cached_tokens} tok at "
             f"{r.prefill_tok_s:.0f} tok/s, CLIP {r.clip_encode_s:.2f} s) | "
             f"decode {r.decode_tok_s:.1f} tok/s, {r.completion_tokens} tokens[/]")
+
+
+@contextlib.contextmanager
+def download_progress() -> Iterator[Callable[[str, int, int | None], None]]:
+    """A bar per file being downloaded (on a terminal); yields the fetcher's progress callback."""
+    from rich.progress import DownloadColumn, TransferSpeedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                  TimeRemainingColumn(), console=err, disable=not err.is_terminal) as progress:
+        tasks: dict[str, TaskID] = {}
+
+        def on_progress(filename: str, done: int, total: int | None) -> None:
+            if filename not in tasks:
+                tasks[filename] = progress.add_task(escape(filename), total=total)
+            progress.update(tasks[filename], completed=done)
+
+        yield on_progress
 
 
 def load_with_progress(load: Callable[..., Loaded], flags: ModelFlags, *, quiet: bool) -> Loaded:

@@ -1,0 +1,116 @@
+"""The command line's vocabulary: every option once, with its metavar and help.
+
+Commands in cli.py declare their parameters with these, one line each, so the same flag
+reads the same everywhere and `--help` says what to type (NAME, N, FILE, auto|1|2).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+# -- the model (describe, chat, plan, bench) --------------------------------------------------
+
+Model = Annotated[str, typer.Option(
+    "--model", "-m", envvar="EDGEVLM_MODEL", metavar="NAME|GGUF",
+    help="A preset name (see `edgevlm models`) or a path to a text-model .gguf.")]
+Mmproj = Annotated[Path | None, typer.Option(
+    metavar="GGUF", help="The projector (mmproj) .gguf; needed when --model is a path.")]
+NCtx = Annotated[int | None, typer.Option(
+    "--n-ctx", metavar="TOKENS",
+    help="Context size in tokens. Default: from the memory plan (4096 on a CPU).")]
+NGpuLayers = Annotated[int | None, typer.Option(
+    "--n-gpu-layers", metavar="N", help="Layers to put on the GPU (the output layer counts as one). "
+    "Default: from the memory plan; all that fit.")]
+Threads = Annotated[int | None, typer.Option(metavar="N", help="CPU threads for llama.cpp.")]
+Fetch = Annotated[bool, typer.Option("--fetch", help="Download the preset first if it is missing.")]
+
+# -- answering --------------------------------------------------------------------------------
+
+Prompt = Annotated[str | None, typer.Option(
+    "--prompt", "-p", metavar="TEXT", help="What to ask about each image.")]
+MaxTokens = Annotated[int, typer.Option(metavar="N", help="Longest answer, in tokens.", min=1)]
+Temperature = Annotated[float, typer.Option(metavar="T", help="0 is greedy and repeatable.", min=0.0)]
+Seed = Annotated[int | None, typer.Option(metavar="N", help="Sampling seed (with --temperature > 0).")]
+Tiles = Annotated[str, typer.Option(
+    metavar="auto|0|N", help="Local 336px tiles beside the global view: auto (as many as the context "
+    "allows), 0 (global view only, best for whole-scene questions) or a maximum N.")]
+Pool = Annotated[str, typer.Option(
+    "--pool", envvar="EDGEVLM_POOL", metavar="auto|1|2",
+    help="Average-pool each close-up tile's 24x24 tokens: 1 (full detail), 2 (2x2: 576 -> 144 tokens "
+    "per tile, so prefill is ~4x cheaper and more tiles fit; small text suffers) or auto (full tiles "
+    "while they fit, pooled tiles when pooling buys a larger grid). The global view is never pooled.")]
+
+# -- describe: output and folders -------------------------------------------------------------
+
+# Arguments are hidden from the options list (Typer would print their Python type there); the
+# usage line names them and each command's help says what they are.
+Photos = Annotated[list[Path], typer.Argument(show_default=False, metavar="IMAGE_OR_FOLDER", hidden=True)]
+JsonOut = Annotated[bool, typer.Option("--json", help="One JSON object per image on stdout.")]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress or stats on stderr.")]
+Recursive = Annotated[bool, typer.Option("--recursive", "-r", help="Descend into subfolders.")]
+Glob = Annotated[str | None, typer.Option(
+    metavar="PATTERN", help="In folders, only images whose name matches this pattern (e.g. 'IMG_*').")]
+WriteCaptions = Annotated[bool, typer.Option(help="Write IMAGE.txt next to each image (or under --out-dir).")]
+OutDir = Annotated[Path | None, typer.Option(
+    metavar="DIR", help="With --write-captions: put the .txt files here, mirroring the folder tree.")]
+Jsonl = Annotated[Path | None, typer.Option(
+    metavar="FILE", help="Append one JSON object per image to this file.")]
+Overwrite = Annotated[bool, typer.Option(help="Caption images that already have a caption.")]
+
+# -- chat -------------------------------------------------------------------------------------
+
+Summary = Annotated[str, typer.Option(
+    metavar="caption|answer", help="What replaces an answered image in the cache: caption (a dense "
+    "factual caption the model writes while it still sees the image) or answer (its answer).")]
+KeepImages = Annotated[int, typer.Option(
+    metavar="N", help="Keep the last N images live for follow-ups before they become text.", min=0)]
+System = Annotated[str | None, typer.Option(metavar="TEXT", help="A system prompt instead of the default.")]
+Session = Annotated[Path | None, typer.Option(
+    metavar="FILE", help="Append the transcript here (JSONL). Default: a new file in the user data "
+    "directory, made at the first answer.")]
+Resume = Annotated[Path | None, typer.Option(
+    metavar="FILE", help="Continue a saved session with its model: text and image summaries are "
+    "restored, no image is re-read.")]
+StatsJson = Annotated[Path | None, typer.Option(
+    metavar="FILE", help="Append one JSON object of stats per turn.")]
+
+# -- plan -------------------------------------------------------------------------------------
+
+PlanModel = Annotated[str | None, typer.Argument(show_default=False, metavar="NAME|GGUF", hidden=True)]
+Vram = Annotated[str | None, typer.Option(
+    metavar="SIZE", help="Plan for a card with this much free memory (8GiB, 8G, 8192MiB, bytes) "
+    "instead of this machine's.")]
+KvType = Annotated[str | None, typer.Option(
+    metavar="f16|q8_0|q4_0", help="KV cache type. Default: f16, or q8_0 when it buys context.")]
+FlashAttn = Annotated[bool, typer.Option(
+    "--flash-attn/--no-flash-attn", help="Flash attention (smaller compute buffer).")]
+AnswerRoom = Annotated[int, typer.Option(
+    "--max-tokens", metavar="N", help="Answer length to leave room for.", min=1)]
+Verify = Annotated[bool, typer.Option(
+    help="Load the model with the plan and compare the estimate with llama.cpp's report.")]
+PlanJson = Annotated[bool, typer.Option("--json", help="The plan as JSON, sizes in bytes.")]
+
+# -- bench ------------------------------------------------------------------------------------
+
+BenchImage = Annotated[Path | None, typer.Option(
+    "--image", metavar="FILE", help="The photo to measure on. Default: a generated 3840x2160 JPEG.")]
+Turns = Annotated[int, typer.Option(
+    metavar="N", help="Turns in the chat scenario (image, follow-up, …).", min=0)]
+BenchTokens = Annotated[int, typer.Option(
+    "--max-tokens", metavar="N", help="Tokens generated per answer.", min=2)]
+Repeat = Annotated[int, typer.Option(
+    metavar="N", help="Measured runs per configuration (the median is shown).", min=1)]
+Peer = Annotated[Path | None, typer.Option(
+    envvar="EDGEVLM_PEER", metavar="FILE", help="llama.cpp's llama-mtmd-cli to run beside edgevlm. "
+    "Default: peers/bin/llama-mtmd-cli when `make peers` has built it.")]
+NoPeer = Annotated[bool, typer.Option("--no-peer", help="Do not run llama-mtmd-cli.")]
+BenchJson = Annotated[bool, typer.Option("--json", help="The numbers as one JSON object.")]
+
+# -- fetch and the rest -----------------------------------------------------------------------
+
+Presets = Annotated[list[str] | None, typer.Argument(metavar="NAME", show_default=False, hidden=True)]
+Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's own log.")]
+Debug = Annotated[bool, typer.Option(help="Show Python tracebacks for errors.")]
