@@ -29,10 +29,11 @@ DEMO_PHOTO := scripts/sample-photo.jpg
 TEST_MODELS := models/test/SmolLM2-135M-Instruct.Q4_1.gguf models/test/mmproj-test-336.gguf models/test/mmproj-test-112.gguf
 PYTEST_ARGS ?=
 
-.PHONY: help setup models demo test test-models lint bench peers clean
+.PHONY: help setup models demo test test-fast test-models lint bench peers clean
 help:
 	@echo "make demo    set up, fetch LLaVA-1.5-7B (~4.7 GB) and describe $(DEMO_PHOTO)"
 	@echo "make test    set up, generate the test models and run the test suite"
+	@echo "make test-fast  the same without the tests marked slow (about half the time)"
 	@echo "make setup   .venv with edgevlm and llama-cpp-python $(LLAMA_CPP_VERSION) built for $(BACKEND)"
 	@echo "make models  fetch the default model into models/llava-1.5-7b/"
 	@echo "make test-models  write the small test models into models/test/ (no download)"
@@ -73,6 +74,9 @@ $(TEST_MODELS) &: scripts/make_test_models.py
 
 test: setup test-models
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: setup test-models
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check edgevlm scripts tests

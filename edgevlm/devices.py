@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from types import ModuleType
 
 from .plan import Device
 
@@ -64,7 +64,7 @@ def first_visible_gpu() -> tuple[GpuInfo | None, str]:
             pass
 
 
-def _read_gpu(pynvml: Any) -> tuple[GpuInfo | None, str]:
+def _read_gpu(pynvml: ModuleType) -> tuple[GpuInfo | None, str]:
     handle = _visible_handle(pynvml)
     if handle is None:
         return None, ""
@@ -78,7 +78,7 @@ def _read_gpu(pynvml: Any) -> tuple[GpuInfo | None, str]:
                    int(memory.total), int(memory.free), int(memory.used)), ""
 
 
-def _visible_handle(pynvml: Any) -> object | None:
+def _visible_handle(pynvml: ModuleType) -> object | None:
     """NVML's handle for CUDA's first device; CUDA is told to count in PCI order as NVML does."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None or visible.strip() == "":

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
+from rich.table import Table
 
 if TYPE_CHECKING:  # imported lazily at run time: `edgevlm --help` must not load llama.cpp
     from .batch import BatchEvent, BatchSummary
@@ -185,8 +186,6 @@ class DescribeView:
 
 def render_plan(p: Plan, model_name: str, checks: tuple[Check, ...]) -> None:
     """The plan as a person reads it: the choice, the memory table, notes, and any check."""
-    from rich.table import Table
-
     from .plan import format_bytes
 
     out = Console(highlight=False, soft_wrap=True)
@@ -212,15 +211,14 @@ def render_plan(p: Plan, model_name: str, checks: tuple[Check, ...]) -> None:
         out.print(verify)
 
 
-def _plan_table(p: Plan) -> object:
-    from rich.table import Table
-
+def _plan_table(p: Plan) -> Table:
     from .plan import format_bytes
 
     b, on_gpu = p.breakdown, p.mmproj_on_gpu
     table = Table(box=None, pad_edge=False)
-    for column, justify in (("component", "left"), ("GPU", "right"), ("host", "right")):
-        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    table.add_column("component")
+    table.add_column("GPU", justify="right")
+    table.add_column("host", justify="right")
     rows = [("weights", b.weights_gpu, b.weights_host), ("KV cache", b.kv_gpu, b.kv_host),
             ("compute buffers", b.compute_gpu, b.compute_host),
             ("projector weights", b.mmproj if on_gpu else 0, 0 if on_gpu else b.mmproj),
@@ -255,9 +253,7 @@ def render_bench(r: BenchReport) -> None:
         out.print(_chat_table(r))
 
 
-def _describe_table(r: BenchReport) -> object:
-    from rich.table import Table
-
+def _describe_table(r: BenchReport) -> Table:
     table = Table(title="describe (time to first token, then decode)", box=None, pad_edge=False)
     table.add_column("stage")
     for run in r.runs:
@@ -289,9 +285,7 @@ def _describe_table(r: BenchReport) -> object:
     return table
 
 
-def _chat_table(r: BenchReport) -> object:
-    from rich.table import Table
-
+def _chat_table(r: BenchReport) -> Table:
     chat = Table(title="chat (image turns alternate with follow-ups)", box=None, pad_edge=False)
     for column in ("turn", "image", "prefill tokens", "TTFT", "summary swap", "KV tokens", "visual live"):
         chat.add_column(column, justify="right")

@@ -38,6 +38,7 @@ def _args(models: dict[str, Path]) -> list[str]:
             "--max-tokens", "4", "--tiles", "0"]
 
 
+@pytest.mark.slow
 def test_folder_run_writes_captions_and_jsonl_and_names_bad_files(
         test_models: dict[str, Path], folder: Path, tmp_path: Path) -> None:
     log = tmp_path / "captions.jsonl"

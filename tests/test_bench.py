@@ -44,6 +44,7 @@ def test_peer_log_is_read_into_ttft_and_speeds() -> None:
         parse_peer_log("llama-mtmd-cli: error: failed to load model")
 
 
+@pytest.mark.slow
 def test_bench_json_measures_every_stage(test_models: dict[str, Path]) -> None:
     result = run_cli("bench", *_models(test_models), "--max-tokens", "6", "--turns", "3", "--json",
                      "--no-peer")

@@ -37,6 +37,7 @@ def engine_4k(test_models: dict[str, Path]) -> Iterator[Engine]:
     eng.close()
 
 
+@pytest.mark.slow
 def test_twelve_image_turns_never_pile_up(engine_4k: Engine) -> None:
     chat = _chat(engine_4k)
     per_image = engine_4k.image_tokens()
@@ -143,6 +144,7 @@ def test_interrupt_while_answering_keeps_what_was_shown(engine_4k: Engine) -> No
     assert answer == "".join(shown).strip()
 
 
+@pytest.mark.slow
 def test_context_pressure_drops_old_turns(test_models: dict[str, Path]) -> None:
     with make_engine(test_models["mmproj_112"], n_ctx=2048) as eng:
         chat = Conversation(eng, CHATML, tile_size=112, max_tokens=16, caption_tokens=12, max_tiles=2,

@@ -182,6 +182,7 @@ def test_explicit_settings_are_honoured(llava: tuple[TextModelFacts, ProjectorFa
 # -- accuracy against llama.cpp itself -----------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("variant", "flash_attn"), [("mha", False), ("gqa", True)])
 def test_estimate_matches_llama_cpp(shapes: dict[str, Path], variant: str, flash_attn: bool) -> None:
     text, projector = read_text_model(shapes[variant]), read_projector(shapes["mmproj"])
