@@ -26,7 +26,8 @@ WHEEL_DIR := $(WHEEL_CACHE)/llama-cpp-python-$(LLAMA_CPP_VERSION)-$(BACKEND)
 SETUP_STAMP := $(VENV)/.edgevlm-setup-$(BACKEND)
 
 DEMO_PHOTO := scripts/sample-photo.jpg
-TEST_MODELS := models/test/SmolLM2-135M-Instruct.Q4_1.gguf models/test/mmproj-test-336.gguf models/test/mmproj-test-112.gguf
+TEST_MODELS := models/test/SmolLM2-135M-Instruct.Q4_1.gguf models/test/mmproj-test-336.gguf \
+  models/test/mmproj-test-112.gguf models/test/mmproj-test-next-112.gguf
 PYTEST_ARGS ?=
 
 .PHONY: help setup models demo test test-fast test-models lint bench peers clean

@@ -189,9 +189,7 @@ def run_bench(loaded: Loaded, image_path: Path, *, turns: int = 4, max_tokens: i
     """Describe the image in four configurations, run a short chat, and the peer if given."""
     step = on_step or (lambda _label: None)
     engine = loaded.engine
-    d = Describer(engine, loaded.prompt_format, tile_size=loaded.projector_facts.image_size,
-                  max_tokens=max_tokens, sampling=Sampling(temperature=0.0), max_tiles=0,
-                  n_gpu_layers=loaded.n_gpu_layers)
+    d = Describer.for_model(loaded, max_tokens=max_tokens, sampling=Sampling(temperature=0.0), max_tiles=0)
     step("warm-up")
     size = _describe_repeatedly(d, image_path, 1)[0].result.image_size  # upright, as shown
     runs = _describe_runs(d, image_path, repeats, step)
@@ -272,7 +270,7 @@ def _chat_scenario(loaded: Loaded, image_path: Path, *, turns: int, max_tokens: 
     """Image, follow-up, image, follow-up, …: what a chat costs per turn as it goes on."""
     conversation = Conversation(loaded.engine, loaded.prompt_format,
                                 tile_size=loaded.projector_facts.image_size, max_tokens=max_tokens,
-                                sampling=Sampling(temperature=0.0), pool=None)
+                                sampling=Sampling(temperature=0.0), pool=None, layout=loaded.layout)
     out = []
     for turn in range(1, turns + 1):
         with_image = turn % 2 == 1

@@ -11,6 +11,8 @@ from .gguf_info import ProjectorFacts, TextModelFacts
 from .paths import data_dir
 
 MODELS_DIR_ENV = "EDGEVLM_MODELS_DIR"
+# LLaVA-NeXT's released canvases, (width, height), as LLaVA-1.6 mmproj files carry them.
+LLAVA_NEXT_PINPOINTS = ((336, 672), (672, 336), (672, 672), (1008, 336), (336, 1008))
 DEFAULT_PRESET = "llava-1.5-7b"
 
 
@@ -35,6 +37,8 @@ class Shape:
     vision_ff: int = 4096
     image_size: int = 336
     patch_size: int = 14
+    grid_pinpoints: tuple[tuple[int, int], ...] = ()  # LLaVA-1.6: its AnyRes canvases
+    merge_type: str = "flat"
 
 
 @dataclass(frozen=True)
@@ -70,7 +74,17 @@ PRESETS: dict[str, Preset] = {
                "llava-v1.6-mistral-7b.Q4_K_M.gguf", "mmproj-model-f16.gguf", "mistral-instruct",
                approx_bytes=4_370_000_000 + 624_000_000, aliases=("llava-1.6",),
                shape=Shape(32, 4096, 32, 8, 14336, 32000, 32768, 130_826_240, 107_536_384, 73_728_000,
+                           624_412_672, grid_pinpoints=LLAVA_NEXT_PINPOINTS, merge_type="spatial_unpad")),
+        # Mistral-7B tuned with LLaVA-1.5's recipe: a 1.5-style projector and LLaVA's USER:/ASSISTANT:.
+        Preset("bakllava-1", "mys/ggml_bakllava-1", "ggml-model-q4_k.gguf", "mmproj-model-f16.gguf",
+               "vicuna", approx_bytes=4_370_000_000 + 624_000_000, aliases=("bakllava",),
+               shape=Shape(32, 4096, 32, 8, 14336, 32000, 32768, 130_826_240, 107_536_384, 73_728_000,
                            624_412_672)),
+        # LLaVA-NeXT architecture at 2B (SigLIP 384 px, Granite-3.1-2B) for 4-6 GB cards; planned
+        # once downloaded (its shape is read from the files).
+        Preset("granite-vision-3.2-2b", "ibm-research/granite-vision-3.2-2b-GGUF",
+               "granite-vision-3.2-2b-Q4_K_M.gguf", "mmproj-model-f16.gguf", "granite-vision",
+               approx_bytes=1_550_000_000 + 893_000_000, aliases=("granite-vision",)),
         Preset("test", None, "SmolLM2-135M-Instruct.Q4_1.gguf", "mmproj-test-336.gguf", None,
                note="SmolLM2-135M + a random projector, made by `make test-models`; "
                     "structure only, meaningless words"),
@@ -195,5 +209,6 @@ def facts_from_shape(preset: Preset) -> tuple[TextModelFacts, ProjectorFacts]:
         path=folder / preset.mmproj_file, projector_type="mlp", image_size=s.image_size,
         patch_size=s.patch_size, vision_width=s.vision_width, vision_heads=s.vision_heads,
         vision_blocks=s.vision_blocks, vision_ff=s.vision_ff, projection_dim=s.n_embd,
-        weight_bytes=s.mmproj_bytes, file_bytes=0)
+        weight_bytes=s.mmproj_bytes, file_bytes=0, grid_pinpoints=s.grid_pinpoints,
+        merge_type=s.merge_type, has_image_newline=bool(s.grid_pinpoints))
     return text, projector

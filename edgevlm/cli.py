@@ -175,7 +175,8 @@ def chat(
             conversation = Conversation(
                 loaded.engine, loaded.prompt_format, tile_size=loaded.projector_facts.image_size,
                 max_tokens=max_tokens, sampling=_sampling(temperature, seed), max_tiles=max_tiles,
-                summary=summary, keep_images=keep_images, system=system, pool=pool_factor)
+                summary=summary, keep_images=keep_images, system=system, pool=pool_factor,
+                layout=loaded.layout)
             run_chat(conversation, loaded, saved=saved, session=session or resume, stats_json=stats_json)
 
 

@@ -20,7 +20,9 @@ from PIL import Image
 
 from .engine import Engine, ImageEmbedding, RequestStats, Sampling
 from .errors import ConfigError, ContextOverflowError, EmptyMessageError, EngineError, Interrupted
+from .gguf_info import LLAVA_15_TILES
 from .images import LoadedImage
+from .layouts import ImageLayout, NextGrid, fit_next_grid, next_views, pack_next
 from .prompts import PromptFormat
 from .tiling import (
     MAX_POOLED_TILES,
@@ -69,7 +71,7 @@ class PreparedImage:
     """An image with its grid chosen and its views cut, ready to be encoded."""
 
     image: LoadedImage
-    plan: TilePlan
+    plan: TilePlan | NextGrid  # LLaVA-1.5 labelled tiles, or LLaVA-NeXT's packed map
     views: tuple[Image.Image, ...]
     room: int
     preprocess_s: float
@@ -103,6 +105,7 @@ class TurnStats:
     tile_prefill_s: float = 0.0  # decoding the local tiles' rows, labels excluded
     itl_p50_s: float = 0.0
     itl_p90_s: float = 0.0
+    layout: str = ""  # how the image was shown (llava-1.5-tiles, llava-next); "" without one
 
 
 @dataclass(frozen=True)
@@ -150,8 +153,8 @@ class _ProgressCounter:
         self._views_done = self._tokens_done = 0
         self._emit()
 
-    def add(self, tokens: int) -> None:
-        self._views_done += 1
+    def add(self, tokens: int, *, views: int = 1) -> None:
+        self._views_done += views
         self._tokens_done = min(self._tokens, self._tokens_done + tokens)
         self._emit()
 
@@ -220,7 +223,8 @@ class Conversation:
     def __init__(self, engine: Engine, fmt: PromptFormat, *, tile_size: int, max_tokens: int = 512,
                  sampling: Sampling | None = None, max_tiles: int | None = None,
                  summary: str = "caption", keep_images: int = 0, system: str | None = None,
-                 caption_tokens: int = CAPTION_TOKENS, pool: int | None = 1) -> None:
+                 caption_tokens: int = CAPTION_TOKENS, pool: int | None = 1,
+                 layout: ImageLayout | None = None) -> None:
         if summary not in SUMMARY_MODES:
             raise ValueError(f"summary must be one of {SUMMARY_MODES}")
         self.engine = engine
@@ -234,6 +238,7 @@ class Conversation:
         self.keep_images = max(0, keep_images)
         self.system = system
         self.caption_tokens = caption_tokens
+        self.layout = layout or ImageLayout(LLAVA_15_TILES)
         self.segments: list[Segment] = []
         self.records: list[TurnRecord] = []
         self.turn = self.images_seen = 0
@@ -301,8 +306,12 @@ class Conversation:
     def prepare(self, image: LoadedImage, room: int) -> PreparedImage:
         """The CPU side of an image turn (grid, global view, tiles); safe on a helper thread."""
         started = time.perf_counter()
-        plan = self._plan(image, room)
-        views = (letterbox(image.image, plan.tile_size), *cut_tiles(image.image, plan))
+        if self.layout.is_next:
+            plan: TilePlan | NextGrid = self._plan_next(image, room)
+            views = tuple(next_views(image.image, plan))
+        else:
+            plan = self._plan(image, room)
+            views = (letterbox(image.image, plan.tile_size), *cut_tiles(image.image, plan))
         return PreparedImage(image, plan, views, room, time.perf_counter() - started)
 
     def ask(self, question: str, *, image: LoadedImage | PreparedImage | None = None,
@@ -364,7 +373,7 @@ class Conversation:
             f"--max-tokens {self.max_tokens} in a context of {n_ctx}; shorten it")
 
     def _prefill(self, parts: _TurnParts, image: LoadedImage | None, prepared: PreparedImage | None,
-                 on_progress: Callable[[PrefillProgress], None] | None) -> TilePlan | None:
+                 on_progress: Callable[[PrefillProgress], None] | None) -> TilePlan | NextGrid | None:
         """Decode the user turn (and its image); an interrupt rolls the cache back to before it."""
         start_index = len(self.segments)
         self._tile_tokens, self._tile_prefill_s = 0, 0.0
@@ -377,7 +386,10 @@ class Conversation:
                     prepared = self.prepare(image, room)
                     self.engine.note_preprocess(prepared.preprocess_s)
                 plan = prepared.plan
-                self._eval_image_block(prepared, parts.turn, on_progress)
+                if isinstance(plan, NextGrid):
+                    self._eval_next_block(prepared, plan, parts.turn, on_progress)
+                else:
+                    self._eval_image_block(prepared, parts.turn, on_progress)
             self._append(Segment("user", parts.turn, parts.tail))
         except (KeyboardInterrupt, Interrupted):
             self.engine.interrupt_requested = False
@@ -422,8 +434,8 @@ class Conversation:
         self._swap_old_images()
         return live.caption, time.perf_counter() - started
 
-    def _turn_stats(self, turn: int, plan: TilePlan | None, generated: RequestStats, *, swap_s: float,
-                    dropped: int, completion_tokens: int, prompt_tokens: int) -> TurnStats:
+    def _turn_stats(self, turn: int, plan: TilePlan | NextGrid | None, generated: RequestStats, *,
+                    swap_s: float, dropped: int, completion_tokens: int, prompt_tokens: int) -> TurnStats:
         after = self.engine.stats()  # the caption request counts as this turn's prefill
         return TurnStats(
             turn=turn, prefill_tokens=after.prompt_tokens, kv_tokens=self.kv_tokens,
@@ -436,7 +448,8 @@ class Conversation:
             prefill_s=generated.prefill_s, decode_s=generated.decode_s,
             prefill_tok_s=generated.prefill_tok_s, pool=plan.pool if plan else 1,
             tile_tokens=self._tile_tokens, tile_prefill_s=self._tile_prefill_s,
-            itl_p50_s=generated.itl_p50_s, itl_p90_s=generated.itl_p90_s)
+            itl_p50_s=generated.itl_p50_s, itl_p90_s=generated.itl_p90_s,
+            layout=plan.layout if plan else "")
 
     # -- images ---------------------------------------------------------------------------
 
@@ -467,6 +480,29 @@ class Conversation:
             self._tile_prefill_s += decode_s
             progress.add(tokens + len(label))
 
+    def _plan_next(self, image: LoadedImage, room: int) -> NextGrid:
+        """LLaVA-NeXT's canvas for this image, the largest that fits; pooled only when asked for."""
+        return fit_next_grid(image.size, self.layout.pinpoints, room=room, tile_size=self.tile_size,
+                             view_tokens=self.engine.image_tokens(), pool=self.pool or 1,
+                             max_tiles=self.max_tiles)
+
+    def _eval_next_block(self, prepared: PreparedImage, plan: NextGrid, turn: int,
+                         on_progress: Callable[[PrefillProgress], None] | None) -> None:
+        """Encode the overview and tiles, pack them as LLaVA-NeXT does, decode the rows at once."""
+        assert self.layout.newline is not None
+        progress = _ProgressCounter(on_progress, views=len(prepared.views),
+                                    tokens=plan.tokens(self.engine.image_tokens()))
+        overview = self.engine.encode_image(prepared.views[0])
+        progress.add(0)
+        tiles = []
+        for view in prepared.views[1:]:
+            tiles.append(self.engine.encode_image(view).pooled(plan.pool).rows)
+            progress.add(0)
+        embedding = ImageEmbedding(pack_next(overview.rows, tiles, plan, self.layout.newline))
+        tokens, decode_s = self._decode_image(embedding, turn)
+        self._tile_tokens, self._tile_prefill_s = tokens - overview.n_tokens, decode_s
+        progress.add(tokens, views=0)
+
     def _block_tokens(self, plan: TilePlan) -> int:
         """An upper bound of the image block's tokens (labels counted at their widest)."""
         per_tile = pooled_tokens(self.engine.image_tokens(), plan.pool) + self._label_tokens
@@ -475,7 +511,10 @@ class Conversation:
 
     def _append_image(self, view: Image.Image, turn: int, *, pool: int = 1) -> tuple[int, float]:
         """Encode a view, pool its rows, decode them; returns (tokens, seconds decoding)."""
-        embedding = self.engine.encode_image(view).pooled(pool)
+        return self._decode_image(self.engine.encode_image(view).pooled(pool), turn)
+
+    def _decode_image(self, embedding: ImageEmbedding, turn: int) -> tuple[int, float]:
+        """Decode projector rows as one image segment; returns (tokens, seconds decoding)."""
         started = time.perf_counter()
         self.engine.eval_embedding(embedding)
         decode_s = time.perf_counter() - started

@@ -19,6 +19,7 @@ from .conversation import DEFAULT_QUESTION, Conversation, PrefillProgress, Prepa
 from .engine import Engine, Sampling
 from .errors import ImageError
 from .images import LoadedImage, load_image
+from .layouts import ImageLayout
 from .prompts import PromptFormat
 
 if TYPE_CHECKING:
@@ -56,6 +57,7 @@ class DescribeResult:
     itl_p90_s: float = 0.0
     read_s: float = 0.0  # reading the file (decode, orientation); part of preprocess_s
     image_size: tuple[int, int] = (0, 0)  # upright, full resolution (the grid is laid over this)
+    layout: str = ""  # llava-1.5-tiles (labelled tiles) or llava-next (the model's own packing)
 
     def to_json(self) -> dict[str, Any]:
         """A plain dict for --json (floats rounded for reading)."""
@@ -124,14 +126,14 @@ class Describer:
 
     def __init__(self, engine: Engine, fmt: PromptFormat, *, tile_size: int, max_tokens: int = 512,
                  sampling: Sampling | None = None, max_tiles: int | None = None,
-                 n_gpu_layers: int = 0, pool: int | None = 1) -> None:
+                 n_gpu_layers: int = 0, pool: int | None = 1, layout: ImageLayout | None = None) -> None:
         self.engine = engine
         self.max_tokens = max_tokens
         self.n_gpu_layers = n_gpu_layers
         started = time.perf_counter()
         self._conversation = Conversation(engine, fmt, tile_size=tile_size, max_tokens=max_tokens,
                                           sampling=sampling, max_tiles=max_tiles, summary="none",
-                                          pool=pool)
+                                          pool=pool, layout=layout)
         # The system prompt is decoded now, before any request's clock starts: the first
         # image is charged for it, so its prefill speed counts tokens and time alike.
         self._system_prefill_s: float | None = time.perf_counter() - started
@@ -142,7 +144,7 @@ class Describer:
         """A describer on a freshly loaded model, with its prompt format and projector's view size."""
         return cls(loaded.engine, loaded.prompt_format, tile_size=loaded.projector_facts.image_size,
                    max_tokens=max_tokens, sampling=sampling, max_tiles=max_tiles,
-                   n_gpu_layers=loaded.n_gpu_layers, pool=pool)
+                   n_gpu_layers=loaded.n_gpu_layers, pool=pool, layout=loaded.layout)
 
     @property
     def n_ctx(self) -> int:
@@ -215,7 +217,7 @@ class Describer:
             n_gpu_layers=self.n_gpu_layers, note=loaded.note, pool=stats.pool,
             tile_tokens=stats.tile_tokens, tile_prefill_s=stats.tile_prefill_s,
             itl_p50_s=stats.itl_p50_s, itl_p90_s=stats.itl_p90_s, read_s=read_s,
-            image_size=loaded.size)
+            image_size=loaded.size, layout=stats.layout)
 
 
 # -- the one loop ------------------------------------------------------------------------------

@@ -400,8 +400,7 @@ class Engine:
             raise EngineError("no projector is loaded, so images cannot be read")
         if not self.tokens_per_image:
             probe = Image.new("RGB", (8, 8))
-            self.tokens_per_image = self._with_image_chunks(
-                probe, lambda chunks: mtmd_cpp.mtmd_input_chunk_get_n_tokens(self._image_chunk(chunks)))
+            self.tokens_per_image = self._with_image_chunks(probe, self._count_tokens)
         return self.tokens_per_image
 
     def eval_image(self, image: Image.Image | np.ndarray) -> int:
@@ -466,31 +465,40 @@ class Engine:
             mtmd_cpp.mtmd_input_chunks_free(chunks)
             mtmd_cpp.mtmd_bitmap_free(bitmap)
 
-    def _image_chunk(self, chunks: ctypes.c_void_p) -> ctypes.c_void_p:
-        found = None
+    def _image_chunks(self, chunks: ctypes.c_void_p) -> list[ctypes.c_void_p]:
+        """Every image chunk mtmd made of one bitmap, in its order.
+
+        A LLaVA-1.6 projector slices a view larger than its image size into several chunks
+        (an overview and tiles); all of them are kept, never just one.
+        """
+        found = []
         for i in range(mtmd_cpp.mtmd_input_chunks_size(chunks)):
             chunk = mtmd_cpp.mtmd_input_chunks_get(chunks, i)
-            kind = mtmd_cpp.mtmd_input_chunk_get_type(chunk)
-            if kind == mtmd_cpp.MTMD_INPUT_CHUNK_TYPE_IMAGE:
-                found = chunk
+            if mtmd_cpp.mtmd_input_chunk_get_type(chunk) == mtmd_cpp.MTMD_INPUT_CHUNK_TYPE_IMAGE:
+                found.append(chunk)
             elif mtmd_cpp.mtmd_input_chunk_get_n_tokens(chunk):
                 # LLaVA's mlp projector adds no begin/end tokens; others are not supported here.
                 raise EngineError("this projector wraps images in extra tokens; edgevlm does not support it")
-        if found is None:
+        if not found:
             raise EngineError("mtmd produced no image chunk")
         return found
 
+    def _count_tokens(self, chunks: ctypes.c_void_p) -> int:
+        return sum(mtmd_cpp.mtmd_input_chunk_get_n_tokens(c) for c in self._image_chunks(chunks))
+
     def _encode_chunks(self, chunks: ctypes.c_void_p) -> ImageEmbedding:
-        chunk = self._image_chunk(chunks)
+        parts = [self._encode_chunk(chunk) for chunk in self._image_chunks(chunks)]
+        return ImageEmbedding(parts[0] if len(parts) == 1 else np.concatenate(parts))
+
+    def _encode_chunk(self, chunk: ctypes.c_void_p) -> np.ndarray:
         n_tokens = mtmd_cpp.mtmd_input_chunk_get_n_tokens(chunk)
         started = time.perf_counter()
         self._check(mtmd_cpp.mtmd_encode_chunk(self._mctx, chunk), "encode image")
         out = mtmd_cpp.mtmd_get_output_embd(self._mctx)
         rows = np.ctypeslib.as_array(out, shape=(n_tokens * self.n_embd,)).reshape(n_tokens, self.n_embd)
-        embedding = ImageEmbedding(rows.copy())  # mtmd reuses its buffer on the next encode
         self._meter.clip_encode_s += time.perf_counter() - started
         self._meter.clip_encodes += 1
-        return embedding
+        return rows.copy()  # mtmd reuses its buffer on the next encode
 
     # -- generation -----------------------------------------------------------------------
 

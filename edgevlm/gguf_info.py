@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import numpy as np
+
 from .errors import ModelError
 from .paths import cache_dir
 
@@ -22,7 +24,11 @@ PROJECTOR_ARCH = "clip"
 SUPPORTED_TEXT_ARCHS = frozenset({"llama", "mistral", "qwen2", "gemma", "phi3", "granite"})
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.")
 # Bump when the facts' fields change, so stale cache entries are ignored.
-_CACHE_VERSION = 2
+_CACHE_VERSION = 3
+# The image layouts edgevlm knows: LLaVA-1.5 with labelled AnyRes tiles, and LLaVA-NeXT's own.
+LLAVA_15_TILES = "llava-1.5-tiles"
+LLAVA_NEXT = "llava-next"
+IMAGE_NEWLINE_TENSOR = "model.image_newline"
 _Facts = TypeVar("_Facts", "TextModelFacts", "ProjectorFacts")
 
 
@@ -69,10 +75,21 @@ class ProjectorFacts:
     projection_dim: int
     weight_bytes: int
     file_bytes: int
+    # LLaVA-1.6 (NeXT) projectors: the canvases its AnyRes may pick, (width, height) each, and how
+    # tile features are merged ("spatial_unpad": unpadded, a newline vector after each row).
+    grid_pinpoints: tuple[tuple[int, int], ...] = ()
+    merge_type: str = "flat"
+    has_image_newline: bool = False
 
     @property
     def tokens_per_image(self) -> int:
         return (self.image_size // self.patch_size) ** 2
+
+    @property
+    def layout(self) -> str:
+        """How this projector's model was trained to see an image (see layouts.py)."""
+        unpad = self.merge_type.startswith("spatial_unpad") and self.has_image_newline
+        return LLAVA_NEXT if self.grid_pinpoints and unpad else LLAVA_15_TILES
 
 
 def read_text_model(path: str | Path) -> TextModelFacts:
@@ -182,7 +199,30 @@ def _read_projector(path: Path) -> ProjectorFacts:
         projection_dim=_projection_width(tensors, fields),
         weight_bytes=sum(int(t.n_bytes) for t in reader.tensors),
         file_bytes=path.stat().st_size,
+        grid_pinpoints=_pinpoints(fields.get("clip.vision.image_grid_pinpoints")),
+        merge_type=str(fields.get("clip.vision.mm_patch_merge_type", "flat")),
+        has_image_newline=IMAGE_NEWLINE_TENSOR in tensors,
     )
+
+
+def _frozen(value: object) -> object:
+    """JSON lists back to the tuples the frozen facts hold (nested too)."""
+    return tuple(_frozen(v) for v in value) if isinstance(value, list) else value
+
+
+def _pinpoints(values: object) -> tuple[tuple[int, int], ...]:
+    """The GGUF's flat [w1, h1, w2, h2, …] as (width, height) pairs."""
+    flat = [int(v) for v in values] if isinstance(values, (list, tuple)) else []
+    return tuple((flat[i], flat[i + 1]) for i in range(0, len(flat) - 1, 2))
+
+
+def read_image_newline(path: Path) -> np.ndarray:
+    """LLaVA-NeXT's learned newline vector (float32), which llama.cpp does not load; ModelError if absent."""
+    reader = _open(Path(path), role="--mmproj")
+    tensor = next((t for t in reader.tensors if t.name == IMAGE_NEWLINE_TENSOR), None)
+    if tensor is None:
+        raise ModelError(f"{path}: has no {IMAGE_NEWLINE_TENSOR} tensor; it is not a LLaVA-1.6 projector")
+    return np.asarray(tensor.data, dtype=np.float32).reshape(-1).copy()
 
 
 def check_pair(text: TextModelFacts, projector: ProjectorFacts) -> None:
@@ -205,8 +245,7 @@ def _cached(path: Path, kind: type[_Facts], read: Any) -> _Facts:
     try:
         data = json.loads(entry.read_text())
         data["path"] = path
-        return kind(**{f.name: tuple(data[f.name]) if isinstance(data[f.name], list) else data[f.name]
-                       for f in fields(kind)})
+        return kind(**{f.name: _frozen(data[f.name]) for f in fields(kind)})
     except (OSError, ValueError, KeyError, TypeError):
         pass
     facts = read(path)

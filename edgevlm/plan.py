@@ -16,10 +16,12 @@ the library on shape-faithful GGUFs):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .gguf_info import ProjectorFacts, TextModelFacts
+from .gguf_info import LLAVA_15_TILES, LLAVA_NEXT, ProjectorFacts, TextModelFacts
+from .layouts import fit_next_grid, next_grid
 from .tiling import TurnCosts
 
 MIB = 1 << 20
@@ -125,6 +127,7 @@ class Plan:
     photo_grid: tuple[int, int] = (0, 0)  # what describe gives EXAMPLE_PHOTO (--pool auto)
     photo_pool: int = 1
     tile_size: int = 336
+    layout: str = LLAVA_15_TILES  # how the model is shown images (see layouts.py)
 
     @property
     def photo_tiles(self) -> int:
@@ -139,7 +142,7 @@ class Plan:
             "type_v": self.type_v, "flash_attn": self.flash_attn,
             "mmproj_on_gpu": self.mmproj_on_gpu, "vram_free": self.vram_free,
             "ram_free": self.ram_free, "max_tiles": self.max_tiles,
-            "max_pooled_tiles": self.max_pooled_tiles, "n_ubatch": self.n_ubatch,
+            "max_pooled_tiles": self.max_pooled_tiles, "n_ubatch": self.n_ubatch, "layout": self.layout,
             "example_photo": {"size": list(EXAMPLE_PHOTO), "grid": list(self.photo_grid),
                               "tiles": self.photo_tiles, "pool": self.photo_pool},
             "bytes": {
@@ -295,11 +298,27 @@ class TileCounts:
 
 def tiles_at(costs: TurnCosts, projector: ProjectorFacts, n_ctx: int, answer_tokens: int) -> TileCounts:
     """The tiles describe's own arithmetic gives at this context (full and pooled, and EXAMPLE_PHOTO)."""
+    if projector.layout == LLAVA_NEXT:
+        return _next_tiles_at(costs.room(n_ctx, answer_tokens), projector)
     photo = costs.plan(*EXAMPLE_PHOTO, n_ctx=n_ctx, answer_tokens=answer_tokens,
                        tile_size=projector.image_size, pool=None)
     return TileCounts(max_tiles=costs.max_tiles(n_ctx=n_ctx, answer_tokens=answer_tokens),
                       max_pooled_tiles=costs.max_tiles(n_ctx=n_ctx, answer_tokens=answer_tokens, pool=2),
                       photo_grid=photo.grid, photo_pool=photo.pool)
+
+
+def _next_tiles_at(room: int, projector: ProjectorFacts) -> TileCounts:
+    """LLaVA-NeXT: the largest canvas that fits whatever the image (no padding to crop), and a 4K photo's."""
+    view, size = projector.tokens_per_image, projector.image_size
+
+    def most(pool: int) -> int:
+        side = math.isqrt(view) // pool
+        fitting = [next_grid(c, c, tile_size=size, side=side, pool=pool) for c in projector.grid_pinpoints]
+        return max((g.n_tiles for g in fitting if g.tokens(view) <= room), default=0)
+
+    photo = fit_next_grid(EXAMPLE_PHOTO, projector.grid_pinpoints, room=room, tile_size=size,
+                          view_tokens=view)
+    return TileCounts(max_tiles=most(1), max_pooled_tiles=most(2), photo_grid=photo.grid, photo_pool=1)
 
 
 def ubatch_for(projector: ProjectorFacts) -> int:
@@ -361,7 +380,8 @@ class _Planner:
             mmproj_on_gpu=gpu, vram_free=self.device.vram_free, ram_free=self.device.ram_free,
             breakdown=breakdown, notes=notes, n_ubatch=self.n_ubatch, max_tiles=tiles.max_tiles,
             max_pooled_tiles=tiles.max_pooled_tiles, photo_grid=tiles.photo_grid,
-            photo_pool=tiles.photo_pool, tile_size=self.projector.image_size)
+            photo_pool=tiles.photo_pool, tile_size=self.projector.image_size,
+            layout=self.projector.layout)
 
     def fits(self, plan: Plan) -> bool:
         vram = self.device.vram_free

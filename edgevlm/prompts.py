@@ -70,7 +70,20 @@ LLAMA3 = PromptFormat(
     default_system="You are a helpful assistant that describes images accurately.",
 )
 
-FORMATS = {f.name: f for f in (VICUNA, MISTRAL_INSTRUCT, CHATML, LLAMA3)}
+# Granite-Vision's own template: images first in the user turn, then the text.
+GRANITE_VISION = PromptFormat(
+    name="granite-vision",
+    system_prefix="<|system|>\n",
+    system_suffix="\n",
+    user_prefix="<|user|>\n",
+    user_suffix="\n<|assistant|>\n",
+    assistant_suffix="<|end_of_text|>",
+    default_system=("A chat between a curious user and an artificial intelligence assistant. "
+                    "The assistant gives helpful, detailed, and polite answers to the user's questions."),
+    add_bos=False,
+)
+
+FORMATS = {f.name: f for f in (VICUNA, MISTRAL_INSTRUCT, CHATML, LLAMA3, GRANITE_VISION)}
 
 
 def detect_format(chat_template: str | None, *, preset_format: str | None = None) -> PromptFormat:
@@ -82,6 +95,8 @@ def detect_format(chat_template: str | None, *, preset_format: str | None = None
         return CHATML
     if "<|start_header_id|>" in template:
         return LLAMA3
+    if "<|user|>" in template and "<|assistant|>" in template:
+        return GRANITE_VISION
     if "[INST]" in template:
         return MISTRAL_INSTRUCT
     # LLaVA-1.5 GGUFs carry no template; Vicuna is what they were tuned on.

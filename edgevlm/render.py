@@ -197,7 +197,8 @@ def render_plan(p: Plan, model_name: str, checks: tuple[Check, ...]) -> None:
     out.print(f"  n_gpu_layers {p.n_gpu_layers}/{p.n_layers} · n_ctx {p.n_ctx} (trained {p.n_ctx_train}) "
               f"· KV {p.type_k} · flash attention {'on' if p.flash_attn else 'off'} · projector on "
               f"{'GPU' if p.mmproj_on_gpu else 'CPU'} · ubatch {p.n_ubatch} · up to {p.max_tiles} "
-              f"tiles per image ({p.max_pooled_tiles} pooled) · a 3840x2160 photo: {photo}")
+              f"tiles per image ({p.max_pooled_tiles} pooled) · a 3840x2160 photo: {photo} · "
+              f"layout {p.layout}")
     out.print(_plan_table(p))
     for note in p.notes:
         out.print(f"[yellow]note:[/] {escape(note)}")

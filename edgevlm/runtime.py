@@ -12,7 +12,17 @@ from .catalog import ModelChoice, Preset, facts_from_shape, find_preset, resolve
 from .conversation import DEFAULT_QUESTION, turn_costs
 from .engine import Engine, EngineConfig, Vocab, gpu_offload_supported
 from .errors import ConfigError, EdgeVLMError, ModelError
-from .gguf_info import ProjectorFacts, TextModelFacts, check_pair, read_projector, read_text_model
+from .gguf_info import (
+    LLAVA_15_TILES,
+    LLAVA_NEXT,
+    ProjectorFacts,
+    TextModelFacts,
+    check_pair,
+    read_image_newline,
+    read_projector,
+    read_text_model,
+)
+from .layouts import ImageLayout
 from .plan import KV_TYPES, Check, Device, Plan, Settings, choose, compare
 from .prompts import PromptFormat, detect_format
 from .tiling import TurnCosts
@@ -48,6 +58,7 @@ class Loaded:
     text_facts: TextModelFacts
     projector_facts: ProjectorFacts
     plan: Plan
+    layout: ImageLayout = ImageLayout(LLAVA_15_TILES)
 
     @property
     def n_gpu_layers(self) -> int:
@@ -165,7 +176,14 @@ def load(flags: ModelFlags, *, on_progress: Callable[[float], None] | None = Non
         if plan.device != "cuda" or plan.vram_free is None:
             raise
         engine, plan = _load_smaller(choice, text, projector, plan, flags, first, on_progress)
-    return Loaded(engine, prompt_format(choice, text), choice, text, projector, plan)
+    return Loaded(engine, prompt_format(choice, text), choice, text, projector, plan, image_layout(projector))
+
+
+def image_layout(projector: ProjectorFacts) -> ImageLayout:
+    """How this projector's model sees images; a LLaVA-1.6 one brings its newline vector."""
+    if projector.layout != LLAVA_NEXT:
+        return ImageLayout(projector.layout)
+    return ImageLayout(LLAVA_NEXT, projector.grid_pinpoints, read_image_newline(projector.path))
 
 
 def _load_smaller(choice: ModelChoice, text: TextModelFacts, projector: ProjectorFacts, plan: Plan,

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 
 from PIL import Image
 
+from .gguf_info import LLAVA_15_TILES
 from .images import MEAN_RGB
 
 # Past about a dozen tiles a frozen LLaVA-1.5 gains little and the prompt outgrows its training.
@@ -46,6 +47,10 @@ class TilePlan:
     @property
     def n_tiles(self) -> int:
         return len(self.tiles)
+
+    @property
+    def layout(self) -> str:
+        return LLAVA_15_TILES
 
     @property
     def canvas_size(self) -> tuple[int, int]:

@@ -43,10 +43,18 @@ def copy_text_model(out_dir: Path) -> Path:
     return target
 
 
+# LLaVA-NeXT's released canvases (336 px views), scaled here to the view size of a test projector.
+NEXT_PINPOINTS = ((336, 672), (672, 336), (672, 672), (1008, 336), (336, 1008))
+
+
 def write_projector(path: Path, *, image_size: int, patch_size: int = 14, width: int = 64,
                     blocks: int = 3, heads: int = 4, ff: int = 256, text_width: int = 576,
-                    seed: int = 0) -> Path:
-    """A random ViT + 2-layer MLP projector in the LLaVA-1.5 mmproj layout."""
+                    seed: int = 0, next_style: bool = False) -> Path:
+    """A random ViT + 2-layer MLP projector in the LLaVA-1.5 mmproj layout.
+
+    next_style adds what a LLaVA-1.6 (NeXT) mmproj carries: grid pinpoints, the spatial_unpad
+    merge type and a learned image_newline vector.
+    """
     import gguf
 
     if _is_current(path):
@@ -104,6 +112,12 @@ def write_projector(path: Path, *, image_size: int, patch_size: int = 14, width:
     writer.add_tensor("mm.0.bias", vec(text_width))
     writer.add_tensor("mm.2.weight", mat(text_width, text_width, 0.05))
     writer.add_tensor("mm.2.bias", vec(text_width))
+    if next_style:
+        scale = image_size / 336
+        pinpoints = [int(v * scale) for pair in NEXT_PINPOINTS for v in pair]
+        writer.add_array("clip.vision.image_grid_pinpoints", pinpoints)
+        writer.add_string("clip.vision.mm_patch_merge_type", "spatial_unpad")
+        writer.add_tensor("model.image_newline", vec(text_width))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -265,6 +279,7 @@ def main() -> None:
         copy_text_model(args.out_dir),
         write_projector(args.out_dir / "mmproj-test-336.gguf", image_size=336),
         write_projector(args.out_dir / "mmproj-test-112.gguf", image_size=112, seed=1),
+        write_projector(args.out_dir / "mmproj-test-next-112.gguf", image_size=112, seed=2, next_style=True),
     ]
     for path in made:
         print(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}"

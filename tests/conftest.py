@@ -17,6 +17,7 @@ TEST_MODELS = ROOT / "models" / "test"
 TEXT_MODEL = TEST_MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
 MMPROJ_336 = TEST_MODELS / "mmproj-test-336.gguf"  # 576 tokens per image, like LLaVA-1.5
 MMPROJ_112 = TEST_MODELS / "mmproj-test-112.gguf"  # 64 tokens per image, for fast CLI runs
+MMPROJ_NEXT = TEST_MODELS / "mmproj-test-next-112.gguf"  # LLaVA-1.6-style: pinpoints, newline
 
 
 def load_script(name: str) -> ModuleType:
@@ -32,7 +33,7 @@ def load_script(name: str) -> ModuleType:
 
 
 def _ensure_test_models() -> None:
-    if not all(p.exists() for p in (TEXT_MODEL, MMPROJ_336, MMPROJ_112)):
+    if not all(p.exists() for p in (TEXT_MODEL, MMPROJ_336, MMPROJ_112, MMPROJ_NEXT)):
         subprocess.run([sys.executable, str(ROOT / "scripts" / "make_test_models.py")], check=True)
 
 
@@ -40,7 +41,8 @@ def _ensure_test_models() -> None:
 def test_models() -> dict[str, Path]:
     """Paths of the generated test models."""
     _ensure_test_models()
-    return {"text": TEXT_MODEL, "mmproj_336": MMPROJ_336, "mmproj_112": MMPROJ_112}
+    return {"text": TEXT_MODEL, "mmproj_336": MMPROJ_336, "mmproj_112": MMPROJ_112,
+            "mmproj_next": MMPROJ_NEXT}
 
 
 def make_engine(mmproj: Path, *, n_ctx: int = 2048, n_batch: int = 512):  # noqa: ANN201

@@ -50,6 +50,7 @@ def test_describe_json_for_every_kind_of_image(test_models: dict[str, Path],
         per_tile = 64 if row["pool"] == 1 else 16  # --pool auto: 2x2 pooling when it buys tiles
         assert row["visual_tokens"] == 64 + per_tile * row["n_tiles"] == 64 + row["tile_tokens"]
         assert row["prompt_tokens"] + 6 <= row["n_ctx"] == 1024
+        assert row["layout"] == "llava-1.5-tiles"  # a 1.5 projector: labelled tiles, as before
     by_name = {Path(r["image"]).stem: r for r in rows}
     assert by_name["photo"]["grid"][0] > by_name["photo"]["grid"][1]  # landscape: wide grid
     assert by_name["rotated"]["grid"][1] > by_name["rotated"]["grid"][0]  # EXIF 6: now portrait
@@ -125,12 +126,15 @@ def test_ctrl_c_during_describe_exits_130_cleanly(test_models: dict[str, Path],
     import sys
     import time
 
-    # The 576-token projector at n_ctx 4096 tiles a 1080p photo 2x2: ~15 s of prefill to interrupt.
+    # The 576-token projector at n_ctx 4096 tiles a 1080p photo 5x3 pooled: ~25 s of prefill to
+    # interrupt. The child gets SIGINT's default action, as a terminal gives it: a job started
+    # with `&` inherits SIGINT ignored (and so would edgevlm, as every Unix program does).
     process = subprocess.Popen(
         [sys.executable, "-m", "edgevlm.cli", "describe", str(photos["photo"]), "--model",
          str(test_models["text"]), "--mmproj", str(test_models["mmproj_336"]), "--n-ctx", "4096"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     time.sleep(4)
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=120)

@@ -1,0 +1,174 @@
+"""LLaVA-1.6 (LLaVA-NeXT) image input, as the model was trained to see it.
+
+Pure: Pillow and numpy only. The arithmetic follows LLaVA-NeXT's own code (`select_best_resolution`,
+`resize_and_pad_image`, `unpad_image` and the `spatial_unpad` packing in its model): the overview
+is the whole image stretched to one view and comes first; the tiles' features are put back into
+one (rows·side)×(cols·side) map, the padding rows or columns are cropped off, and the learned
+newline vector follows each row of the map. No text labels.
+
+llama.cpp's mtmd slices a 1.6 image into separate chunks instead (overview last, no unpad, no
+newline), so edgevlm sends mtmd exact single views and packs the rows itself.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+from .gguf_info import LLAVA_NEXT
+
+# LLaVA-NeXT pads the refined image in black, not in LLaVA-1.5's mean colour.
+PAD_RGB = (0, 0, 0)
+
+
+@dataclass(frozen=True, eq=False)
+class ImageLayout:
+    """How a model sees images: LLaVA-1.5 labelled tiles, or LLaVA-NeXT with its pinpoints."""
+
+    kind: str  # gguf_info.LLAVA_15_TILES or gguf_info.LLAVA_NEXT
+    pinpoints: tuple[tuple[int, int], ...] = ()  # (width, height) canvases, multiples of a view
+    newline: np.ndarray | None = None  # the learned vector appended after each row (NeXT)
+
+    @property
+    def is_next(self) -> bool:
+        return bool(self.pinpoints) and self.newline is not None
+
+
+@dataclass(frozen=True)
+class NextGrid:
+    """One image's LLaVA-NeXT plan: the canvas, its grid of views and the unpadded feature map."""
+
+    image_size: tuple[int, int]  # (width, height), upright
+    canvas: tuple[int, int]  # the chosen pinpoint (width, height); (0, 0): overview only
+    tile_size: int
+    side: int  # feature rows (and columns) per view: 24 for ViT-L/14 at 336 px, less if pooled
+    rows_kept: tuple[int, int]  # [start, stop) of the map's rows after unpadding
+    cols_kept: tuple[int, int]
+    pool: int = 1  # tiles' features averaged pool x pool before packing (only when asked for)
+
+    @property
+    def layout(self) -> str:
+        return LLAVA_NEXT
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """(cols, rows) of tiles; (0, 0) for the overview alone."""
+        return (self.canvas[0] // self.tile_size, self.canvas[1] // self.tile_size)
+
+    @property
+    def n_tiles(self) -> int:
+        return self.grid[0] * self.grid[1]
+
+    @property
+    def map_shape(self) -> tuple[int, int]:
+        """(height, width) of the unpadded feature map, in tokens, before the newlines."""
+        return (self.rows_kept[1] - self.rows_kept[0], self.cols_kept[1] - self.cols_kept[0])
+
+    def tokens(self, overview_tokens: int) -> int:
+        """Visual tokens: the overview, then each kept row and its newline."""
+        height, width = self.map_shape
+        return overview_tokens + (height * (width + 1) if self.n_tiles else 0)
+
+
+def select_best_resolution(size: tuple[int, int], pinpoints: tuple[tuple[int, int], ...]) -> tuple[int, int]:
+    """The canvas that keeps the most of the image's own pixels, then wastes the least."""
+    width, height = size
+    best, best_key = pinpoints[0], (-1, 0)
+    for canvas in pinpoints:
+        scale = min(canvas[0] / width, canvas[1] / height)
+        effective = min(int(width * scale) * int(height * scale), width * height)
+        key = (effective, -(canvas[0] * canvas[1] - effective))
+        if key > best_key:
+            best, best_key = canvas, key
+    return best
+
+
+def unpad_bounds(size: tuple[int, int], map_hw: tuple[int, int]) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The rows and columns of a padded feature map that show the image (LLaVA-NeXT's unpad rule)."""
+    width, height = size
+    map_h, map_w = map_hw
+    if width / height > map_w / map_h:  # wider than the canvas: padding above and below
+        padding = (map_h - int(height * (map_w / width))) // 2
+        return (padding, map_h - padding), (0, map_w)
+    padding = (map_w - int(width * (map_h / height))) // 2
+    return (0, map_h), (padding, map_w - padding)
+
+
+def next_grid(size: tuple[int, int], canvas: tuple[int, int], *, tile_size: int, side: int,
+              pool: int = 1) -> NextGrid:
+    """The plan for one image on one canvas."""
+    if canvas == (0, 0):
+        return NextGrid(size, canvas, tile_size, side, (0, 0), (0, 0), pool)
+    map_hw = (canvas[1] // tile_size * side, canvas[0] // tile_size * side)
+    rows, cols = unpad_bounds(size, map_hw)
+    return NextGrid(size, canvas, tile_size, side, rows, cols, pool)
+
+
+def fit_next_grid(size: tuple[int, int], pinpoints: tuple[tuple[int, int], ...], *, room: int,
+                  tile_size: int, view_tokens: int, pool: int = 1, max_tiles: int | None = None) -> NextGrid:
+    """The best canvas whose exact token count fits `room`; the overview alone if none does.
+
+    The model's own choice (select_best_resolution) comes first; smaller canvases are the
+    fallback when the context is short, and `max_tiles` caps the grid (0: overview only).
+    """
+    side = math.isqrt(view_tokens) // pool
+    allowed = [c for c in pinpoints
+               if max_tiles is None or (c[0] // tile_size) * (c[1] // tile_size) <= max_tiles]
+    while allowed:
+        canvas = select_best_resolution(size, tuple(allowed))
+        plan = next_grid(size, canvas, tile_size=tile_size, side=side, pool=pool)
+        if plan.tokens(view_tokens) <= room:
+            return plan
+        allowed.remove(canvas)
+    return next_grid(size, (0, 0), tile_size=tile_size, side=side, pool=pool)
+
+
+def next_views(image: Image.Image, plan: NextGrid) -> list[Image.Image]:
+    """The views to encode: the overview (the whole image stretched), then the tiles in row-major order."""
+    views = [_resize(image, (plan.tile_size, plan.tile_size))]
+    if not plan.n_tiles:
+        return views
+    canvas = _resize_and_pad(image, plan.canvas)
+    cols, rows = plan.grid
+    size = plan.tile_size
+    views += [canvas.crop((c * size, r * size, (c + 1) * size, (r + 1) * size))
+              for r in range(rows) for c in range(cols)]
+    return views
+
+
+def pack_next(overview: np.ndarray, tiles: list[np.ndarray], plan: NextGrid,
+              newline: np.ndarray) -> np.ndarray:
+    """The rows the model reads: the overview, then the unpadded map with a newline after each row."""
+    if not plan.n_tiles:
+        return overview
+    cols, rows = plan.grid
+    side, width = plan.side, overview.shape[1]
+    grid = np.stack(tiles).reshape(rows, cols, side, side, width)
+    feature_map = grid.transpose(0, 2, 1, 3, 4).reshape(rows * side, cols * side, width)
+    (r0, r1), (c0, c1) = plan.rows_kept, plan.cols_kept
+    kept = feature_map[r0:r1, c0:c1]
+    newlines = np.broadcast_to(newline.astype(overview.dtype), (kept.shape[0], 1, width))
+    packed = np.concatenate([kept, newlines], axis=1).reshape(-1, width)
+    return np.concatenate([overview, packed])
+
+
+def _resize_and_pad(image: Image.Image, canvas: tuple[int, int]) -> Image.Image:
+    """Fit the image inside the canvas, aspect kept, centred on black (LLaVA-NeXT's refinement)."""
+    width, height = image.size
+    target_w, target_h = canvas
+    if target_w / width < target_h / height:
+        new_w, new_h = target_w, min(math.ceil(height * target_w / width), target_h)
+    else:
+        new_w, new_h = min(math.ceil(width * target_h / height), target_w), target_h
+    padded = Image.new("RGB", canvas, PAD_RGB)
+    padded.paste(_resize(image, (new_w, new_h)), ((target_w - new_w) // 2, (target_h - new_h) // 2))
+    return padded
+
+
+def _resize(image: Image.Image, size: tuple[int, int]) -> Image.Image:
+    if image.size == size:
+        return image
+    return image.resize(size, Image.Resampling.BICUBIC, reducing_gap=3.0)
