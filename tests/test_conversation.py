@@ -146,11 +146,12 @@ def test_interrupt_while_answering_keeps_what_was_shown(engine_4k: Engine) -> No
 
 @pytest.mark.slow
 def test_context_pressure_drops_old_turns(test_models: dict[str, Path]) -> None:
-    with make_engine(test_models["mmproj_112"], n_ctx=2048) as eng:
+    # n_ctx 1024 fills by turn 9; the 20 turns then drop 10 old ones and keep going.
+    with make_engine(test_models["mmproj_112"], n_ctx=1024) as eng:
         chat = Conversation(eng, CHATML, tile_size=112, max_tokens=16, caption_tokens=12, max_tiles=2,
                             sampling=Sampling(temperature=0.0))
         dropped = 0
-        for turn in range(40):
+        for turn in range(20):
             image = _image(turn, (300, 200)) if turn % 3 == 0 else None
             _, stats = chat.ask(f"Turn {turn}: " + "tell me more about it. " * 10, image=image)
             chat.check()
