@@ -10,12 +10,11 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import numpy as np
-
 from .errors import ModelError
 from .paths import cache_dir
 
-if TYPE_CHECKING:  # the gguf package is imported when a file is read, not at start-up
+if TYPE_CHECKING:  # gguf and numpy are imported when a file is read, not at start-up
+    import numpy as np
     from gguf import GGUFReader
 
 GGUF_MAGIC = b"GGUF"
@@ -218,6 +217,8 @@ def _pinpoints(values: object) -> tuple[tuple[int, int], ...]:
 
 def read_image_newline(path: Path) -> np.ndarray:
     """LLaVA-NeXT's learned newline vector (float32), which llama.cpp does not load; ModelError if absent."""
+    import numpy as np
+
     reader = _open(Path(path), role="--mmproj")
     tensor = next((t for t in reader.tensors if t.name == IMAGE_NEWLINE_TENSOR), None)
     if tensor is None:

@@ -146,9 +146,6 @@ def verify(choice: ModelChoice, plan: Plan, flags: ModelFlags) -> tuple[Check, .
     if plan.device == "cuda" and not gpu_offload_supported():
         raise ConfigError("--verify cannot check a GPU plan: this llama.cpp build has no GPU support "
                           "(run `make setup GPU=cuda`, or drop --vram to verify the CPU plan)")
-    if not choice.model_path.exists():
-        raise ModelError(f"--verify needs the files: run `edgevlm fetch {choice.preset.name}`"
-                         if choice.preset else f"{choice.model_path}: no such file")
     with Engine(engine_config(choice, plan, flags)) as engine:
         return compare(plan, engine.reported_buffers)
 
