@@ -39,7 +39,7 @@ help:
 	@echo "make models  fetch the default model into models/llava-1.5-7b/"
 	@echo "make test-models  write the small test models into models/test/ (no download)"
 	@echo "make bench   benchmarks on the test models"
-	@echo "make peers   build llama.cpp's own llama-mtmd-cli (the same pinned llama.cpp) for the benchmarks"
+	@echo "make peers   build llama.cpp's own llama-mtmd-cli and llama-server (the same pinned llama.cpp) for the benchmarks"
 	@echo "make lint    ruff"
 	@echo "make clean   remove .venv and the tool caches (built wheels and models stay)"
 
@@ -95,19 +95,20 @@ bench: setup test-models
 PEERS := peers
 PEER_SRC := $(PEERS)/src/llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp
 PEER_CMAKE_ARGS := -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_OPENSSL=OFF \
-  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF \
   -DLLAMA_BUILD_TOOLS=ON $(LLAMA_CMAKE_ARGS)
 
-peers: $(PEERS)/bin/llama-mtmd-cli
+PEER_TOOLS := llama-mtmd-cli llama-server
+peers: $(addprefix $(PEERS)/bin/,$(PEER_TOOLS))
 
-$(PEERS)/bin/llama-mtmd-cli: | setup
+$(addprefix $(PEERS)/bin/,$(PEER_TOOLS)) &: | setup
 	@test -d $(PEER_SRC) || { mkdir -p $(PEERS)/src && \
 	  $(PIP) download -q --no-deps --no-binary :all: -d $(PEERS)/src llama-cpp-python==$(LLAMA_CPP_VERSION) && \
 	  tar -xzf $(PEERS)/src/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz -C $(PEERS)/src; }
 	cmake -S $(PEER_SRC) -B $(PEERS)/build-$(BACKEND) $(PEER_CMAKE_ARGS) >/dev/null
-	cmake --build $(PEERS)/build-$(BACKEND) --target llama-mtmd-cli -j $${CMAKE_BUILD_PARALLEL_LEVEL:-$$(nproc)}
-	@mkdir -p $(PEERS)/bin && cp $(PEERS)/build-$(BACKEND)/bin/llama-mtmd-cli $@
-	@echo "built $@ ($(BACKEND))"
+	cmake --build $(PEERS)/build-$(BACKEND) --target $(PEER_TOOLS) -j $${CMAKE_BUILD_PARALLEL_LEVEL:-$$(nproc)}
+	@mkdir -p $(PEERS)/bin && for tool in $(PEER_TOOLS); do cp $(PEERS)/build-$(BACKEND)/bin/$$tool $(PEERS)/bin/; done
+	@echo "built $(PEER_TOOLS) into $(PEERS)/bin ($(BACKEND))"
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -74,6 +74,20 @@ tiles `describe` will give a 4K photo. `describe` and `chat` use the same plan u
 Example:
   edgevlm plan --vram 8GiB
 """
+SERVE_HELP = """Serve the model over HTTP with the OpenAI and Ollama APIs, so apps that speak
+either can use it.
+
+Images in earlier messages are swapped for their text summaries (made once, kept by the
+image's SHA-256), so a long conversation costs the same per turn as a short one; the turns a
+client resends are matched against the KV cache and not decoded again. Listens on
+127.0.0.1 only unless --host says otherwise, which then needs --api-key.
+
+\b
+Examples:
+  edgevlm serve --port 8080
+  curl http://127.0.0.1:8080/v1/chat/completions -H 'Content-Type: application/json' \\
+    -d '{"messages": [{"role": "user", "content": "Hello"}]}'
+"""
 BENCH_HELP = """Measure this machine: model load, describe stage by stage (pool 1 vs 2), a short chat.
 
 Describe runs four ways on one loaded model: the global view only, tiles at full detail,
@@ -107,7 +121,7 @@ def describe(
     quiet: opt.Quiet = False, recursive: opt.Recursive = False, glob: opt.Glob = None,
     write_captions: opt.WriteCaptions = False, out_dir: opt.OutDir = None, jsonl: opt.Jsonl = None,
     overwrite: opt.Overwrite = False, fetch_missing: opt.Fetch = False, threads: opt.Threads = None,
-    verbose: opt.Verbose = False, debug: opt.Debug = False,
+    no_cache: opt.NoCache = False, verbose: opt.Verbose = False, debug: opt.Debug = False,
 ) -> None:
     """Describe photos and folders (see DESCRIBE_HELP)."""
     from .batch import (
@@ -138,7 +152,8 @@ def describe(
             flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, max_tokens, fetch_missing)
             with _loaded(flags, quiet=quiet or json_out) as loaded, view:
                 describer = Describer.for_model(loaded, max_tokens=max_tokens, max_tiles=max_tiles,
-                                                sampling=_sampling(temperature, seed), pool=pool_factor)
+                                                sampling=_sampling(temperature, seed), pool=pool_factor,
+                                                cache=not no_cache)
                 summary = caption_all(describer, targets, prompt=prompt or DEFAULT_PROMPT,
                                       overwrite=overwrite, jsonl=log, on_event=view.on_event)
         folder = write_captions or jsonl is not None or any(p.is_dir() for p in photos)
@@ -154,7 +169,7 @@ def chat(
     keep_images: opt.KeepImages = 0, tiles: opt.Tiles = "auto", pool: opt.Pool = "auto",
     system: opt.System = None, session: opt.Session = None, resume: opt.Resume = None,
     stats_json: opt.StatsJson = None, fetch_missing: opt.Fetch = False, threads: opt.Threads = None,
-    verbose: opt.Verbose = False, debug: opt.Debug = False,
+    no_cache: opt.NoCache = False, verbose: opt.Verbose = False, debug: opt.Debug = False,
 ) -> None:
     """Chat about images in the terminal (see CHAT_HELP)."""
     from .chat import load_transcript, run_chat
@@ -176,8 +191,41 @@ def chat(
                 loaded.engine, loaded.prompt_format, tile_size=loaded.projector_facts.image_size,
                 max_tokens=max_tokens, sampling=_sampling(temperature, seed), max_tiles=max_tiles,
                 summary=summary, keep_images=keep_images, system=system, pool=pool_factor,
-                layout=loaded.layout)
+                layout=loaded.layout, encoder=None if no_cache else loaded.image_cache())
             run_chat(conversation, loaded, saved=saved, session=session or resume, stats_json=stats_json)
+
+
+@app.command(help=SERVE_HELP)
+def serve(
+    ctx: typer.Context, model: opt.Model = DEFAULT_MODEL, mmproj: opt.Mmproj = None,
+    host: opt.Host = "127.0.0.1", port: opt.Port = 8080, api_key: opt.ApiKey = None,
+    media_dir: opt.MediaDir = None, max_queue: opt.MaxQueue = 16, max_body_mb: opt.MaxBodyMb = 50,
+    n_ctx: opt.NCtx = None, n_gpu_layers: opt.NGpuLayers = None, max_tokens: opt.MaxTokens = 512,
+    temperature: opt.Temperature = 0.0, tiles: opt.Tiles = "auto", pool: opt.Pool = "auto",
+    summary: opt.Summary = "caption", no_cache: opt.NoCache = False, fetch_missing: opt.Fetch = False,
+    threads: opt.Threads = None, verbose: opt.Verbose = False, debug: opt.Debug = False,
+) -> None:
+    """The OpenAI- and Ollama-compatible API (see SERVE_HELP)."""
+    from .engine import Sampling
+    from .server.launch import ServeSettings, check
+    from .server.launch import serve as run_server
+
+    _configure_logging(verbose)
+    logging.getLogger("edgevlm.server").setLevel(logging.INFO)  # the one-line request log
+    with _handled(debug):
+        if summary not in ("caption", "answer"):
+            raise ConfigError(f"--summary must be caption or answer, not '{summary}'")
+        settings = ServeSettings(
+            host=host, port=port, api_key=api_key, media_dir=media_dir, max_queue=max_queue,
+            max_body_mb=max_body_mb, max_tokens=max_tokens, max_tiles=_tiles_option(ctx, tiles),
+            pool=_pool_option(ctx, pool), sampling=Sampling(temperature=temperature),
+            summary=summary, cache=not no_cache)
+        check(settings)  # unsafe or impossible settings fail before the model loads
+        flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, max_tokens, fetch_missing)
+        with _loaded(flags, quiet=False) as loaded:
+            run_server(loaded, settings, on_ready=lambda url: err.print(
+                f"edgevlm serving [bold]{escape(loaded.choice.model_path.name)}[/] at {url} "
+                f"(OpenAI: {url}/v1, Ollama: {url}) — Ctrl-C to stop"))
 
 
 @app.command(help=PLAN_HELP)

@@ -12,8 +12,9 @@ in use, after every operation.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Protocol
 
 from PIL import Image
@@ -24,6 +25,7 @@ from .gguf_info import LLAVA_15_TILES
 from .images import LoadedImage
 from .layouts import ImageLayout, NextGrid, fit_next_grid, next_views, pack_next
 from .prompts import PromptFormat
+from .stops import StopScanner
 from .tiling import (
     MAX_POOLED_TILES,
     Tile,
@@ -106,6 +108,7 @@ class TurnStats:
     itl_p50_s: float = 0.0
     itl_p90_s: float = 0.0
     layout: str = ""  # how the image was shown (llava-1.5-tiles, llava-next); "" without one
+    cached_tokens: int = 0  # prompt positions reused from the cache rather than decoded
 
 
 @dataclass(frozen=True)
@@ -184,7 +187,8 @@ def turn_costs(tokenizer: Tokenizer, fmt: PromptFormat, question: str, *, view_t
 
 def summary_text(index: int, name: str, caption: str) -> str:
     """What stands in the cache for an answered image: `[Image N — name — summary: …]`."""
-    return f"[Image {index} — {name}" + (f" — summary: {caption}]" if caption else "]")
+    named = f"[Image {index} — {name}" if name else f"[Image {index}"
+    return named + (f" — summary: {caption}]" if caption else "]")
 
 
 def _tail_text(question: str, fmt: PromptFormat, *, with_image: bool) -> str:
@@ -224,7 +228,8 @@ class Conversation:
                  sampling: Sampling | None = None, max_tiles: int | None = None,
                  summary: str = "caption", keep_images: int = 0, system: str | None = None,
                  caption_tokens: int = CAPTION_TOKENS, pool: int | None = 1,
-                 layout: ImageLayout | None = None) -> None:
+                 layout: ImageLayout | None = None,
+                 encoder: Callable[[Image.Image], ImageEmbedding] | None = None) -> None:
         if summary not in SUMMARY_MODES:
             raise ValueError(f"summary must be one of {SUMMARY_MODES}")
         self.engine = engine
@@ -239,6 +244,9 @@ class Conversation:
         self.system = system
         self.caption_tokens = caption_tokens
         self.layout = layout or ImageLayout(LLAVA_15_TILES)
+        self.stop: tuple[str, ...] = ()  # the answer ends before the first of these
+        # CLIP, or a cache in front of it (cache.EmbeddingCache): views seen before skip CLIP.
+        self.encode = encoder or engine.encode_image
         self.segments: list[Segment] = []
         self.records: list[TurnRecord] = []
         self.turn = self.images_seen = 0
@@ -317,9 +325,16 @@ class Conversation:
     def ask(self, question: str, *, image: LoadedImage | PreparedImage | None = None,
             on_piece: Callable[[str], None] | None = None,
             on_progress: Callable[[PrefillProgress], None] | None = None,
-            started: float | None = None) -> tuple[str, TurnStats]:
-        """One user turn (optionally with an image) and the streamed answer."""
-        self.engine.begin_request(started=started)
+            on_answered: Callable[[TurnStats], None] | None = None,
+            started: float | None = None, new_request: bool = True) -> tuple[str, TurnStats]:
+        """One user turn (optionally with an image) and the streamed answer.
+
+        on_answered gets the turn's numbers as soon as the answer is complete, before the
+        image is summarised and swapped out (a server can reply without waiting for that).
+        With new_request False, the engine's meter goes on counting from an earlier step.
+        """
+        if new_request:
+            self.engine.begin_request(started=started)
         prepared = image if isinstance(image, PreparedImage) else None
         loaded = prepared.image if prepared is not None else image
         if prepared is not None:
@@ -334,16 +349,38 @@ class Conversation:
         prompt_tokens = self.kv_tokens
         answer, answer_tokens, interrupted = self._generate(parts, on_piece)
         generated = self.engine.stats()
+        turn_stats = partial(self._turn_stats, parts.turn, plan, generated, dropped=dropped,
+                             completion_tokens=len(answer_tokens), prompt_tokens=prompt_tokens)
+        if on_answered is not None:
+            on_answered(turn_stats(swap_s=0.0))
         summary, swap_s = self._after_answer(parts.turn, loaded, answer, answer_tokens)
         self.turn = parts.turn
-        stats = self._turn_stats(parts.turn, plan, generated, swap_s=swap_s, dropped=dropped,
-                                 completion_tokens=len(answer_tokens), prompt_tokens=prompt_tokens)
+        stats = turn_stats(swap_s=swap_s)
         self.records.append(TurnRecord(
             turn=parts.turn, user=question, answer=answer,
             image=str(loaded.path) if loaded else None,
             image_index=self.images_seen if loaded else None, summary=summary,
             interrupted=interrupted, stats=_plain(stats)))
         return answer, stats
+
+    def summarise_image(self, image: LoadedImage) -> str:
+        """A summary of an image met only in past turns (an API client's history), with no trace.
+
+        The image is shown on top of the cache, captioned, and rolled back.
+        """
+        checkpoint = len(self.segments)
+        parts = self._parts(-1, CAPTION_REQUEST, with_image=True)
+        self._make_room(parts.fixed + parts.image_floor)
+        caption = ""
+        try:
+            self._prefill(parts, image, None, None)
+            caption = "".join(self.engine.generate(self.caption_tokens, Sampling(temperature=0.0)))
+        finally:
+            self.engine.interrupt_requested = False
+            self.engine.resync()
+            del self.segments[checkpoint:]
+            self.engine.truncate(self.kv_tokens)
+        return " ".join(caption.split())
 
     # -- the steps of a turn ----------------------------------------------------------------
 
@@ -403,15 +440,27 @@ class Conversation:
                   ) -> tuple[str, list[int], bool]:
         """Stream the answer into the cache; an interrupt keeps what was shown as the answer."""
         engine = self.engine
+        scanner = StopScanner(self.stop)
         pieces: list[str] = []
         interrupted = False
-        try:
-            for piece in engine.generate(self.max_tokens, self.sampling):
-                pieces.append(piece)
+
+        def show(text: str) -> None:
+            if text:
+                pieces.append(text)
                 if on_piece is not None:
-                    on_piece(piece)
+                    on_piece(text)
+
+        tokens = engine.generate(self.max_tokens, self.sampling)
+        try:
+            for piece in tokens:
+                show(scanner.feed(piece))
+                if scanner.stopped:
+                    break
+            show(scanner.flush())
         except (KeyboardInterrupt, Interrupted):
             interrupted = True
+        finally:
+            tokens.close()  # a stop sequence leaves the generator early: settle its timings now
         answer_tokens = list(engine.last_completion_tokens)
         engine.interrupt_requested = False
         # An interrupt can land between a decode and its bookkeeping: trust the ledger.
@@ -449,7 +498,8 @@ class Conversation:
             prefill_tok_s=generated.prefill_tok_s, pool=plan.pool if plan else 1,
             tile_tokens=self._tile_tokens, tile_prefill_s=self._tile_prefill_s,
             itl_p50_s=generated.itl_p50_s, itl_p90_s=generated.itl_p90_s,
-            layout=plan.layout if plan else "")
+            layout=plan.layout if plan else "",
+            cached_tokens=max(prompt_tokens - generated.prompt_tokens, 0))
 
     # -- images ---------------------------------------------------------------------------
 
@@ -492,11 +542,11 @@ class Conversation:
         assert self.layout.newline is not None
         progress = _ProgressCounter(on_progress, views=len(prepared.views),
                                     tokens=plan.tokens(self.engine.image_tokens()))
-        overview = self.engine.encode_image(prepared.views[0])
+        overview = self.encode(prepared.views[0])
         progress.add(0)
         tiles = []
         for view in prepared.views[1:]:
-            tiles.append(self.engine.encode_image(view).pooled(plan.pool).rows)
+            tiles.append(self.encode(view).pooled(plan.pool).rows)
             progress.add(0)
         embedding = ImageEmbedding(pack_next(overview.rows, tiles, plan, self.layout.newline))
         tokens, decode_s = self._decode_image(embedding, turn)
@@ -511,7 +561,7 @@ class Conversation:
 
     def _append_image(self, view: Image.Image, turn: int, *, pool: int = 1) -> tuple[int, float]:
         """Encode a view, pool its rows, decode them; returns (tokens, seconds decoding)."""
-        return self._decode_image(self.engine.encode_image(view).pooled(pool), turn)
+        return self._decode_image(self.encode(view).pooled(pool), turn)
 
     def _decode_image(self, embedding: ImageEmbedding, turn: int) -> tuple[int, float]:
         """Decode projector rows as one image segment; returns (tokens, seconds decoding)."""
@@ -618,19 +668,50 @@ class Conversation:
         """Rebuild the chat's text from a transcript: summaries stand in for images (no CLIP)."""
         self.reset()
         for record in records:
-            summary = ""
-            if record.image is not None:
-                name = record.image.rsplit("/", 1)[-1]
-                summary = summary_text(record.image_index or 0, name, record.summary or "") + "\n"
-            user = f"{self.fmt.user_prefix}{summary}{record.user}{self.fmt.user_suffix}"
-            answer = f"{record.answer}{self.fmt.assistant_suffix}"
-            needed = len(self.engine.tokenize(user + answer))
-            self._make_room(needed + self.max_tokens)
-            self._append(Segment("user", record.turn, tuple(self.engine.tokenize(user))))
-            self._append(Segment("answer", record.turn, tuple(self.engine.tokenize(answer))))
-            self.records.append(record)
-            self.turn = record.turn
-            self.images_seen = max(self.images_seen, record.image_index or 0)
+            self._restore_turn(record)
+
+    def replay(self, records: Sequence[TurnRecord]) -> int:
+        """Make these finished turns the cache's history, keeping the longest prefix already there.
+
+        Turns match on their question, answer and image; the first that differs and all
+        after it are dropped and rebuilt as text. Returns how many turns were kept.
+        """
+        kept = 0
+        for mine, theirs in zip(self.records, records, strict=False):
+            if (mine.user, mine.answer, mine.image) != (theirs.user, theirs.answer, theirs.image):
+                break
+            kept += 1
+        if kept < len(self.records):
+            self._forget_from(kept)
+        for record in records[kept:]:
+            self._restore_turn(replace(record, turn=self.turn + 1))
+        return kept
+
+    def _forget_from(self, index: int) -> None:
+        """Drop record `index` and every later turn from the cache."""
+        first_turn = self.records[index].turn
+        cut = next((i for i, s in enumerate(self.segments) if s.turn >= first_turn), len(self.segments))
+        self._truncate_to(cut)
+        self.records = self.records[:index]
+        self._live = [live for live in self._live if live.turn < first_turn]
+        self.turn = self.records[-1].turn if self.records else 0
+        self.images_seen = max((r.image_index or 0 for r in self.records), default=0)
+
+    def _restore_turn(self, record: TurnRecord) -> None:
+        """Decode one finished turn as text, its image as a summary."""
+        summary = ""
+        if record.image is not None:
+            name = record.image.rsplit("/", 1)[-1]
+            summary = summary_text(record.image_index or 0, name, record.summary or "") + "\n"
+        user = f"{self.fmt.user_prefix}{summary}{record.user}{self.fmt.user_suffix}"
+        answer = f"{record.answer}{self.fmt.assistant_suffix}"
+        needed = len(self.engine.tokenize(user + answer))
+        self._make_room(needed + self.max_tokens)
+        self._append(Segment("user", record.turn, tuple(self.engine.tokenize(user))))
+        self._append(Segment("answer", record.turn, tuple(self.engine.tokenize(answer))))
+        self.records.append(record)
+        self.turn = record.turn
+        self.images_seen = max(self.images_seen, record.image_index or 0)
 
 
 def _plain(stats: TurnStats) -> dict[str, object]:

@@ -15,8 +15,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from PIL import Image
+
 from .conversation import DEFAULT_QUESTION, Conversation, PrefillProgress, PreparedImage
-from .engine import Engine, Sampling
+from .engine import Engine, ImageEmbedding, Sampling
 from .errors import ImageError
 from .images import LoadedImage, load_image
 from .layouts import ImageLayout
@@ -126,25 +128,30 @@ class Describer:
 
     def __init__(self, engine: Engine, fmt: PromptFormat, *, tile_size: int, max_tokens: int = 512,
                  sampling: Sampling | None = None, max_tiles: int | None = None,
-                 n_gpu_layers: int = 0, pool: int | None = 1, layout: ImageLayout | None = None) -> None:
+                 n_gpu_layers: int = 0, pool: int | None = 1, layout: ImageLayout | None = None,
+                 encoder: Callable[[Image.Image], ImageEmbedding] | None = None) -> None:
         self.engine = engine
         self.max_tokens = max_tokens
         self.n_gpu_layers = n_gpu_layers
         started = time.perf_counter()
         self._conversation = Conversation(engine, fmt, tile_size=tile_size, max_tokens=max_tokens,
                                           sampling=sampling, max_tiles=max_tiles, summary="none",
-                                          pool=pool, layout=layout)
+                                          pool=pool, layout=layout, encoder=encoder)
         # The system prompt is decoded now, before any request's clock starts: the first
         # image is charged for it, so its prefill speed counts tokens and time alike.
         self._system_prefill_s: float | None = time.perf_counter() - started
 
     @classmethod
     def for_model(cls, loaded: Loaded, *, max_tokens: int = 512, sampling: Sampling | None = None,
-                  max_tiles: int | None = None, pool: int | None = 1) -> Describer:
-        """A describer on a freshly loaded model, with its prompt format and projector's view size."""
+                  max_tiles: int | None = None, pool: int | None = 1, cache: bool = False) -> Describer:
+        """A describer on a freshly loaded model, with its prompt format and projector's view size.
+
+        With cache, projector rows are kept (RAM and disk) so an image seen before skips CLIP.
+        """
+        encoder = loaded.image_cache() if cache else None
         return cls(loaded.engine, loaded.prompt_format, tile_size=loaded.projector_facts.image_size,
                    max_tokens=max_tokens, sampling=sampling, max_tiles=max_tiles,
-                   n_gpu_layers=loaded.n_gpu_layers, pool=pool, layout=loaded.layout)
+                   n_gpu_layers=loaded.n_gpu_layers, pool=pool, layout=loaded.layout, encoder=encoder)
 
     @property
     def n_ctx(self) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import codecs
 import contextlib
 import ctypes
+import json
 import logging
 import math
 import os
@@ -64,6 +65,7 @@ class Sampling:
     repeat_penalty: float = 1.1
     repeat_last_n: int = 64
     seed: int = 0
+    grammar: str | None = None  # GBNF the output must follow (see json_grammar)
 
 
 @dataclass(frozen=True, eq=False)
@@ -546,6 +548,12 @@ class Engine:
     def _make_sampler(self, s: Sampling) -> ctypes.c_void_p:
         chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
         add = llama_cpp.llama_sampler_chain_add
+        if s.grammar:  # first, so every later stage only sees tokens the grammar allows
+            grammar = llama_cpp.llama_sampler_init_grammar(self._vocab, s.grammar.encode(), b"root")
+            if not grammar:
+                llama_cpp.llama_sampler_free(chain)
+                raise EngineError(f"llama.cpp could not parse the output grammar ({_last_error()})")
+            add(chain, grammar)
         add(chain, llama_cpp.llama_sampler_init_top_k(max(s.top_k, 1)))
         if s.repeat_penalty != 1.0:
             n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
@@ -586,6 +594,21 @@ def _ggml_type(name: str) -> int:
     if value is None:
         raise EngineError(f"llama.cpp has no tensor type '{name}'")
     return int(value)
+
+
+def json_grammar(schema: dict[str, object] | None = None) -> str:
+    """GBNF for any JSON object (schema None) or for JSON that follows a JSON Schema.
+
+    Raises ValueError for a schema llama.cpp's converter cannot express.
+    """
+    from llama_cpp import llama_grammar
+
+    if schema is None:
+        return llama_grammar.JSON_GBNF
+    try:
+        return llama_grammar.json_schema_to_gbnf(json.dumps(schema))
+    except Exception as exc:  # the converter raises bare Exception, KeyError, TypeError, …
+        raise ValueError(f"the schema cannot be turned into a grammar ({exc})") from None
 
 
 def _flash_attn_type(enabled: bool) -> int:

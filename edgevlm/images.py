@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import warnings
@@ -65,13 +66,26 @@ def load_image(path: str | os.PathLike[str], *, pixel_limit: int | None = None,
     1/8) that still keeps at least that many pixels: much faster, and nothing shown is lost.
     """
     path = Path(path)
-    limit = pixel_limit if pixel_limit is not None else max_pixels()
     _check_path(path)
+    return _decode(path, path, pixel_limit=pixel_limit, useful_pixels=useful_pixels)
+
+
+def load_image_bytes(data: bytes, name: str, *, pixel_limit: int | None = None,
+                     useful_pixels: int | None = None) -> LoadedImage:
+    """The same as load_image for an image held in memory (an upload); errors name `name`."""
+    if not data:
+        raise ImageError(f"{name}: the image is empty (0 bytes)")
+    return _decode(io.BytesIO(data), Path(name), pixel_limit=pixel_limit, useful_pixels=useful_pixels)
+
+
+def _decode(source: Path | io.BytesIO, path: Path, *, pixel_limit: int | None,
+            useful_pixels: int | None) -> LoadedImage:
+    limit = pixel_limit if pixel_limit is not None else max_pixels()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # Pillow's notes on odd files; failures still raise
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(path) as opened:
+            with Image.open(source) as opened:
                 width, height = opened.size
                 if width * height > limit:
                     raise ImageError(

@@ -92,6 +92,23 @@ AnswerRoom = Annotated[int, typer.Option(
 Verify = Annotated[bool, typer.Option(
     help="Load the model with the plan and compare the estimate with llama.cpp's report.")]
 PlanJson = Annotated[bool, typer.Option("--json", help="The plan as JSON, sizes in bytes.")]
+NoCache = Annotated[bool, typer.Option(
+    "--no-cache", help="Do not keep or reuse projector rows (an image seen before skips CLIP otherwise).")]
+
+# -- serve ------------------------------------------------------------------------------------
+
+Host = Annotated[str, typer.Option(
+    metavar="ADDRESS", help="Address to listen on. Anything but loopback needs --api-key.")]
+Port = Annotated[int, typer.Option(metavar="PORT", help="TCP port to listen on.")]
+ApiKey = Annotated[str | None, typer.Option(
+    envvar="EDGEVLM_API_KEY", metavar="KEY", help="Require `Authorization: Bearer KEY` on every API call.")]
+MediaDir = Annotated[Path | None, typer.Option(
+    metavar="DIR", help="Allow file:// image URLs inside this folder (refused otherwise).")]
+MaxQueue = Annotated[int, typer.Option(
+    metavar="N", help="Requests that may wait for the model; past that, 503 with Retry-After.", min=1)]
+MaxBodyMb = Annotated[int, typer.Option(
+    "--max-body-mb", metavar="MIB", help="Largest request body (base64 images included); 413 past it.",
+    min=1)]
 
 # -- bench ------------------------------------------------------------------------------------
 

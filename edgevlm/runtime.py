@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from . import devices
+from .cache import EmbeddingCache, for_files, pair_identity
 from .catalog import ModelChoice, Preset, facts_from_shape, find_preset, resolve
 from .conversation import DEFAULT_QUESTION, turn_costs
 from .engine import Engine, EngineConfig, Vocab, gpu_offload_supported
@@ -63,6 +64,14 @@ class Loaded:
     @property
     def n_gpu_layers(self) -> int:
         return self.plan.n_gpu_layers
+
+    def image_cache(self) -> EmbeddingCache:
+        """Projector rows kept for this model/projector pair (RAM and the user's cache folder)."""
+        return for_files(self.engine.encode_image, self.choice.model_path, self.choice.mmproj_path)
+
+    def cache_identity(self) -> str:
+        """The model/projector pair as the caches know it."""
+        return pair_identity(self.choice.model_path, self.choice.mmproj_path)
 
 
 def inspect(flags: ModelFlags, *, catalog_if_missing: bool = False

@@ -1,0 +1,200 @@
+"""What an image cost once, kept so that showing it again skips CLIP.
+
+Projector rows are kept per view, in RAM (an LRU capped in bytes) and on disk under the
+user's cache directory, keyed by the model and projector files and the view's own pixels
+(so its geometry, tile or global view, is part of the key). Summaries of answered images are
+kept by model and the SHA-256 of the image's bytes. Every entry can be rebuilt: a corrupt
+one is ignored and written again, never an error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from .engine import ImageEmbedding
+from .paths import cache_dir
+
+log = logging.getLogger("edgevlm")
+RAM_BYTES = 1 << 30  # 1 GiB of projector rows: ~100 LLaVA-1.5-7B views, thousands for small models
+DISK_BYTES = 4 << 30
+NO_CACHE_ENV = "EDGEVLM_NO_CACHE"
+
+Encode = Callable[[Image.Image], ImageEmbedding]
+
+
+def file_identity(path: Path | None) -> str:
+    """A model file as the cache knows it: name, size and modification time (no hashing of GBs)."""
+    if path is None:
+        return "-"
+    stat = path.stat()
+    return f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}"
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """How the cache has served so far."""
+
+    hits: int
+    misses: int
+    ram_bytes: int
+
+
+class EmbeddingCache:
+    """Projector rows per view: RAM first, then disk, then CLIP (whose rows are kept)."""
+
+    def __init__(self, encode: Encode, identity: str, *, folder: Path | None = None,
+                 ram_bytes: int = RAM_BYTES, disk_bytes: int = DISK_BYTES) -> None:
+        self._encode, self._identity = encode, identity
+        self._folder = folder if folder is not None else cache_dir() / "embeddings"
+        self._ram_cap, self._disk_cap = ram_bytes, disk_bytes
+        self._ram: OrderedDict[str, ImageEmbedding] = OrderedDict()
+        self._ram_bytes = self.hits = self.misses = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, view: Image.Image) -> ImageEmbedding:
+        """The view's projector rows, from the cache when it has them."""
+        pixels = np.ascontiguousarray(np.asarray(view, dtype=np.uint8))
+        key = self._key(pixels)
+        found = self._from_ram(key) or self._from_disk(key)
+        if found is not None:
+            self.hits += 1
+            return found
+        self.misses += 1
+        embedding = self._encode(view)
+        self._remember(key, embedding)
+        self._save(key, embedding)
+        return embedding
+
+    def stats(self) -> CacheStats:
+        """Hits, misses and the RAM in use."""
+        return CacheStats(self.hits, self.misses, self._ram_bytes)
+
+    def _key(self, pixels: np.ndarray) -> str:
+        digest = hashlib.sha256(self._identity.encode())
+        digest.update(repr(pixels.shape).encode())
+        digest.update(pixels.tobytes())
+        return digest.hexdigest()
+
+    def _from_ram(self, key: str) -> ImageEmbedding | None:
+        with self._lock:
+            found = self._ram.get(key)
+            if found is not None:
+                self._ram.move_to_end(key)
+            return found
+
+    def _remember(self, key: str, embedding: ImageEmbedding) -> None:
+        with self._lock:
+            if key in self._ram or embedding.rows.nbytes > self._ram_cap:
+                return
+            self._ram[key] = embedding
+            self._ram_bytes += embedding.rows.nbytes
+            while self._ram_bytes > self._ram_cap:
+                _, old = self._ram.popitem(last=False)
+                self._ram_bytes -= old.rows.nbytes
+
+    def _path(self, key: str) -> Path:
+        return self._folder / key[:2] / f"{key}.npy"
+
+    def _from_disk(self, key: str) -> ImageEmbedding | None:
+        path = self._path(key)
+        if not path.exists():
+            return None
+        try:
+            rows = np.load(path, allow_pickle=False)
+            if rows.ndim != 2 or rows.dtype != np.float32:
+                raise ValueError(f"rows of shape {rows.shape} and type {rows.dtype}")
+        except (OSError, ValueError, EOFError) as exc:
+            log.debug("ignoring a corrupt cache entry %s (%s)", path, exc)
+            path.unlink(missing_ok=True)
+            return None
+        embedding = ImageEmbedding(rows)
+        self._remember(key, embedding)
+        return embedding
+
+    def _save(self, key: str, embedding: ImageEmbedding) -> None:
+        if self._disk_cap <= 0:
+            return
+        path = self._path(key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_suffix(f".{os.getpid()}.part")
+            with partial.open("wb") as out:
+                np.save(out, np.ascontiguousarray(embedding.rows, dtype=np.float32))
+            partial.replace(path)
+            _trim(self._folder, self._disk_cap)
+        except OSError as exc:  # a full or read-only disk costs speed, not the answer
+            log.debug("could not keep %s on disk (%s)", path, exc)
+
+
+def _trim(folder: Path, cap_bytes: int) -> None:
+    """Remove the least recently written entries until the folder fits its cap."""
+    entries = [(p.stat().st_mtime_ns, p.stat().st_size, p) for p in folder.glob("*/*.npy")]
+    total = sum(size for _, size, _ in entries)
+    for _, size, path in sorted(entries):
+        if total <= cap_bytes:
+            break
+        path.unlink(missing_ok=True)
+        total -= size
+
+
+class SummaryStore:
+    """Summaries of answered images by model and image SHA-256: one small text file each."""
+
+    def __init__(self, identity: str, *, folder: Path | None = None, persist: bool = True) -> None:
+        model_key = hashlib.sha256(identity.encode()).hexdigest()[:16]
+        self._folder = (folder if folder is not None else cache_dir() / "summaries") / model_key
+        self._persist = persist
+        self._known: dict[str, str] = {}
+
+    def get(self, image_sha256: str) -> str | None:
+        """The summary kept for this image, if any."""
+        if image_sha256 in self._known:
+            return self._known[image_sha256]
+        if not self._persist:
+            return None
+        try:
+            text = (self._folder / f"{image_sha256}.txt").read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError):
+            return None
+        if text:
+            self._known[image_sha256] = text
+        return text or None
+
+    def put(self, image_sha256: str, summary: str) -> None:
+        """Keep a summary (in memory, and on disk unless caching is off)."""
+        self._known[image_sha256] = summary
+        if not self._persist:
+            return
+        path = self._folder / f"{image_sha256}.txt"
+        try:
+            self._folder.mkdir(parents=True, exist_ok=True)
+            partial = path.with_suffix(f".{os.getpid()}.part")
+            partial.write_text(summary, encoding="utf-8")
+            partial.replace(path)
+        except OSError as exc:
+            log.debug("could not keep the summary %s (%s)", path, exc)
+
+
+def cache_disabled() -> bool:
+    """Whether EDGEVLM_NO_CACHE asks for no image cache (as --no-cache does)."""
+    return os.environ.get(NO_CACHE_ENV, "").strip() not in ("", "0")
+
+
+def pair_identity(model_path: Path, mmproj_path: Path | None) -> str:
+    """A model/projector pair as the caches key it."""
+    return f"{file_identity(model_path)}|{file_identity(mmproj_path)}"
+
+
+def for_files(encode: Encode, model_path: Path, mmproj_path: Path | None) -> EmbeddingCache:
+    """The cache for one model/projector pair, in the user's cache directory."""
+    return EmbeddingCache(encode, pair_identity(model_path, mmproj_path))

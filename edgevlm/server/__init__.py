@@ -1,0 +1,1 @@
+"""`edgevlm serve`: the OpenAI- and Ollama-compatible API over the same chat core as the CLI."""

@@ -1,0 +1,81 @@
+"""A client's message list as the chat core takes it: history turns, then the latest message.
+
+Both APIs resend the whole conversation with every request. Here it is folded into
+exchanges (user, then assistant); the last user message is the one answered. Earlier
+images become summaries in the core (session.py), so only the latest costs CLIP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ..session import ChatImage, ChatTurn, PastTurn, TurnOptions
+from .http import bad_request
+
+SYSTEM_ROLES = frozenset({"system", "developer"})
+ROLES = SYSTEM_ROLES | {"user", "assistant"}
+
+
+@dataclass(frozen=True)
+class Message:
+    """One message in either API's shape, reduced to what the core needs."""
+
+    role: str
+    text: str
+    images: tuple[ChatImage, ...] = ()
+    where: str = ""  # e.g. "messages[2]", for errors
+
+
+@dataclass
+class _Exchange:
+    user: list[str] = field(default_factory=list)
+    images: list[ChatImage] = field(default_factory=list)
+    answer: list[str] = field(default_factory=list)
+    where: str = ""
+
+
+def check_role(role: object, where: str) -> str:
+    """The message's role, or a 400 naming it."""
+    if role not in ROLES:
+        raise bad_request(f"role {role!r} is not supported; use system, user or assistant",
+                          f"{where}.role")
+    return str(role)
+
+
+def chat_turn(messages: Sequence[Message], options: TurnOptions) -> ChatTurn:
+    """Fold a message list into the history and the latest user message."""
+    if not messages:
+        raise bad_request("at least one message is required", "messages")
+    if messages[-1].role != "user":
+        raise bad_request("the last message must be from the user", f"{messages[-1].where}.role")
+    systems = [m.text for m in messages if m.role in SYSTEM_ROLES and m.text.strip()]
+    exchanges = _exchanges([m for m in messages if m.role not in SYSTEM_ROLES])
+    latest = exchanges[-1]
+    question = "\n\n".join(latest.user).strip()
+    if not question and not latest.images:
+        raise bad_request("the last message has no text and no image", latest.where)
+    past = tuple(PastTurn("\n\n".join(e.user), "\n\n".join(e.answer),
+                          e.images[0] if e.images else None) for e in exchanges[:-1])
+    return ChatTurn(system="\n\n".join(systems) if systems else None, past=past, question=question,
+                    image=latest.images[0] if latest.images else None, options=options)
+
+
+def _exchanges(messages: Sequence[Message]) -> list[_Exchange]:
+    """User messages (with their images) and the assistant's reply after them, paired up."""
+    exchanges: list[_Exchange] = []
+    for message in messages:
+        if message.role == "user":
+            if not exchanges or exchanges[-1].answer:
+                exchanges.append(_Exchange(where=message.where))
+            current = exchanges[-1]
+            current.user.append(message.text)
+            current.images.extend(message.images)
+            if len(current.images) > 1:
+                raise bad_request("edgevlm shows one image per user message; send the others in "
+                                  "messages of their own", message.where, code="too_many_images")
+        else:
+            if not exchanges:
+                exchanges.append(_Exchange(where=message.where))
+            exchanges[-1].answer.append(message.text)
+    return exchanges

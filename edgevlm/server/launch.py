@@ -1,0 +1,109 @@
+"""From a loaded model and the `serve` flags to a running server."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..cache import SummaryStore
+from ..conversation import Conversation
+from ..engine import Sampling
+from ..errors import ConfigError
+from ..gguf_info import TextModelFacts
+from ..runtime import Loaded
+from ..session import ChatSession
+from .app import create_app, run
+from .core import ModelInfo, ServerState
+from .scheduler import Scheduler
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """The `serve` flags."""
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    api_key: str | None = None
+    media_dir: Path | None = None
+    max_queue: int = 16
+    max_body_mb: int = 50
+    max_tokens: int = 512
+    max_tiles: int | None = None
+    pool: int | None = None
+    sampling: Sampling = Sampling()
+    summary: str = "caption"
+    cache: bool = True
+
+
+def is_loopback(host: str) -> bool:
+    """Whether the address only this machine can reach (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check(settings: ServeSettings) -> None:
+    """Refuse settings that cannot work or are unsafe, before the model loads."""
+    if not is_loopback(settings.host) and not settings.api_key:
+        raise ConfigError(f"--host {settings.host} lets other machines connect; set --api-key KEY "
+                          "(clients send `Authorization: Bearer KEY`), or keep the default 127.0.0.1")
+    if settings.media_dir is not None and not settings.media_dir.is_dir():
+        raise ConfigError(f"--media-dir {settings.media_dir}: no such folder")
+    if settings.max_queue < 1:
+        raise ConfigError("--max-queue must be at least 1")
+    if not 0 < settings.port < 65536:
+        raise ConfigError(f"--port {settings.port} is not a TCP port (1-65535)")
+
+
+def build_state(loaded: Loaded, settings: ServeSettings) -> ServerState:
+    """The worker and the conversation it owns, on the loaded model."""
+    encoder = loaded.image_cache() if settings.cache else None
+    conversation = Conversation(
+        loaded.engine, loaded.prompt_format, tile_size=loaded.projector_facts.image_size,
+        max_tokens=settings.max_tokens, sampling=settings.sampling, max_tiles=settings.max_tiles,
+        summary=settings.summary, pool=settings.pool, layout=loaded.layout, encoder=encoder)
+    session = ChatSession(conversation, SummaryStore(loaded.cache_identity(), persist=settings.cache))
+    return ServerState(
+        scheduler=Scheduler(session, max_queue=settings.max_queue), model=_model_info(loaded),
+        api_key=settings.api_key, media_dir=settings.media_dir.resolve() if settings.media_dir else None,
+        max_body_bytes=settings.max_body_mb << 20, max_tokens=settings.max_tokens,
+        max_tiles=settings.max_tiles, useful_pixels=conversation.useful_pixels)
+
+
+def _model_info(loaded: Loaded) -> ModelInfo:
+    path, text = loaded.choice.model_path, loaded.text_facts
+    name = loaded.choice.preset.name if loaded.choice.preset else path.stem
+    return ModelInfo(id=name, path=path, size_bytes=path.stat().st_size, family=text.architecture,
+                     parameter_size=_params(text), quantization=_quantization(path),
+                     n_ctx=loaded.engine.n_ctx, visual_tokens=loaded.engine.image_tokens())
+
+
+def _params(text: TextModelFacts) -> str:
+    """The parameter count, from the architecture (as Ollama shows it: 7.0B, 135M)."""
+    attention = text.n_embd * text.head_dim_k * (2 * text.n_head + 2 * text.n_head_kv)
+    n_params = text.n_layer * (attention + 3 * text.n_embd * text.n_ff)
+    n_params += text.n_vocab * text.n_embd * (1 if text.tied_embeddings else 2)
+    return f"{n_params / 1e9:.1f}B" if n_params >= 1e9 else f"{n_params / 1e6:.0f}M"
+
+
+def _quantization(path: Path) -> str:
+    """The quantization named in the file name (Q4_K_M, Q4_1, F16), as GGUF files are named."""
+    match = re.search(r"(?i)\b(I?Q\d[A-Z0-9_]*|BF16|F16|F32)\b", path.stem.replace(".", " "))
+    return match.group(1).upper() if match else "unknown"
+
+
+def serve(loaded: Loaded, settings: ServeSettings, *, on_ready: Callable[[str], None]) -> None:
+    """Serve the loaded model until Ctrl-C or SIGTERM."""
+    state = build_state(loaded, settings)
+    on_ready(f"http://{_url_host(settings.host)}:{settings.port}")
+    run(create_app(state), host=settings.host, port=settings.port)
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

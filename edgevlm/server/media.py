@@ -1,0 +1,80 @@
+"""Images as the APIs send them (data: URLs, base64, file:// inside --media-dir), decoded or refused."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from ..errors import ImageError
+from ..session import ChatImage
+from .http import bad_request
+
+
+def image_from_url(url: object, param: str, *, media_dir: Path | None,
+                   useful_pixels: int | None) -> ChatImage:
+    """An OpenAI `image_url.url`: a data: URL, or a file:// path inside the media folder."""
+    if not isinstance(url, str) or not url:
+        raise bad_request("expected the image as a data: URL or a file:// URL", param)
+    scheme = url.split(":", 1)[0].lower()
+    if scheme == "data":
+        return decode(_data_url_bytes(url, param), param, useful_pixels)
+    if scheme == "file":
+        return decode(_media_file_bytes(url, param, media_dir), param, useful_pixels)
+    if scheme in ("http", "https"):
+        raise bad_request("the server fetches nothing from the network; send the image inline "
+                          "as a data:image/…;base64 URL", param, code="remote_url_refused")
+    raise bad_request(f"unsupported image URL scheme '{scheme}'; use a data: URL", param)
+
+
+def image_from_base64(data: object, param: str, *, useful_pixels: int | None) -> ChatImage:
+    """An Ollama `images` entry: base64 (a data: URL is accepted too)."""
+    if not isinstance(data, str) or not data:
+        raise bad_request("expected a base64-encoded image", param)
+    raw = _data_url_bytes(data, param) if data.startswith("data:") else _b64(data, param)
+    return decode(raw, param, useful_pixels)
+
+
+def decode(data: bytes, param: str, useful_pixels: int | None) -> ChatImage:
+    """Decode image bytes, or a 400 that names where they came from."""
+    try:
+        return ChatImage.from_bytes(data, useful_pixels=useful_pixels)
+    except ImageError as exc:
+        reason = str(exc).split(": ", 1)[-1]  # the upload's made-up name means nothing to a client
+        raise bad_request(reason, param, code="invalid_image") from None
+
+
+def _data_url_bytes(url: str, param: str) -> bytes:
+    header, sep, payload = url.partition(",")
+    if not sep or not header.endswith(";base64"):
+        raise bad_request("a data: URL must be base64 (data:image/png;base64,…)", param)
+    media_type = header[5:-7].lower()
+    if media_type and not media_type.startswith("image/"):
+        raise bad_request(f"the data: URL holds {media_type}, not an image", param, code="invalid_image")
+    return _b64(payload, param)
+
+
+def _b64(text: str, param: str) -> bytes:
+    try:
+        return base64.b64decode("".join(text.split()), validate=True)
+    except (binascii.Error, ValueError):
+        raise bad_request("the image is not valid base64", param, code="invalid_base64") from None
+
+
+def _media_file_bytes(url: str, param: str, media_dir: Path | None) -> bytes:
+    if media_dir is None:
+        raise bad_request("file:// images are off; start the server with --media-dir DIR to allow "
+                          "files from that folder", param, code="file_url_refused")
+    parsed = urlparse(url)
+    if parsed.netloc not in ("", "localhost"):
+        raise bad_request("file:// URLs must name a local path", param, code="file_url_refused")
+    path = Path(unquote(parsed.path)).resolve()
+    if not path.is_relative_to(media_dir.resolve()):
+        raise bad_request(f"{path} is outside the media folder {media_dir}", param,
+                          code="file_url_refused")
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise bad_request(f"cannot read {path} ({exc.strerror or exc})", param,
+                          code="file_unreadable") from None

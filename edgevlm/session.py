@@ -1,0 +1,140 @@
+"""A chat that its client resends in full (an API's messages), run on one Conversation.
+
+The chat policy applies on the server side: images in earlier messages stand in the cache as
+their text summaries, made once and kept by the image's SHA-256, and only the latest
+message's image is shown live. The turns already in the cache are matched and kept, so a
+follow-up decodes only what is new.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from .cache import SummaryStore
+from .conversation import Conversation, PrefillProgress, TurnRecord, TurnStats
+from .engine import Sampling
+from .images import LoadedImage, load_image_bytes
+
+
+@dataclass(frozen=True)
+class ChatImage:
+    """An image that came with a message: its bytes' digest and the decoded picture."""
+
+    sha256: str
+    image: LoadedImage
+
+    @classmethod
+    def from_bytes(cls, data: bytes, *, useful_pixels: int | None = None) -> ChatImage:
+        """Decode an upload; it is named by its digest, which is how summaries find it again."""
+        digest = hashlib.sha256(data).hexdigest()
+        return cls(digest, load_image_bytes(data, f"image-{digest[:8]}", useful_pixels=useful_pixels))
+
+
+@dataclass(frozen=True)
+class PastTurn:
+    """A finished exchange the client sent back: its question, image and the answer given."""
+
+    user: str
+    answer: str
+    image: ChatImage | None = None
+
+
+@dataclass(frozen=True)
+class TurnOptions:
+    """What a request asks of its answer."""
+
+    max_tokens: int
+    sampling: Sampling = Sampling()
+    max_tiles: int | None = None  # None: as many as the context allows; 0: the global view only
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ChatTurn:
+    """One request: the system prompt, the history, and the latest user message."""
+
+    system: str | None
+    past: tuple[PastTurn, ...]
+    question: str
+    image: ChatImage | None
+    options: TurnOptions
+
+
+class ChatSession:
+    """Answers resent chats on one conversation, keeping what their histories share."""
+
+    def __init__(self, conversation: Conversation, summaries: SummaryStore) -> None:
+        self.conversation = conversation
+        self.summaries = summaries
+        self._system_default = conversation.system
+
+    def respond(self, turn: ChatTurn, *, started: float | None = None,
+                on_piece: Callable[[str], None] | None = None,
+                on_progress: Callable[[PrefillProgress], None] | None = None,
+                on_answered: Callable[[TurnStats], None] | None = None) -> tuple[str, TurnStats]:
+        """Answer the latest message; earlier images cost no CLIP once summarised."""
+        conversation = self.conversation
+        conversation.engine.begin_request(started=started)
+        self._use_system(turn.system)
+        records = self._records(turn.past)
+        side_work = conversation.engine.stats().prompt_tokens  # summaries made, then rolled back
+        self._apply(turn.options)
+        conversation.replay(records)
+
+        reused: list[TurnStats] = []
+
+        def answered(stats: TurnStats) -> None:
+            reused.append(_reused(stats, side_work))  # before the caption adds its own decodes
+            if on_answered is not None:
+                on_answered(reused[0])
+
+        answer, stats = conversation.ask(
+            turn.question, image=turn.image.image if turn.image else None, on_piece=on_piece,
+            on_progress=on_progress, on_answered=answered, new_request=False)
+        if turn.image is not None and conversation.records[-1].summary:
+            self.summaries.put(turn.image.sha256, conversation.records[-1].summary or "")
+        return answer, replace(stats, cached_tokens=reused[0].cached_tokens)
+
+    def _use_system(self, system: str | None) -> None:
+        wanted = system if system is not None else self._system_default
+        if wanted != self.conversation.system:
+            self.conversation.system = wanted
+            self.conversation.reset()
+
+    def _apply(self, options: TurnOptions) -> None:
+        conversation = self.conversation
+        conversation.max_tokens = options.max_tokens
+        conversation.sampling = options.sampling
+        conversation.max_tiles = options.max_tiles
+        conversation.stop = options.stop
+
+    def _records(self, past: tuple[PastTurn, ...]) -> list[TurnRecord]:
+        """The history as the conversation keeps it, images numbered in order and summarised."""
+        records, images = [], 0
+        for number, turn in enumerate(past, start=1):
+            image = turn.image
+            if image is not None:
+                images += 1
+            records.append(TurnRecord(
+                turn=number, user=turn.user.strip(), answer=turn.answer.strip(),
+                image=image.image.path.name if image else None,
+                image_index=images if image else None,
+                summary=self._summary(image) if image else None))
+        return records
+
+    def _summary(self, image: ChatImage) -> str:
+        """The kept summary, or one made now for an image never seen while it was live."""
+        known = self.summaries.get(image.sha256)
+        if known is not None:
+            return known
+        summary = self.conversation.summarise_image(image.image)
+        self.summaries.put(image.sha256, summary)
+        return summary
+
+
+def _reused(stats: TurnStats, side_work: int) -> TurnStats:
+    """Cached tokens exactly: prompt positions minus those decoded for this prompt."""
+    decoded = stats.prefill_tokens - side_work
+    return replace(stats, cached_tokens=max(stats.prompt_tokens - decoded, 0))
