@@ -27,7 +27,6 @@ from .paths import cache_dir
 log = logging.getLogger("edgevlm")
 RAM_BYTES = 1 << 30  # 1 GiB of projector rows: ~100 LLaVA-1.5-7B views, thousands for small models
 DISK_BYTES = 4 << 30
-NO_CACHE_ENV = "EDGEVLM_NO_CACHE"
 
 Encode = Callable[[Image.Image], ImageEmbedding]
 
@@ -183,11 +182,6 @@ class SummaryStore:
             partial.replace(path)
         except OSError as exc:
             log.debug("could not keep the summary %s (%s)", path, exc)
-
-
-def cache_disabled() -> bool:
-    """Whether EDGEVLM_NO_CACHE asks for no image cache (as --no-cache does)."""
-    return os.environ.get(NO_CACHE_ENV, "").strip() not in ("", "0")
 
 
 def pair_identity(model_path: Path, mmproj_path: Path | None) -> str:

@@ -226,6 +226,7 @@ def serve(
             run_server(loaded, settings, on_ready=lambda url: err.print(
                 f"edgevlm serving [bold]{escape(loaded.choice.model_path.name)}[/] at {url} "
                 f"(OpenAI: {url}/v1, Ollama: {url}) — Ctrl-C to stop"))
+        err.print("edgevlm serve stopped")
 
 
 @app.command(help=PLAN_HELP)

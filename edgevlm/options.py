@@ -93,7 +93,8 @@ Verify = Annotated[bool, typer.Option(
     help="Load the model with the plan and compare the estimate with llama.cpp's report.")]
 PlanJson = Annotated[bool, typer.Option("--json", help="The plan as JSON, sizes in bytes.")]
 NoCache = Annotated[bool, typer.Option(
-    "--no-cache", help="Do not keep or reuse projector rows (an image seen before skips CLIP otherwise).")]
+    "--no-cache", envvar="EDGEVLM_NO_CACHE",
+    help="Do not keep or reuse projector rows (otherwise an image seen before skips CLIP).")]
 
 # -- serve ------------------------------------------------------------------------------------
 

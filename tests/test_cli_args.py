@@ -122,3 +122,14 @@ def test_help_teaches_and_copies_cleanly() -> None:
     root = _run("--help").stdout
     assert "--version" in root and "<bool>" not in root and "<str>" not in _run("describe", "--help").stdout
     assert _run("--version").stdout.startswith("edgevlm ")
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--host", "0.0.0.0"], "--host 0.0.0.0 lets other machines connect; set --api-key KEY"),
+    (["--media-dir", "/no/such/folder"], "--media-dir /no/such/folder: no such folder"),
+    (["--port", "70000"], "--port 70000 is not a TCP port"),
+    (["--summary", "none"], "--summary must be caption or answer"),
+])
+def test_unsafe_or_impossible_serve_settings_fail_before_loading(args: list[str], message: str) -> None:
+    result = _run("serve", "--model", "/no/model.gguf", *args)
+    assert message in _one_line_error(result)

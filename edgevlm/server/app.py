@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import AsyncIterator
+import signal
+import threading
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 
 import uvicorn
@@ -77,8 +80,26 @@ async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     return error_response(request, ApiError(500, f"internal error: {one_line(exc)}", kind="server_error"))
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, but a stop signal ends `run` normally instead of being raised again
+    afterwards, so the command can close the model and exit 0."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        stops = (signal.SIGINT, signal.SIGTERM)
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in stops}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
 def run(app: FastAPI, *, host: str, port: int) -> None:
     """Serve until Ctrl-C or SIGTERM; in-flight requests get a few seconds to finish."""
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=5, lifespan="on")
-    uvicorn.Server(config).run()
+    _Server(config).run()

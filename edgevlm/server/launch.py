@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +60,19 @@ def check(settings: ServeSettings) -> None:
         raise ConfigError("--max-queue must be at least 1")
     if not 0 < settings.port < 65536:
         raise ConfigError(f"--port {settings.port} is not a TCP port (1-65535)")
+    _check_port(settings.host, settings.port)
+
+
+def _check_port(host: str, port: int) -> None:
+    """Fail before the model loads if the address cannot be listened on."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {host}:{port} ({exc.strerror or exc}); another "
+                              "server may be using it: pick another --port") from None
 
 
 def build_state(loaded: Loaded, settings: ServeSettings) -> ServerState:

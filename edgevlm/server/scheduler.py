@@ -120,8 +120,8 @@ class Scheduler:
         if max_queue < 1:
             raise ValueError("max_queue must be at least 1")
         self.session = session
-        self.max_queue = max_queue
-        self._queue: queue.Queue[TurnJob | None] = queue.Queue(maxsize=max_queue)
+        self.max_queue = max_queue  # checked on each submit (submits come from the one event loop)
+        self._queue: queue.Queue[TurnJob | None] = queue.Queue()
         self._running: TurnJob | None = None
         self._closed = False
         self._thread = threading.Thread(target=self._work, name="edgevlm-worker", daemon=True)
@@ -136,10 +136,13 @@ class Scheduler:
         """Queue a job, or raise QueueFull."""
         if self._closed:
             raise QueueFull("the server is shutting down")
-        try:
-            self._queue.put_nowait(job)
-        except queue.Full:
-            raise QueueFull(f"{self.max_queue} requests are already waiting") from None
+        if self._queue.qsize() >= self.max_queue:
+            raise QueueFull(f"{self.max_queue} requests are already waiting")
+        self._queue.put_nowait(job)
+
+    def drain(self) -> None:
+        """Wait until every queued job has run, its summary swap included."""
+        self._queue.join()
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Cancel what waits and what runs, and stop the worker."""
@@ -149,6 +152,7 @@ class Scheduler:
                 job = self._queue.get_nowait()
             except queue.Empty:
                 break
+            self._queue.task_done()
             if job is not None:
                 job.cancel()
                 job.emit(Failed(Interrupted("the server is shutting down")))
@@ -164,3 +168,5 @@ class Scheduler:
                 job.run(self.session)
             finally:
                 self._running = None
+                self._queue.task_done()
+        self._queue.task_done()

@@ -1,0 +1,320 @@
+"""`edgevlm serve` in-process on 127.0.0.1, driven by the official openai and ollama clients.
+
+The server runs real llama.cpp on the test models (words are meaningless; token counts,
+cache reuse and CLIP counts are real). Requests are bounded in number and time.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import io
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import ollama
+import pytest
+import uvicorn
+from openai import OpenAI
+from PIL import Image
+
+from edgevlm.server.app import create_app
+from edgevlm.server.core import ServerState
+from edgevlm.server.launch import ServeSettings, build_state
+
+MAX_TOKENS = 12
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def photo_bytes(seed: int, size: tuple[int, int] = (448, 336), fmt: str = "PNG") -> bytes:
+    """Noise, so no two photos (or tiles) share projector rows."""
+    pixels = np.random.default_rng(seed).integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, fmt)
+    return buf.getvalue()
+
+
+def data_url(seed: int) -> str:
+    return "data:image/png;base64," + base64.b64encode(photo_bytes(seed)).decode()
+
+
+def image_message(text: str, seed: int, detail: str = "auto") -> dict[str, object]:
+    return {"role": "user", "content": [{"type": "text", "text": text},
+                                        {"type": "image_url", "image_url": {"url": data_url(seed),
+                                                                            "detail": detail}}]}
+
+
+@contextlib.contextmanager
+def serving(state: ServerState) -> Iterator[str]:
+    """The app on a free loopback port, in a thread, until the block ends."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port,
+                                           log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.started, "the server did not start"
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def loaded(test_models: dict[str, Path]) -> Iterator[object]:
+    from edgevlm.runtime import ModelFlags, load
+
+    model = load(ModelFlags(model=str(test_models["text"]), mmproj=str(test_models["mmproj_112"]),
+                            n_ctx=2048, n_gpu_layers=0, answer_tokens=MAX_TOKENS))
+    yield model
+    model.engine.close()
+
+
+@pytest.fixture(scope="module")
+def server(loaded: object) -> Iterator[tuple[str, ServerState]]:
+    state = build_state(loaded, ServeSettings(max_tokens=MAX_TOKENS, max_queue=8, cache=True))
+    with serving(state) as url:
+        yield url, state
+
+
+@pytest.fixture()
+def client(server: tuple[str, ServerState]) -> OpenAI:
+    return OpenAI(base_url=f"{server[0]}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def _checked(state: ServerState) -> None:
+    """Wait for the worker (the summary swap runs after the reply), then the ledger invariant."""
+    state.scheduler.drain()
+    state.scheduler.session.conversation.check()
+
+
+def test_models_are_listed(client: OpenAI, server: tuple[str, ServerState]) -> None:
+    assert [m.id for m in client.models.list().data] == [server[1].model.id]
+
+
+def test_a_photo_answered_whole_and_streamed_alike(client: OpenAI, server: tuple[str, ServerState]) -> None:
+    messages = [image_message("What is in this photo?", seed=1)]
+    whole = client.chat.completions.create(model=server[1].model.id, messages=messages, temperature=0)
+    numbers = whole.model_extra["edgevlm"]
+    assert whole.choices[0].message.content and whole.usage.completion_tokens > 0
+    assert numbers["visual_tokens_live"] == numbers["visual_tokens"] > 0
+    assert numbers["clip_encodes"] == 1 + numbers["n_tiles"] and numbers["ttft_s"] > 0
+    _checked(server[1])
+    chunks = list(client.chat.completions.create(model=server[1].model.id, messages=messages,
+                                                 temperature=0, stream=True))
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed.strip() == whole.choices[0].message.content
+    last = chunks[-1]
+    assert last.choices[0].finish_reason in ("stop", "length")
+    assert last.usage.completion_tokens == whole.usage.completion_tokens
+    assert last.model_extra["edgevlm"]["clip_encodes"] == 0  # the same photo: rows from the cache
+    _checked(server[1])
+
+
+def test_json_schema_output_follows_the_schema(client: OpenAI) -> None:
+    schema = {"type": "object", "additionalProperties": False, "required": ["colour", "count"],
+              "properties": {"colour": {"enum": ["red", "green", "blue"]},
+                             "count": {"type": "integer", "minimum": 0, "maximum": 9}}}
+    reply = client.chat.completions.create(
+        model="", messages=[image_message("Describe the photo as JSON.", seed=2)], max_tokens=48,
+        response_format={"type": "json_schema", "json_schema": {"name": "photo", "schema": schema}})
+    data = json.loads(reply.choices[0].message.content)
+    assert set(data) == {"colour", "count"}
+    assert data["colour"] in ("red", "green", "blue") and isinstance(data["count"], int)
+
+
+def test_a_follow_up_reuses_the_cache(client: OpenAI, server: tuple[str, ServerState]) -> None:
+    messages = [image_message("What is this?", seed=3)]
+    first = client.chat.completions.create(model="", messages=messages)
+    messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": "Say more."}]
+    second = client.chat.completions.create(model="", messages=messages)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached > 0 and second.model_extra["edgevlm"]["clip_encodes"] == 0
+    assert second.model_extra["edgevlm"]["prefill_tokens"] < second.usage.prompt_tokens - cached + 8
+    _checked(server[1])
+
+
+@pytest.mark.slow
+def test_six_turns_resent_in_full_stay_flat(client: OpenAI, server: tuple[str, ServerState]) -> None:
+    messages: list[dict[str, object]] = []
+    turns = []
+    for turn in range(6):
+        messages.append(image_message(f"Photo {turn + 1}: what is new?", seed=100 + turn))
+        reply = client.chat.completions.create(model="", messages=messages)
+        numbers = reply.model_extra["edgevlm"]
+        turns.append(numbers)
+        # Only this message's image is live, and only its views went through CLIP.
+        assert numbers["visual_tokens_live"] == numbers["visual_tokens"]
+        assert numbers["clip_encodes"] == 1 + numbers["n_tiles"]
+        messages.append({"role": "assistant", "content": reply.choices[0].message.content})
+        _checked(server[1])
+    prefill = [t["prefill_tokens"] for t in turns]
+    assert max(prefill[2:]) <= 1.5 * prefill[1], prefill
+    conversation = server[1].scheduler.session.conversation
+    assert conversation.visual_tokens_live == 0  # every answered image is a summary now
+    assert len(conversation.records) == 6
+
+
+def test_an_image_met_only_in_history_is_summarised_once(client: OpenAI,
+                                                         server: tuple[str, ServerState]) -> None:
+    history = [image_message("What is this?", seed=4),
+               {"role": "assistant", "content": "Something I said elsewhere."},
+               {"role": "user", "content": "And what colour was it?"}]
+    first = client.chat.completions.create(model="", messages=history)
+    assert first.model_extra["edgevlm"]["clip_encodes"] >= 1  # summarised now, while shown
+    _checked(server[1])
+    history[2] = {"role": "user", "content": "What else?"}
+    again = client.chat.completions.create(model="", messages=history)
+    assert again.model_extra["edgevlm"]["clip_encodes"] == 0
+    assert again.model_extra["edgevlm"]["visual_tokens_live"] == 0
+
+
+def test_ollama_chat_with_an_image(server: tuple[str, ServerState]) -> None:
+    client = ollama.Client(host=server[0], timeout=120)
+    assert client.list().models[0].model == f"{server[1].model.id}:latest"
+    assert "vision" in client.show(server[1].model.id).capabilities
+    messages = [{"role": "user", "content": "What is this?", "images": [photo_bytes(5, fmt="JPEG")]}]
+    whole = client.chat(model=server[1].model.id, messages=messages, options={"temperature": 0})
+    assert whole.done and whole.message.content and whole.eval_count > 0
+    parts = list(client.chat(model=server[1].model.id, messages=messages, stream=True,
+                             options={"temperature": 0}))
+    assert parts[-1].done and not any(p.done for p in parts[:-1])
+    assert "".join(p.message.content for p in parts).strip() == whole.message.content
+    generated = client.generate(model=server[1].model.id, prompt="Say hi.", options={"num_predict": 4})
+    assert generated.done and generated.eval_count <= 4
+    _checked(server[1])
+
+
+@pytest.mark.parametrize(("body", "status", "code"), [
+    ({"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}}]}]}, 400, "invalid_base64"),
+    ({"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,aGVsbG8="}}]}]}, 400, "invalid_image"),
+    ({"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}]}, 400, "remote_url_refused"),
+    ({"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "file:///etc/hostname"}}]}]}, 400, "file_url_refused"),
+    ({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}, 404, "model_not_found"),
+    ({"messages": [{"role": "user", "content": "hi"}], "response_format": {
+        "type": "json_schema", "json_schema": {"schema": {"type": "frob"}}}}, 400, "invalid_schema"),
+    ({"messages": [{"role": "user", "content": "word " * 3000}]}, 400, "context_length_exceeded"),
+    ({"messages": [{"role": "tool", "content": "x"}], "stream": True}, 400, None),
+    ({"messages": "hello"}, 400, None),
+])
+def test_bad_requests_get_openai_errors(server: tuple[str, ServerState], body: dict, status: int,
+                                        code: str | None) -> None:
+    reply = httpx.post(f"{server[0]}/v1/chat/completions", json=body, timeout=60)
+    assert reply.status_code == status
+    error = reply.json()["error"]
+    assert error["message"] and "Traceback" not in error["message"] and error["code"] == code
+
+
+def test_limits_keys_and_pixels(server: tuple[str, ServerState], monkeypatch: pytest.MonkeyPatch) -> None:
+    url, state = server
+    body = {"messages": [image_message("hi", seed=6)]}
+    monkeypatch.setattr(state, "max_body_bytes", 1000)
+    assert httpx.post(f"{url}/v1/chat/completions", json=body).status_code == 413
+    monkeypatch.setattr(state, "max_body_bytes", 50 << 20)
+    monkeypatch.setattr(state, "api_key", "sesame")
+    assert httpx.post(f"{url}/v1/chat/completions", json=body).status_code == 401
+    wrong = httpx.post(f"{url}/api/chat", json=body, headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401 and isinstance(wrong.json()["error"], str)  # Ollama's shape
+    monkeypatch.setattr(state, "api_key", None)
+    monkeypatch.setenv("EDGEVLM_MAX_PIXELS", "1000")
+    reply = httpx.post(f"{url}/v1/chat/completions", json=body)
+    assert reply.status_code == 400 and "pixels" in reply.json()["error"]["message"]
+    monkeypatch.delenv("EDGEVLM_MAX_PIXELS")
+    bad = httpx.post(f"{url}/api/chat", json={"model": "", "messages": [
+        {"role": "user", "content": "x", "images": ["%%%"]}]})
+    assert bad.status_code == 400 and "messages[0].images[0]" in bad.json()["error"]
+    ok = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)  # still serving
+    assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] is not None
+
+
+def test_files_inside_the_media_folder_only(server: tuple[str, ServerState], tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    url, state = server
+    media = tmp_path / "media"
+    media.mkdir()
+    (media / "a.png").write_bytes(photo_bytes(7))
+    (tmp_path / "secret.png").write_bytes(photo_bytes(8))
+    monkeypatch.setattr(state, "media_dir", media.resolve())
+
+    def ask(path: Path) -> httpx.Response:
+        part = {"type": "image_url", "image_url": {"url": path.as_uri()}}
+        return httpx.post(f"{url}/v1/chat/completions", timeout=120,
+                          json={"messages": [{"role": "user", "content": [part]}]})
+
+    assert ask(media / "a.png").status_code == 200
+    assert ask(media / ".." / "secret.png").json()["error"]["code"] == "file_url_refused"
+    _checked(state)
+
+
+def test_a_full_queue_answers_503(server: tuple[str, ServerState], monkeypatch: pytest.MonkeyPatch) -> None:
+    url, state = server
+    monkeypatch.setattr(state.scheduler, "max_queue", 1)
+    body = {"messages": [{"role": "user", "content": "Count to one hundred."}], "max_tokens": 200}
+    with ThreadPoolExecutor(2) as pool:
+        running = pool.submit(httpx.post, f"{url}/v1/chat/completions", json=body, timeout=120)
+        waiting = None
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if waiting is None and state.scheduler._running is not None:
+                waiting = pool.submit(httpx.post, f"{url}/v1/chat/completions", json=body, timeout=120)
+            if state.scheduler.waiting == 1:
+                break
+            time.sleep(0.01)
+        refused = httpx.post(f"{url}/v1/chat/completions", json=body)
+        assert refused.status_code == 503 and refused.headers["retry-after"]
+        assert refused.json()["error"]["code"] == "queue_full"
+        assert running.result().status_code == 200 and waiting.result().status_code == 200
+    _checked(state)
+
+
+def test_a_client_that_leaves_mid_stream_frees_the_worker(client: OpenAI,
+                                                          server: tuple[str, ServerState]) -> None:
+    state = server[1]
+    stream = client.chat.completions.create(
+        model="", stream=True, max_tokens=400,
+        messages=[{"role": "user", "content": "Count from 1 to 500, one number per line."}])
+    for seen, _ in enumerate(stream):
+        if seen == 3:
+            break
+    stream.close()
+    _checked(state)
+    last = state.scheduler.session.conversation.records[-1]
+    assert last.interrupted and last.stats["completion_tokens"] < 400
+    after = client.chat.completions.create(model="", messages=[{"role": "user", "content": "Hi"}])
+    assert after.choices[0].finish_reason in ("stop", "length")
+
+
+def test_eight_clients_at_once_get_their_own_answers(client: OpenAI, server: tuple[str, ServerState]) -> None:
+    requests = [[{"role": "user", "content": f"Name a thing number {i}."}] if i % 2 else
+                [image_message(f"Photo {i}?", seed=200 + i)] for i in range(8)]
+
+    def ask(messages: list[dict[str, object]]) -> str:
+        reply = client.chat.completions.create(model="", messages=messages, temperature=0)
+        return reply.choices[0].message.content
+
+    alone = [ask(m) for m in requests]
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(ask, requests))
+    assert together == alone
+    assert len(set(alone)) > 1  # the answers differ, so a mix-up would show
+    _checked(server[1])
