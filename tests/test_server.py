@@ -201,15 +201,15 @@ def test_ollama_chat_with_an_image(server: tuple[str, ServerState]) -> None:
     _checked(server[1])
 
 
+def _image_body(url: str) -> dict[str, object]:
+    return {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]}
+
+
 @pytest.mark.parametrize(("body", "status", "code"), [
-    ({"messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}}]}]}, 400, "invalid_base64"),
-    ({"messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "data:image/png;base64,aGVsbG8="}}]}]}, 400, "invalid_image"),
-    ({"messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}]}, 400, "remote_url_refused"),
-    ({"messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "file:///etc/hostname"}}]}]}, 400, "file_url_refused"),
+    (_image_body("data:image/png;base64,@@@"), 400, "invalid_base64"),
+    (_image_body("data:image/png;base64,aGVsbG8="), 400, "invalid_image"),
+    (_image_body("https://example.com/a.png"), 400, "remote_url_refused"),
+    (_image_body("file:///etc/hostname"), 400, "file_url_refused"),
     ({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}, 404, "model_not_found"),
     ({"messages": [{"role": "user", "content": "hi"}], "response_format": {
         "type": "json_schema", "json_schema": {"schema": {"type": "frob"}}}}, 400, "invalid_schema"),
