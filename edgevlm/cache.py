@@ -165,9 +165,8 @@ class SummaryStore:
             text = (self._folder / f"{image_sha256}.txt").read_text(encoding="utf-8").strip()
         except (OSError, UnicodeDecodeError):
             return None
-        if text:
-            self._known[image_sha256] = text
-        return text or None
+        self._known[image_sha256] = text  # "" too: the image was summarised, with nothing to say
+        return text
 
     def put(self, image_sha256: str, summary: str) -> None:
         """Keep a summary (in memory, and on disk unless caching is off)."""

@@ -93,7 +93,7 @@ class ChatSession:
         answer, stats = conversation.ask(
             turn.question, image=turn.image.image if turn.image else None, on_piece=on_piece,
             on_progress=on_progress, on_answered=answered, new_request=False)
-        if turn.image is not None and conversation.records[-1].summary:
+        if turn.image is not None:  # even an empty summary: the image has been seen, once is enough
             self.summaries.put(turn.image.sha256, conversation.records[-1].summary or "")
         return answer, replace(stats, cached_tokens=reused[0].cached_tokens)
 

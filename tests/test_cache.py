@@ -94,3 +94,9 @@ def test_summaries_are_kept_by_model_and_digest(tmp_path: Path) -> None:
     memory_only.put("abc", "kept in RAM")
     assert memory_only.get("abc") == "kept in RAM"
     assert SummaryStore("m3", folder=tmp_path).get("abc") is None
+
+
+def test_an_empty_summary_still_counts_as_summarised(tmp_path: Path) -> None:
+    SummaryStore("m", folder=tmp_path).put("abc", "")
+    assert SummaryStore("m", folder=tmp_path).get("abc") == ""
+    assert SummaryStore("m", folder=tmp_path).get("other") is None
