@@ -235,8 +235,8 @@ def main() -> None:
     table(runs, args.turns)
     verdicts(runs, args.turns)
     print("\nrestart with a warm disk cache (ViT-L/14-336 CLIP): "
-          f"cold clip_encodes {cold.get('clip_encodes')}, TTFT {cold.get('ttft_s', 0):.2f} s; after restart clip_encodes {warm.get('clip_encodes')}, "
-          f"TTFT {warm.get('ttft_s', 0):.2f} s")
+          f"cold clip_encodes {cold.get('clip_encodes')}, TTFT {cold.get('ttft_s', 0):.2f} s; "
+          f"after restart clip_encodes {warm.get('clip_encodes')}, TTFT {warm.get('ttft_s', 0):.2f} s")
 
 
 if __name__ == "__main__":
