@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import json
 import os
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 from .describe import DEFAULT_PROMPT, DescribeEvent, Describer, ImageDone, ImageFailed, describe_images
 from .errors import UserError
 from .images import IMAGE_SUFFIXES
+from .xmp import XmpError, XmpFields, XmpState, read_states, sidecar_path
+from .xmp import write as write_xmp
 
 
 @dataclass(frozen=True)
@@ -22,6 +26,26 @@ class Target:
     path: Path
     key: str  # the path as given/found, used in JSONL rows and for resume
     caption_path: Path | None
+    xmp_paths: tuple[Path, ...] = ()  # sidecar and/or the image itself (--embed)
+
+
+@dataclass(frozen=True)
+class XmpOutput:
+    """XMP to write: who wrote it, a stamp of the settings, and what each file holds now."""
+
+    model: str
+    settings: str
+    states: dict[Path, XmpState] = field(default_factory=dict)
+
+    def current(self, path: Path) -> bool:
+        """Whether the file already holds edgevlm's fields for these settings."""
+        state = self.states.get(path)
+        return state is not None and state.settings == self.settings
+
+
+def settings_stamp(*parts: object) -> str:
+    """A short stamp of everything that shapes a caption (model, prompt, format, tiles)."""
+    return hashlib.sha256(json.dumps([str(p) for p in parts]).encode()).hexdigest()[:16]
 
 
 @dataclass
@@ -89,9 +113,9 @@ def _nothing_found(inputs: list[Path], *, recursive: bool, pattern: str | None) 
     return f"no images found in {where} (looked for {looked}){hint}"
 
 
-def plan_targets(found: list[tuple[Path, Path]], *, write_captions: bool,
-                 out_dir: Path | None) -> list[Target]:
-    """Where each image's caption goes: next to it, or mirrored under out_dir."""
+def plan_targets(found: list[tuple[Path, Path]], *, write_captions: bool, out_dir: Path | None,
+                 xmp_name: str | None = None, embed: bool = False) -> list[Target]:
+    """Where each image's caption goes: next to it, or mirrored under out_dir; and its XMP."""
     targets = []
     for path, root in found:
         caption = None
@@ -101,7 +125,8 @@ def plan_targets(found: list[tuple[Path, Path]], *, write_captions: bool,
                 caption = out_dir / relative.parent / f"{relative.name}.txt"
             else:
                 caption = path.with_name(f"{path.name}.txt")
-        targets.append(Target(path, str(path), caption))
+        sidecar = (sidecar_path(path, xmp_name),) if xmp_name else ()
+        targets.append(Target(path, str(path), caption, sidecar + ((path,) if embed else ())))
     return targets
 
 
@@ -174,16 +199,16 @@ BatchEvent = DescribeEvent | ImageSkipped
 
 
 def caption_all(describer: Describer, targets: list[Target], *, prompt: str = DEFAULT_PROMPT,
-                overwrite: bool = False, jsonl: JsonlLog | None = None,
+                overwrite: bool = False, jsonl: JsonlLog | None = None, xmp: XmpOutput | None = None,
                 on_event: Callable[[BatchEvent], None]) -> BatchSummary:
-    """Describe every target once, writing its caption and JSONL row as soon as it is done.
+    """Describe every target once, writing its caption, XMP and JSONL row as soon as it is done.
 
-    Targets already captioned (by caption file and/or JSONL row) are skipped unless overwrite.
+    Targets already captioned (caption file, current XMP, JSONL row) are skipped unless overwrite.
     """
     summary = BatchSummary()
     todo: list[Target] = []
     for target in targets:
-        if not overwrite and _already_done(target, jsonl):
+        if not overwrite and _already_done(target, jsonl, xmp):
             summary.skipped += 1
             on_event(ImageSkipped(target))
         else:
@@ -191,9 +216,13 @@ def caption_all(describer: Describer, targets: list[Target], *, prompt: str = DE
 
     def store(event: DescribeEvent) -> None:
         if isinstance(event, ImageDone):
-            _write_outputs(todo[event.index], event, jsonl)
-            summary.captioned += 1
-        elif isinstance(event, ImageFailed):
+            try:
+                _write_outputs(todo[event.index], event, jsonl, xmp)
+            except XmpError as exc:  # this image's file, not the run
+                event = ImageFailed(event.index, event.total, event.path, str(exc))
+            else:
+                summary.captioned += 1
+        if isinstance(event, ImageFailed):
             summary.failed.append((todo[event.index].key, event.error))
         on_event(event)
 
@@ -201,21 +230,46 @@ def caption_all(describer: Describer, targets: list[Target], *, prompt: str = DE
     return summary
 
 
-def _write_outputs(target: Target, done: ImageDone, jsonl: JsonlLog | None) -> None:
+def _write_outputs(target: Target, done: ImageDone, jsonl: JsonlLog | None,
+                   xmp: XmpOutput | None) -> None:
     if target.caption_path is not None:
         write_atomically(target.caption_path, done.result.text + "\n")
+    if xmp is not None:
+        fields = xmp_fields(done.result.text, done.result.data, xmp)
+        for path in target.xmp_paths:
+            write_xmp(path, fields, xmp.states.get(path))
     if jsonl is not None:
         jsonl.append(done.result.to_json() | {"image": target.key})
 
 
-def needs_work(targets: list[Target], *, jsonl: JsonlLog | None, overwrite: bool) -> bool:
+def xmp_fields(text: str, data: object, xmp: XmpOutput) -> XmpFields:
+    """The description and tags to write: from a --tags answer's fields, else the text."""
+    parsed = data if isinstance(data, dict) else {}
+    description = parsed.get("description")
+    tags = parsed.get("tags")
+    return XmpFields(
+        description=description if isinstance(description, str) else text,
+        tags=tuple(str(t) for t in tags) if isinstance(tags, list) else (),
+        model=xmp.model, settings=xmp.settings,
+        date=datetime.now(timezone.utc).strftime("%Y:%m:%d %H:%M:%SZ"))
+
+
+def read_xmp(targets: list[Target], model: str, settings: str) -> XmpOutput:
+    """What the targets' XMP files hold now (one ExifTool run for the lot)."""
+    return XmpOutput(model, settings, read_states([p for t in targets for p in t.xmp_paths]))
+
+
+def needs_work(targets: list[Target], *, jsonl: JsonlLog | None, overwrite: bool,
+               xmp: XmpOutput | None = None) -> bool:
     """Whether any target still needs describing (so the model must be loaded at all)."""
-    return any(overwrite or not _already_done(t, jsonl) for t in targets)
+    return any(overwrite or not _already_done(t, jsonl, xmp) for t in targets)
 
 
-def _already_done(target: Target, jsonl: JsonlLog | None) -> bool:
+def _already_done(target: Target, jsonl: JsonlLog | None, xmp: XmpOutput | None = None) -> bool:
     if target.caption_path is not None and not target.caption_path.exists():
         return False
     if jsonl is not None and target.key not in jsonl.done:
         return False
-    return target.caption_path is not None or jsonl is not None
+    if xmp is not None and not all(xmp.current(p) for p in target.xmp_paths):
+        return False
+    return target.caption_path is not None or jsonl is not None or bool(target.xmp_paths)

@@ -22,6 +22,7 @@ from .errors import ConfigError, EdgeVLMError, Interrupted
 from .render import err
 
 if TYPE_CHECKING:  # the heavy modules load inside the commands: `--help` stays instant
+    from .batch import Target, XmpOutput
     from .engine import Sampling
     from .runtime import Loaded, ModelFlags
 
@@ -118,47 +119,62 @@ def describe(
     tiles: opt.Tiles = "auto", pool: opt.Pool = "auto", model: opt.Model = DEFAULT_MODEL,
     mmproj: opt.Mmproj = None, n_gpu_layers: opt.NGpuLayers = None, n_ctx: opt.NCtx = None,
     seed: opt.Seed = None, temperature: opt.Temperature = 0.0, json_out: opt.JsonOut = False,
+    fmt: opt.Format = None, schema: opt.Schema = None, tags: opt.Tags = False,
+    max_tags: opt.MaxTags = 8, language: opt.Language = "English",
     quiet: opt.Quiet = False, recursive: opt.Recursive = False, glob: opt.Glob = None,
     write_captions: opt.WriteCaptions = False, out_dir: opt.OutDir = None, jsonl: opt.Jsonl = None,
+    write_xmp: opt.WriteXmp = False, embed: opt.Embed = False, xmp_name: opt.XmpName = "IMG.jpg.xmp",
     overwrite: opt.Overwrite = False, fetch_missing: opt.Fetch = False, threads: opt.Threads = None,
     no_cache: opt.NoCache = False, verbose: opt.Verbose = False, debug: opt.Debug = False,
 ) -> None:
     """Describe photos and folders (see DESCRIBE_HELP)."""
-    from .batch import (
-        BatchSummary,
-        JsonlLog,
-        caption_all,
-        check_outputs,
-        find_images,
-        needs_work,
-        plan_targets,
-    )
+    from .batch import BatchSummary, JsonlLog, caption_all, check_outputs, find_images, needs_work
     from .describe import DEFAULT_PROMPT, Describer
     from .images import max_pixels
     from .render import DescribeView
+    from .structured import answer_tokens_needed, choose_format
 
     _configure_logging(verbose)
     with _handled(debug):
         max_tiles, pool_factor = _tiles_option(ctx, tiles), _pool_option(ctx, pool)
         max_pixels()  # a bad EDGEVLM_MAX_PIXELS is refused before anything loads
+        output = choose_format(fmt=fmt, schema_path=schema, tags=tags, max_tags=max_tags, language=language)
+        output.grammar()  # a schema that cannot be enforced is refused before anything loads
+        prompt = prompt or output.prompt or DEFAULT_PROMPT
+        max_tokens = max(max_tokens, answer_tokens_needed(output))  # room for the longest --tags answer
         check_outputs(write_captions=write_captions, jsonl=jsonl, out_dir=out_dir)
         found = find_images(photos, recursive=recursive, pattern=glob)
-        targets = plan_targets(found.images, write_captions=write_captions, out_dir=out_dir)
+        targets, xmp = _describe_targets(found.images, write_captions, out_dir, write_xmp, embed, xmp_name,
+                                         (model, mmproj, prompt, output, max_tiles, pool_factor, max_tokens))
         log = JsonlLog(jsonl) if jsonl is not None else None
         view = DescribeView(total=len(targets), json_out=json_out, quiet=quiet,
-                            text_to_stdout=not write_captions and jsonl is None)
+                            text_to_stdout=not (write_captions or write_xmp or embed) and jsonl is None)
         summary = BatchSummary(skipped=len(targets))  # until something needs doing
-        if needs_work(targets, jsonl=log, overwrite=overwrite):
+        if needs_work(targets, jsonl=log, overwrite=overwrite, xmp=xmp):
             flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, max_tokens, fetch_missing)
             with _loaded(flags, quiet=quiet or json_out) as loaded, view:
                 describer = Describer.for_model(loaded, max_tokens=max_tokens, max_tiles=max_tiles,
                                                 sampling=_sampling(temperature, seed), pool=pool_factor,
-                                                cache=not no_cache)
-                summary = caption_all(describer, targets, prompt=prompt or DEFAULT_PROMPT,
-                                      overwrite=overwrite, jsonl=log, on_event=view.on_event)
-        folder = write_captions or jsonl is not None or any(p.is_dir() for p in photos)
+                                                cache=not no_cache, output=output)
+                summary = caption_all(describer, targets, prompt=prompt, overwrite=overwrite, jsonl=log,
+                                      xmp=xmp, on_event=view.on_event)
+        folder = write_captions or write_xmp or embed or jsonl is not None or any(p.is_dir() for p in photos)
         if view.summary(summary, found.missing, folder=folder):
             raise typer.Exit(2)
+
+
+def _describe_targets(images: list[tuple[Path, Path]], write_captions: bool, out_dir: Path | None,
+                      write_xmp: bool, embed: bool, xmp_name: str, settings: tuple[object, ...]
+                      ) -> tuple[list[Target], XmpOutput | None]:
+    """Where each image's outputs go, and what its XMP files hold now (when XMP is asked for)."""
+    from .batch import plan_targets, read_xmp, settings_stamp
+
+    targets = plan_targets(images, write_captions=write_captions, out_dir=out_dir,
+                           xmp_name=xmp_name if write_xmp else None, embed=embed)
+    if not (write_xmp or embed):
+        return targets, None
+    writer = f"edgevlm {__version__} · {Path(str(settings[0])).name}"
+    return targets, read_xmp(targets, model=writer, settings=settings_stamp(*settings))
 
 
 @app.command(help=CHAT_HELP)

@@ -356,12 +356,15 @@ class Conversation:
         summary, swap_s = self._after_answer(parts.turn, loaded, answer, answer_tokens)
         self.turn = parts.turn
         stats = turn_stats(swap_s=swap_s)
-        self.records.append(TurnRecord(
-            turn=parts.turn, user=question, answer=answer,
-            image=str(loaded.path) if loaded else None,
-            image_index=self.images_seen if loaded else None, summary=summary,
-            interrupted=interrupted, stats=_plain(stats)))
+        self._record(stats, question, answer, loaded, summary, interrupted=interrupted)
         return answer, stats
+
+    def _record(self, stats: TurnStats, question: str, answer: str, image: LoadedImage | None,
+                summary: str | None, *, interrupted: bool) -> None:
+        self.records.append(TurnRecord(
+            turn=stats.turn, user=question, answer=answer, image=str(image.path) if image else None,
+            image_index=self.images_seen if image else None, summary=summary,
+            interrupted=interrupted, stats=_plain(stats)))
 
     def summarise_image(self, image: LoadedImage) -> str:
         """A summary of an image met only in past turns (an API client's history), with no trace.

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +23,7 @@ from .errors import ImageError
 from .images import LoadedImage, load_image
 from .layouts import ImageLayout
 from .prompts import PromptFormat
+from .structured import TEXT, OutputFormat
 
 if TYPE_CHECKING:
     from .runtime import Loaded
@@ -60,6 +61,7 @@ class DescribeResult:
     read_s: float = 0.0  # reading the file (decode, orientation); part of preprocess_s
     image_size: tuple[int, int] = (0, 0)  # upright, full resolution (the grid is laid over this)
     layout: str = ""  # llava-1.5-tiles (labelled tiles) or llava-next (the model's own packing)
+    data: object = None  # the parsed answer, with --format json, --schema or --tags
 
     def to_json(self) -> dict[str, Any]:
         """A plain dict for --json (floats rounded for reading)."""
@@ -129,8 +131,11 @@ class Describer:
     def __init__(self, engine: Engine, fmt: PromptFormat, *, tile_size: int, max_tokens: int = 512,
                  sampling: Sampling | None = None, max_tiles: int | None = None,
                  n_gpu_layers: int = 0, pool: int | None = 1, layout: ImageLayout | None = None,
-                 encoder: Callable[[Image.Image], ImageEmbedding] | None = None) -> None:
+                 encoder: Callable[[Image.Image], ImageEmbedding] | None = None,
+                 output: OutputFormat = TEXT) -> None:
         self.engine = engine
+        self.output = output
+        sampling = replace(sampling or Sampling(), grammar=output.grammar())  # None for text
         self.max_tokens = max_tokens
         self.n_gpu_layers = n_gpu_layers
         started = time.perf_counter()
@@ -143,7 +148,8 @@ class Describer:
 
     @classmethod
     def for_model(cls, loaded: Loaded, *, max_tokens: int = 512, sampling: Sampling | None = None,
-                  max_tiles: int | None = None, pool: int | None = 1, cache: bool = False) -> Describer:
+                  max_tiles: int | None = None, pool: int | None = 1, cache: bool = False,
+                  output: OutputFormat = TEXT) -> Describer:
         """A describer on a freshly loaded model, with its prompt format and projector's view size.
 
         With cache, projector rows are kept (RAM and disk) so an image seen before skips CLIP.
@@ -151,7 +157,8 @@ class Describer:
         encoder = loaded.image_cache() if cache else None
         return cls(loaded.engine, loaded.prompt_format, tile_size=loaded.projector_facts.image_size,
                    max_tokens=max_tokens, sampling=sampling, max_tiles=max_tiles,
-                   n_gpu_layers=loaded.n_gpu_layers, pool=pool, layout=loaded.layout, encoder=encoder)
+                   n_gpu_layers=loaded.n_gpu_layers, pool=pool, layout=loaded.layout, encoder=encoder,
+                   output=output)
 
     @property
     def n_ctx(self) -> int:
@@ -213,6 +220,7 @@ class Describer:
         system = self.shared_prefix_len() if system_s is not None else 0
         prefill_s = stats.prefill_s + (system_s or 0.0)
         loaded = image.image if isinstance(image, PreparedImage) else image
+        data, note = self._parsed(text)
         return DescribeResult(
             image=str(loaded.path), text=text, grid=stats.grid, n_tiles=stats.n_tiles,
             visual_tokens=stats.visual_tokens, prompt_tokens=stats.prompt_tokens,
@@ -221,10 +229,19 @@ class Describer:
             prefill_s=prefill_s, ttft_s=stats.ttft_s, decode_s=stats.decode_s,
             prefill_tok_s=(stats.prefill_tokens + system) / prefill_s if prefill_s else 0.0,
             decode_tok_s=stats.decode_tok_s, n_ctx=self.engine.n_ctx,
-            n_gpu_layers=self.n_gpu_layers, note=loaded.note, pool=stats.pool,
+            n_gpu_layers=self.n_gpu_layers, note=note or loaded.note, pool=stats.pool,
             tile_tokens=stats.tile_tokens, tile_prefill_s=stats.tile_prefill_s,
             itl_p50_s=stats.itl_p50_s, itl_p90_s=stats.itl_p90_s, read_s=read_s,
-            image_size=loaded.size, layout=stats.layout)
+            image_size=loaded.size, layout=stats.layout, data=data)
+
+    def _parsed(self, text: str) -> tuple[object, str]:
+        """The answer as data (JSON formats only), or why it is not."""
+        if not self.output.is_json:
+            return None, ""
+        try:
+            return self.output.parse(text), ""
+        except ValueError as exc:
+            return None, str(exc)
 
 
 # -- the one loop ------------------------------------------------------------------------------
@@ -251,6 +268,9 @@ def describe_images(describer: Describer, paths: Sequence[Path], prompt: str = D
         on_piece, on_progress = _forwarders(on_event, index)
         result = describer.describe(prepared, prompt, started=started, read_s=read_s,
                                     on_piece=on_piece, on_progress=on_progress)
+        if describer.output.is_json and result.data is None:  # an answer cut off before it closed
+            on_event(ImageFailed(index, total, path, result.note))
+            continue
         described += 1
         on_event(ImageDone(index, total, path, result))
     return described

@@ -59,6 +59,22 @@ OutDir = Annotated[Path | None, typer.Option(
 Jsonl = Annotated[Path | None, typer.Option(
     metavar="FILE", help="Append one JSON object per image to this file.")]
 Overwrite = Annotated[bool, typer.Option(help="Caption images that already have a caption.")]
+Format = Annotated[str | None, typer.Option(
+    "--format", metavar="text|json", help="json: the answer is a JSON object (enforced by a grammar).")]
+Schema = Annotated[Path | None, typer.Option(
+    metavar="FILE", help="A JSON Schema the answer must follow (enforced by llama.cpp's grammar sampler).")]
+Tags = Annotated[bool, typer.Option(
+    "--tags", help="Answer as {description, tags, text_in_image, people_count} for photo libraries.")]
+MaxTags = Annotated[int, typer.Option(metavar="N", help="With --tags: at most N tags.", min=1, max=50)]
+Language = Annotated[str, typer.Option(metavar="NAME", help="With --tags: the description's language.")]
+WriteXmp = Annotated[bool, typer.Option(
+    help="Write an XMP sidecar per image (dc:description, dc:subject) that photo tools read; merged "
+    "into an existing one. Needs ExifTool.")]
+Embed = Annotated[bool, typer.Option(
+    help="Write the same XMP into the image file itself (atomically; pixels untouched).")]
+XmpName = Annotated[str, typer.Option(
+    metavar="IMG.jpg.xmp|IMG.xmp", help="Sidecar naming: IMG.jpg.xmp (darktable, digiKam, Immich) or "
+    "IMG.xmp (Lightroom, Capture One).")]
 
 # -- chat -------------------------------------------------------------------------------------
 

@@ -133,3 +133,11 @@ def test_help_teaches_and_copies_cleanly() -> None:
 def test_unsafe_or_impossible_serve_settings_fail_before_loading(args: list[str], message: str) -> None:
     result = _run("serve", "--model", "/no/model.gguf", *args)
     assert message in _one_line_error(result)
+
+
+def test_a_schema_the_grammar_cannot_enforce_exits_2(tmp_path: Path) -> None:
+    schema = tmp_path / "s.json"
+    schema.write_text('{"type": "object", "properties": {"n": {"type": "number", "multipleOf": 5}}}')
+    (tmp_path / "a.jpg").write_bytes(b"x")
+    result = _run("describe", str(tmp_path / "a.jpg"), "--schema", str(schema))
+    assert "no rule for 'multipleOf'" in _one_line_error(result)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from ..engine import Sampling, json_grammar
+from ..engine import Sampling
+from ..errors import ConfigError
+from ..structured import OutputFormat
 from .http import bad_request
 
 MAX_STOPS = 8
@@ -52,7 +54,8 @@ def grammar_for(schema: object, param: str) -> str:
     """GBNF for a JSON Schema (a dict), or for any JSON object (None)."""
     if schema is not None and not isinstance(schema, dict):
         raise bad_request("the schema must be a JSON object", param)
+    output = OutputFormat("json") if schema is None else OutputFormat("schema", schema)
     try:
-        return json_grammar(schema)
-    except ValueError as exc:
+        return output.grammar() or ""
+    except ConfigError as exc:
         raise bad_request(str(exc), param, code="invalid_schema") from None
