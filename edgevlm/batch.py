@@ -249,7 +249,7 @@ def xmp_fields(text: str, data: object, xmp: XmpOutput) -> XmpFields:
     tags = parsed.get("tags")
     return XmpFields(
         description=description if isinstance(description, str) else text,
-        tags=tuple(str(t) for t in tags) if isinstance(tags, list) else (),
+        tags=tuple(dict.fromkeys(str(t) for t in tags)) if isinstance(tags, list) else (),  # no repeats
         model=xmp.model, settings=xmp.settings,
         date=datetime.now(timezone.utc).strftime("%Y:%m:%d %H:%M:%SZ"))
 

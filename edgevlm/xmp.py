@@ -47,6 +47,7 @@ class XmpState:
     subject: tuple[str, ...] = ()
     edgevlm_tags: tuple[str, ...] = ()
     settings: str = ""
+    tags_list: tuple[str, ...] = ()  # digiKam's TagsList, which Immich reads for tags
 
 
 def exiftool() -> str:
@@ -69,14 +70,16 @@ def read_states(paths: Sequence[Path]) -> dict[Path, XmpState]:
     existing = [p for p in paths if p.exists()]
     if not existing:
         return {}
-    args = ["-j", "-XMP-dc:Subject", "-XMP-edgevlm:Tags", "-XMP-edgevlm:Settings", "-@", "-"]
+    args = ["-j", "-XMP-dc:Subject", "-XMP-edgevlm:Tags", "-XMP-edgevlm:Settings", "-XMP-digiKam:TagsList",
+            "-@", "-"]
     done = _run(args, stdin="\n".join(str(p) for p in existing), check=False)
     try:
         rows = json.loads(done.stdout or "[]")
     except json.JSONDecodeError:
         return {}
     return {Path(row["SourceFile"]): XmpState(_strings(row.get("Subject")), _strings(row.get("Tags")),
-                                              str(row.get("Settings") or "")) for row in rows}
+                                              str(row.get("Settings") or ""), _strings(row.get("TagsList")))
+            for row in rows}
 
 
 def write(target: Path, fields: XmpFields, state: XmpState | None) -> None:
@@ -93,13 +96,24 @@ def write(target: Path, fields: XmpFields, state: XmpState | None) -> None:
 
 
 def _tag_args(fields: XmpFields, state: XmpState) -> list[str]:
-    user_tags = [t for t in state.subject if t not in state.edgevlm_tags]
-    subject = user_tags + [t for t in fields.tags if t not in user_tags]
-    args = [f"-XMP-dc:Description={fields.description}", "-XMP-dc:Subject=", "-XMP-edgevlm:Tags=",
-            f"-XMP-edgevlm:Model={fields.model}", f"-XMP-edgevlm:Settings={fields.settings}",
-            f"-XMP-edgevlm:Date={fields.date}"]
-    args += [f"-XMP-dc:Subject={t}" for t in subject]
-    return args + [f"-XMP-edgevlm:Tags={t}" for t in fields.tags]
+    args = [f"-XMP-dc:Description={fields.description}", f"-XMP-edgevlm:Model={fields.model}",
+            f"-XMP-edgevlm:Settings={fields.settings}", f"-XMP-edgevlm:Date={fields.date}"]
+    args += _list_args("XMP-edgevlm:Tags", fields.tags)
+    args += _list_args("XMP-dc:Subject", _merged(state.subject, state.edgevlm_tags, fields.tags))
+    if state.tags_list or fields.tags:
+        args += _list_args("XMP-digiKam:TagsList", _merged(state.tags_list, state.edgevlm_tags, fields.tags))
+    return args
+
+
+def _merged(present: tuple[str, ...], ours_before: tuple[str, ...], ours_now: tuple[str, ...]) -> list[str]:
+    """The user's entries kept, edgevlm's earlier ones replaced by its new ones."""
+    kept = [t for t in present if t not in ours_before]
+    return kept + [t for t in ours_now if t not in kept]
+
+
+def _list_args(tag: str, items: Sequence[str]) -> list[str]:
+    """Set a list tag to exactly these items (the empty assignment clears it first)."""
+    return [f"-{tag}=", *(f"-{tag}={item}" for item in items)]
 
 
 def _run(args: list[str], *, check: bool, stdin: str | None = None) -> subprocess.CompletedProcess[str]:

@@ -46,6 +46,7 @@ def test_a_darktable_sidecar_keeps_its_history_rating_and_user_tags(tmp_path: Pa
     read = exiftool_read(sidecar, "-XMP:all")
     assert read["Rating"] == 4 and read["Description"] == "Second."
     assert read["Subject"] == ["family", "cat"]  # the user's tag kept, edgevlm's old tags replaced
+    assert read["TagsList"] == "cat"  # digiKam's list too (Immich reads its tags from it)
     history = exiftool_read(sidecar, "-struct", "-XMP-darktable:History")["History"]
     assert [step["Operation"] for step in history] == ["exposure", "colorbalancergb"]
     assert read_states([sidecar])[sidecar].settings == "s1"
