@@ -510,6 +510,8 @@ class Engine:
             raise EngineError("nothing to continue from: evaluate some text first")
         sampling = sampling or Sampling()
         sampler = self._make_sampler(sampling)
+        grammar = self._make_grammar(sampling.grammar, sampler)
+        constrained = _GrammarSampler(self, sampler, grammar) if grammar else None
         text = codecs.getincrementaldecoder("utf-8")("replace")
         self.last_completion_tokens = []
         first_at: float | None = None
@@ -519,7 +521,8 @@ class Engine:
                 if self._n_past >= self.n_ctx:
                     break
                 self._check_interrupt("generation")
-                token = llama_cpp.llama_sampler_sample(sampler, self._ctx, -1)
+                token = constrained.sample() if constrained else llama_cpp.llama_sampler_sample(
+                    sampler, self._ctx, -1)
                 if llama_cpp.llama_vocab_is_eog(self._vocab, token):
                     break
                 self._decode_tokens([token])
@@ -540,20 +543,26 @@ class Engine:
                 yield tail
         finally:
             llama_cpp.llama_sampler_free(sampler)
+            if grammar:
+                llama_cpp.llama_sampler_free(grammar)
             if first_at is not None:
                 self._meter.decode_s += time.perf_counter() - first_at
             elif self._meter.ttft_s == 0.0:
                 self._meter.ttft_s = time.perf_counter() - self._meter.started
 
+    def _make_grammar(self, gbnf: str | None, chain: ctypes.c_void_p) -> ctypes.c_void_p | None:
+        """The grammar sampler for constrained output (apart from the chain: see _GrammarSampler)."""
+        if not gbnf:
+            return None
+        grammar = llama_cpp.llama_sampler_init_grammar(self._vocab, gbnf.encode(), b"root")
+        if not grammar:
+            llama_cpp.llama_sampler_free(chain)
+            raise EngineError(f"llama.cpp could not parse the output grammar ({_last_error()})")
+        return grammar
+
     def _make_sampler(self, s: Sampling) -> ctypes.c_void_p:
         chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
         add = llama_cpp.llama_sampler_chain_add
-        if s.grammar:  # first, so every later stage only sees tokens the grammar allows
-            grammar = llama_cpp.llama_sampler_init_grammar(self._vocab, s.grammar.encode(), b"root")
-            if not grammar:
-                llama_cpp.llama_sampler_free(chain)
-                raise EngineError(f"llama.cpp could not parse the output grammar ({_last_error()})")
-            add(chain, grammar)
         add(chain, llama_cpp.llama_sampler_init_top_k(max(s.top_k, 1)))
         if s.repeat_penalty != 1.0:
             n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
@@ -586,6 +595,50 @@ class Engine:
             self._n_past = self.kv_cells()
             raise Interrupted(f"interrupted during {what}")
         raise EngineError(f"llama.cpp failed to {what} (code {rc}; {_last_error()})")
+
+
+class _GrammarSampler:
+    """Sampling under a grammar, the way llama.cpp's common sampler does it: the usual chain
+    picks a token from the raw logits, and only when the grammar rejects that token is the
+    grammar applied to the whole vocabulary (costly) before the chain picks again."""
+
+    def __init__(self, engine: Engine, chain: ctypes.c_void_p, grammar: ctypes.c_void_p) -> None:
+        self._ctx, self._chain, self._grammar = engine._ctx, chain, grammar
+        self._n_vocab = llama_cpp.llama_vocab_n_tokens(engine._vocab)
+        cell = [("id", np.int32), ("logit", np.float32), ("p", np.float32)]  # llama_token_data's layout
+        self._cells = np.zeros(self._n_vocab, dtype=cell)
+        self._ids = np.arange(self._n_vocab, dtype=np.int32)
+        self._one = llama_cpp.llama_token_data()
+        self._one_array = llama_cpp.llama_token_data_array(
+            data=ctypes.pointer(self._one), size=1, selected=-1, sorted=False)
+
+    def sample(self) -> int:
+        """The next token, accepted by the grammar and the chain."""
+        token = self._pick(with_grammar=False)
+        if not self._allowed(token):
+            token = self._pick(with_grammar=True)
+        llama_cpp.llama_sampler_accept(self._grammar, token)
+        llama_cpp.llama_sampler_accept(self._chain, token)
+        return token
+
+    def _pick(self, *, with_grammar: bool) -> int:
+        logits = llama_cpp.llama_get_logits_ith(self._ctx, -1)
+        self._cells["id"] = self._ids
+        self._cells["logit"] = np.ctypeslib.as_array(logits, shape=(self._n_vocab,))
+        self._cells["p"] = 0.0
+        data = self._cells.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data))
+        candidates = llama_cpp.llama_token_data_array(data=data, size=self._n_vocab, selected=-1,
+                                                      sorted=False)
+        if with_grammar:
+            llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(candidates))
+        llama_cpp.llama_sampler_apply(self._chain, ctypes.byref(candidates))
+        return int(candidates.data[candidates.selected].id)
+
+    def _allowed(self, token: int) -> bool:
+        self._one.id, self._one.logit, self._one.p = token, 1.0, 0.0
+        self._one_array.size, self._one_array.selected = 1, -1
+        llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(self._one_array))
+        return math.isfinite(self._one.logit)
 
 
 def _ggml_type(name: str) -> int:

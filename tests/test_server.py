@@ -76,18 +76,22 @@ def serving(state: ServerState) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def loaded(test_models: dict[str, Path]) -> Iterator[object]:
+def loaded(test_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     from edgevlm.runtime import ModelFlags, load
 
-    model = load(ModelFlags(model=str(test_models["text"]), mmproj=str(test_models["mmproj_112"]),
-                            n_ctx=2048, n_gpu_layers=0, answer_tokens=MAX_TOKENS))
-    yield model
+    # Module fixtures start before the per-test isolation: give this module its own cache folder.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("server-cache")))
+        model = load(ModelFlags(model=str(test_models["text"]), mmproj=str(test_models["mmproj_112"]),
+                                n_ctx=2048, n_gpu_layers=0, answer_tokens=MAX_TOKENS))
+        yield model
     model.engine.close()
 
 
 @pytest.fixture(scope="module")
 def server(loaded: object) -> Iterator[tuple[str, ServerState]]:
     state = build_state(loaded, ServeSettings(max_tokens=MAX_TOKENS, max_queue=8, cache=True))
+    assert "server-cache" in str(state.scheduler.session.conversation.encode._folder)  # not the user's
     with serving(state) as url:
         yield url, state
 
@@ -129,7 +133,7 @@ def test_a_photo_answered_whole_and_streamed_alike(client: OpenAI, server: tuple
 def test_json_schema_output_follows_the_schema(client: OpenAI) -> None:
     schema = {"type": "object", "additionalProperties": False, "required": ["colour", "count"],
               "properties": {"colour": {"enum": ["red", "green", "blue"]},
-                             "count": {"type": "integer", "minimum": 0, "maximum": 9}}}
+                             "count": {"type": "integer"}}}
     reply = client.chat.completions.create(
         model="", messages=[image_message("Describe the photo as JSON.", seed=2)], max_tokens=48,
         response_format={"type": "json_schema", "json_schema": {"name": "photo", "schema": schema}})
