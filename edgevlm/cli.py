@@ -54,6 +54,8 @@ or --jsonl, images already done are skipped, so an interrupted run carries on wh
 Examples:
   edgevlm describe photo.jpg --prompt "What does the small sign say?"
   edgevlm describe ~/Pictures -r --write-captions --jsonl captions.jsonl --tiles 0
+  edgevlm describe ~/Pictures -r --tags --write-xmp    # XMP sidecars for darktable, digiKam, Immich
+  edgevlm describe receipt.jpg --schema receipt.schema.json --json
 """
 CHAT_HELP = """Chat about images in the terminal; answered images turn into text, so the chat never
 fills up.
