@@ -58,6 +58,7 @@ class EmbeddingCache:
         self._ram_cap, self._disk_cap = ram_bytes, disk_bytes
         self._ram: OrderedDict[str, ImageEmbedding] = OrderedDict()
         self._ram_bytes = self.hits = self.misses = 0
+        self._disk_used: int | None = None  # bytes on disk, counted at the first save
         self._lock = threading.Lock()
 
     def __call__(self, view: Image.Image) -> ImageEmbedding:
@@ -130,13 +131,26 @@ class EmbeddingCache:
             with partial.open("wb") as out:
                 np.save(out, np.ascontiguousarray(embedding.rows, dtype=np.float32))
             partial.replace(path)
-            _trim(self._folder, self._disk_cap)
+            self._note_disk_use(path.stat().st_size)
         except OSError as exc:  # a full or read-only disk costs speed, not the answer
             log.debug("could not keep %s on disk (%s)", path, exc)
 
+    def _note_disk_use(self, added_bytes: int) -> None:
+        """Keep a running total; the folder is listed only at first and when it is over its cap."""
+        if self._disk_used is None:
+            self._disk_used = _folder_bytes(self._folder)
+        else:
+            self._disk_used += added_bytes
+        if self._disk_used > self._disk_cap:
+            self._disk_used = _trim(self._folder, self._disk_cap)
 
-def _trim(folder: Path, cap_bytes: int) -> None:
-    """Remove the least recently written entries until the folder fits its cap."""
+
+def _folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.glob("*/*.npy"))
+
+
+def _trim(folder: Path, cap_bytes: int) -> int:
+    """Remove the least recently written entries until the folder fits its cap; returns its size."""
     entries = [(p.stat().st_mtime_ns, p.stat().st_size, p) for p in folder.glob("*/*.npy")]
     total = sum(size for _, size, _ in entries)
     for _, size, path in sorted(entries):
@@ -144,6 +158,7 @@ def _trim(folder: Path, cap_bytes: int) -> None:
             break
         path.unlink(missing_ok=True)
         total -= size
+    return total
 
 
 class SummaryStore:

@@ -379,10 +379,7 @@ class Conversation:
             self._prefill(parts, image, None, None)
             caption = "".join(self.engine.generate(self.caption_tokens, Sampling(temperature=0.0)))
         finally:
-            self.engine.interrupt_requested = False
-            self.engine.resync()
-            del self.segments[checkpoint:]
-            self.engine.truncate(self.kv_tokens)
+            self._roll_back(checkpoint)
         return " ".join(caption.split())
 
     # -- the steps of a turn ----------------------------------------------------------------
@@ -432,10 +429,7 @@ class Conversation:
                     self._eval_image_block(prepared, parts.turn, on_progress)
             self._append(Segment("user", parts.turn, parts.tail))
         except (KeyboardInterrupt, Interrupted):
-            self.engine.interrupt_requested = False
-            self.engine.resync()
-            del self.segments[start_index:]
-            self.engine.truncate(self.kv_tokens)
+            self._roll_back(start_index)
             raise Interrupted("interrupted; nothing was kept of this message") from None
         return plan
 
@@ -588,10 +582,7 @@ class Conversation:
         except (KeyboardInterrupt, Interrupted):
             caption = ""  # no caption this time: the swap falls back to the answer
         finally:
-            self.engine.interrupt_requested = False
-            self.engine.resync()
-            del self.segments[checkpoint:]
-            self.engine.truncate(self.kv_tokens)  # roll back: the request never happened
+            self._roll_back(checkpoint)  # the request never happened
         caption = " ".join(caption.split())
         return caption or self.engine.detokenize(answer_tokens[:self.caption_tokens]).strip()
 
@@ -651,6 +642,13 @@ class Conversation:
         else:
             self.engine.eval_text(list(segment.tokens))
         self.segments.append(segment)
+
+    def _roll_back(self, index: int) -> None:
+        """Forget segment `index` onward after work that may have been interrupted mid-decode."""
+        self.engine.interrupt_requested = False
+        self.engine.resync()  # an interrupt can land between a decode and its bookkeeping
+        del self.segments[index:]
+        self.engine.truncate(self.kv_tokens)
 
     def _truncate_to(self, index: int) -> None:
         self.engine.truncate(self.position_of(index))

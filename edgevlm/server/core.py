@@ -82,7 +82,7 @@ async def collect(job: TurnJob, first: JobEvent) -> tuple[str, Answered]:
     """Run a started job to its end: the whole answer and its numbers."""
     pieces: list[str] = []
     try:
-        async for event in _with_first(job, first):
+        async for event in stream_events(job, first):
             if isinstance(event, Piece):
                 pieces.append(event.text)
             elif isinstance(event, Answered):
@@ -94,17 +94,13 @@ async def collect(job: TurnJob, first: JobEvent) -> tuple[str, Answered]:
     raise ApiError(500, "the turn ended without an answer", kind="server_error")
 
 
-async def _with_first(job: TurnJob, first: JobEvent) -> AsyncIterator[JobEvent]:
+async def stream_events(job: TurnJob, first: JobEvent) -> AsyncIterator[JobEvent]:
+    """The started job's events, the first included."""
     yield first
     if isinstance(first, Answered | Failed):
         return
     async for event in job.events():
         yield event
-
-
-def stream_events(job: TurnJob, first: JobEvent) -> AsyncIterator[JobEvent]:
-    """The started job's events, the first included."""
-    return _with_first(job, first)
 
 
 def error_for(exc: BaseException) -> ApiError:

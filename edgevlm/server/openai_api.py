@@ -153,20 +153,20 @@ class _Reply:
         return {**self._head("chat.completion"), "choices": [choice], "usage": self.usage(answered),
                 "edgevlm": edgevlm_numbers(answered)}
 
-    def chunk(self, delta: dict[str, object], finish: str | None = None) -> str:
+    def chunk(self, delta: dict[str, object], finish: str | None = None) -> dict[str, object]:
         choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
-        return json.dumps({**self._head("chat.completion.chunk"), "choices": [choice]})
+        return {**self._head("chat.completion.chunk"), "choices": [choice]}
 
     async def stream(self, request: Request, job: TurnJob, first: JobEvent) -> AsyncIterator[dict]:
         """SSE data lines: the role, the pieces, a last chunk with usage and numbers, [DONE]."""
         try:
-            yield {"data": self.chunk({"role": "assistant", "content": ""})}
+            yield {"data": json.dumps(self.chunk({"role": "assistant", "content": ""}))}
             async for event in stream_events(job, first):
                 if isinstance(event, Piece):
-                    yield {"data": self.chunk({"content": event.text})}
+                    yield {"data": json.dumps(self.chunk({"content": event.text}))}
                 elif isinstance(event, Answered):
                     note_for_log(request, event)
-                    last = json.loads(self.chunk({}, finish_reason(event.stats, self.max_tokens)))
+                    last = self.chunk({}, finish_reason(event.stats, self.max_tokens))
                     last.update(usage=self.usage(event), edgevlm=edgevlm_numbers(event))
                     yield {"data": json.dumps(last)}
                 elif isinstance(event, Failed):
