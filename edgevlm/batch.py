@@ -198,7 +198,8 @@ def check_outputs(*, write_captions: bool, jsonl: Path | None, out_dir: Path | N
 BatchEvent = DescribeEvent | ImageSkipped
 
 
-def caption_all(describer: Describer, targets: list[Target], *, prompt: str = DEFAULT_PROMPT,
+def caption_all(describer: Describer | list[Describer], targets: list[Target], *,
+                prompt: str = DEFAULT_PROMPT,
                 overwrite: bool = False, jsonl: JsonlLog | None = None, xmp: XmpOutput | None = None,
                 on_event: Callable[[BatchEvent], None]) -> BatchSummary:
     """Describe every target once, writing its caption, XMP and JSONL row as soon as it is done.

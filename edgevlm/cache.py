@@ -63,6 +63,13 @@ class EmbeddingCache:
 
     def __call__(self, view: Image.Image) -> ImageEmbedding:
         """The view's projector rows, from the cache when it has them."""
+        return self._lookup(view, self._encode)
+
+    def using(self, encode: Encode) -> Encode:
+        """This cache in front of another encoder (a parallel sequence's, which times its own CLIP)."""
+        return lambda view: self._lookup(view, encode)
+
+    def _lookup(self, view: Image.Image, encode: Encode) -> ImageEmbedding:
         pixels = np.ascontiguousarray(np.asarray(view, dtype=np.uint8))
         key = self._key(pixels)
         found = self._from_ram(key) or self._from_disk(key)
@@ -70,7 +77,7 @@ class EmbeddingCache:
             self.hits += 1
             return found
         self.misses += 1
-        embedding = self._encode(view)
+        embedding = encode(view)
         self._remember(key, embedding)
         self._save(key, embedding)
         return embedding
@@ -127,7 +134,7 @@ class EmbeddingCache:
         path = self._path(key)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            partial = path.with_suffix(f".{os.getpid()}.part")
+            partial = path.with_suffix(_part_suffix())
             with partial.open("wb") as out:
                 np.save(out, np.ascontiguousarray(embedding.rows, dtype=np.float32))
             partial.replace(path)
@@ -143,6 +150,11 @@ class EmbeddingCache:
             self._disk_used += added_bytes
         if self._disk_used > self._disk_cap:
             self._disk_used = _trim(self._folder, self._disk_cap)
+
+
+def _part_suffix() -> str:
+    """A temporary name no other process or thread writing the same entry will use."""
+    return f".{os.getpid()}-{threading.get_ident()}.part"
 
 
 def _folder_bytes(folder: Path) -> int:
@@ -191,7 +203,7 @@ class SummaryStore:
         path = self._folder / f"{image_sha256}.txt"
         try:
             self._folder.mkdir(parents=True, exist_ok=True)
-            partial = path.with_suffix(f".{os.getpid()}.part")
+            partial = path.with_suffix(_part_suffix())
             partial.write_text(summary, encoding="utf-8")
             partial.replace(path)
         except OSError as exc:

@@ -88,6 +88,7 @@ client resends are matched against the KV cache and not decoded again. Listens o
 \b
 Examples:
   edgevlm serve --port 8080
+  edgevlm serve --parallel 4        # four clients decoded together (auto: up to 4 on a GPU)
   curl http://127.0.0.1:8080/v1/chat/completions -H 'Content-Type: application/json' \\
     -d '{"messages": [{"role": "user", "content": "Hello"}]}'
 """
@@ -127,7 +128,8 @@ def describe(
     write_captions: opt.WriteCaptions = False, out_dir: opt.OutDir = None, jsonl: opt.Jsonl = None,
     write_xmp: opt.WriteXmp = False, embed: opt.Embed = False, xmp_name: opt.XmpName = "IMG.jpg.xmp",
     overwrite: opt.Overwrite = False, fetch_missing: opt.Fetch = False, threads: opt.Threads = None,
-    no_cache: opt.NoCache = False, verbose: opt.Verbose = False, debug: opt.Debug = False,
+    no_cache: opt.NoCache = False, parallel: opt.Parallel = "auto", verbose: opt.Verbose = False,
+    debug: opt.Debug = False,
 ) -> None:
     """Describe photos and folders (see DESCRIBE_HELP)."""
     from .batch import BatchSummary, JsonlLog, caption_all, check_outputs, find_images, needs_work
@@ -139,6 +141,7 @@ def describe(
     _configure_logging(verbose)
     with _handled(debug):
         max_tiles, pool_factor = _tiles_option(ctx, tiles), _pool_option(ctx, pool)
+        n_seq = _parallel_option(ctx, parallel)
         max_pixels()  # a bad EDGEVLM_MAX_PIXELS is refused before anything loads
         output = choose_format(fmt=fmt, schema_path=schema, tags=tags, max_tags=max_tags, language=language)
         output.grammar()  # a schema that cannot be enforced is refused before anything loads
@@ -153,12 +156,13 @@ def describe(
                             text_to_stdout=not (write_captions or write_xmp or embed) and jsonl is None)
         summary = BatchSummary(skipped=len(targets))  # until something needs doing
         if needs_work(targets, jsonl=log, overwrite=overwrite, xmp=xmp):
-            flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, max_tokens, fetch_missing)
+            flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, max_tokens, fetch_missing,
+                                 parallel=n_seq if len(targets) > 1 else 1)
             with _loaded(flags, quiet=quiet or json_out) as loaded, view:
-                describer = Describer.for_model(loaded, max_tokens=max_tokens, max_tiles=max_tiles,
-                                                sampling=_sampling(temperature, seed), pool=pool_factor,
-                                                cache=not no_cache, output=output)
-                summary = caption_all(describer, targets, prompt=prompt, overwrite=overwrite, jsonl=log,
+                describers = Describer.for_sequences(
+                    loaded, max_tokens=max_tokens, max_tiles=max_tiles, sampling=_sampling(temperature, seed),
+                    pool=pool_factor, cache=not no_cache, output=output)
+                summary = caption_all(describers, targets, prompt=prompt, overwrite=overwrite, jsonl=log,
                                       xmp=xmp, on_event=view.on_event)
         folder = write_captions or write_xmp or embed or jsonl is not None or any(p.is_dir() for p in photos)
         if view.summary(summary, found.missing, folder=folder):
@@ -221,7 +225,8 @@ def serve(
     n_ctx: opt.NCtx = None, n_gpu_layers: opt.NGpuLayers = None, max_tokens: opt.MaxTokens = 512,
     temperature: opt.Temperature = 0.0, tiles: opt.Tiles = "auto", pool: opt.Pool = "auto",
     summary: opt.Summary = "caption", no_cache: opt.NoCache = False, fetch_missing: opt.Fetch = False,
-    threads: opt.Threads = None, verbose: opt.Verbose = False, debug: opt.Debug = False,
+    parallel: opt.Parallel = "auto", threads: opt.Threads = None, verbose: opt.Verbose = False,
+    debug: opt.Debug = False,
 ) -> None:
     """The OpenAI- and Ollama-compatible API (see SERVE_HELP)."""
     from .engine import Sampling
@@ -238,8 +243,10 @@ def serve(
             max_body_mb=max_body_mb, max_tokens=max_tokens, max_tiles=_tiles_option(ctx, tiles),
             pool=_pool_option(ctx, pool), sampling=Sampling(temperature=temperature),
             summary=summary, cache=not no_cache)
+        n_seq = _parallel_option(ctx, parallel)
         check(settings)  # unsafe or impossible settings fail before the model loads
-        flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, max_tokens, fetch_missing)
+        flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, max_tokens, fetch_missing,
+                             parallel=n_seq)
         with _loaded(flags, quiet=False) as loaded:
             run_server(loaded, settings, on_ready=lambda url: err.print(
                 f"edgevlm serving [bold]{escape(loaded.choice.model_path.name)}[/] at {url} "
@@ -249,10 +256,11 @@ def serve(
 
 @app.command(help=PLAN_HELP)
 def plan(
-    preset: opt.PlanModel = None, model: opt.Model = DEFAULT_MODEL, mmproj: opt.Mmproj = None,
-    vram: opt.Vram = None, n_ctx: opt.NCtx = None, kv_type: opt.KvType = None,
-    flash_attn: opt.FlashAttn = True, max_tokens: opt.AnswerRoom = 512, verify: opt.Verify = False,
-    json_out: opt.PlanJson = False, verbose: opt.Verbose = False, debug: opt.Debug = False,
+    ctx: typer.Context, preset: opt.PlanModel = None, model: opt.Model = DEFAULT_MODEL,
+    mmproj: opt.Mmproj = None, vram: opt.Vram = None, n_ctx: opt.NCtx = None, kv_type: opt.KvType = None,
+    flash_attn: opt.FlashAttn = True, max_tokens: opt.AnswerRoom = 512, parallel: opt.Parallel = "1",
+    verify: opt.Verify = False, json_out: opt.PlanJson = False, verbose: opt.Verbose = False,
+    debug: opt.Debug = False,
 ) -> None:
     """The memory plan (see PLAN_HELP)."""
     from .plan import parse_size
@@ -267,7 +275,8 @@ def plan(
         except ValueError as exc:
             raise ConfigError(f"--vram: {exc}") from None
         flags = ModelFlags(preset or model, str(mmproj) if mmproj else None, n_ctx=n_ctx,
-                           answer_tokens=max_tokens, vram=vram_bytes, kv_type=kv_type, flash_attn=flash_attn)
+                           answer_tokens=max_tokens, vram=vram_bytes, kv_type=kv_type, flash_attn=flash_attn,
+                           parallel=_parallel_option(ctx, parallel))
         choice, text, projector = inspect(flags, catalog_if_missing=not verify)
         the_plan = make_plan(flags, text, projector, costs=describe_costs(choice, text, projector))
         if not choice.model_path.exists() and choice.preset is not None:
@@ -345,12 +354,13 @@ def models() -> None:
 
 
 def _model_flags(model: str, mmproj: Path | None, n_ctx: int | None, n_gpu_layers: int | None,
-                 threads: int | None, max_tokens: int, fetch: bool) -> ModelFlags:
+                 threads: int | None, max_tokens: int, fetch: bool, *,
+                 parallel: int | None = 1) -> ModelFlags:
     """The model flags every loading command shares."""
     from .runtime import ModelFlags
 
     return ModelFlags(str(model), str(mmproj) if mmproj else None, n_ctx, n_gpu_layers, threads,
-                      answer_tokens=max_tokens, fetch=fetch)
+                      answer_tokens=max_tokens, fetch=fetch, parallel=parallel)
 
 
 @contextlib.contextmanager
@@ -376,6 +386,12 @@ def _tiles_option(ctx: typer.Context, value: str) -> int | None:
     from .tiling import parse_tiles
 
     return _parsed(ctx, "tiles", value, parse_tiles)
+
+
+def _parallel_option(ctx: typer.Context, value: str) -> int | None:
+    from .plan import parse_parallel
+
+    return _parsed(ctx, "parallel", value, parse_parallel)
 
 
 def _pool_option(ctx: typer.Context, value: str) -> int | None:

@@ -19,7 +19,7 @@ from typing import Protocol
 
 from PIL import Image
 
-from .engine import Engine, ImageEmbedding, RequestStats, Sampling
+from .engine import EngineSequence, ImageEmbedding, RequestStats, Sampling
 from .errors import ConfigError, ContextOverflowError, EmptyMessageError, EngineError, Interrupted
 from .gguf_info import LLAVA_15_TILES
 from .images import LoadedImage
@@ -224,7 +224,7 @@ class _LiveImage:
 class Conversation:
     """Turns in one KV cache, with images swapped for summaries once answered."""
 
-    def __init__(self, engine: Engine, fmt: PromptFormat, *, tile_size: int, max_tokens: int = 512,
+    def __init__(self, engine: EngineSequence, fmt: PromptFormat, *, tile_size: int, max_tokens: int = 512,
                  sampling: Sampling | None = None, max_tiles: int | None = None,
                  summary: str = "caption", keep_images: int = 0, system: str | None = None,
                  caption_tokens: int = CAPTION_TOKENS, pool: int | None = 1,
@@ -677,15 +677,20 @@ class Conversation:
         Turns match on their question, answer and image; the first that differs and all
         after it are dropped and rebuilt as text. Returns how many turns were kept.
         """
-        kept = 0
-        for mine, theirs in zip(self.records, records, strict=False):
-            if (mine.user, mine.answer, mine.image) != (theirs.user, theirs.answer, theirs.image):
-                break
-            kept += 1
+        kept = self.shared_turns([(r.user, r.answer, r.image) for r in records])
         if kept < len(self.records):
             self._forget_from(kept)
         for record in records[kept:]:
             self._restore_turn(replace(record, turn=self.turn + 1))
+        return kept
+
+    def shared_turns(self, turns: Sequence[tuple[str, str, str | None]]) -> int:
+        """How many of these (question, answer, image name) turns lead the cache's history."""
+        kept = 0
+        for mine, theirs in zip(self.records, turns, strict=False):
+            if (mine.user, mine.answer, mine.image) != theirs:
+                break
+            kept += 1
         return kept
 
     def _forget_from(self, index: int) -> None:

@@ -8,7 +8,9 @@ render or store them and hold no describe logic of their own.
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
@@ -18,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 from PIL import Image
 
 from .conversation import DEFAULT_QUESTION, Conversation, PrefillProgress, PreparedImage
-from .engine import Engine, ImageEmbedding, Sampling
-from .errors import ImageError
+from .engine import EngineSequence, ImageEmbedding, Sampling
+from .errors import ImageError, Interrupted
 from .images import LoadedImage, load_image
 from .layouts import ImageLayout
 from .prompts import PromptFormat
@@ -29,6 +31,8 @@ if TYPE_CHECKING:
     from .runtime import Loaded
 
 DEFAULT_PROMPT = DEFAULT_QUESTION
+# A path with its prepared image (or the error reading it) and the seconds reading took.
+Prefetched = tuple[Path, PreparedImage | None, ImageError | None, float]
 
 
 @dataclass(frozen=True)
@@ -128,7 +132,7 @@ DescribeEvent = ImageStarted | ImageProgress | TextPiece | ImageDone | ImageFail
 class Describer:
     """Describe requests on a loaded engine; the system prompt is decoded once for all images."""
 
-    def __init__(self, engine: Engine, fmt: PromptFormat, *, tile_size: int, max_tokens: int = 512,
+    def __init__(self, engine: EngineSequence, fmt: PromptFormat, *, tile_size: int, max_tokens: int = 512,
                  sampling: Sampling | None = None, max_tiles: int | None = None,
                  n_gpu_layers: int = 0, pool: int | None = 1, layout: ImageLayout | None = None,
                  encoder: Callable[[Image.Image], ImageEmbedding] | None = None,
@@ -154,11 +158,20 @@ class Describer:
 
         With cache, projector rows are kept (RAM and disk) so an image seen before skips CLIP.
         """
-        encoder = loaded.image_cache() if cache else None
-        return cls(loaded.engine, loaded.prompt_format, tile_size=loaded.projector_facts.image_size,
-                   max_tokens=max_tokens, sampling=sampling, max_tiles=max_tiles,
-                   n_gpu_layers=loaded.n_gpu_layers, pool=pool, layout=loaded.layout, encoder=encoder,
-                   output=output)
+        return cls.for_sequences(loaded, max_tokens=max_tokens, sampling=sampling, max_tiles=max_tiles,
+                                 pool=pool, cache=cache, output=output)[0]
+
+    @classmethod
+    def for_sequences(cls, loaded: Loaded, *, max_tokens: int = 512, sampling: Sampling | None = None,
+                      max_tiles: int | None = None, pool: int | None = 1, cache: bool = False,
+                      output: OutputFormat = TEXT) -> list[Describer]:
+        """One describer per sequence of the loaded engine (one without --parallel)."""
+        return [cls(sequence, loaded.prompt_format, tile_size=loaded.projector_facts.image_size,
+                    max_tokens=max_tokens, sampling=sampling, max_tiles=max_tiles,
+                    n_gpu_layers=loaded.n_gpu_layers, pool=pool, layout=loaded.layout, encoder=encoder,
+                    output=output)
+                for sequence, encoder in zip(loaded.engine.sequences(), loaded.encoders(cache=cache),
+                                             strict=True)]
 
     @property
     def n_ctx(self) -> int:
@@ -247,33 +260,105 @@ class Describer:
 # -- the one loop ------------------------------------------------------------------------------
 
 
-def describe_images(describer: Describer, paths: Sequence[Path], prompt: str = DEFAULT_PROMPT, *,
-                    on_event: Callable[[DescribeEvent], None]) -> int:
-    """Describe each image in order, reporting events; returns how many were described.
+def describe_images(describer: Describer | Sequence[Describer], paths: Sequence[Path],
+                    prompt: str = DEFAULT_PROMPT, *, on_event: Callable[[DescribeEvent], None]) -> int:
+    """Describe each image, reporting events; returns how many were described.
 
-    Time to first token counts reading and tiling the image (done on the helper thread,
-    one image ahead) as well as CLIP and the prefill: what one image costs on its own.
-    An unreadable image is an ImageFailed event; every other error ends the run.
+    Time to first token counts reading and tiling the image (done on helper threads, ahead
+    of the describers) as well as CLIP and the prefill: what one image costs on its own.
+    An unreadable image is an ImageFailed event; every other error ends the run. With several
+    describers (parallel sequences) images are described side by side, and each image's
+    events arrive together once it is done, so outputs never interleave.
     """
-    room = describer.room_for(prompt)
-    total, described = len(paths), 0
-    loaded = prefetched(paths, lambda image: describer.prepare(image, room),
-                        useful_pixels=describer.useful_pixels)
-    for index, (path, prepared, error, read_s) in enumerate(loaded):
-        if prepared is None:
-            on_event(ImageFailed(index, total, path, str(error)))
-            continue
-        on_event(ImageStarted(index, total, path, prepared.image.note))
+    describers = [describer] if isinstance(describer, Describer) else list(describer)
+    room = describers[0].room_for(prompt)
+    loaded = prefetched(paths, lambda image: describers[0].prepare(image, room),
+                        useful_pixels=describers[0].useful_pixels, ahead=len(describers))
+    feed = _Feed(enumerate(loaded), len(paths), on_event, buffered=len(describers) > 1)
+    if len(describers) == 1:
+        feed.work(describers[0], prompt)
+    else:
+        _side_by_side(describers, lambda d: feed.work(d, prompt))
+    return feed.described
+
+
+class _Feed:
+    """Prepared images handed to describers one at a time, and their events passed on."""
+
+    def __init__(self, items: Iterator[tuple[int, Prefetched]], total: int,
+                 on_event: Callable[[DescribeEvent], None], *, buffered: bool) -> None:
+        self._items, self.total, self._on_event, self._buffered = items, total, on_event, buffered
+        self._feed_lock = threading.Lock()  # taking the next image
+        self._lock = threading.Lock()  # passing events on
+        self.described = 0
+
+    def work(self, describer: Describer, prompt: str) -> None:
+        """Describe images from the feed until it runs dry."""
+        while (item := self._next()) is not None:
+            index, (path, prepared, error, read_s) = item
+            if prepared is None:
+                self._emit([ImageFailed(index, self.total, path, str(error))])
+                continue
+            events = self._describe(describer, index, path, prepared, read_s, prompt)
+            self._emit(events)
+
+    def _next(self) -> tuple[int, Prefetched] | None:
+        with self._feed_lock:
+            return next(self._items, None)
+
+    def _describe(self, describer: Describer, index: int, path: Path, prepared: PreparedImage,
+                  read_s: float, prompt: str) -> list[DescribeEvent]:
+        events: list[DescribeEvent] = [ImageStarted(index, self.total, path, prepared.image.note)]
+        if not self._buffered:  # one describer: stream as it happens
+            self._emit(events)
+            events = []
+        on_piece, on_progress = _forwarders(self._emit_one if not self._buffered else events.append, index)
         started = time.perf_counter() - read_s - prepared.preprocess_s
-        on_piece, on_progress = _forwarders(on_event, index)
-        result = describer.describe(prepared, prompt, started=started, read_s=read_s,
-                                    on_piece=on_piece, on_progress=on_progress)
+        result = describer.describe(prepared, prompt, started=started, read_s=read_s, on_piece=on_piece,
+                                    on_progress=on_progress if not self._buffered else None)
         if describer.output.is_json and result.data is None:  # an answer cut off before it closed
-            on_event(ImageFailed(index, total, path, result.note))
-            continue
-        described += 1
-        on_event(ImageDone(index, total, path, result))
-    return described
+            return [*events, ImageFailed(index, self.total, path, result.note)]
+        with self._lock:
+            self.described += 1
+        return [*events, ImageDone(index, self.total, path, result)]
+
+    def _emit_one(self, event: DescribeEvent) -> None:
+        self._emit([event])
+
+    def _emit(self, events: list[DescribeEvent]) -> None:
+        with self._lock:
+            for event in events:
+                self._on_event(event)
+
+
+def _side_by_side(describers: list[Describer], work: Callable[[Describer], None]) -> None:
+    """Run `work` on every describer at once, each on its own thread; the first error wins."""
+    errors: list[BaseException] = []
+
+    def run(describer: Describer) -> None:
+        try:
+            work(describer)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            errors.append(exc)
+            for other in describers:  # stop the others at their next step
+                other.engine.interrupt_requested = True
+
+    threads = [threading.Thread(target=run, args=(d,), name=f"edgevlm-describe{i}", daemon=True)
+               for i, d in enumerate(describers)]
+    for thread in threads:
+        thread.start()
+    try:
+        for thread in threads:
+            thread.join()
+    except KeyboardInterrupt:  # stop every sequence before the engine may be closed under them
+        for describer in describers:
+            describer.engine.interrupt_requested = True
+        for thread in threads:
+            thread.join()
+        raise
+    if errors:
+        first = next((e for e in errors if not isinstance(e, Interrupted)), errors[0])
+        raise first
 
 
 def _forwarders(on_event: Callable[[DescribeEvent], None], index: int
@@ -284,9 +369,9 @@ def _forwarders(on_event: Callable[[DescribeEvent], None], index: int
 
 
 def prefetched(paths: Sequence[Path], prepare: Callable[[LoadedImage], PreparedImage], *,
-               useful_pixels: int | None = None
-               ) -> Iterator[tuple[Path, PreparedImage | None, ImageError | None, float]]:
-    """Each path with its image read and tiled on a helper thread, one image ahead.
+               useful_pixels: int | None = None, ahead: int = 1
+               ) -> Iterator[Prefetched]:
+    """Each path with its image read and tiled on helper threads, `ahead` images ahead.
 
     Pillow releases the GIL while decoding and resizing, so this overlaps with llama.cpp.
     Yields (path, prepared image or None, error or None, seconds reading the file took).
@@ -297,12 +382,13 @@ def prefetched(paths: Sequence[Path], prepare: Callable[[LoadedImage], PreparedI
         image = load_image(path, useful_pixels=useful_pixels)
         return prepare(image), time.perf_counter() - started
 
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgevlm-prefetch") as pool:
-        pending: Future[tuple[PreparedImage, float]] | None = pool.submit(work, paths[0]) if paths else None
+    with ThreadPoolExecutor(max_workers=ahead, thread_name_prefix="edgevlm-prefetch") as pool:
+        pending: deque[Future[tuple[PreparedImage, float]]] = deque(
+            pool.submit(work, path) for path in paths[:ahead])
         for index, path in enumerate(paths):
-            assert pending is not None
-            current = pending
-            pending = pool.submit(work, paths[index + 1]) if index + 1 < len(paths) else None
+            current = pending.popleft()
+            if index + ahead < len(paths):
+                pending.append(pool.submit(work, paths[index + ahead]))
             try:
                 prepared, elapsed_s = current.result()
             except ImageError as exc:

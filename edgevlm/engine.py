@@ -32,7 +32,8 @@ from .errors import ContextOverflowError, EngineError, Interrupted, ModelError
 
 log = logging.getLogger("edgevlm.llama")
 
-_SEQ = 0
+# The longest a batcher step waits for the streams that just got a token to come back.
+GATHER_S = 0.05
 T = TypeVar("T")
 
 
@@ -52,6 +53,7 @@ class EngineConfig:
     type_v: str = "f16"
     mmproj_on_gpu: bool = True
     repack: bool = True  # llama.cpp's CPU weight repacking: faster matmuls, an extra host buffer
+    n_seq: int = 1  # parallel sequences, each with n_ctx positions of its own
 
 
 @dataclass(frozen=True)
@@ -145,142 +147,35 @@ class _Meter:
     ttft_s: float = 0.0
     decode_s: float = 0.0
     token_gaps_s: list[float] = field(default_factory=list)
+    first_at: float | None = None  # when the first token of the current generate call came
+    last_at: float = 0.0
 
 
-class Engine:
-    """A loaded model + projector with a KV ledger: n_past always equals the KV cells in use."""
+class EngineSequence:
+    """One llama.cpp sequence of a loaded model, with its KV ledger: n_past == its KV cells.
 
-    def __init__(self, config: EngineConfig, *,
-                 on_load_progress: Callable[[float], None] | None = None) -> None:
-        self.config = config
-        self._model = self._ctx = self._mctx = None
+    The Engine is sequence 0. With EngineConfig.n_seq > 1 the engine also hands out sequences
+    1..n_seq-1; each is driven from its own thread, and their decodes are merged into shared
+    llama_decode steps by the engine's batcher (continuous batching).
+    """
+
+    def __init__(self, owner: Engine, seq_id: int) -> None:
+        self._owner, self.seq_id = owner, seq_id
         self._n_past = 0
         self._logits_ready = False
+        self._logits: np.ndarray | None = None  # a copy of this sequence's logits (batched mode)
         self._meter = _Meter()
         self.last_completion_tokens: list[int] = []
         self.interrupt_requested = False
-        started = time.perf_counter()
-        _install_log_router()
-        llama_cpp.llama_backend_init()
-        reports: list[tuple[str, str, float]] = []
-        _log_state["buffers"] = reports
-        try:
-            self._load(on_load_progress)
-        except BaseException:
-            self.close()
-            raise
-        finally:
-            _log_state["buffers"] = None
-        self.load_s = time.perf_counter() - started
-        self.reported_buffers: tuple[tuple[str, str, float], ...] = tuple(reports)
 
-    # -- loading -------------------------------------------------------------------------
+    @property
+    def n_ctx(self) -> int:
+        """Positions this sequence may hold."""
+        return self._owner.n_ctx_seq
 
-    def _load(self, on_load_progress: Callable[[float], None] | None) -> None:
-        self._load_model(on_load_progress)
-        self._create_context()
-        self.tokens_per_image = 0
-        if self.config.mmproj_path is not None:
-            self._load_projector(self.config.mmproj_path)
-
-    def _load_model(self, on_load_progress: Callable[[float], None] | None) -> None:
-        cfg = self.config
-        mparams = llama_cpp.llama_model_default_params()
-        mparams.n_gpu_layers = cfg.n_gpu_layers
-        mparams.use_extra_bufts = cfg.repack
-
-        def progress(fraction: float, _user: ctypes.c_void_p) -> bool:
-            if on_load_progress is not None:
-                on_load_progress(float(fraction))
-            # Returning False makes llama.cpp abandon the load; exceptions can't cross ctypes.
-            return not self.interrupt_requested
-
-        self._progress_cb = llama_cpp.llama_progress_callback(progress)
-        mparams.progress_callback = self._progress_cb
-        with self.interrupt_on_sigint():
-            self._model = llama_cpp.llama_model_load_from_file(str(cfg.model_path).encode(), mparams)
-        if not self._model:
-            if self.interrupt_requested:
-                raise Interrupted("interrupted while loading the model")
-            raise ModelError(f"{cfg.model_path}: llama.cpp could not load it ({_last_error()})")
-        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
-        self.n_embd = llama_cpp.llama_model_n_embd(self._model)
-
-    def _create_context(self) -> None:
-        cfg = self.config
-        cparams = llama_cpp.llama_context_default_params()
-        cparams.n_ctx = cfg.n_ctx
-        cparams.n_batch = cfg.n_batch
-        cparams.n_ubatch = min(cfg.n_ubatch, cfg.n_batch)
-        self.n_threads = cfg.n_threads or default_threads()
-        cparams.n_threads = cparams.n_threads_batch = self.n_threads
-        cparams.no_perf = False
-        cparams.type_k, cparams.type_v = _ggml_type(cfg.type_k), _ggml_type(cfg.type_v)
-        if cfg.flash_attn is not None:
-            cparams.flash_attn_type = _flash_attn_type(cfg.flash_attn)
-        # No abort_callback: ggml would call it from its worker threads for every graph node,
-        # and each call must take Python's GIL (seconds per token when another thread holds it).
-        # Interrupts are honoured between batches and between tokens instead.
-        self._ctx = llama_cpp.llama_init_from_model(self._model, cparams)
-        if not self._ctx:
-            raise EngineError(f"could not create a context of {cfg.n_ctx} tokens ({_last_error()})")
-        self._mem = llama_cpp.llama_get_memory(self._ctx)
-        self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
-        self.n_batch = llama_cpp.llama_n_batch(self._ctx)
-
-    def _load_projector(self, path: Path) -> None:
-        cfg = self.config
-        mtmd_params = mtmd_cpp.mtmd_context_params_default()
-        mtmd_params.use_gpu = cfg.mmproj_on_gpu
-        mtmd_params.n_threads = self.n_threads
-        mtmd_params.print_timings = False
-        mtmd_params.warmup = True  # allocate the CLIP compute buffer now, not at the first image
-        if cfg.flash_attn is not None:
-            mtmd_params.flash_attn_type = _flash_attn_type(cfg.flash_attn)
-        self._mctx = mtmd_cpp.mtmd_init_from_file(str(path).encode(), self._model, mtmd_params)
-        if not self._mctx:
-            raise ModelError(f"{path}: llama.cpp could not load the projector ({_last_error()})")
-        if not mtmd_cpp.mtmd_support_vision(self._mctx):
-            raise ModelError(f"{path}: this projector does not take images")
-        self._marker = mtmd_cpp.mtmd_default_marker()
-
-    @contextlib.contextmanager
-    def interrupt_on_sigint(self) -> Iterator[None]:
-        """Within this block Ctrl-C asks llama.cpp work to stop at its next step.
-
-        A KeyboardInterrupt cannot cross a ctypes callback and would land between a decode
-        and its bookkeeping; a flag is checked between batches and tokens instead.
-        """
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-
-        def on_sigint(_signum: int, _frame: object) -> None:
-            self.interrupt_requested = True
-
-        previous = signal.signal(signal.SIGINT, on_sigint)
-        try:
-            yield
-        finally:
-            signal.signal(signal.SIGINT, previous)
-
-    def close(self) -> None:
-        """Free the projector, the context and the model (idempotent)."""
-        if self._mctx:
-            mtmd_cpp.mtmd_free(self._mctx)
-            self._mctx = None
-        if self._ctx:
-            llama_cpp.llama_free(self._ctx)
-            self._ctx = None
-        if self._model:
-            llama_cpp.llama_model_free(self._model)
-            self._model = None
-
-    def __enter__(self) -> Engine:
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.close()
+    @property
+    def n_embd(self) -> int:
+        return self._owner.n_embd_model
 
     # -- the ledger ----------------------------------------------------------------------
 
@@ -291,7 +186,8 @@ class Engine:
 
     def kv_cells(self) -> int:
         """KV cells in use, as llama.cpp counts them (pos_max + 1)."""
-        return llama_cpp.llama_memory_seq_pos_max(self._mem, _SEQ) + 1
+        with self._owner.kv_guard():
+            return llama_cpp.llama_memory_seq_pos_max(self._owner.mem, self.seq_id) + 1
 
     def truncate(self, pos: int) -> None:
         """Drop every KV cell from position `pos` to the end."""
@@ -299,8 +195,9 @@ class Engine:
             raise EngineError(f"cannot truncate to {pos}: the cache holds {self._n_past} positions")
         if pos == self._n_past:
             return
-        if not llama_cpp.llama_memory_seq_rm(self._mem, _SEQ, pos, -1):
-            raise EngineError(f"llama.cpp refused to remove KV positions from {pos}")
+        with self._owner.kv_guard():
+            if not llama_cpp.llama_memory_seq_rm(self._owner.mem, self.seq_id, pos, -1):
+                raise EngineError(f"llama.cpp refused to remove KV positions from {pos}")
         self._n_past = pos
         self._logits_ready = False
 
@@ -310,7 +207,7 @@ class Engine:
 
     def can_shift(self) -> bool:
         """Whether KV positions can be shifted (RoPE models: yes) instead of re-decoded."""
-        return bool(llama_cpp.llama_memory_can_shift(self._mem))
+        return bool(llama_cpp.llama_memory_can_shift(self._owner.mem))
 
     def remove_range(self, p0: int, p1: int) -> None:
         """Drop positions [p0, p1) and shift everything after them back, with no re-decode."""
@@ -318,13 +215,20 @@ class Engine:
             raise EngineError(f"cannot remove [{p0}, {p1}) from a cache of {self._n_past}")
         if p0 == p1:
             return
-        if not llama_cpp.llama_memory_seq_rm(self._mem, _SEQ, p0, p1):
-            raise EngineError(f"llama.cpp refused to remove KV positions [{p0}, {p1})")
-        llama_cpp.llama_memory_seq_add(self._mem, _SEQ, p1, -1, -(p1 - p0))
+        mem = self._owner.mem
+        with self._owner.kv_guard():
+            if not llama_cpp.llama_memory_seq_rm(mem, self.seq_id, p0, p1):
+                raise EngineError(f"llama.cpp refused to remove KV positions [{p0}, {p1})")
+            llama_cpp.llama_memory_seq_add(mem, self.seq_id, p1, -1, -(p1 - p0))
         self._n_past -= p1 - p0
         self._logits_ready = False
 
     # -- requests and timings -----------------------------------------------------------
+
+    @property
+    def request_started(self) -> float:
+        """When the current request started (perf_counter): its place in the batcher's FIFO."""
+        return self._meter.started
 
     def begin_request(self, *, started: float | None = None) -> None:
         """Start timing a new request; TTFT counts from `started` (perf_counter), default now."""
@@ -348,15 +252,16 @@ class Engine:
 
     def tokenize(self, text: str, *, add_bos: bool = False) -> list[int]:
         """Text to token ids; special tokens written in the text (e.g. <|im_start|>) are parsed."""
-        return _tokenize(self._vocab, text, add_bos=add_bos)
+        return _tokenize(self._owner.vocab, text, add_bos=add_bos)
 
     def token_bytes(self, token: int) -> bytes:
         """The raw bytes of one token's text (special tokens render as nothing)."""
+        vocab = self._owner.vocab
         buf = ctypes.create_string_buffer(64)
-        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, False)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
-            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+            n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, False)
         return buf.raw[:n]
 
     def detokenize(self, tokens: list[int]) -> str:
@@ -369,41 +274,24 @@ class Engine:
             return
         self._ensure_room(len(tokens))
         started = time.perf_counter()
-        self._decode_tokens(tokens)
+        self._decode(tokens, None)
         self._meter.prefill_s += time.perf_counter() - started
         self._meter.prompt_tokens += len(tokens)
 
-    def _decode_tokens(self, tokens: list[int]) -> None:
-        batch = llama_cpp.llama_batch_init(min(len(tokens), self.n_batch), 0, 1)
-        try:
-            for start in range(0, len(tokens), self.n_batch):
-                self._check_interrupt("decode text")
-                piece = tokens[start:start + self.n_batch]
-                batch.n_tokens = len(piece)
-                for i, token in enumerate(piece):
-                    batch.token[i] = token
-                    batch.pos[i] = self._n_past + i
-                    batch.n_seq_id[i] = 1
-                    batch.seq_id[i][0] = _SEQ
-                    batch.logits[i] = False
-                last_piece = start + self.n_batch >= len(tokens)
-                batch.logits[len(piece) - 1] = last_piece
-                self._check(llama_cpp.llama_decode(self._ctx, batch), "decode text")
-                self._n_past += len(piece)
-        finally:
-            llama_cpp.llama_batch_free(batch)
-        self._logits_ready = True
+    def _decode(self, tokens: list[int] | None, rows: np.ndarray | None) -> None:
+        """Token ids (logits for the last one) or embedding rows, at the end of this sequence."""
+        batcher = self._owner.batcher
+        if batcher is not None:
+            batcher.run(self, tokens, rows)
+        else:
+            self._owner.decode_direct(self, tokens, rows)
+        self._logits_ready = tokens is not None
 
     # -- images ---------------------------------------------------------------------------
 
     def image_tokens(self) -> int:
         """Tokens one image (or tile) costs with this projector."""
-        if self._mctx is None:
-            raise EngineError("no projector is loaded, so images cannot be read")
-        if not self.tokens_per_image:
-            probe = Image.new("RGB", (8, 8))
-            self.tokens_per_image = self._with_image_chunks(probe, self._count_tokens)
-        return self.tokens_per_image
+        return self._owner.image_tokens_per_view()
 
     def eval_image(self, image: Image.Image | np.ndarray) -> int:
         """Encode one RGB image with CLIP and decode it at the end of the cache; returns tokens."""
@@ -411,9 +299,7 @@ class Engine:
 
     def encode_image(self, image: Image.Image | np.ndarray) -> ImageEmbedding:
         """Run the projector on one RGB image (raw pixels, no re-encoding); nothing is decoded."""
-        if self._mctx is None:
-            raise EngineError("no projector is loaded, so images cannot be read")
-        return self._with_image_chunks(image, self._encode_chunks)
+        return self._owner.encode_view(image, self._meter)
 
     def eval_embedding(self, embedding: ImageEmbedding) -> int:
         """Decode projector rows at the end of the cache, in n_batch pieces; returns tokens."""
@@ -423,49 +309,306 @@ class Engine:
             raise EngineError(f"embedding width {width} does not match the model's {self.n_embd}")
         self._ensure_room(n_tokens)
         started = time.perf_counter()
-        batch = llama_cpp.llama_batch_init(min(n_tokens, self.n_batch), width, 1)
-        try:
-            for start in range(0, n_tokens, self.n_batch):
-                self._check_interrupt("decode image")
-                piece = rows[start:start + self.n_batch]
-                batch.n_tokens = len(piece)
-                ctypes.memmove(batch.embd, piece.ctypes.data, piece.nbytes)
-                for i in range(len(piece)):
-                    batch.pos[i] = self._n_past + i
-                    batch.n_seq_id[i] = 1
-                    batch.seq_id[i][0] = _SEQ
-                    batch.logits[i] = False
-                self._check(llama_cpp.llama_decode(self._ctx, batch), "decode image")
-                self._n_past += len(piece)
-        finally:
-            llama_cpp.llama_batch_free(batch)
-            self._logits_ready = False
+        self._decode(None, rows)
         m = self._meter
         m.prefill_s += time.perf_counter() - started
         m.prompt_tokens += n_tokens
         m.visual_tokens += n_tokens
         return n_tokens
 
-    def _with_image_chunks(self, image: Image.Image | np.ndarray, use: Callable[[ctypes.c_void_p], T]) -> T:
+    # -- generation -----------------------------------------------------------------------
+
+    def generate(self, max_tokens: int, sampling: Sampling | None = None) -> Iterator[str]:
+        """Sample up to max_tokens after the cache; every shown token is decoded into the cache."""
+        if not self._logits_ready:
+            raise EngineError("nothing to continue from: evaluate some text first")
+        picker = _TokenPicker(self._owner, sampling or Sampling())
+        text = codecs.getincrementaldecoder("utf-8")("replace")
+        self.last_completion_tokens = []
+        try:
+            yield from self._generate_pieces(max_tokens, picker, text)
+            tail = text.decode(b"", final=True)
+            if tail:
+                yield tail
+        finally:
+            picker.close()
+            self._finish_timing()
+            if self._owner.batcher is not None:
+                self._owner.batcher.leave(self)
+
+    def _generate_pieces(self, max_tokens: int, picker: _TokenPicker,
+                         text: codecs.IncrementalDecoder) -> Iterator[str]:
+        vocab, m = self._owner.vocab, self._meter
+        for _ in range(max_tokens):
+            if self._n_past >= self.n_ctx:
+                break
+            self._check_interrupt("generation")
+            token = picker.pick(self._current_logits())
+            if llama_cpp.llama_vocab_is_eog(vocab, token):
+                break
+            self._decode([token], None)
+            self.last_completion_tokens.append(token)
+            m.completion_tokens += 1
+            now = time.perf_counter()
+            if m.first_at is None:
+                m.first_at, m.ttft_s = now, now - m.started
+            else:
+                m.token_gaps_s.append(now - m.last_at)
+            m.last_at = now
+            piece = text.decode(self.token_bytes(token))
+            if piece:
+                yield piece
+
+    def _finish_timing(self) -> None:
+        m = self._meter
+        if m.first_at is not None:
+            m.decode_s += time.perf_counter() - m.first_at
+            m.first_at = None
+        elif m.ttft_s == 0.0:
+            m.ttft_s = time.perf_counter() - m.started
+
+    def _current_logits(self) -> np.ndarray:
+        """The logits of this sequence's last decoded token."""
+        if self._logits is not None:
+            return self._logits
+        logits = llama_cpp.llama_get_logits_ith(self._owner.ctx, -1)
+        return np.ctypeslib.as_array(logits, shape=(self._owner.n_vocab,))
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _ensure_room(self, n_tokens: int) -> None:
+        if self._n_past + n_tokens > self.n_ctx:
+            raise ContextOverflowError(
+                f"{n_tokens} more tokens do not fit: {self._n_past} of {self.n_ctx} in use")
+
+    def _check_interrupt(self, what: str) -> None:
+        if self.interrupt_requested:
+            raise Interrupted(f"interrupted during {what}")
+
+
+class Engine(EngineSequence):
+    """A loaded model + projector; itself sequence 0, with more sequences when n_seq > 1."""
+
+    def __init__(self, config: EngineConfig, *,
+                 on_load_progress: Callable[[float], None] | None = None) -> None:
+        super().__init__(self, 0)
+        self.config = config
+        self.model = self.ctx = self._mctx = None
+        self.batcher: _Batcher | None = None
+        self._others: list[EngineSequence] = []
+        self._clip_lock = threading.Lock()
+        started = time.perf_counter()
+        _install_log_router()
+        llama_cpp.llama_backend_init()
+        reports: list[tuple[str, str, float]] = []
+        _log_state["buffers"] = reports
+        try:
+            self._load(on_load_progress)
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            _log_state["buffers"] = None
+        self.load_s = time.perf_counter() - started
+        self.reported_buffers: tuple[tuple[str, str, float], ...] = tuple(reports)
+
+    # -- loading -------------------------------------------------------------------------
+
+    def _load(self, on_load_progress: Callable[[float], None] | None) -> None:
+        self._load_model(on_load_progress)
+        self._create_context()
+        self.tokens_per_image = 0
+        if self.config.mmproj_path is not None:
+            self._load_projector(self.config.mmproj_path)
+        if self.config.n_seq > 1:
+            self._others = [EngineSequence(self, i) for i in range(1, self.config.n_seq)]
+            self.batcher = _Batcher(self)
+
+    def _load_model(self, on_load_progress: Callable[[float], None] | None) -> None:
+        cfg = self.config
+        mparams = llama_cpp.llama_model_default_params()
+        mparams.n_gpu_layers = cfg.n_gpu_layers
+        mparams.use_extra_bufts = cfg.repack
+
+        def progress(fraction: float, _user: ctypes.c_void_p) -> bool:
+            if on_load_progress is not None:
+                on_load_progress(float(fraction))
+            # Returning False makes llama.cpp abandon the load; exceptions can't cross ctypes.
+            return not self.interrupt_requested
+
+        self._progress_cb = llama_cpp.llama_progress_callback(progress)
+        mparams.progress_callback = self._progress_cb
+        with self.interrupt_on_sigint():
+            self.model = llama_cpp.llama_model_load_from_file(str(cfg.model_path).encode(), mparams)
+        if not self.model:
+            if self.interrupt_requested:
+                raise Interrupted("interrupted while loading the model")
+            raise ModelError(f"{cfg.model_path}: llama.cpp could not load it ({_last_error()})")
+        self.vocab = llama_cpp.llama_model_get_vocab(self.model)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        self.n_embd_model = llama_cpp.llama_model_n_embd(self.model)
+
+    def _create_context(self) -> None:
+        cfg = self.config
+        cparams = llama_cpp.llama_context_default_params()
+        # Each sequence gets its own n_ctx cells (non-unified KV): a request can always fill
+        # its own context, and attention reads only its own cells. Measured here with four
+        # sequences busy, a 64-row image chunk cost 376 ms split and 618 ms unified (where every
+        # token attends over all sequences' cells, masked).
+        cparams.n_ctx = cfg.n_ctx * cfg.n_seq
+        cparams.n_seq_max = cfg.n_seq
+        cparams.kv_unified = False
+        cparams.n_batch = cfg.n_batch
+        cparams.n_ubatch = min(cfg.n_ubatch, cfg.n_batch)
+        self.n_threads = cfg.n_threads or default_threads()
+        cparams.n_threads = cparams.n_threads_batch = self.n_threads
+        cparams.no_perf = False
+        cparams.type_k, cparams.type_v = _ggml_type(cfg.type_k), _ggml_type(cfg.type_v)
+        if cfg.flash_attn is not None:
+            cparams.flash_attn_type = _flash_attn_type(cfg.flash_attn)
+        # No abort_callback: ggml would call it from its worker threads for every graph node,
+        # and each call must take Python's GIL (seconds per token when another thread holds it).
+        # Interrupts are honoured between batches and between tokens instead.
+        self.ctx = llama_cpp.llama_init_from_model(self.model, cparams)
+        if not self.ctx:
+            raise EngineError(f"could not create a context of {cparams.n_ctx} tokens ({_last_error()})")
+        self.mem = llama_cpp.llama_get_memory(self.ctx)
+        self.n_ctx_seq = llama_cpp.llama_n_ctx_seq(self.ctx)
+        self.n_batch = llama_cpp.llama_n_batch(self.ctx)
+
+    def _load_projector(self, path: Path) -> None:
+        cfg = self.config
+        mtmd_params = mtmd_cpp.mtmd_context_params_default()
+        mtmd_params.use_gpu = cfg.mmproj_on_gpu
+        mtmd_params.n_threads = self.n_threads
+        mtmd_params.print_timings = False
+        mtmd_params.warmup = True  # allocate the CLIP compute buffer now, not at the first image
+        if cfg.flash_attn is not None:
+            mtmd_params.flash_attn_type = _flash_attn_type(cfg.flash_attn)
+        self._mctx = mtmd_cpp.mtmd_init_from_file(str(path).encode(), self.model, mtmd_params)
+        if not self._mctx:
+            raise ModelError(f"{path}: llama.cpp could not load the projector ({_last_error()})")
+        if not mtmd_cpp.mtmd_support_vision(self._mctx):
+            raise ModelError(f"{path}: this projector does not take images")
+        self._marker = mtmd_cpp.mtmd_default_marker()
+
+    @contextlib.contextmanager
+    def interrupt_on_sigint(self) -> Iterator[None]:
+        """Within this block Ctrl-C asks llama.cpp work to stop at its next step.
+
+        A KeyboardInterrupt cannot cross a ctypes callback and would land between a decode
+        and its bookkeeping; a flag is checked between batches and tokens instead.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def on_sigint(_signum: int, _frame: object) -> None:
+            for sequence in self.sequences():
+                sequence.interrupt_requested = True
+
+        previous = signal.signal(signal.SIGINT, on_sigint)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def sequences(self) -> list[EngineSequence]:
+        """Every sequence of this context: the engine itself first."""
+        return [self, *self._others]
+
+    def close(self) -> None:
+        """Stop the batcher; free the projector, the context and the model (idempotent)."""
+        if self.batcher is not None:
+            self.batcher.close()
+            self.batcher = None
+        if self._mctx:
+            mtmd_cpp.mtmd_free(self._mctx)
+            self._mctx = None
+        if self.ctx:
+            llama_cpp.llama_free(self.ctx)
+            self.ctx = None
+        if self.model:
+            llama_cpp.llama_model_free(self.model)
+            self.model = None
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    # -- shared by every sequence -------------------------------------------------------
+
+    def kv_guard(self) -> contextlib.AbstractContextManager[object]:
+        """Hold this while touching the KV cache: no batcher step runs meanwhile."""
+        return self.batcher.lock if self.batcher is not None else contextlib.nullcontext()
+
+    def decode_direct(self, sequence: EngineSequence, tokens: list[int] | None,
+                      rows: np.ndarray | None) -> None:
+        """Decode one sequence's input now, in n_batch pieces (the single-sequence path)."""
+        n_items = len(tokens) if tokens is not None else len(rows)  # type: ignore[arg-type]
+        batch = _Batch(min(n_items, self.n_batch), self.n_embd_model if rows is not None else 0)
+        try:
+            for start in range(0, n_items, self.n_batch):
+                sequence._check_interrupt("decode text" if tokens is not None else "decode image")
+                end = min(start + self.n_batch, n_items)
+                batch.clear()
+                if tokens is not None:
+                    batch.add_tokens(sequence, tokens[start:end], logits_last=end == n_items)
+                else:
+                    batch.add_rows(sequence, rows[start:end])  # type: ignore[index]
+                self.check_rc(llama_cpp.llama_decode(self.ctx, batch.raw), sequence)
+                sequence._n_past += end - start
+        finally:
+            batch.free()
+
+    def check_rc(self, rc: int, sequence: EngineSequence) -> None:
+        """Raise for a failed llama_decode (Interrupted if the sequence was being stopped)."""
+        if rc == 0:
+            return
+        if sequence.interrupt_requested:
+            sequence._n_past = sequence.kv_cells()
+            raise Interrupted("interrupted during decode")
+        raise EngineError(f"llama.cpp failed to decode (code {rc}; {_last_error()})")
+
+    def image_tokens_per_view(self) -> int:
+        """Tokens one image (or tile) costs with this projector."""
+        if self._mctx is None:
+            raise EngineError("no projector is loaded, so images cannot be read")
+        if not self.tokens_per_image:
+            probe = Image.new("RGB", (8, 8))
+            self.tokens_per_image = self._with_image_chunks(probe, self._meter, self._count_tokens)
+        return self.tokens_per_image
+
+    def encode_view(self, image: Image.Image | np.ndarray, meter: _Meter) -> ImageEmbedding:
+        """Run the projector on one RGB view, charging the time to `meter`."""
+        if self._mctx is None:
+            raise EngineError("no projector is loaded, so images cannot be read")
+        return self._with_image_chunks(image, meter, lambda chunks: self._encode_chunks(chunks, meter))
+
+    def _with_image_chunks(self, image: Image.Image | np.ndarray, meter: _Meter,
+                           use: Callable[[ctypes.c_void_p], T]) -> T:
         started = time.perf_counter()
         pixels = np.ascontiguousarray(np.asarray(image, dtype=np.uint8))
         if pixels.ndim != 3 or pixels.shape[2] != 3:
             raise EngineError(f"images must be RGB arrays, got shape {pixels.shape}")
         height, width = pixels.shape[:2]
-        bitmap = mtmd_cpp.mtmd_bitmap_init(
-            width, height, pixels.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)))
-        chunks = mtmd_cpp.mtmd_input_chunks_init()
-        try:
-            text = mtmd_cpp.mtmd_input_text(self._marker, len(self._marker), False, True)
-            bitmaps = (mtmd_cpp.mtmd_bitmap_p_ctypes * 1)(bitmap)
-            rc = mtmd_cpp.mtmd_tokenize(self._mctx, chunks, ctypes.byref(text), bitmaps, 1)
-            if rc != 0:
-                raise EngineError(f"mtmd could not preprocess the image (code {rc})")
-            self._meter.preprocess_s += time.perf_counter() - started
-            return use(chunks)
-        finally:
-            mtmd_cpp.mtmd_input_chunks_free(chunks)
-            mtmd_cpp.mtmd_bitmap_free(bitmap)
+        with self._clip_lock:  # one mtmd context: one image at a time
+            bitmap = mtmd_cpp.mtmd_bitmap_init(
+                width, height, pixels.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)))
+            chunks = mtmd_cpp.mtmd_input_chunks_init()
+            try:
+                text = mtmd_cpp.mtmd_input_text(self._marker, len(self._marker), False, True)
+                bitmaps = (mtmd_cpp.mtmd_bitmap_p_ctypes * 1)(bitmap)
+                rc = mtmd_cpp.mtmd_tokenize(self._mctx, chunks, ctypes.byref(text), bitmaps, 1)
+                if rc != 0:
+                    raise EngineError(f"mtmd could not preprocess the image (code {rc})")
+                meter.preprocess_s += time.perf_counter() - started
+                return use(chunks)
+            finally:
+                mtmd_cpp.mtmd_input_chunks_free(chunks)
+                mtmd_cpp.mtmd_bitmap_free(bitmap)
 
     def _image_chunks(self, chunks: ctypes.c_void_p) -> list[ctypes.c_void_p]:
         """Every image chunk mtmd made of one bitmap, in its order.
@@ -488,123 +631,231 @@ class Engine:
     def _count_tokens(self, chunks: ctypes.c_void_p) -> int:
         return sum(mtmd_cpp.mtmd_input_chunk_get_n_tokens(c) for c in self._image_chunks(chunks))
 
-    def _encode_chunks(self, chunks: ctypes.c_void_p) -> ImageEmbedding:
-        parts = [self._encode_chunk(chunk) for chunk in self._image_chunks(chunks)]
+    def _encode_chunks(self, chunks: ctypes.c_void_p, meter: _Meter) -> ImageEmbedding:
+        parts = [self._encode_chunk(chunk, meter) for chunk in self._image_chunks(chunks)]
         return ImageEmbedding(parts[0] if len(parts) == 1 else np.concatenate(parts))
 
-    def _encode_chunk(self, chunk: ctypes.c_void_p) -> np.ndarray:
+    def _encode_chunk(self, chunk: ctypes.c_void_p, meter: _Meter) -> np.ndarray:
         n_tokens = mtmd_cpp.mtmd_input_chunk_get_n_tokens(chunk)
         started = time.perf_counter()
-        self._check(mtmd_cpp.mtmd_encode_chunk(self._mctx, chunk), "encode image")
+        if mtmd_cpp.mtmd_encode_chunk(self._mctx, chunk) != 0:
+            raise EngineError(f"llama.cpp failed to encode the image ({_last_error()})")
         out = mtmd_cpp.mtmd_get_output_embd(self._mctx)
-        rows = np.ctypeslib.as_array(out, shape=(n_tokens * self.n_embd,)).reshape(n_tokens, self.n_embd)
-        self._meter.clip_encode_s += time.perf_counter() - started
-        self._meter.clip_encodes += 1
-        return rows.copy()  # mtmd reuses its buffer on the next encode
+        rows = np.ctypeslib.as_array(out, shape=(n_tokens * self.n_embd_model,))
+        meter.clip_encode_s += time.perf_counter() - started
+        meter.clip_encodes += 1
+        return rows.reshape(n_tokens, self.n_embd_model).copy()  # mtmd reuses its buffer
 
-    # -- generation -----------------------------------------------------------------------
 
-    def generate(self, max_tokens: int, sampling: Sampling | None = None) -> Iterator[str]:
-        """Sample up to max_tokens after the cache; every shown token is decoded into the cache."""
-        if not self._logits_ready:
-            raise EngineError("nothing to continue from: evaluate some text first")
-        sampling = sampling or Sampling()
-        sampler = self._make_sampler(sampling)
-        grammar = self._make_grammar(sampling.grammar, sampler)
-        constrained = _GrammarSampler(self, sampler, grammar) if grammar else None
-        text = codecs.getincrementaldecoder("utf-8")("replace")
-        self.last_completion_tokens = []
-        first_at: float | None = None
-        last_at = 0.0
-        try:
-            for _ in range(max_tokens):
-                if self._n_past >= self.n_ctx:
+class _Batch:
+    """A llama_batch of token ids or embedding rows, filled per sequence."""
+
+    def __init__(self, capacity: int, n_embd: int = 0) -> None:
+        self.raw = llama_cpp.llama_batch_init(capacity, n_embd, 1)
+        self.capacity, self.n_embd = capacity, n_embd
+
+    def clear(self) -> None:
+        self.raw.n_tokens = 0
+
+    def add_tokens(self, sequence: EngineSequence, tokens: list[int], *, logits_last: bool) -> int:
+        """Append tokens at the sequence's next positions; returns the batch index of the last."""
+        b, n = self.raw, self.raw.n_tokens
+        for i, token in enumerate(tokens):
+            b.token[n + i] = token
+            self._place(n + i, sequence, i)
+        b.logits[n + len(tokens) - 1] = logits_last
+        b.n_tokens = n + len(tokens)
+        return b.n_tokens - 1
+
+    def add_rows(self, sequence: EngineSequence, rows: np.ndarray) -> None:
+        """Append embedding rows at the sequence's next positions (a batch holds rows or tokens)."""
+        b, n = self.raw, self.raw.n_tokens
+        ctypes.memmove(ctypes.addressof(b.embd.contents) + n * self.n_embd * 4, rows.ctypes.data, rows.nbytes)
+        for i in range(len(rows)):
+            self._place(n + i, sequence, i)
+        b.n_tokens = n + len(rows)
+
+    def _place(self, index: int, sequence: EngineSequence, offset: int) -> None:
+        b = self.raw
+        b.pos[index] = sequence._n_past + offset
+        b.n_seq_id[index] = 1
+        b.seq_id[index][0] = sequence.seq_id
+        b.logits[index] = False
+
+    def free(self) -> None:
+        llama_cpp.llama_batch_free(self.raw)
+
+
+@dataclass(eq=False)
+class _Work:
+    """One sequence's pending input: token ids or embedding rows, decoded in chunks."""
+
+    sequence: EngineSequence
+    tokens: list[int] | None
+    rows: np.ndarray | None
+    done_items: int = 0
+    finished: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+    @property
+    def n_items(self) -> int:
+        return len(self.tokens) if self.tokens is not None else len(self.rows)  # type: ignore[arg-type]
+
+    @property
+    def is_decode_step(self) -> bool:
+        """One generated token: it rides in every step, ahead of any prefill."""
+        return self.tokens is not None and len(self.tokens) == 1
+
+
+class _Batcher:
+    """Continuous batching over the engine's sequences: one step is one llama_decode holding one
+    token for every sequence that is generating, plus up to one batch of the oldest pending
+    prefill (text ids join the same batch; image rows, which a llama_batch cannot mix with ids,
+    follow in a second decode of at most one batch). Admission is FIFO, decode comes first, so a
+    long image is prefilled a batch at a time between decode steps and no stream stalls for it.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self.lock = threading.RLock()
+        self._cond = threading.Condition(self.lock)
+        self._pending: list[_Work] = []
+        self._expected: set[int] = set()  # sequences generating last step: back soon with a token
+        self._closed = False
+        self._tokens = _Batch(engine.n_batch)
+        self._rows = _Batch(engine.n_batch, engine.n_embd_model)
+        self._thread = threading.Thread(target=self._loop, name="edgevlm-batcher", daemon=True)
+        self._thread.start()
+
+    def run(self, sequence: EngineSequence, tokens: list[int] | None, rows: np.ndarray | None) -> None:
+        """Queue a sequence's input and wait until it is decoded (or the sequence is interrupted)."""
+        work = _Work(sequence, tokens, rows)
+        with self._cond:
+            if self._closed:
+                raise EngineError("the engine is closed")
+            self._pending.append(work)
+            self._cond.notify_all()
+        while not work.finished.wait(0.05):
+            if sequence.interrupt_requested and self._withdraw(work):
+                raise Interrupted("interrupted while waiting to decode")
+        if work.error is not None:
+            raise work.error
+
+    def leave(self, sequence: EngineSequence) -> None:
+        """The sequence stopped generating: the next step need not wait for it."""
+        with self._cond:
+            self._expected.discard(sequence.seq_id)
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """Fail whatever waits and stop the batching thread."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join()
+        self._tokens.free()
+        self._rows.free()
+
+    def _withdraw(self, work: _Work) -> bool:
+        with self._cond:
+            if work.finished.is_set():
+                return False
+            self._pending.remove(work)
+            self._expected.discard(work.sequence.seq_id)
+            return True
+
+    def _loop(self) -> None:
+        with self._cond:
+            while True:
+                self._cond.wait_for(lambda: self._pending or self._closed)
+                if self._closed:
                     break
-                self._check_interrupt("generation")
-                token = constrained.sample() if constrained else llama_cpp.llama_sampler_sample(
-                    sampler, self._ctx, -1)
-                if llama_cpp.llama_vocab_is_eog(self._vocab, token):
-                    break
-                self._decode_tokens([token])
-                self.last_completion_tokens.append(token)
-                self._meter.completion_tokens += 1
-                piece = text.decode(self.token_bytes(token))
-                now = time.perf_counter()
-                if first_at is None:
-                    first_at = now
-                    self._meter.ttft_s = first_at - self._meter.started
-                else:
-                    self._meter.token_gaps_s.append(now - last_at)
-                last_at = now
-                if piece:
-                    yield piece
-            tail = text.decode(b"", final=True)
-            if tail:
-                yield tail
-        finally:
-            llama_cpp.llama_sampler_free(sampler)
-            if grammar:
-                llama_cpp.llama_sampler_free(grammar)
-            if first_at is not None:
-                self._meter.decode_s += time.perf_counter() - first_at
-            elif self._meter.ttft_s == 0.0:
-                self._meter.ttft_s = time.perf_counter() - self._meter.started
+                # Let every stream that just got a token come back with its next one, so the
+                # step carries them all (a stalled client cannot hold the others for long).
+                self._cond.wait_for(self._all_back, timeout=GATHER_S)
+                self._step()
+            for work in self._pending:
+                self._finish(work, EngineError("the engine was closed"))
 
-    def _make_grammar(self, gbnf: str | None, chain: ctypes.c_void_p) -> ctypes.c_void_p | None:
-        """The grammar sampler for constrained output (apart from the chain: see _GrammarSampler)."""
-        if not gbnf:
-            return None
-        grammar = llama_cpp.llama_sampler_init_grammar(self._vocab, gbnf.encode(), b"root")
-        if not grammar:
-            llama_cpp.llama_sampler_free(chain)
-            raise EngineError(f"llama.cpp could not parse the output grammar ({_last_error()})")
-        return grammar
+    def _all_back(self) -> bool:
+        return self._closed or self._expected <= {w.sequence.seq_id for w in self._pending}
 
-    def _make_sampler(self, s: Sampling) -> ctypes.c_void_p:
-        chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-        add = llama_cpp.llama_sampler_chain_add
-        add(chain, llama_cpp.llama_sampler_init_top_k(max(s.top_k, 1)))
-        if s.repeat_penalty != 1.0:
-            n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
-            add(chain, llama_cpp.llama_sampler_init_penalties(
-                n_vocab, s.repeat_last_n, s.repeat_penalty, 0.0, 0.0))
-        if s.temperature <= 0:
-            add(chain, llama_cpp.llama_sampler_init_greedy())
-        else:
-            add(chain, llama_cpp.llama_sampler_init_top_p(s.top_p, 1))
-            add(chain, llama_cpp.llama_sampler_init_min_p(s.min_p, 1))
-            add(chain, llama_cpp.llama_sampler_init_temp(s.temperature))
-            add(chain, llama_cpp.llama_sampler_init_dist(s.seed & 0xFFFFFFFF))
-        return chain
-
-    # -- helpers --------------------------------------------------------------------------
-
-    def _ensure_room(self, n_tokens: int) -> None:
-        if self._n_past + n_tokens > self.n_ctx:
-            raise ContextOverflowError(
-                f"{n_tokens} more tokens do not fit: {self._n_past} of {self.n_ctx} in use")
-
-    def _check_interrupt(self, what: str) -> None:
-        if self.interrupt_requested:
-            raise Interrupted(f"interrupted during {what}")
-
-    def _check(self, rc: int, what: str) -> None:
-        if rc == 0:
+    def _step(self) -> None:
+        decoding = [w for w in self._pending if w.is_decode_step]
+        # The request that started first finishes its prefill first (FIFO admission), rather
+        # than every new request's prefill advancing a piece at a time and all starting late.
+        prefill = min((w for w in self._pending if not w.is_decode_step),
+                      key=lambda w: w.sequence.request_started, default=None)
+        self._expected = set()
+        self._tokens.clear()
+        at = {id(w): self._tokens.add_tokens(w.sequence, w.tokens, logits_last=True)  # type: ignore[arg-type]
+              for w in decoding}
+        chunk = self._add_text_chunk(prefill, at) if prefill is not None else 0
+        included = decoding + ([prefill] if chunk and prefill is not None else [])
+        if included and not self._decode(self._tokens, included):
             return
-        if self.interrupt_requested:
-            self._n_past = self.kv_cells()
-            raise Interrupted(f"interrupted during {what}")
-        raise EngineError(f"llama.cpp failed to {what} (code {rc}; {_last_error()})")
+        for work in included:
+            self._advance(work, chunk if work is prefill else 1, at[id(work)])
+        if prefill is not None and prefill.rows is not None:
+            self._step_rows(prefill)
+
+    def _add_text_chunk(self, work: _Work, at: dict[int, int]) -> int:
+        """Fill the rest of the step's batch with the next piece of a text prefill."""
+        if work.tokens is None:
+            return 0
+        chunk = min(work.n_items - work.done_items, self._engine.n_batch - self._tokens.raw.n_tokens)
+        if chunk > 0:
+            end = work.done_items + chunk
+            at[id(work)] = self._tokens.add_tokens(work.sequence, work.tokens[work.done_items:end],
+                                                   logits_last=end == work.n_items)
+        return max(chunk, 0)
+
+    def _step_rows(self, work: _Work) -> None:
+        chunk = min(work.n_items - work.done_items, self._engine.n_batch)
+        self._rows.clear()
+        self._rows.add_rows(work.sequence, work.rows[work.done_items:work.done_items + chunk])  # type: ignore[index]
+        if self._decode(self._rows, [work]):
+            self._advance(work, chunk, None)
+
+    def _decode(self, batch: _Batch, works: list[_Work]) -> bool:
+        rc = llama_cpp.llama_decode(self._engine.ctx, batch.raw)
+        if rc == 0:
+            return True
+        error = EngineError(f"llama.cpp failed to decode (code {rc}; {_last_error()})")
+        for work in works:
+            self._finish(work, error)
+        return False
+
+    def _advance(self, work: _Work, n_items: int, logits_at: int | None) -> None:
+        sequence = work.sequence
+        sequence._n_past += n_items
+        work.done_items += n_items
+        if work.done_items < work.n_items:
+            return
+        if logits_at is not None:
+            row = llama_cpp.llama_get_logits_ith(self._engine.ctx, logits_at)
+            sequence._logits = np.ctypeslib.as_array(row, shape=(self._engine.n_vocab,)).copy()
+            if work.is_decode_step:
+                self._expected.add(sequence.seq_id)
+        self._finish(work, None)
+
+    def _finish(self, work: _Work, error: BaseException | None) -> None:
+        work.error = error
+        if work in self._pending:
+            self._pending.remove(work)
+        work.finished.set()
 
 
-class _GrammarSampler:
-    """Sampling under a grammar, the way llama.cpp's common sampler does it: the usual chain
-    picks a token from the raw logits, and only when the grammar rejects that token is the
-    grammar applied to the whole vocabulary (costly) before the chain picks again."""
+class _TokenPicker:
+    """Sampling from a logits row with the request's chain. Under a grammar it works the way
+    llama.cpp's common sampler does: the chain picks from the raw logits, and only when the
+    grammar rejects that token is the grammar applied to the whole vocabulary (costly) before
+    the chain picks again."""
 
-    def __init__(self, engine: Engine, chain: ctypes.c_void_p, grammar: ctypes.c_void_p) -> None:
-        self._ctx, self._chain, self._grammar = engine._ctx, chain, grammar
-        self._n_vocab = llama_cpp.llama_vocab_n_tokens(engine._vocab)
+    def __init__(self, engine: Engine, sampling: Sampling) -> None:
+        self._n_vocab = engine.n_vocab
+        self._chain = _make_chain(engine.vocab, sampling)
+        self._grammar = _make_grammar(engine.vocab, sampling.grammar, self._chain)
         cell = [("id", np.int32), ("logit", np.float32), ("p", np.float32)]  # llama_token_data's layout
         self._cells = np.zeros(self._n_vocab, dtype=cell)
         self._ids = np.arange(self._n_vocab, dtype=np.int32)
@@ -612,19 +863,24 @@ class _GrammarSampler:
         self._one_array = llama_cpp.llama_token_data_array(
             data=ctypes.pointer(self._one), size=1, selected=-1, sorted=False)
 
-    def sample(self) -> int:
-        """The next token, accepted by the grammar and the chain."""
-        token = self._pick(with_grammar=False)
-        if not self._allowed(token):
-            token = self._pick(with_grammar=True)
-        llama_cpp.llama_sampler_accept(self._grammar, token)
+    def pick(self, logits: np.ndarray) -> int:
+        """The next token, accepted by the grammar (if any) and the chain."""
+        token = self._pick(logits, with_grammar=False)
+        if self._grammar is not None:
+            if not self._allowed(token):
+                token = self._pick(logits, with_grammar=True)
+            llama_cpp.llama_sampler_accept(self._grammar, token)
         llama_cpp.llama_sampler_accept(self._chain, token)
         return token
 
-    def _pick(self, *, with_grammar: bool) -> int:
-        logits = llama_cpp.llama_get_logits_ith(self._ctx, -1)
+    def close(self) -> None:
+        llama_cpp.llama_sampler_free(self._chain)
+        if self._grammar is not None:
+            llama_cpp.llama_sampler_free(self._grammar)
+
+    def _pick(self, logits: np.ndarray, *, with_grammar: bool) -> int:
         self._cells["id"] = self._ids
-        self._cells["logit"] = np.ctypeslib.as_array(logits, shape=(self._n_vocab,))
+        self._cells["logit"] = logits
         self._cells["p"] = 0.0
         data = self._cells.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data))
         candidates = llama_cpp.llama_token_data_array(data=data, size=self._n_vocab, selected=-1,
@@ -639,6 +895,35 @@ class _GrammarSampler:
         self._one_array.size, self._one_array.selected = 1, -1
         llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(self._one_array))
         return math.isfinite(self._one.logit)
+
+
+def _make_grammar(vocab: ctypes.c_void_p, gbnf: str | None, chain: ctypes.c_void_p) -> ctypes.c_void_p | None:
+    """The grammar sampler for constrained output (kept apart from the chain: see _TokenPicker)."""
+    if not gbnf:
+        return None
+    grammar = llama_cpp.llama_sampler_init_grammar(vocab, gbnf.encode(), b"root")
+    if not grammar:
+        llama_cpp.llama_sampler_free(chain)
+        raise EngineError(f"llama.cpp could not parse the output grammar ({_last_error()})")
+    return grammar
+
+
+def _make_chain(vocab: ctypes.c_void_p, s: Sampling) -> ctypes.c_void_p:
+    chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    add = llama_cpp.llama_sampler_chain_add
+    add(chain, llama_cpp.llama_sampler_init_top_k(max(s.top_k, 1)))
+    if s.repeat_penalty != 1.0:
+        n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
+        add(chain, llama_cpp.llama_sampler_init_penalties(
+            n_vocab, s.repeat_last_n, s.repeat_penalty, 0.0, 0.0))
+    if s.temperature <= 0:
+        add(chain, llama_cpp.llama_sampler_init_greedy())
+    else:
+        add(chain, llama_cpp.llama_sampler_init_top_p(s.top_p, 1))
+        add(chain, llama_cpp.llama_sampler_init_min_p(s.min_p, 1))
+        add(chain, llama_cpp.llama_sampler_init_temp(s.temperature))
+        add(chain, llama_cpp.llama_sampler_init_dist(s.seed & 0xFFFFFFFF))
+    return chain
 
 
 def _ggml_type(name: str) -> int:

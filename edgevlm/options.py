@@ -25,6 +25,10 @@ NGpuLayers = Annotated[int | None, typer.Option(
     "--n-gpu-layers", metavar="N", help="Layers to put on the GPU (the output layer counts as one). "
     "Default: from the memory plan; all that fit.")]
 Threads = Annotated[int | None, typer.Option(metavar="N", help="CPU threads for llama.cpp.")]
+Parallel = Annotated[str, typer.Option(
+    envvar="EDGEVLM_PARALLEL", metavar="N|auto",
+    help="Requests decoded together, each on its own llama.cpp sequence with its own n_ctx. "
+    "auto: up to 4 on a GPU with room (see `edgevlm plan --parallel`), 1 on the CPU.")]
 Fetch = Annotated[bool, typer.Option("--fetch", help="Download the preset first if it is missing.")]
 
 # -- answering --------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from . import devices
-from .cache import EmbeddingCache, for_files, pair_identity
+from .cache import EmbeddingCache, Encode, for_files, pair_identity
 from .catalog import ModelChoice, Preset, facts_from_shape, find_preset, resolve
 from .conversation import DEFAULT_QUESTION, turn_costs
 from .engine import Engine, EngineConfig, Vocab, gpu_offload_supported
@@ -29,6 +29,8 @@ from .prompts import PromptFormat, detect_format
 from .tiling import TurnCosts
 
 log = logging.getLogger("edgevlm")
+# The most sequences --parallel may ask for (llama.cpp's own cap is 256; each costs its KV).
+MAX_PARALLEL = 16
 # A failed GPU load is retried once on a plan made for this share of the free VRAM.
 RETRY_VRAM_SHARE = 0.8
 
@@ -47,6 +49,7 @@ class ModelFlags:
     kv_type: str | None = None
     flash_attn: bool = True
     fetch: bool = False  # download a missing preset instead of failing
+    parallel: int | None = 1  # requests decoded together; None: the plan chooses
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,15 @@ class Loaded:
     def image_cache(self) -> EmbeddingCache:
         """Projector rows kept for this model/projector pair (RAM and the user's cache folder)."""
         return for_files(self.engine.encode_image, self.choice.model_path, self.choice.mmproj_path)
+
+    def encoders(self, *, cache: bool) -> list[Encode | None]:
+        """One image encoder per sequence (None: CLIP directly): a single shared cache in front
+        of each sequence's own encoder, so every sequence times its own CLIP work."""
+        if not cache:
+            return [None] * len(self.engine.sequences())
+        shared = self.image_cache()
+        return [shared if seq is self.engine else shared.using(seq.encode_image)
+                for seq in self.engine.sequences()]
 
     def cache_identity(self) -> str:
         """The model/projector pair as the caches know it."""
@@ -118,6 +130,8 @@ def make_plan(flags: ModelFlags, text: TextModelFacts, projector: ProjectorFacts
     """The memory plan for these flags on this machine (or on --vram)."""
     if flags.n_ctx is not None and flags.n_ctx < 256:
         raise ConfigError(f"--n-ctx {flags.n_ctx} is too small; use at least 256")
+    if flags.parallel is not None and not 1 <= flags.parallel <= MAX_PARALLEL:
+        raise ConfigError(f"--parallel must be auto or 1-{MAX_PARALLEL}, not {flags.parallel}")
     if flags.kv_type is not None and flags.kv_type not in KV_TYPES:
         raise ConfigError(f"--kv-type must be {', '.join(KV_TYPES)}, not '{flags.kv_type}'")
     device = devices.detect(flags.vram)
@@ -126,7 +140,8 @@ def make_plan(flags: ModelFlags, text: TextModelFacts, projector: ProjectorFacts
         device = Device(vram_free=None, ram_free=device.ram_free, name="CPU")
         notes += ("this llama.cpp build has no GPU support: run `make setup GPU=cuda` to use the GPU",)
     settings = Settings(n_ctx=flags.n_ctx, n_gpu_layers=flags.n_gpu_layers, kv_type=flags.kv_type,
-                        flash_attn=flags.flash_attn, answer_tokens=flags.answer_tokens, costs=costs)
+                        flash_attn=flags.flash_attn, answer_tokens=flags.answer_tokens, costs=costs,
+                        n_seq=flags.parallel)
     plan = choose(text, projector, device, settings)
     return replace(plan, notes=notes + plan.notes) if notes else plan
 
@@ -165,7 +180,7 @@ def engine_config(choice: ModelChoice, plan: Plan, flags: ModelFlags) -> EngineC
                         n_gpu_layers=plan.n_gpu_layers, n_threads=flags.n_threads,
                         n_batch=plan.n_ubatch, n_ubatch=plan.n_ubatch,
                         flash_attn=plan.flash_attn, type_k=plan.type_k, type_v=plan.type_v,
-                        mmproj_on_gpu=plan.mmproj_on_gpu)
+                        mmproj_on_gpu=plan.mmproj_on_gpu, n_seq=plan.n_seq)
 
 
 def load(flags: ModelFlags, *, on_progress: Callable[[float], None] | None = None) -> Loaded:
@@ -199,7 +214,7 @@ def _load_smaller(choice: ModelChoice, text: TextModelFacts, projector: Projecto
     vram = int((plan.vram_free or 0) * RETRY_VRAM_SHARE)
     smaller = choose(text, projector, Device(vram, plan.ram_free),
                      Settings(n_ctx=None, kv_type=flags.kv_type, flash_attn=flags.flash_attn,
-                              answer_tokens=flags.answer_tokens))
+                              answer_tokens=flags.answer_tokens, n_seq=plan.n_seq))
     log.warning("loading failed (%s); retrying with a smaller plan: %d layers, n_ctx %d",
                 first, smaller.n_gpu_layers, smaller.n_ctx)
     try:

@@ -97,8 +97,20 @@ class ChatSession:
             self.summaries.put(turn.image.sha256, conversation.records[-1].summary or "")
         return answer, replace(stats, cached_tokens=reused[0].cached_tokens)
 
+    def shared_turns(self, turn: ChatTurn) -> int:
+        """How many of the request's past turns this session's cache holds already (-1: another
+        system prompt, so nothing is shared)."""
+        if self._system_for(turn.system) != self.conversation.system:
+            return -1
+        return self.conversation.shared_turns(
+            [(p.user.strip(), p.answer.strip(), p.image.image.path.name if p.image else None)
+             for p in turn.past])
+
+    def _system_for(self, system: str | None) -> str | None:
+        return system if system is not None else self._system_default
+
     def _use_system(self, system: str | None) -> None:
-        wanted = system if system is not None else self._system_default
+        wanted = self._system_for(system)
         if wanted != self.conversation.system:
             self.conversation.system = wanted
             self.conversation.reset()

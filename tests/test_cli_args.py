@@ -141,3 +141,17 @@ def test_a_schema_the_grammar_cannot_enforce_exits_2(tmp_path: Path) -> None:
     (tmp_path / "a.jpg").write_bytes(b"x")
     result = _run("describe", str(tmp_path / "a.jpg"), "--schema", str(schema))
     assert "no rule for 'multipleOf'" in _one_line_error(result)
+
+
+def test_parallel_is_checked_and_planned(tmp_path: Path) -> None:
+    assert "--parallel must be auto or a number" in _one_line_error(_run("serve", "--parallel", "many"))
+    assert "--parallel must be at least 1" in _one_line_error(_run("describe", "x.jpg", "--parallel", "0"))
+    env = {"EDGEVLM_MODELS_DIR": str(tmp_path)}
+    one = json.loads(_run("plan", "llava-1.5-7b", "--vram", "22GiB", "--json", env=env).stdout)
+    four = _run("plan", "llava-1.5-7b", "--vram", "22GiB", "--parallel", "4", "--json", env=env)
+    assert four.exit_code == 0, four.output
+    data = json.loads(four.stdout)
+    assert data["n_seq"] == 4 and one["n_seq"] == 1
+    assert data["bytes"]["kv"] == 4 * one["bytes"]["kv"] * data["n_ctx"] // one["n_ctx"]
+    shown = _run("plan", "llava-1.5-7b", "--vram", "22GiB", "--parallel", "auto", env=env).stdout
+    assert "× 4 sequences (--parallel 4)" in shown

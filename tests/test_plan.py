@@ -270,3 +270,38 @@ def test_plan_reads_whole_when_piped_and_refuses_to_verify_a_gpu_plan_on_a_cpu_b
     if not gpu_offload_supported():
         refused = run_cli(*args, "--vram", "8GiB", "--verify")
         assert refused.returncode == 2 and "cannot check a GPU plan" in refused.stderr
+
+
+# -- parallel sequences -----------------------------------------------------------------------
+
+
+def test_parallel_counts_kv_per_sequence(llava: tuple[TextModelFacts, ProjectorFacts]) -> None:
+    device = Device(vram_free=int(22 * GIB), ram_free=16 * GIB)
+    one = choose(*llava, device, Settings(n_ctx=4096))
+    four = choose(*llava, device, Settings(n_ctx=4096, n_seq=4))
+    assert four.n_seq == 4 and four.n_ctx == one.n_ctx == 4096
+    assert four.breakdown.kv_gpu == 4 * one.breakdown.kv_gpu
+    assert four.breakdown.compute_gpu >= one.breakdown.compute_gpu
+    assert four.breakdown.total_gpu <= four.vram_free
+
+
+def test_parallel_auto_on_gpus_and_the_cpu(llava: tuple[TextModelFacts, ProjectorFacts]) -> None:
+    big = choose(*llava, Device(vram_free=int(22 * GIB), ram_free=16 * GIB), Settings(n_seq=None))
+    assert big.n_seq == 4 and big.n_gpu_layers == big.n_layers and big.breakdown.total_gpu <= big.vram_free
+    assert any("--parallel 4" in note for note in big.notes)
+    small = choose(*llava, Device(vram_free=int(7.5 * GIB), ram_free=16 * GIB), Settings(n_seq=None))
+    assert small.n_seq < 4 and small.breakdown.total_gpu <= small.vram_free  # 8 GB: fewer, or one
+    cpu = choose(*llava, Device(vram_free=None, ram_free=16 * GIB), Settings(n_seq=None))
+    assert cpu.n_seq == 1  # measured: no gain on the CPU (docs/parallel.md)
+
+
+def test_parallel_estimate_matches_llama_cpp(test_models: dict[str, Path]) -> None:
+    text, projector = read_text_model(test_models["text"]), read_projector(test_models["mmproj_112"])
+    plan = choose(text, projector, Device(vram_free=None, ram_free=16 * GIB),
+                  Settings(n_ctx=1024, flash_attn=True, n_seq=4))
+    with Engine(EngineConfig(test_models["text"], test_models["mmproj_112"], n_ctx=1024, n_gpu_layers=0,
+                             n_batch=plan.n_ubatch, n_ubatch=plan.n_ubatch, flash_attn=True,
+                             n_seq=4)) as engine:
+        checks = {c.component: c for c in compare(plan, engine.reported_buffers)}
+    assert abs(checks["kv"].error) <= 0.01, checks["kv"]
+    assert abs(checks["compute"].error) <= 0.10, checks["compute"]

@@ -9,9 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..cache import SummaryStore
+from ..cache import Encode, SummaryStore
 from ..conversation import Conversation
-from ..engine import Sampling
+from ..engine import EngineSequence, Sampling
 from ..errors import ConfigError
 from ..gguf_info import TextModelFacts
 from ..runtime import Loaded
@@ -76,18 +76,26 @@ def _check_port(host: str, port: int) -> None:
 
 
 def build_state(loaded: Loaded, settings: ServeSettings) -> ServerState:
-    """The worker and the conversation it owns, on the loaded model."""
-    encoder = loaded.image_cache() if settings.cache else None
-    conversation = Conversation(
-        loaded.engine, loaded.prompt_format, tile_size=loaded.projector_facts.image_size,
-        max_tokens=settings.max_tokens, sampling=settings.sampling, max_tiles=settings.max_tiles,
-        summary=settings.summary, pool=settings.pool, layout=loaded.layout, encoder=encoder)
-    session = ChatSession(conversation, SummaryStore(loaded.cache_identity(), persist=settings.cache))
+    """A slot per llama.cpp sequence, each with its conversation; the scheduler in front."""
+    summaries = SummaryStore(loaded.cache_identity(), persist=settings.cache)
+    sessions = [ChatSession(_conversation(loaded, sequence, settings, encoder), summaries)
+                for sequence, encoder in zip(loaded.engine.sequences(), loaded.encoders(cache=settings.cache),
+                                             strict=True)]
+    first = sessions[0].conversation
     return ServerState(
-        scheduler=Scheduler(session, max_queue=settings.max_queue), model=_model_info(loaded),
+        scheduler=Scheduler(sessions, max_queue=settings.max_queue), model=_model_info(loaded),
         api_key=settings.api_key, media_dir=settings.media_dir.resolve() if settings.media_dir else None,
         max_body_bytes=settings.max_body_mb << 20, max_tokens=settings.max_tokens,
-        max_tiles=settings.max_tiles, useful_pixels=conversation.useful_pixels)
+        max_tiles=settings.max_tiles, useful_pixels=first.useful_pixels)
+
+
+def _conversation(loaded: Loaded, sequence: EngineSequence, settings: ServeSettings,
+                  encoder: Encode | None) -> Conversation:
+    """One slot's conversation, on its own sequence."""
+    return Conversation(
+        sequence, loaded.prompt_format, tile_size=loaded.projector_facts.image_size,
+        max_tokens=settings.max_tokens, sampling=settings.sampling, max_tiles=settings.max_tiles,
+        summary=settings.summary, pool=settings.pool, layout=loaded.layout, encoder=encoder)
 
 
 def _model_info(loaded: Loaded) -> ModelInfo:

@@ -1,10 +1,10 @@
-"""Requests wait in a bounded FIFO and run one at a time on the worker that owns the model.
+"""Requests wait in a bounded FIFO and run on slots: one worker thread per llama.cpp sequence.
 
 A job reports what happens as events on its own asyncio queue, so a route can stream them.
 Cancelling a job (a client that went away) makes its next piece or progress report raise
-Interrupted, which the conversation turns into a clean stop within one decode step. The
-request path sees only `submit`, `cancel` and `events`, so a scheduler of several slots can
-replace this single worker later.
+Interrupted, which the conversation turns into a clean stop within one decode step; the
+conversation then drops the turn's cells from its sequence. With several slots the engine's
+batcher decodes the running ones together (see engine._Batcher).
 """
 
 from __future__ import annotations
@@ -114,30 +114,54 @@ class TurnJob:
 
 
 class Scheduler:
-    """One worker thread that owns the session; a bounded queue in front of it."""
+    """A bounded FIFO in front of one worker thread per slot; each slot owns a session on its
+    own llama.cpp sequence, and the engine decodes the running slots together.
 
-    def __init__(self, session: ChatSession, *, max_queue: int) -> None:
+    Admission is FIFO: the oldest waiting job goes to the free slot whose cache already holds
+    the most of its history (ties: the slot holding the least, so others' caches survive).
+    """
+
+    def __init__(self, sessions: list[ChatSession], *, max_queue: int) -> None:
         if max_queue < 1:
             raise ValueError("max_queue must be at least 1")
-        self.session = session
+        if not sessions:
+            raise ValueError("a scheduler needs at least one session")
+        self.sessions = sessions
         self.max_queue = max_queue  # checked on each submit (submits come from the one event loop)
         self._queue: queue.Queue[TurnJob | None] = queue.Queue()
-        self._running: TurnJob | None = None
+        self._waiting = 0  # submitted, not yet given a slot
+        self._inboxes: list[queue.Queue[TurnJob | None]] = [queue.Queue() for _ in sessions]
+        self._running: list[TurnJob | None] = [None] * len(sessions)
+        self._free = threading.Condition()
         self._closed = False
-        self._thread = threading.Thread(target=self._work, name="edgevlm-worker", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._dispatch, name="edgevlm-dispatch", daemon=True)]
+        self._threads += [threading.Thread(target=self._work, args=(slot,), name=f"edgevlm-slot{slot}",
+                                           daemon=True) for slot in range(len(sessions))]
+        for thread in self._threads:
+            thread.start()
+
+    @property
+    def session(self) -> ChatSession:
+        """The first slot's session (the only one without --parallel)."""
+        return self.sessions[0]
 
     @property
     def waiting(self) -> int:
-        """Jobs in the queue, not counting the one running."""
-        return self._queue.qsize()
+        """Jobs in the queue, not counting those running."""
+        return self._waiting
+
+    @property
+    def slots(self) -> int:
+        return len(self.sessions)
 
     def submit(self, job: TurnJob) -> None:
         """Queue a job, or raise QueueFull."""
         if self._closed:
             raise QueueFull("the server is shutting down")
-        if self._queue.qsize() >= self.max_queue:
+        if self._waiting >= self.max_queue:
             raise QueueFull(f"{self.max_queue} requests are already waiting")
+        with self._free:
+            self._waiting += 1
         self._queue.put_nowait(job)
 
     def drain(self) -> None:
@@ -145,8 +169,10 @@ class Scheduler:
         self._queue.join()
 
     def close(self, timeout_s: float = 30.0) -> None:
-        """Cancel what waits and what runs, and stop the worker."""
-        self._closed = True
+        """Cancel what waits and what runs, and stop the workers."""
+        with self._free:
+            self._closed = True
+            self._free.notify_all()
         while True:
             try:
                 job = self._queue.get_nowait()
@@ -156,17 +182,44 @@ class Scheduler:
             if job is not None:
                 job.cancel()
                 job.emit(Failed(Interrupted("the server is shutting down")))
-        if self._running is not None:
-            self._running.cancel()
+        for job in self._running:
+            if job is not None:
+                job.cancel()
         self._queue.put(None)
-        self._thread.join(timeout_s)
+        for inbox in self._inboxes:
+            inbox.put(None)
+        for thread in self._threads:
+            thread.join(timeout_s)
 
-    def _work(self) -> None:
+    def _dispatch(self) -> None:
         while (job := self._queue.get()) is not None:
-            self._running = job
-            try:
-                job.run(self.session)
-            finally:
-                self._running = None
-                self._queue.task_done()
+            with self._free:
+                self._free.wait_for(lambda: self._closed or None in self._running)
+                if self._closed:
+                    job.cancel()
+                    job.emit(Failed(Interrupted("the server is shutting down")))
+                    self._waiting -= 1
+                    self._queue.task_done()
+                    continue
+                slot = self._best_slot(job)
+                self._running[slot] = job
+                self._waiting -= 1
+            self._inboxes[slot].put(job)
         self._queue.task_done()
+
+    def _best_slot(self, job: TurnJob) -> int:
+        """The free slot that shares the most turns with the job (then the least-used one)."""
+        free = [i for i, running in enumerate(self._running) if running is None]
+        return max(free, key=lambda i: (self.sessions[i].shared_turns(job.turn),
+                                        -self.sessions[i].conversation.kv_tokens))
+
+    def _work(self, slot: int) -> None:
+        inbox, session = self._inboxes[slot], self.sessions[slot]
+        while (job := inbox.get()) is not None:
+            try:
+                job.run(session)
+            finally:
+                with self._free:
+                    self._running[slot] = None
+                    self._free.notify_all()
+                self._queue.task_done()
