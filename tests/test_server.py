@@ -279,7 +279,7 @@ def test_a_full_queue_answers_503(server: tuple[str, ServerState], monkeypatch: 
         waiting = None
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            if waiting is None and state.scheduler._running is not None:
+            if waiting is None and state.scheduler.running:
                 waiting = pool.submit(httpx.post, f"{url}/v1/chat/completions", json=body, timeout=120)
             if state.scheduler.waiting == 1:
                 break

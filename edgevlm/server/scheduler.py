@@ -154,6 +154,11 @@ class Scheduler:
     def slots(self) -> int:
         return len(self.sessions)
 
+    @property
+    def running(self) -> int:
+        """Jobs on a slot now."""
+        return sum(job is not None for job in self._running)
+
     def submit(self, job: TurnJob) -> None:
         """Queue a job, or raise QueueFull."""
         if self._closed:
