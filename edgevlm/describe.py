@@ -158,20 +158,27 @@ class Describer:
 
         With cache, projector rows are kept (RAM and disk) so an image seen before skips CLIP.
         """
-        return cls.for_sequences(loaded, max_tokens=max_tokens, sampling=sampling, max_tiles=max_tiles,
-                                 pool=pool, cache=cache, output=output)[0]
+        return cls._on(loaded, loaded.engine, loaded.encoders(cache=cache)[0], max_tokens=max_tokens,
+                       sampling=sampling, max_tiles=max_tiles, pool=pool, output=output)
 
     @classmethod
     def for_sequences(cls, loaded: Loaded, *, max_tokens: int = 512, sampling: Sampling | None = None,
                       max_tiles: int | None = None, pool: int | None = 1, cache: bool = False,
                       output: OutputFormat = TEXT) -> list[Describer]:
         """One describer per sequence of the loaded engine (one without --parallel)."""
-        return [cls(sequence, loaded.prompt_format, tile_size=loaded.projector_facts.image_size,
-                    max_tokens=max_tokens, sampling=sampling, max_tiles=max_tiles,
-                    n_gpu_layers=loaded.n_gpu_layers, pool=pool, layout=loaded.layout, encoder=encoder,
-                    output=output)
-                for sequence, encoder in zip(loaded.engine.sequences(), loaded.encoders(cache=cache),
-                                             strict=True)]
+        pairs = zip(loaded.engine.sequences(), loaded.encoders(cache=cache), strict=True)
+        return [cls._on(loaded, sequence, encoder, max_tokens=max_tokens, sampling=sampling,
+                        max_tiles=max_tiles, pool=pool, output=output) for sequence, encoder in pairs]
+
+    @classmethod
+    def _on(cls, loaded: Loaded, sequence: EngineSequence,
+            encoder: Callable[[Image.Image], ImageEmbedding] | None, *, max_tokens: int,
+            sampling: Sampling | None, max_tiles: int | None, pool: int | None,
+            output: OutputFormat) -> Describer:
+        return cls(sequence, loaded.prompt_format, tile_size=loaded.projector_facts.image_size,
+                   max_tokens=max_tokens, sampling=sampling, max_tiles=max_tiles,
+                   n_gpu_layers=loaded.n_gpu_layers, pool=pool, layout=loaded.layout, encoder=encoder,
+                   output=output)
 
     @property
     def n_ctx(self) -> int:
@@ -299,28 +306,29 @@ class _Feed:
             if prepared is None:
                 self._emit([ImageFailed(index, self.total, path, str(error))])
                 continue
-            events = self._describe(describer, index, path, prepared, read_s, prompt)
-            self._emit(events)
+            self._describe(describer, index, path, prepared, read_s, prompt)
 
     def _next(self) -> tuple[int, Prefetched] | None:
         with self._feed_lock:
             return next(self._items, None)
 
     def _describe(self, describer: Describer, index: int, path: Path, prepared: PreparedImage,
-                  read_s: float, prompt: str) -> list[DescribeEvent]:
-        events: list[DescribeEvent] = [ImageStarted(index, self.total, path, prepared.image.note)]
-        if not self._buffered:  # one describer: stream as it happens
-            self._emit(events)
-            events = []
-        on_piece, on_progress = _forwarders(self._emit_one if not self._buffered else events.append, index)
+                  read_s: float, prompt: str) -> None:
+        held: list[DescribeEvent] = []
+        # One describer streams as it goes; side by side, an image's events go out together.
+        sink = held.append if self._buffered else self._emit_one
+        sink(ImageStarted(index, self.total, path, prepared.image.note))
+        on_piece, on_progress = _forwarders(sink, index)
         started = time.perf_counter() - read_s - prepared.preprocess_s
         result = describer.describe(prepared, prompt, started=started, read_s=read_s, on_piece=on_piece,
-                                    on_progress=on_progress if not self._buffered else None)
+                                    on_progress=None if self._buffered else on_progress)
         if describer.output.is_json and result.data is None:  # an answer cut off before it closed
-            return [*events, ImageFailed(index, self.total, path, result.note)]
-        with self._lock:
-            self.described += 1
-        return [*events, ImageDone(index, self.total, path, result)]
+            sink(ImageFailed(index, self.total, path, result.note))
+        else:
+            with self._lock:
+                self.described += 1
+            sink(ImageDone(index, self.total, path, result))
+        self._emit(held)
 
     def _emit_one(self, event: DescribeEvent) -> None:
         self._emit([event])

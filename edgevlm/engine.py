@@ -652,7 +652,7 @@ class _Batch:
 
     def __init__(self, capacity: int, n_embd: int = 0) -> None:
         self.raw = llama_cpp.llama_batch_init(capacity, n_embd, 1)
-        self.capacity, self.n_embd = capacity, n_embd
+        self.n_embd = n_embd
 
     def clear(self) -> None:
         self.raw.n_tokens = 0
@@ -788,25 +788,25 @@ class _Batcher:
                       key=lambda w: w.sequence.request_started, default=None)
         self._expected = set()
         self._tokens.clear()
-        at = {id(w): self._tokens.add_tokens(w.sequence, w.tokens, logits_last=True)  # type: ignore[arg-type]
+        at = {w: self._tokens.add_tokens(w.sequence, w.tokens, logits_last=True)  # type: ignore[arg-type]
               for w in decoding}
         chunk = self._add_text_chunk(prefill, at) if prefill is not None else 0
         included = decoding + ([prefill] if chunk and prefill is not None else [])
         if included and not self._decode(self._tokens, included):
             return
         for work in included:
-            self._advance(work, chunk if work is prefill else 1, at[id(work)])
+            self._advance(work, chunk if work is prefill else 1, at[work])
         if prefill is not None and prefill.rows is not None:
             self._step_rows(prefill)
 
-    def _add_text_chunk(self, work: _Work, at: dict[int, int]) -> int:
+    def _add_text_chunk(self, work: _Work, at: dict[_Work, int]) -> int:
         """Fill the rest of the step's batch with the next piece of a text prefill."""
         if work.tokens is None:
             return 0
         chunk = min(work.n_items - work.done_items, self._engine.n_batch - self._tokens.raw.n_tokens)
         if chunk > 0:
             end = work.done_items + chunk
-            at[id(work)] = self._tokens.add_tokens(work.sequence, work.tokens[work.done_items:end],
+            at[work] = self._tokens.add_tokens(work.sequence, work.tokens[work.done_items:end],
                                                    logits_last=end == work.n_items)
         return max(chunk, 0)
 
