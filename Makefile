@@ -12,12 +12,13 @@ GPU ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
 # CUDA builds target this machine's cards (compute capability, e.g. 86 for an RTX 3060): far
 # faster to build than every architecture. CUDA_ARCH=all builds them all (a wheel to share).
 CUDA_ARCH ?= $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | tr -d . | sort -u | paste -sd';' -)
+# Every build carries ggml's RPC backend, so one machine can use another's GPU (edgevlm worker).
 ifeq ($(GPU),cuda)
-  BACKEND := cuda$(if $(filter-out all,$(CUDA_ARCH)),-sm$(subst ;,-,$(CUDA_ARCH)),)
-  LLAMA_CMAKE_ARGS := -DGGML_CUDA=on $(if $(filter-out all,$(CUDA_ARCH)),-DCMAKE_CUDA_ARCHITECTURES=$(CUDA_ARCH),)
+  BACKEND := cuda$(if $(filter-out all,$(CUDA_ARCH)),-sm$(subst ;,-,$(CUDA_ARCH)),)-rpc
+  LLAMA_CMAKE_ARGS := -DGGML_RPC=on -DGGML_CUDA=on $(if $(filter-out all,$(CUDA_ARCH)),-DCMAKE_CUDA_ARCHITECTURES=$(CUDA_ARCH),)
 else
-  BACKEND := cpu
-  LLAMA_CMAKE_ARGS :=
+  BACKEND := cpu-rpc
+  LLAMA_CMAKE_ARGS := -DGGML_RPC=on
 endif
 # Built wheels are kept per backend, so a CPU wheel is never reused for a CUDA build (or the
 # reverse); pip's own cache is bypassed because it keys wheels by version alone.

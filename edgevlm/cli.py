@@ -250,7 +250,7 @@ def serve(
         with _loaded(flags, quiet=False) as loaded:
             run_server(loaded, settings, on_ready=lambda url: err.print(
                 f"edgevlm serving [bold]{escape(loaded.choice.model_path.name)}[/] at {url} "
-                f"(OpenAI: {url}/v1, Ollama: {url}) — Ctrl-C to stop"))
+                f"(chat page: {url}, OpenAI: {url}/v1, Ollama: {url}) — Ctrl-C to stop"))
         err.print("edgevlm serve stopped")
 
 

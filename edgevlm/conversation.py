@@ -109,6 +109,9 @@ class TurnStats:
     itl_p90_s: float = 0.0
     layout: str = ""  # how the image was shown (llava-1.5-tiles, llava-next); "" without one
     cached_tokens: int = 0  # prompt positions reused from the cache rather than decoded
+    summary_tokens_live: int = 0  # positions held by summaries of earlier images
+    canvas_size: tuple[int, int] = (0, 0)  # the tiles' canvas, (0, 0) for the global view alone
+    image_box: tuple[int, int, int, int] = (0, 0, 0, 0)  # where the image sits on that canvas
 
 
 @dataclass(frozen=True)
@@ -268,6 +271,11 @@ class Conversation:
     def visual_tokens_live(self) -> int:
         """Image positions still in the cache."""
         return sum(s.n_tokens for s in self.segments if s.visual)
+
+    @property
+    def summary_tokens_live(self) -> int:
+        """Positions held by the summaries that replaced answered images."""
+        return sum(s.n_tokens for s in self.segments if s.kind == "summary")
 
     @property
     def useful_pixels(self) -> int:
@@ -496,7 +504,10 @@ class Conversation:
             tile_tokens=self._tile_tokens, tile_prefill_s=self._tile_prefill_s,
             itl_p50_s=generated.itl_p50_s, itl_p90_s=generated.itl_p90_s,
             layout=plan.layout if plan else "",
-            cached_tokens=max(prompt_tokens - generated.prompt_tokens, 0))
+            cached_tokens=max(prompt_tokens - generated.prompt_tokens, 0),
+            summary_tokens_live=self.summary_tokens_live,
+            canvas_size=plan.canvas_size if plan else (0, 0),
+            image_box=plan.image_box if plan else (0, 0, 0, 0))
 
     # -- images ---------------------------------------------------------------------------
 

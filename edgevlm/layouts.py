@@ -63,6 +63,15 @@ class NextGrid:
         return self.grid[0] * self.grid[1]
 
     @property
+    def canvas_size(self) -> tuple[int, int]:
+        return self.canvas
+
+    @property
+    def image_box(self) -> tuple[int, int, int, int]:
+        """Where the resized image sits on the canvas: (x, y, width, height)."""
+        return fitted_box(self.image_size, self.canvas) if self.n_tiles else (0, 0, *self.canvas)
+
+    @property
     def map_shape(self) -> tuple[int, int]:
         """(height, width) of the unpadded feature map, in tokens, before the newlines."""
         return (self.rows_kept[1] - self.rows_kept[0], self.cols_kept[1] - self.cols_kept[0])
@@ -155,16 +164,23 @@ def pack_next(overview: np.ndarray, tiles: list[np.ndarray], plan: NextGrid,
     return np.concatenate([overview, packed])
 
 
-def _resize_and_pad(image: Image.Image, canvas: tuple[int, int]) -> Image.Image:
-    """Fit the image inside the canvas, aspect kept, centred on black (LLaVA-NeXT's refinement)."""
-    width, height = image.size
+def fitted_box(size: tuple[int, int], canvas: tuple[int, int]) -> tuple[int, int, int, int]:
+    """Where an image of `size` lands when fitted inside the canvas, aspect kept and centred:
+    (x, y, width, height), as LLaVA-NeXT's refinement places it."""
+    width, height = size
     target_w, target_h = canvas
     if target_w / width < target_h / height:
         new_w, new_h = target_w, min(math.ceil(height * target_w / width), target_h)
     else:
         new_w, new_h = min(math.ceil(width * target_h / height), target_w), target_h
+    return ((target_w - new_w) // 2, (target_h - new_h) // 2, new_w, new_h)
+
+
+def _resize_and_pad(image: Image.Image, canvas: tuple[int, int]) -> Image.Image:
+    """Fit the image inside the canvas, aspect kept, centred on black (LLaVA-NeXT's refinement)."""
+    x, y, new_w, new_h = fitted_box(image.size, canvas)
     padded = Image.new("RGB", canvas, PAD_RGB)
-    padded.paste(_resize(image, (new_w, new_h)), ((target_w - new_w) // 2, (target_h - new_h) // 2))
+    padded.paste(_resize(image, (new_w, new_h)), (x, y))
     return padded
 
 

@@ -49,6 +49,7 @@ class TurnOptions:
     sampling: Sampling = Sampling()
     max_tiles: int | None = None  # None: as many as the context allows; 0: the global view only
     stop: tuple[str, ...] = ()
+    pool: int | None = None  # None: the session's own setting; 0: auto; 1 or 2: that factor
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class ChatSession:
         self.conversation = conversation
         self.summaries = summaries
         self._system_default = conversation.system
+        self._pool_default = conversation.pool
 
     def respond(self, turn: ChatTurn, *, started: float | None = None,
                 on_piece: Callable[[str], None] | None = None,
@@ -121,6 +123,7 @@ class ChatSession:
         conversation.sampling = options.sampling
         conversation.max_tiles = options.max_tiles
         conversation.stop = options.stop
+        conversation.pool = self._pool_default if options.pool is None else (options.pool or None)
 
     def _records(self, past: tuple[PastTurn, ...]) -> list[TurnRecord]:
         """The history as the conversation keeps it, images numbered in order and summarised."""

@@ -57,6 +57,11 @@ class TilePlan:
         cols, rows = self.grid
         return (cols * self.tile_size, rows * self.tile_size)
 
+    @property
+    def image_box(self) -> tuple[int, int, int, int]:
+        """Where the resized image sits on the canvas: (x, y, width, height)."""
+        return (*self.offset, *self.resized_size)
+
 
 def effective_resolution(width: int, height: int, cols: int, rows: int, tile_size: int) -> int:
     """LLaVA-NeXT's score: image pixels kept when fitted into a cols x rows canvas, capped at W*H."""

@@ -130,6 +130,18 @@ def test_a_photo_answered_whole_and_streamed_alike(client: OpenAI, server: tuple
     _checked(server[1])
 
 
+def test_pool_is_asked_per_request_and_placed_on_the_canvas(client: OpenAI) -> None:
+    reply = client.chat.completions.create(model="", messages=[image_message("What is this?", seed=9)],
+                                           extra_body={"edgevlm": {"pool": 2}})
+    numbers = reply.model_extra["edgevlm"]
+    cols, rows = numbers["grid"]
+    assert numbers["n_tiles"] == cols * rows > 0 and numbers["pool"] == 2
+    canvas_w, canvas_h = numbers["canvas"]
+    x, y, width, height = numbers["image_box"]
+    assert (canvas_w, canvas_h) == (cols * 112, rows * 112)  # the test projector's 112 px tiles
+    assert 0 <= x and x + width <= canvas_w and 0 <= y and y + height <= canvas_h
+
+
 def test_json_schema_output_follows_the_schema(client: OpenAI) -> None:
     schema = {"type": "object", "additionalProperties": False, "required": ["colour", "count"],
               "properties": {"colour": {"enum": ["red", "green", "blue"]},
@@ -150,6 +162,13 @@ def test_a_follow_up_reuses_the_cache(client: OpenAI, server: tuple[str, ServerS
     second = client.chat.completions.create(model="", messages=messages)
     cached = second.usage.prompt_tokens_details.cached_tokens
     assert cached > 0 and second.model_extra["edgevlm"]["clip_encodes"] == 0
+    # What the page shows: the first image's summary, and the cache split by what holds it.
+    shown, now = first.model_extra["edgevlm"], second.model_extra["edgevlm"]
+    assert shown["kv"]["images"] == shown["visual_tokens"] and shown["summaries"] == []
+    assert now["kv"]["images"] == 0 and now["kv"]["summaries"] > 0 and now["kv"]["n_ctx"] == 2048
+    summaries = server[1].summaries
+    assert summaries is not None and [s["turn"] for s in now["summaries"]] == [1]
+    assert now["summaries"][0]["summary"] == summaries.get(now["summaries"][0]["sha256"])
     assert second.model_extra["edgevlm"]["prefill_tokens"] < second.usage.prompt_tokens - cached + 8
     _checked(server[1])
 
@@ -220,6 +239,8 @@ def _image_body(url: str) -> dict[str, object]:
     ({"messages": [{"role": "user", "content": "word " * 3000}]}, 400, "context_length_exceeded"),
     ({"messages": [{"role": "tool", "content": "x"}], "stream": True}, 400, None),
     ({"messages": "hello"}, 400, None),
+    ({"messages": [{"role": "user", "content": "hi"}], "edgevlm": {"pool": 3}}, 400, None),
+    ({"messages": [{"role": "user", "content": "hi"}], "edgevlm": "pool"}, 400, None),
 ])
 def test_bad_requests_get_openai_errors(server: tuple[str, ServerState], body: dict, status: int,
                                         code: str | None) -> None:

@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException
 
 from .. import __version__
 from ..errors import one_line
-from . import ollama_api, openai_api
+from . import ollama_api, openai_api, page
 from .core import ServerState, state_of
 from .http import ApiError, RequestLog, check_key
 
@@ -37,7 +37,8 @@ def create_app(state: ServerState) -> FastAPI:
     app.include_router(openai_api.router, dependencies=keyed)
     app.include_router(ollama_api.router, dependencies=keyed)
     app.add_api_route("/health", _health, methods=["GET"])
-    app.add_api_route("/", _root, methods=["GET", "HEAD"])  # Ollama clients probe "/"
+    app.add_api_route("/edgevlm/info", page.info, methods=["GET"], dependencies=keyed)
+    app.include_router(page.router)  # the page itself needs no key: it asks for one on a 401
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(Exception, _unexpected)
@@ -52,10 +53,6 @@ async def _require_key(request: Request) -> None:
 async def _health(request: Request) -> dict[str, object]:
     state = state_of(request)
     return {"status": "ok", "model": state.model.id, "waiting": state.scheduler.waiting}
-
-
-async def _root() -> str:
-    return "edgevlm is running"
 
 
 def error_response(request: Request, error: ApiError) -> JSONResponse:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from starlette.requests import Request
 
+from ..cache import SummaryStore
 from ..conversation import TurnStats
 from ..errors import ContextOverflowError, EngineError, Interrupted, UserError, one_line
 from ..session import ChatTurn
@@ -44,6 +45,10 @@ class ServerState:
     max_tokens: int = 512
     max_tiles: int | None = None
     useful_pixels: int | None = None
+    pool: int | None = None  # the server's --pool (None: auto)
+    temperature: float = 0.0
+    summaries: SummaryStore | None = None
+    plan: dict[str, object] = field(default_factory=dict)  # the memory plan, as `plan --json`
     created: int = field(default_factory=lambda: int(time.time()))
 
     def model_matches(self, name: object) -> bool:
@@ -122,14 +127,35 @@ def finish_reason(stats: TurnStats, max_tokens: int) -> str:
     return "length" if stats.completion_tokens >= max_tokens else "stop"
 
 
-def edgevlm_numbers(answered: Answered) -> dict[str, object]:
-    """What the turn cost, in edgevlm's own words: prefill, CLIP, and the two speeds."""
+def edgevlm_numbers(answered: Answered, n_ctx: int) -> dict[str, object]:
+    """What the turn cost, in edgevlm's own words: prefill, CLIP, the two speeds, how the image
+    was shown (grid, pooling, where it sat on the tiles' canvas) and the cache it left."""
     s = answered.stats
     return {"prefill_tokens": s.prefill_tokens, "cached_tokens": s.cached_tokens,
             "visual_tokens": s.visual_tokens, "visual_tokens_live": s.visual_tokens_live,
             "clip_encodes": s.clip_encodes, "grid": list(s.grid), "n_tiles": s.n_tiles,
+            "pool": s.pool, "canvas": list(s.canvas_size), "image_box": list(s.image_box),
             "layout": s.layout, "dropped_turns": s.dropped_turns, "queue_s": round(answered.queue_s, 4),
-            "ttft_s": round(s.ttft_s, 4), "decode_tok_s": round(s.decode_tok_s, 2)}
+            "ttft_s": round(s.ttft_s, 4), "decode_tok_s": round(s.decode_tok_s, 2),
+            "kv": _kv_split(s, n_ctx)}
+
+
+def _kv_split(stats: TurnStats, n_ctx: int) -> dict[str, int]:
+    """The cache when the answer ended, by what holds it."""
+    images, summaries = stats.visual_tokens_live, stats.summary_tokens_live
+    return {"n_ctx": n_ctx, "text": stats.kv_tokens - images - summaries, "summaries": summaries,
+            "images": images}
+
+
+def past_summaries(turn: ChatTurn, store: SummaryStore | None) -> list[dict[str, object]]:
+    """The summaries that stood in for the request's earlier images, in message order."""
+    found = []
+    for number, past in enumerate(turn.past, start=1):
+        if past.image is not None:
+            summary = store.get(past.image.sha256) if store is not None else None
+            found.append({"turn": number, "image": past.image.image.path.name,
+                          "sha256": past.image.sha256, "summary": summary or ""})
+    return found
 
 
 def note_for_log(request: Request, answered: Answered) -> None:

@@ -86,7 +86,8 @@ def build_state(loaded: Loaded, settings: ServeSettings) -> ServerState:
         scheduler=Scheduler(sessions, max_queue=settings.max_queue), model=_model_info(loaded),
         api_key=settings.api_key, media_dir=settings.media_dir.resolve() if settings.media_dir else None,
         max_body_bytes=settings.max_body_mb << 20, max_tokens=settings.max_tokens,
-        max_tiles=settings.max_tiles, useful_pixels=first.useful_pixels)
+        max_tiles=settings.max_tiles, useful_pixels=first.useful_pixels, pool=settings.pool,
+        temperature=settings.sampling.temperature, summaries=summaries, plan=loaded.plan.to_json())
 
 
 def _conversation(loaded: Loaded, sequence: EngineSequence, settings: ServeSettings,

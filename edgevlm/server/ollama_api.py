@@ -86,7 +86,7 @@ def parse_request(body: dict[str, object], state: ServerState, kind: str) -> Cha
         max_tokens=max_tokens, stop=opt.stops(raw.get("stop"), "options.stop"),
         sampling=opt.sampling(raw, temperature="temperature", top_p="top_p", seed="seed",
                               grammar=_grammar(body.get("format")), where="options."),
-        max_tiles=state.max_tiles)
+        max_tiles=state.max_tiles, pool=opt.pool(raw.get("pool"), "options.pool"))
     return chat_turn(messages, options)
 
 

@@ -21,6 +21,7 @@ from .core import (
     error_for,
     finish_reason,
     note_for_log,
+    past_summaries,
     start,
     state_of,
     stream_events,
@@ -48,7 +49,8 @@ async def chat_completions(request: Request) -> JSONResponse | EventSourceRespon
     body = await read_json(request, state.max_body_bytes)
     turn = await run_in_threadpool(parse_request, body, state)
     job, first = await start(turn, state, request)
-    reply = _Reply(state.model.id, turn.options.max_tokens)
+    reply = _Reply(state.model.id, turn.options.max_tokens, state.model.n_ctx,
+                   past_summaries(turn, state.summaries))
     if body.get("stream"):
         return EventSourceResponse(reply.stream(request, job, first), ping=15)
     text, answered = await collect(job, first)
@@ -64,6 +66,9 @@ def parse_request(body: dict[str, object], state: ServerState) -> ChatTurn:
     if body.get("n") not in (None, 1):
         raise bad_request("only n=1 is supported", "n")
     messages, detail = _messages(body.get("messages"), state)
+    extra = body.get("edgevlm") or {}
+    if not isinstance(extra, dict):
+        raise bad_request("expected an object of edgevlm's own options (pool)", "edgevlm")
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     limit = opt.whole(max_tokens, "max_tokens", low=1, high=1 << 20) if max_tokens is not None \
         else state.max_tokens
@@ -71,7 +76,8 @@ def parse_request(body: dict[str, object], state: ServerState) -> ChatTurn:
         max_tokens=limit, stop=opt.stops(body.get("stop"), "stop"),
         sampling=opt.sampling(body, temperature="temperature", top_p="top_p", seed="seed",
                               grammar=_grammar(body.get("response_format"))),
-        max_tiles=0 if detail == "low" else state.max_tiles)
+        max_tiles=0 if detail == "low" else state.max_tiles,
+        pool=opt.pool(extra.get("pool"), "edgevlm.pool"))
     return chat_turn(messages, options)
 
 
@@ -134,9 +140,14 @@ def _grammar(response_format: object) -> str | None:
 class _Reply:
     """One completion's replies in OpenAI's shapes."""
 
-    def __init__(self, model: str, max_tokens: int) -> None:
+    def __init__(self, model: str, max_tokens: int, n_ctx: int, summaries: list[dict[str, object]]) -> None:
         self.id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         self.model, self.max_tokens, self.created = model, max_tokens, int(time.time())
+        self.n_ctx, self.summaries = n_ctx, summaries
+
+    def numbers(self, answered: Answered) -> dict[str, object]:
+        """The `edgevlm` block: the turn's numbers and the summaries of the request's earlier images."""
+        return {**edgevlm_numbers(answered, self.n_ctx), "summaries": self.summaries}
 
     def _head(self, kind: str) -> dict[str, object]:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
@@ -151,7 +162,7 @@ class _Reply:
         choice = {"index": 0, "message": {"role": "assistant", "content": text},
                   "finish_reason": finish_reason(answered.stats, self.max_tokens), "logprobs": None}
         return {**self._head("chat.completion"), "choices": [choice], "usage": self.usage(answered),
-                "edgevlm": edgevlm_numbers(answered)}
+                "edgevlm": self.numbers(answered)}
 
     def chunk(self, delta: dict[str, object], finish: str | None = None) -> dict[str, object]:
         choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
@@ -167,7 +178,7 @@ class _Reply:
                 elif isinstance(event, Answered):
                     note_for_log(request, event)
                     last = self.chunk({}, finish_reason(event.stats, self.max_tokens))
-                    last.update(usage=self.usage(event), edgevlm=edgevlm_numbers(event))
+                    last.update(usage=self.usage(event), edgevlm=self.numbers(event))
                     yield {"data": json.dumps(last)}
                 elif isinstance(event, Failed):
                     yield {"data": json.dumps(error_for(event.error).openai())}

@@ -8,6 +8,7 @@ from dataclasses import replace
 from ..engine import Sampling
 from ..errors import ConfigError
 from ..structured import OutputFormat
+from ..tiling import POOL_CHOICES
 from .http import bad_request
 
 MAX_STOPS = 8
@@ -35,6 +36,18 @@ def stops(value: object, param: str) -> tuple[str, ...]:
     if not isinstance(items, list) or not all(isinstance(s, str) for s in items) or len(items) > MAX_STOPS:
         raise bad_request(f"expected a string or a list of up to {MAX_STOPS} strings", param)
     return tuple(s for s in items if s)
+
+
+def pool(value: object, param: str) -> int | None:
+    """edgevlm's own `pool`: absent (None: the server's setting), "auto" (0), 1 or 2."""
+    if value is None:
+        return None
+    if value == "auto":
+        return 0
+    if str(value) in {str(p) for p in POOL_CHOICES} and not isinstance(value, bool | float):
+        return int(str(value))
+    choices = ", ".join(map(str, POOL_CHOICES))
+    raise bad_request(f"expected auto, {choices}, got {json.dumps(value)}", param)
 
 
 def sampling(body: dict[str, object], *, temperature: str, top_p: str, seed: str,
