@@ -24,7 +24,7 @@ from .render import err
 if TYPE_CHECKING:  # the heavy modules load inside the commands: `--help` stays instant
     from .batch import Target, XmpOutput
     from .engine import Sampling
-    from .runtime import Loaded, ModelFlags
+    from .runtime import Loaded, ModelFlags, Placement
 
 T = TypeVar("T")
 app = typer.Typer(
@@ -128,7 +128,10 @@ def describe(
     write_captions: opt.WriteCaptions = False, out_dir: opt.OutDir = None, jsonl: opt.Jsonl = None,
     write_xmp: opt.WriteXmp = False, embed: opt.Embed = False, xmp_name: opt.XmpName = "IMG.jpg.xmp",
     overwrite: opt.Overwrite = False, fetch_missing: opt.Fetch = False, threads: opt.Threads = None,
-    no_cache: opt.NoCache = False, parallel: opt.Parallel = "auto", verbose: opt.Verbose = False,
+    no_cache: opt.NoCache = False, parallel: opt.Parallel = "auto",
+    rpc: opt.Rpc = None, tensor_split: opt.TensorSplit = None,
+    split_mode: opt.SplitMode = "layer", main_gpu: opt.MainGpu = 0, mmproj_device: opt.MmprojDevice = None,
+    verbose: opt.Verbose = False,
     debug: opt.Debug = False,
 ) -> None:
     """Describe photos and folders (see DESCRIBE_HELP)."""
@@ -142,6 +145,7 @@ def describe(
     with _handled(debug):
         max_tiles, pool_factor = _tiles_option(ctx, tiles), _pool_option(ctx, pool)
         n_seq = _parallel_option(ctx, parallel)
+        placement = _placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device)
         max_pixels()  # a bad EDGEVLM_MAX_PIXELS is refused before anything loads
         output = choose_format(fmt=fmt, schema_path=schema, tags=tags, max_tags=max_tags, language=language)
         output.grammar()  # a schema that cannot be enforced is refused before anything loads
@@ -157,7 +161,7 @@ def describe(
         summary = BatchSummary(skipped=len(targets))  # until something needs doing
         if needs_work(targets, jsonl=log, overwrite=overwrite, xmp=xmp):
             flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, max_tokens, fetch_missing,
-                                 parallel=n_seq if len(targets) > 1 else 1)
+                                 parallel=n_seq if len(targets) > 1 else 1, placement=placement)
             with _loaded(flags, quiet=quiet or json_out) as loaded, view:
                 describers = Describer.for_sequences(
                     loaded, max_tokens=max_tokens, max_tiles=max_tiles, sampling=_sampling(temperature, seed),
@@ -191,7 +195,9 @@ def chat(
     keep_images: opt.KeepImages = 0, tiles: opt.Tiles = "auto", pool: opt.Pool = "auto",
     system: opt.System = None, session: opt.Session = None, resume: opt.Resume = None,
     stats_json: opt.StatsJson = None, fetch_missing: opt.Fetch = False, threads: opt.Threads = None,
-    no_cache: opt.NoCache = False, verbose: opt.Verbose = False, debug: opt.Debug = False,
+    no_cache: opt.NoCache = False, rpc: opt.Rpc = None, tensor_split: opt.TensorSplit = None,
+    split_mode: opt.SplitMode = "layer", main_gpu: opt.MainGpu = 0, mmproj_device: opt.MmprojDevice = None,
+    verbose: opt.Verbose = False, debug: opt.Debug = False,
 ) -> None:
     """Chat about images in the terminal (see CHAT_HELP)."""
     from .chat import load_transcript, run_chat
@@ -207,7 +213,8 @@ def chat(
         saved = load_transcript(resume) if resume else None
         if saved and saved.model and _is_default(ctx, "model"):  # resume with the recorded model
             model, mmproj = saved.model, mmproj or (Path(saved.mmproj) if saved.mmproj else None)
-        flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, max_tokens, fetch_missing)
+        flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, max_tokens, fetch_missing,
+                             placement=_placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device))
         with _loaded(flags, quiet=False) as loaded:
             conversation = Conversation(
                 loaded.engine, loaded.prompt_format, tile_size=loaded.projector_facts.image_size,
@@ -225,7 +232,10 @@ def serve(
     n_ctx: opt.NCtx = None, n_gpu_layers: opt.NGpuLayers = None, max_tokens: opt.MaxTokens = 512,
     temperature: opt.Temperature = 0.0, tiles: opt.Tiles = "auto", pool: opt.Pool = "auto",
     summary: opt.Summary = "caption", no_cache: opt.NoCache = False, fetch_missing: opt.Fetch = False,
-    parallel: opt.Parallel = "auto", threads: opt.Threads = None, verbose: opt.Verbose = False,
+    parallel: opt.Parallel = "auto", threads: opt.Threads = None,
+    rpc: opt.Rpc = None, tensor_split: opt.TensorSplit = None,
+    split_mode: opt.SplitMode = "layer", main_gpu: opt.MainGpu = 0, mmproj_device: opt.MmprojDevice = None,
+    verbose: opt.Verbose = False,
     debug: opt.Debug = False,
 ) -> None:
     """The OpenAI- and Ollama-compatible API (see SERVE_HELP)."""
@@ -246,7 +256,8 @@ def serve(
         n_seq = _parallel_option(ctx, parallel)
         check(settings)  # unsafe or impossible settings fail before the model loads
         flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, max_tokens, fetch_missing,
-                             parallel=n_seq)
+                             parallel=n_seq,
+                             placement=_placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device))
         with _loaded(flags, quiet=False) as loaded:
             run_server(loaded, settings, on_ready=lambda url: err.print(
                 f"edgevlm serving [bold]{escape(loaded.choice.model_path.name)}[/] at {url} "
@@ -259,6 +270,8 @@ def plan(
     ctx: typer.Context, preset: opt.PlanModel = None, model: opt.Model = DEFAULT_MODEL,
     mmproj: opt.Mmproj = None, vram: opt.Vram = None, n_ctx: opt.NCtx = None, kv_type: opt.KvType = None,
     flash_attn: opt.FlashAttn = True, max_tokens: opt.AnswerRoom = 512, parallel: opt.Parallel = "1",
+    rpc: opt.Rpc = None, tensor_split: opt.TensorSplit = None,
+    split_mode: opt.SplitMode = "layer", main_gpu: opt.MainGpu = 0, mmproj_device: opt.MmprojDevice = None,
     verify: opt.Verify = False, json_out: opt.PlanJson = False, verbose: opt.Verbose = False,
     debug: opt.Debug = False,
 ) -> None:
@@ -271,12 +284,13 @@ def plan(
     _configure_logging(verbose)
     with _handled(debug):
         try:
-            vram_bytes = parse_size(vram) if vram is not None else None
+            cards = tuple(parse_size(v) for v in vram.split(",")) if vram is not None else None
         except ValueError as exc:
             raise ConfigError(f"--vram: {exc}") from None
         flags = ModelFlags(preset or model, str(mmproj) if mmproj else None, n_ctx=n_ctx,
-                           answer_tokens=max_tokens, vram=vram_bytes, kv_type=kv_type, flash_attn=flash_attn,
-                           parallel=_parallel_option(ctx, parallel))
+                           answer_tokens=max_tokens, vram=cards, kv_type=kv_type, flash_attn=flash_attn,
+                           parallel=_parallel_option(ctx, parallel),
+                           placement=_placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device))
         choice, text, projector = inspect(flags, catalog_if_missing=not verify)
         the_plan = make_plan(flags, text, projector, costs=describe_costs(choice, text, projector))
         if not choice.model_path.exists() and choice.preset is not None:
@@ -297,6 +311,8 @@ def bench(
     turns: opt.Turns = 4, max_tokens: opt.BenchTokens = 32, repeat: opt.Repeat = 1, peer: opt.Peer = None,
     no_peer: opt.NoPeer = False, n_ctx: opt.NCtx = None, n_gpu_layers: opt.NGpuLayers = None,
     threads: opt.Threads = None, json_out: opt.BenchJson = False, fetch_missing: opt.Fetch = False,
+    rpc: opt.Rpc = None, tensor_split: opt.TensorSplit = None,
+    split_mode: opt.SplitMode = "layer", main_gpu: opt.MainGpu = 0, mmproj_device: opt.MmprojDevice = None,
     verbose: opt.Verbose = False, debug: opt.Debug = False,
 ) -> None:
     """Measure this machine (see BENCH_HELP)."""
@@ -313,7 +329,8 @@ def bench(
         peer = None if no_peer else peer or (DEFAULT_PEER if DEFAULT_PEER.exists() else None)
         if peer is not None and not peer.is_file():
             raise ConfigError(f"--peer {peer}: no such file (build it with `make peers`)")
-        flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, max_tokens, fetch_missing)
+        flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, max_tokens, fetch_missing,
+                             placement=_placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device))
         with _loaded(flags, quiet=json_out) as loaded, err.status("measuring", spinner="dots") as status:
             report = run_bench(loaded, photo, turns=turns, max_tokens=max_tokens, repeats=repeat,
                                peer=peer, on_step=lambda label: status.update(f"measuring: {label}"))
@@ -321,6 +338,44 @@ def bench(
             typer.echo(json.dumps(report.to_json()))
         else:
             render_bench(report)
+
+
+WORKER_HELP = """Lend this machine's GPU (or CPU) to edgevlm on another machine.
+
+Runs llama.cpp's own RPC worker (ggml-rpc) from the same build as edgevlm, so the protocol
+always matches. Clients add it with --rpc HOST:PORT and llama.cpp spreads the layers over it.
+
+\b
+On the machine with the second GPU:
+  edgevlm worker --host 0.0.0.0 --allow-network
+Then on yours:
+  edgevlm describe photo.jpg --rpc 192.168.1.20:50052
+
+The RPC protocol has no authentication: listen on a network you trust only.
+"""
+
+
+@app.command(help=WORKER_HELP)
+def worker(
+    host: opt.WorkerHost = "127.0.0.1", port: opt.WorkerPort = 50052, device: opt.WorkerDevice = None,
+    cache: opt.WorkerCache = None, allow_network: opt.AllowNetwork = False, threads: opt.Threads = None,
+    verbose: opt.Verbose = False, debug: opt.Debug = False,
+) -> None:
+    """An RPC worker (see WORKER_HELP)."""
+    from .rpc import worker_hint
+    from .worker import UNAUTHENTICATED, WorkerSettings, check, describe_device, pick_device, run
+
+    _configure_logging(verbose)
+    with _handled(debug):
+        settings = WorkerSettings(host=host, port=port, device=device, cache=cache,
+                                  allow_network=allow_network, threads=threads)
+        check(settings)
+        lent = pick_device(device)
+        run(settings, lent, on_ready=lambda: err.print(
+            f"edgevlm worker lending {escape(describe_device(lent))} at {host}:{port} — on the client, "
+            f"add [bold]{escape(worker_hint(host, port))}[/] — Ctrl-C to stop\n"
+            f"[yellow]warning:[/] {UNAUTHENTICATED}"))
+        err.print("edgevlm worker stopped")
 
 
 @app.command()
@@ -355,12 +410,31 @@ def models() -> None:
 
 def _model_flags(model: str, mmproj: Path | None, n_ctx: int | None, n_gpu_layers: int | None,
                  threads: int | None, max_tokens: int, fetch: bool, *,
-                 parallel: int | None = 1) -> ModelFlags:
+                 parallel: int | None = 1, placement: Placement | None = None) -> ModelFlags:
     """The model flags every loading command shares."""
-    from .runtime import ModelFlags
+    from .runtime import ModelFlags, Placement
 
     return ModelFlags(str(model), str(mmproj) if mmproj else None, n_ctx, n_gpu_layers, threads,
-                      answer_tokens=max_tokens, fetch=fetch, parallel=parallel)
+                      answer_tokens=max_tokens, fetch=fetch, parallel=parallel,
+                      placement=placement or Placement())
+
+
+def _placement(rpc: str | None, tensor_split: str | None, split_mode: str, main_gpu: int,
+               mmproj_device: str | None) -> Placement:
+    """The device flags, checked for shape (the devices themselves are checked at planning)."""
+    from .rpc import parse_endpoints
+    from .runtime import Placement
+
+    weights = None
+    if tensor_split is not None:
+        try:
+            weights = tuple(float(w) for w in tensor_split.split(","))
+        except ValueError:
+            raise ConfigError(f"--tensor-split {tensor_split}: expected numbers, e.g. 3,1") from None
+        if any(w < 0 for w in weights) or not any(weights):
+            raise ConfigError(f"--tensor-split {tensor_split}: the shares must be positive")
+    return Placement(rpc=tuple(parse_endpoints(rpc)) if rpc else (), tensor_split=weights,
+                     split_mode=split_mode, main_gpu=main_gpu, mmproj_device=mmproj_device)
 
 
 @contextlib.contextmanager

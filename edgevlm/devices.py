@@ -6,7 +6,8 @@ import os
 from dataclasses import dataclass
 from types import ModuleType
 
-from .plan import Device
+from .plan import Device, several
+from .split import GpuBudget
 
 
 @dataclass(frozen=True)
@@ -39,24 +40,22 @@ def ram_free_bytes() -> int:
 _NO_GPU_ERRORS = ("LibraryNotFound", "DriverNotLoaded", "NoPermission")
 
 
-def first_visible_gpu() -> tuple[GpuInfo | None, str]:
-    """The GPU CUDA will use first (honouring CUDA_VISIBLE_DEVICES), or None and why not.
-
-    The reason is empty when there is simply no NVIDIA GPU; otherwise it says what failed.
-    """
+def visible_gpus() -> tuple[list[GpuInfo], str]:
+    """Every GPU CUDA will see, in CUDA's order (honouring CUDA_VISIBLE_DEVICES), and why none
+    if NVML failed (empty when there is simply no NVIDIA GPU)."""
     try:
         import pynvml
     except ImportError:
-        return None, ""
+        return [], ""
     try:
         pynvml.nvmlInit()
-    except Exception as exc:  # no driver, no GPU, WSL without NVML
-        name = type(exc).__name__
-        return None, "" if any(e in name for e in _NO_GPU_ERRORS) else f"NVML did not start ({exc})"
-    try:
-        return _read_gpu(pynvml)
     except Exception as exc:
-        return None, f"NVML could not read the GPU ({exc})"
+        name = type(exc).__name__
+        return [], "" if any(e in name for e in _NO_GPU_ERRORS) else f"NVML did not start ({exc})"
+    try:
+        return [_read_handle(pynvml, h) for h in _visible_handles(pynvml)], ""
+    except Exception as exc:
+        return [], f"NVML could not read the GPUs ({exc})"
     finally:
         try:
             pynvml.nvmlShutdown()
@@ -64,10 +63,23 @@ def first_visible_gpu() -> tuple[GpuInfo | None, str]:
             pass
 
 
-def _read_gpu(pynvml: ModuleType) -> tuple[GpuInfo | None, str]:
-    handle = _visible_handle(pynvml)
-    if handle is None:
-        return None, ""
+def _visible_handles(pynvml: ModuleType) -> list[object]:
+    """NVML handles for CUDA's devices, in CUDA's order (PCI order, as CUDA is told to count)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    handles = []
+    for entry in (e.strip() for e in visible.split(",")):
+        if entry.startswith(("GPU-", "MIG-")):
+            handles.append(pynvml.nvmlDeviceGetHandleByUUID(entry.encode()))
+        elif entry.isdigit():
+            handles.append(pynvml.nvmlDeviceGetHandleByIndex(int(entry)))
+        else:
+            break  # CUDA stops at the first entry it cannot read, and so do we
+    return handles
+
+
+def _read_handle(pynvml: ModuleType, handle: object) -> GpuInfo:
     try:  # v2 separates driver-reserved memory; old drivers and WSL only have v1
         memory = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
     except Exception:
@@ -75,29 +87,25 @@ def _read_gpu(pynvml: ModuleType) -> tuple[GpuInfo | None, str]:
     name = pynvml.nvmlDeviceGetName(handle)
     index = pynvml.nvmlDeviceGetIndex(handle)
     return GpuInfo(int(index), name.decode() if isinstance(name, bytes) else str(name),
-                   int(memory.total), int(memory.free), int(memory.used)), ""
+                   int(memory.total), int(memory.free), int(memory.used))
 
 
-def _visible_handle(pynvml: ModuleType) -> object | None:
-    """NVML's handle for CUDA's first device; CUDA is told to count in PCI order as NVML does."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None or visible.strip() == "":
-        return pynvml.nvmlDeviceGetHandleByIndex(0) if visible is None else None
-    first = visible.split(",")[0].strip()
-    if first.startswith(("GPU-", "MIG-")):
-        return pynvml.nvmlDeviceGetHandleByUUID(first.encode())
-    if not first.lstrip("-").isdigit() or int(first) < 0:
-        return None
-    return pynvml.nvmlDeviceGetHandleByIndex(int(first))
-
-
-def detect(vram: int | None = None) -> Device:
-    """The device to plan for: --vram if given, else the first visible NVIDIA GPU, else the CPU."""
+def detect(vram: tuple[int, ...] | None = None, *, workers: tuple[GpuBudget, ...] = (),
+           local_gpus: bool = True) -> Device:
+    """The devices to plan for: --vram cards if given, else the visible NVIDIA GPUs (none when
+    this llama.cpp build cannot use them), plus any RPC workers; else the CPU."""
     ram = ram_free_bytes()
     if vram is not None:
-        return Device(vram_free=vram, ram_free=ram, name=f"a GPU with {vram / (1 << 30):.1f} GiB free")
-    gpu, why_not = first_visible_gpu()
-    if gpu is None:
-        note = f"planning for the CPU: {why_not}" if why_not else ""
+        cards = tuple(GpuBudget(f"CUDA{i}", v, description="--vram") for i, v in enumerate(vram))
+        if len(cards) == 1 and not workers:
+            name = f"a GPU with {vram[0] / (1 << 30):.1f} GiB free"
+            return Device(vram_free=vram[0], ram_free=ram, name=name)
+        return several(workers + cards, ram)
+    gpus, why_not = visible_gpus() if local_gpus else ([], "")
+    note = f"planning for the CPU: {why_not}" if why_not and not workers else ""
+    cards = tuple(GpuBudget(f"CUDA{i}", g.free_bytes, description=g.name) for i, g in enumerate(gpus))
+    if workers or len(cards) > 1:
+        return several(workers + cards, ram, note)
+    if not cards:
         return Device(vram_free=None, ram_free=ram, name="CPU", note=note)
-    return Device(vram_free=gpu.free_bytes, ram_free=ram, name=f"GPU {gpu.index}: {gpu.name}")
+    return Device(vram_free=gpus[0].free_bytes, ram_free=ram, name=f"GPU {gpus[0].index}: {gpus[0].name}")

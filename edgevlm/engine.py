@@ -54,6 +54,10 @@ class EngineConfig:
     mmproj_on_gpu: bool = True
     repack: bool = True  # llama.cpp's CPU weight repacking: faster matmuls, an extra host buffer
     n_seq: int = 1  # parallel sequences, each with n_ctx positions of its own
+    split_mode: str = "layer"  # several devices: layer | row | none (main_gpu alone)
+    main_gpu: int = 0
+    tensor_split: tuple[float, ...] = ()  # per device, in llama.cpp's order; () lets it choose
+    mmproj_device: str | None = None  # the device for the projector (CUDA1, RPC0); None: mtmd's
 
 
 @dataclass(frozen=True)
@@ -429,6 +433,12 @@ class Engine(EngineSequence):
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = cfg.n_gpu_layers
         mparams.use_extra_bufts = cfg.repack
+        mparams.split_mode = SPLIT_MODES[cfg.split_mode]
+        mparams.main_gpu = cfg.main_gpu
+        if cfg.tensor_split:
+            # llama.cpp keeps the pointer only during the load, but the array must outlive it.
+            self._tensor_split = (ctypes.c_float * llama_cpp.LLAMA_MAX_DEVICES)(*cfg.tensor_split)
+            mparams.tensor_split = self._tensor_split
 
         def progress(fraction: float, _user: ctypes.c_void_p) -> bool:
             if on_load_progress is not None:
@@ -483,6 +493,8 @@ class Engine(EngineSequence):
         mtmd_params.n_threads = self.n_threads
         mtmd_params.print_timings = False
         mtmd_params.warmup = True  # allocate the CLIP compute buffer now, not at the first image
+        if cfg.mmproj_device and cfg.mmproj_on_gpu:
+            mtmd_params.device = _device_by_name(cfg.mmproj_device)
         if cfg.flash_attn is not None:
             mtmd_params.flash_attn_type = _flash_attn_type(cfg.flash_attn)
         self._mctx = mtmd_cpp.mtmd_init_from_file(str(path).encode(), self.model, mtmd_params)
@@ -998,8 +1010,132 @@ def default_threads() -> int:
 
 
 def gpu_offload_supported() -> bool:
-    """Whether this llama.cpp build can put layers on a GPU."""
-    return bool(llama_cpp.llama_supports_gpu_offload())
+    """Whether this llama.cpp build can put layers on a GPU of this machine (llama.cpp's own
+    llama_supports_gpu_offload also says yes for a CPU build with the RPC backend)."""
+    return any(d.kind in ("gpu", "igpu") for d in backend_devices())
+
+
+# -- devices, and llama.cpp's RPC backend (ggml-rpc) -------------------------------------------
+
+SPLIT_MODES = {"none": 0, "layer": 1, "row": 2}  # enum llama_split_mode
+_DEVICE_KINDS = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}  # enum ggml_backend_dev_type
+# ggml through libllama's own handle: the wheel ships libggml under several file names, and a
+# second dlopen by another name would be a second ggml with its own (empty) device registry.
+_ggml = llama_cpp.llama_cpp._lib
+_P = ctypes.c_void_p
+
+
+def _bind(name: str, argtypes: list[type], restype: type | None) -> Callable[..., object]:
+    fn = getattr(_ggml, name)
+    fn.argtypes, fn.restype = argtypes, restype
+    return fn
+
+
+_dev_count = _bind("ggml_backend_dev_count", [], ctypes.c_size_t)
+_dev_get = _bind("ggml_backend_dev_get", [ctypes.c_size_t], _P)
+_dev_by_name = _bind("ggml_backend_dev_by_name", [ctypes.c_char_p], _P)
+_dev_name = _bind("ggml_backend_dev_name", [_P], ctypes.c_char_p)
+_dev_description = _bind("ggml_backend_dev_description", [_P], ctypes.c_char_p)
+_dev_type = _bind("ggml_backend_dev_type", [_P], ctypes.c_int)
+_dev_memory = _bind("ggml_backend_dev_memory", [_P, ctypes.POINTER(ctypes.c_size_t),
+                                                ctypes.POINTER(ctypes.c_size_t)], None)
+_dev_reg = _bind("ggml_backend_dev_backend_reg", [_P], _P)
+_reg_name = _bind("ggml_backend_reg_name", [_P], ctypes.c_char_p)
+_register = _bind("ggml_backend_register", [_P], None)
+_ABORT_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+_set_abort = _bind("ggml_set_abort_callback", [_ABORT_CALLBACK], _ABORT_CALLBACK)
+_rpc_registered: dict[str, list[str]] = {}  # endpoint -> its devices' names, once per process
+_abort_state: dict[str, object] = {}
+
+
+@dataclass(frozen=True)
+class BackendDevice:
+    """A device llama.cpp can put layers on: its name (CUDA0, RPC1), what it is, its memory."""
+
+    name: str
+    description: str  # the card's name, or the worker's HOST:PORT
+    free_bytes: int
+    total_bytes: int
+    kind: str  # gpu | igpu | rpc
+
+
+def _describe(dev: int) -> BackendDevice:
+    free, total = ctypes.c_size_t(), ctypes.c_size_t()
+    _dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+    kind = _DEVICE_KINDS.get(int(_dev_type(dev)), "gpu")
+    if (_reg_name(_dev_reg(dev)) or b"") == b"RPC":
+        kind = "rpc"
+    return BackendDevice((_dev_name(dev) or b"").decode(), (_dev_description(dev) or b"").decode(),
+                         int(free.value), int(total.value), kind)
+
+
+def backend_devices() -> list[BackendDevice]:
+    """The devices a model can be offloaded to, in llama.cpp's order: RPC workers, then GPUs."""
+    llama_cpp.llama_backend_init()
+    found = [_describe(_dev_get(i)) for i in range(int(_dev_count()))]
+    offload = [d for d in found if d.kind in ("gpu", "igpu", "rpc")]
+    return [d for d in offload if d.kind == "rpc"] + [d for d in offload if d.kind != "rpc"]
+
+
+def rpc_supported() -> bool:
+    """Whether this llama.cpp build has ggml's RPC backend (built with -DGGML_RPC=on)."""
+    return bool(llama_cpp.llama_supports_rpc())
+
+
+def add_rpc_servers(endpoints: list[str]) -> list[BackendDevice]:
+    """Register RPC workers (HOST:PORT, already known to answer) as llama.cpp devices.
+
+    ggml aborts the process on a worker it cannot reach or that speaks another protocol
+    version, so callers check each endpoint first (see rpc.preflight).
+    """
+    llama_cpp.llama_backend_init()
+    add = _bind("ggml_backend_rpc_add_server", [ctypes.c_char_p], _P)
+    count = _bind("ggml_backend_reg_dev_count", [_P], ctypes.c_size_t)
+    get = _bind("ggml_backend_reg_dev_get", [_P, ctypes.c_size_t], _P)
+    names: list[str] = []
+    for endpoint in endpoints:
+        if endpoint not in _rpc_registered:
+            reg = add(endpoint.encode())
+            if not reg:
+                raise EngineError(f"--rpc {endpoint}: llama.cpp could not add the worker ({_last_error()})")
+            _register(reg)
+            _rpc_registered[endpoint] = [_describe(get(reg, i)).name for i in range(int(count(reg)))]
+        names += _rpc_registered[endpoint]
+    return [d for d in backend_devices() if d.name in names]
+
+
+def serve_rpc(endpoint: str, *, device: str, cache_dir: Path | None, n_threads: int) -> None:
+    """Run ggml's RPC server on this process until it is killed (llama.cpp's own worker loop)."""
+    llama_cpp.llama_backend_init()
+    dev = _device_by_name(device)
+    start = _bind("ggml_backend_rpc_start_server",
+                  [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.POINTER(_P)],
+                  None)
+    devices = (_P * 1)(dev)
+    start(endpoint.encode(), str(cache_dir).encode() if cache_dir else None, n_threads, 1, devices)
+
+
+def _device_by_name(name: str) -> int:
+    llama_cpp.llama_backend_init()
+    dev = _dev_by_name(name.encode())
+    if not dev:
+        known = ", ".join(["CPU", *(d.name for d in backend_devices())])
+        raise EngineError(f"no llama.cpp device named '{name}' (this machine has: {known})")
+    return dev
+
+
+def on_backend_abort(handler: Callable[[str], None]) -> None:
+    """Call handler with ggml's message before ggml aborts the process (a lost RPC worker, say).
+
+    ggml aborts whatever the callback does; the handler gets the last word (a clear message,
+    then its own exit), instead of a core dump.
+    """
+    def called(message: bytes | None) -> None:
+        handler((message or b"").decode("utf-8", "replace").strip())
+
+    callback = _ABORT_CALLBACK(called)
+    _abort_state["callback"] = callback  # ctypes callbacks must outlive their use
+    _set_abort(callback)
 
 
 # -- routing llama.cpp's C logging into Python logging --------------------------------------

@@ -97,12 +97,44 @@ Resume = Annotated[Path | None, typer.Option(
 StatsJson = Annotated[Path | None, typer.Option(
     metavar="FILE", help="Append one JSON object of stats per turn.")]
 
+# -- devices (every command that loads a model) ------------------------------------------------
+
+Rpc = Annotated[str | None, typer.Option(
+    envvar="EDGEVLM_RPC", metavar="HOST:PORT[,…]", rich_help_panel="Devices",
+    help="Use RPC workers (started with `edgevlm worker`) as extra devices, layers split across them.")]
+TensorSplit = Annotated[str | None, typer.Option(
+    metavar="W,W,…", rich_help_panel="Devices",
+    help="Share of the layers per device, in llama.cpp's order (RPC workers, then local GPUs). "
+    "Default: in proportion to each device's room.")]
+SplitMode = Annotated[str, typer.Option(
+    metavar="layer|row|none", rich_help_panel="Devices",
+    help="How several GPUs share the model: whole layers, rows of each matrix, or none (--main-gpu only).")]
+MainGpu = Annotated[int, typer.Option(
+    metavar="N", rich_help_panel="Devices", help="With --split-mode none: the device index to use.", min=0)]
+MmprojDevice = Annotated[str | None, typer.Option(
+    metavar="DEVICE", rich_help_panel="Devices",
+    help="The device for the vision projector (CUDA1, RPC0, CPU). Default: the one with the most "
+    "room after the layers.")]
+
+# -- worker -----------------------------------------------------------------------------------
+
+WorkerHost = Annotated[str, typer.Option(
+    "--host", metavar="ADDRESS", help="Address to listen on. Anything but loopback needs --allow-network.")]
+WorkerPort = Annotated[int, typer.Option("--port", metavar="PORT", help="TCP port to listen on.")]
+WorkerDevice = Annotated[str | None, typer.Option(
+    "--device", metavar="CPU|CUDA0|…", help="The device to lend. Default: the first GPU, else the CPU.")]
+WorkerCache = Annotated[Path | None, typer.Option(
+    "--cache", metavar="DIR", help="Keep large tensors here by hash, so reloading a model does not "
+    "resend its weights. Default: ~/.cache/edgevlm/rpc.")]
+AllowNetwork = Annotated[bool, typer.Option(
+    "--allow-network", help="Allow a --host other machines can reach (the protocol has no authentication).")]
+
 # -- plan -------------------------------------------------------------------------------------
 
 PlanModel = Annotated[str | None, typer.Argument(show_default=False, metavar="NAME|GGUF", hidden=True)]
 Vram = Annotated[str | None, typer.Option(
-    metavar="SIZE", help="Plan for a card with this much free memory (8GiB, 8G, 8192MiB, bytes) "
-    "instead of this machine's.")]
+    metavar="SIZE[,SIZE…]", help="Plan for cards with this much free memory (8GiB, 8G, 8192MiB, "
+    "bytes; 8GiB,8GiB for two) instead of this machine's.")]
 KvType = Annotated[str | None, typer.Option(
     metavar="f16|q8_0|q4_0", help="KV cache type. Default: f16, or q8_0 when it buys context.")]
 FlashAttn = Annotated[bool, typer.Option(

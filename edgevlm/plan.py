@@ -22,6 +22,7 @@ from typing import Any
 
 from .gguf_info import LLAVA_15_TILES, LLAVA_NEXT, ProjectorFacts, TextModelFacts
 from .layouts import fit_next_grid, next_grid
+from .split import DeviceShare, GpuBudget, LayerCosts, place
 from .tiling import TurnCosts
 
 MIB = 1 << 20
@@ -63,6 +64,8 @@ class Settings:
     answer_tokens: int = DEFAULT_ANSWER_TOKENS
     costs: TurnCosts | None = None  # the model's real token counts; None: estimated (no vocab)
     n_seq: int | None = 1  # parallel sequences, n_ctx each; None: choose (see choose_parallel)
+    tensor_split: tuple[float, ...] | None = None  # several devices: None splits by room
+    mmproj_device: str | None = None  # several devices: None puts it where most room is left
 
 
 @dataclass(frozen=True)
@@ -73,10 +76,23 @@ class Device:
     ram_free: int
     name: str = "cpu"
     note: str = ""  # why a GPU that seems present is not planned for (NVML failed, …)
+    gpus: tuple[GpuBudget, ...] = ()  # with more than one (or any RPC worker): planned per device
 
     @property
     def is_gpu(self) -> bool:
         return self.vram_free is not None
+
+    @property
+    def is_split(self) -> bool:
+        """Whether the model is spread over several devices (or a worker's)."""
+        return len(self.gpus) > 1 or any(g.kind == "rpc" for g in self.gpus)
+
+
+def several(gpus: tuple[GpuBudget, ...], ram_free: int, note: str = "") -> Device:
+    """A device to plan for made of several: their free memory summed, each planned on its own."""
+    names = ", ".join(g.name for g in gpus)
+    return Device(vram_free=sum(g.free_bytes for g in gpus), ram_free=ram_free, name=names,
+                  note=note, gpus=gpus)
 
 
 @dataclass(frozen=True)
@@ -133,6 +149,9 @@ class Plan:
     tile_size: int = 336
     layout: str = LLAVA_15_TILES  # how the model is shown images (see layouts.py)
     n_seq: int = 1  # parallel sequences (requests decoded together), each with n_ctx positions
+    devices: tuple[DeviceShare, ...] = ()  # per device, when the model is spread over several
+    tensor_split: tuple[float, ...] = ()  # what llama.cpp is told, in its device order
+    mmproj_device: str = ""  # the device that holds the projector (several devices only)
 
     @property
     def photo_tiles(self) -> int:
@@ -160,6 +179,8 @@ class Plan:
                 "total_gpu": b.total_gpu, "total_host": b.total_host,
             },
             "notes": list(self.notes),
+            "devices": [d.to_json() for d in self.devices],
+            "tensor_split": list(self.tensor_split), "mmproj_device": self.mmproj_device,
         }
 
 
@@ -204,13 +225,14 @@ def kv_bytes(text: TextModelFacts, n_ctx: int, type_k: str = "f16", type_v: str 
 
 
 def compute_bytes(text: TextModelFacts, n_ctx: int, *, n_ubatch: int = 512, flash_attn: bool,
-                  backend: str = "cuda") -> int:
-    """llama.cpp's graph reserve for one ubatch (see the module docstring for the fit)."""
+                  backend: str = "cuda", output_layer: bool = True) -> int:
+    """llama.cpp's graph reserve for one ubatch (see the module docstring for the fit); without
+    the output layer, for a device that holds only blocks."""
     u = min(n_ubatch, n_ctx)
     e, ff, v = text.n_embd, text.n_ff or 4 * text.n_embd, text.n_vocab
     e_kv = text.n_head_kv * text.head_dim_k
     ffn_phase = 3 * ff + 4 * e
-    output_phase = v + 1.5 * e
+    output_phase = v + 1.5 * e if output_layer else 0
     if flash_attn:
         floats = max(ffn_phase, output_phase)
         return int(4 * u * floats + 2 * u * n_ctx)
@@ -404,21 +426,56 @@ class _Planner:
         """One candidate plan with its estimate."""
         s, gpu = self.settings, on_gpu and self.device.is_gpu
         fa = s.flash_attn or kv != "f16"  # a quantized V cache needs flash attention
+        clip_on_gpu = on_gpu and self.projector_device() != "CPU"
         breakdown = estimate(self.text, self.projector, n_ctx=n_ctx, n_gpu_layers=layers, type_k=kv,
-                             type_v=kv, flash_attn=fa, mmproj_on_gpu=on_gpu, n_ubatch=self.n_ubatch,
+                             type_v=kv, flash_attn=fa, mmproj_on_gpu=clip_on_gpu, n_ubatch=self.n_ubatch,
                              on_gpu=gpu, overhead_bytes=s.overhead_bytes, margin_bytes=s.margin_bytes,
                              n_seq=self.n_seq)
         tiles = tiles_at(self.costs, self.projector, n_ctx, s.answer_tokens)
+        split = self.split(n_ctx, layers, kv, fa) if gpu and self.device.is_split else None
         return Plan(
-            device="cuda" if gpu else "cpu", n_gpu_layers=layers if on_gpu else 0, n_layers=self.n_layers,
+            device=("split" if split else "cuda") if gpu else "cpu", n_gpu_layers=layers if on_gpu else 0,
+            n_layers=self.n_layers,
             n_ctx=n_ctx, n_ctx_train=self.text.n_ctx_train, type_k=kv, type_v=kv, flash_attn=fa,
-            mmproj_on_gpu=gpu, vram_free=self.device.vram_free, ram_free=self.device.ram_free,
+            mmproj_on_gpu=gpu and clip_on_gpu, vram_free=self.device.vram_free, ram_free=self.device.ram_free,
             breakdown=breakdown, notes=notes, n_ubatch=self.n_ubatch, max_tiles=tiles.max_tiles,
             max_pooled_tiles=tiles.max_pooled_tiles, photo_grid=tiles.photo_grid,
             photo_pool=tiles.photo_pool, tile_size=self.projector.image_size,
-            layout=self.projector.layout, n_seq=self.n_seq)
+            layout=self.projector.layout, n_seq=self.n_seq, **(split or {}))
+
+    def projector_device(self) -> str | None:
+        """--mmproj-device, or CPU when every device is an RPC worker (the projector stays on this
+        machine unless told otherwise); None: the planner picks."""
+        gpus = self.device.gpus
+        if self.settings.mmproj_device is None and gpus and all(g.kind == "rpc" for g in gpus):
+            return "CPU"
+        return self.settings.mmproj_device
+
+    def split(self, n_ctx: int, layers: int, kv: str, fa: bool) -> dict[str, Any]:
+        """The per-device fields of a plan over several devices."""
+        s, total_ctx = self.settings, n_ctx * self.n_seq
+        costs = LayerCosts(
+            kv_per_layer=kv_bytes_per_layer(self.text, total_ctx, kv, kv),
+            compute_layers=compute_bytes(self.text, total_ctx, n_ubatch=self.n_ubatch, flash_attn=fa,
+                                         output_layer=False),
+            compute_output=compute_bytes(self.text, total_ctx, n_ubatch=self.n_ubatch, flash_attn=fa),
+            pipeline_inputs=min(self.n_ubatch, total_ctx) * (4 * self.text.n_embd + 2 * total_ctx),
+            mmproj=self.projector.weight_bytes + clip_compute_bytes(self.projector, flash_attn=fa),
+            driver_overhead=s.overhead_bytes, margin=s.margin_bytes)
+        gpus, wanted = self.device.gpus, self.projector_device()
+        local = [i for i, g in enumerate(gpus) if g.kind != "rpc"]
+        if wanted == "CPU":  # on the host: no device holds it
+            costs = replace(costs, mmproj=0)
+        names = [g.name for g in gpus]
+        shares, split, clip = place(self.text, gpus, layers, costs, weights=s.tensor_split,
+                                    mmproj_device=names.index(wanted) if wanted in names else None,
+                                    candidates=local)
+        holder = "CPU" if wanted == "CPU" else gpus[clip].name
+        return {"devices": shares, "tensor_split": split, "mmproj_device": holder}
 
     def fits(self, plan: Plan) -> bool:
+        if plan.devices:
+            return all(d.fits for d in plan.devices)
         vram = self.device.vram_free
         return vram is not None and plan.breakdown.total_gpu <= vram
 
@@ -521,14 +578,35 @@ def compare(plan: Plan, reported: tuple[tuple[str, str, float], ...]) -> tuple[C
     rows = [
         Check("weights", b.weights_gpu + b.weights_host, total("weights")),
         Check("kv", b.kv_gpu + b.kv_host, total("kv")),
-        Check("compute", b.compute_gpu + (b.compute_host if plan.device == "cpu" else 0),
-              total("compute") if plan.device == "cpu" else int(sum(
-                  size for k, device, size in reported if k == "compute" and device.startswith("CUDA")
-                  and not device.endswith("_Host")))),
+        _compute_check(plan, reported),
         Check("mmproj", b.mmproj, total("mmproj")),
         Check("mmproj_compute", b.mmproj_compute, total("mmproj_compute")),
     ]
+    rows += [check for d in plan.devices for check in _device_checks(d, reported)]
     return tuple(row for row in rows if row.reported)
+
+
+def _device_checks(share: DeviceShare, reported: tuple[tuple[str, str, float], ...]) -> list[Check]:
+    """Weights and KV on one device. llama.cpp names a worker's buffers after the worker's own
+    device and endpoint (RPC0[host:port]), so workers are told apart by endpoint."""
+    def on_device(kind: str) -> int:
+        return int(sum(size for k, device, size in reported if k == kind and (
+            device == share.name or (share.description and device.endswith(f"[{share.description}]")))))
+
+    return [Check(f"weights {share.name}", share.weights, on_device("weights")),
+            Check(f"kv {share.name}", share.kv, on_device("kv"))]
+
+
+def _compute_check(plan: Plan, reported: tuple[tuple[str, str, float], ...]) -> Check:
+    """Compute buffers: all of them on the CPU; on GPUs, those on the devices (not the host's)."""
+    b = plan.breakdown
+    if plan.device == "cpu":
+        return Check("compute", b.compute_gpu + b.compute_host,
+                     int(sum(size for k, _, size in reported if k == "compute")))
+    on_devices = int(sum(size for k, device, size in reported if k == "compute" and device != "CPU"
+                         and not device.endswith("_Host")))
+    estimated = sum(d.compute for d in plan.devices) if plan.devices else b.compute_gpu
+    return Check("compute", estimated, on_devices)
 
 
 # -- sizes on the command line -------------------------------------------------------------

@@ -191,6 +191,8 @@ def render_plan(p: Plan, model_name: str, checks: tuple[Check, ...]) -> None:
     out = Console(highlight=False, soft_wrap=True)
     where = (f"a GPU with {format_bytes(p.vram_free)} free" if p.vram_free is not None
              else f"the CPU ({format_bytes(p.ram_free)} RAM free)")
+    if p.devices:
+        where = f"{len(p.devices)} devices ({', '.join(d.name for d in p.devices)})"
     out.print(f"[bold]Plan for {escape(model_name)} on {where}[/]")
     photo = (f"{p.photo_grid[0]}x{p.photo_grid[1]} grid" + (" pooled 2x2" if p.photo_pool > 1 else "")
              if p.photo_tiles else "global view only")
@@ -201,7 +203,7 @@ def render_plan(p: Plan, model_name: str, checks: tuple[Check, ...]) -> None:
               f"{'GPU' if p.mmproj_on_gpu else 'CPU'} · ubatch {p.n_ubatch} · up to {p.max_tiles} "
               f"tiles per image ({p.max_pooled_tiles} pooled) · a 3840x2160 photo: {photo} · "
               f"layout {p.layout}")
-    out.print(_plan_table(p))
+    out.print(_devices_table(p) if p.devices else _plan_table(p))
     for note in p.notes:
         out.print(f"[yellow]note:[/] {escape(note)}")
     if checks:
@@ -232,6 +234,34 @@ def _plan_table(p: Plan) -> Table:
     free = f" of {format_bytes(p.vram_free)} free" if p.vram_free is not None else ""
     table.add_row("[bold]total[/]", f"[bold]{format_bytes(b.total_gpu)}[/]{free}",
                   f"[bold]{format_bytes(b.total_host)}[/]")
+    return table
+
+
+def _devices_table(p: Plan) -> Table:
+    """One column per device (in llama.cpp's order), then the host."""
+    from .plan import format_bytes
+
+    b = p.breakdown
+    table = Table(box=None, pad_edge=False)
+    table.add_column("component")
+    for d in p.devices:
+        table.add_column(f"{d.name}" + (f" ({d.description})" if d.description else ""), justify="right")
+    table.add_column("host", justify="right")
+    host_clip = 0 if p.mmproj_on_gpu else b.mmproj + b.mmproj_compute
+
+    def cell(n: int) -> str:
+        return format_bytes(n) if n else "-"
+
+    table.add_row("layers", *[f"{d.n_blocks}" + (" + output" if d.output_layer else "") for d in p.devices],
+                  f"{p.n_layers - p.n_gpu_layers}" if p.n_gpu_layers < p.n_layers else "-")
+    table.add_row("tensor split", *[f"{w:.3f}" for w in p.tensor_split], "")
+    for name, field, host in (("weights", "weights", b.weights_host), ("KV cache", "kv", b.kv_host),
+                              ("compute buffers", "compute", b.compute_host),
+                              ("projector", "mmproj", host_clip),
+                              ("context + margin", "overhead", 0)):
+        table.add_row(name, *[cell(getattr(d, field)) for d in p.devices], cell(host))
+    table.add_row("[bold]total[/]", *[f"[bold]{format_bytes(d.total)}[/] of {format_bytes(d.free_bytes)}"
+                                      for d in p.devices], f"[bold]{format_bytes(b.total_host)}[/]")
     return table
 
 

@@ -7,11 +7,20 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from . import devices
+from . import devices, rpc
 from .cache import EmbeddingCache, Encode, for_files, pair_identity
 from .catalog import ModelChoice, Preset, facts_from_shape, find_preset, resolve
 from .conversation import DEFAULT_QUESTION, turn_costs
-from .engine import Engine, EngineConfig, Vocab, gpu_offload_supported
+from .engine import (
+    SPLIT_MODES,
+    Engine,
+    EngineConfig,
+    Vocab,
+    add_rpc_servers,
+    gpu_offload_supported,
+    on_backend_abort,
+    rpc_supported,
+)
 from .errors import ConfigError, EdgeVLMError, ModelError
 from .gguf_info import (
     LLAVA_15_TILES,
@@ -26,6 +35,7 @@ from .gguf_info import (
 from .layouts import ImageLayout
 from .plan import KV_TYPES, Check, Device, Plan, Settings, choose, compare
 from .prompts import PromptFormat, detect_format
+from .split import GpuBudget
 from .tiling import TurnCosts
 
 log = logging.getLogger("edgevlm")
@@ -33,6 +43,17 @@ log = logging.getLogger("edgevlm")
 MAX_PARALLEL = 16
 # A failed GPU load is retried once on a plan made for this share of the free VRAM.
 RETRY_VRAM_SHARE = 0.8
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the model goes when there is more than one device: the flags behind it."""
+
+    rpc: tuple[str, ...] = ()  # RPC workers, HOST:PORT
+    tensor_split: tuple[float, ...] | None = None  # None: in proportion to each device's room
+    split_mode: str = "layer"  # layer | row | none
+    main_gpu: int = 0  # split_mode none: the one device used
+    mmproj_device: str | None = None  # None: the device with the most room after the layers
 
 
 @dataclass(frozen=True)
@@ -45,11 +66,12 @@ class ModelFlags:
     n_gpu_layers: int | None = None
     n_threads: int | None = None
     answer_tokens: int = 512
-    vram: int | None = None  # plan for this much free VRAM instead of measuring
+    vram: tuple[int, ...] | None = None  # plan for cards with this much free VRAM, not this machine's
     kv_type: str | None = None
     flash_attn: bool = True
     fetch: bool = False  # download a missing preset instead of failing
     parallel: int | None = 1  # requests decoded together; None: the plan chooses
+    placement: Placement = Placement()
 
 
 @dataclass(frozen=True)
@@ -134,16 +156,72 @@ def make_plan(flags: ModelFlags, text: TextModelFacts, projector: ProjectorFacts
         raise ConfigError(f"--parallel must be auto or 1-{MAX_PARALLEL}, not {flags.parallel}")
     if flags.kv_type is not None and flags.kv_type not in KV_TYPES:
         raise ConfigError(f"--kv-type must be {', '.join(KV_TYPES)}, not '{flags.kv_type}'")
-    device = devices.detect(flags.vram)
-    notes = (device.note,) if device.note else ()
-    if device.is_gpu and flags.vram is None and not gpu_offload_supported():
-        device = Device(vram_free=None, ram_free=device.ram_free, name="CPU")
-        notes += ("this llama.cpp build has no GPU support: run `make setup GPU=cuda` to use the GPU",)
+    device, notes = _devices(flags)
+    where = flags.placement
     settings = Settings(n_ctx=flags.n_ctx, n_gpu_layers=flags.n_gpu_layers, kv_type=flags.kv_type,
                         flash_attn=flags.flash_attn, answer_tokens=flags.answer_tokens, costs=costs,
-                        n_seq=flags.parallel)
+                        n_seq=flags.parallel, tensor_split=where.tensor_split,
+                        mmproj_device=where.mmproj_device)
     plan = choose(text, projector, device, settings)
     return replace(plan, notes=notes + plan.notes) if notes else plan
+
+
+def _devices(flags: ModelFlags) -> tuple[Device, tuple[str, ...]]:
+    """What to plan for (the workers first, as llama.cpp orders them), and notes about it."""
+    where = flags.placement
+    workers = connect_workers(list(where.rpc)) if where.rpc else ()
+    local = gpu_offload_supported()
+    device = devices.detect(flags.vram, workers=workers, local_gpus=local or flags.vram is not None)
+    notes = (device.note,) if device.note else ()
+    if not local and flags.vram is None and devices.visible_gpus()[0]:
+        notes += ("this llama.cpp build has no GPU support: run `make setup GPU=cuda` to use the GPU",)
+    if where.split_mode == "none" and device.gpus:
+        device = _only(device, where.main_gpu)
+    _check_placement(where, device)
+    return device, notes
+
+
+def _only(device: Device, main_gpu: int) -> Device:
+    """--split-mode none: the model on one device, --main-gpu."""
+    if not 0 <= main_gpu < len(device.gpus):
+        last = len(device.gpus) - 1
+        raise ConfigError(f"--main-gpu {main_gpu}: there are {last + 1} devices (0-{last})")
+    chosen = device.gpus[main_gpu]
+    return Device(vram_free=chosen.free_bytes, ram_free=device.ram_free, name=chosen.name)
+
+
+def _check_placement(where: Placement, device: Device) -> None:
+    if where.split_mode not in SPLIT_MODES:
+        raise ConfigError(f"--split-mode must be {', '.join(SPLIT_MODES)}, not '{where.split_mode}'")
+    names = [g.name for g in device.gpus]
+    if where.tensor_split is not None and len(where.tensor_split) != len(names):
+        raise ConfigError(f"--tensor-split has {len(where.tensor_split)} values for {len(names)} devices "
+                          f"({', '.join(names) or 'none'}); give one per device, in that order")
+    if where.mmproj_device is not None and where.mmproj_device not in names + ["CPU"]:
+        raise ConfigError(f"--mmproj-device {where.mmproj_device}: no such device; this plan has "
+                          f"{', '.join(names + ['CPU'])}")
+
+
+def connect_workers(endpoints: list[str]) -> tuple[GpuBudget, ...]:
+    """Check each RPC worker, then make it a llama.cpp device; a lost worker later ends the
+    process with a clear message instead of ggml's abort."""
+    if not rpc_supported():
+        raise ConfigError("--rpc: this llama.cpp build has no RPC backend; rebuild it with `make setup` "
+                          "(edgevlm builds llama-cpp-python with -DGGML_RPC=on)")
+    rpc.preflight(endpoints)
+    found = add_rpc_servers(endpoints)
+    on_backend_abort(lambda message: _lost_worker(endpoints, message))
+    return tuple(GpuBudget(d.name, d.free_bytes, kind="rpc", description=d.description) for d in found)
+
+
+def _lost_worker(endpoints: list[str], message: str) -> None:
+    import sys
+
+    if sys.stderr.isatty():
+        sys.stderr.write("\x1b[?25h\n")  # a progress bar may have hidden the cursor
+    sys.stderr.write(rpc.lost_worker_message(endpoints, message) + "\n")
+    sys.stderr.flush()
+    os._exit(1)  # ggml aborts after this callback whatever it does: end cleanly first
 
 
 def describe_costs(choice: ModelChoice, text: TextModelFacts, projector: ProjectorFacts,
@@ -167,7 +245,7 @@ def prompt_format(choice: ModelChoice, text: TextModelFacts) -> PromptFormat:
 
 def verify(choice: ModelChoice, plan: Plan, flags: ModelFlags) -> tuple[Check, ...]:
     """Load the model with the plan and compare the estimate with llama.cpp's own report."""
-    if plan.device == "cuda" and not gpu_offload_supported():
+    if plan.device == "cuda" and not gpu_offload_supported() and not plan.devices:
         raise ConfigError("--verify cannot check a GPU plan: this llama.cpp build has no GPU support "
                           "(run `make setup GPU=cuda`, or drop --vram to verify the CPU plan)")
     with Engine(engine_config(choice, plan, flags)) as engine:
@@ -180,7 +258,10 @@ def engine_config(choice: ModelChoice, plan: Plan, flags: ModelFlags) -> EngineC
                         n_gpu_layers=plan.n_gpu_layers, n_threads=flags.n_threads,
                         n_batch=plan.n_ubatch, n_ubatch=plan.n_ubatch,
                         flash_attn=plan.flash_attn, type_k=plan.type_k, type_v=plan.type_v,
-                        mmproj_on_gpu=plan.mmproj_on_gpu, n_seq=plan.n_seq)
+                        mmproj_on_gpu=plan.mmproj_on_gpu, n_seq=plan.n_seq,
+                        split_mode=flags.placement.split_mode, main_gpu=flags.placement.main_gpu,
+                        tensor_split=plan.tensor_split,
+                        mmproj_device=None if plan.mmproj_device == "CPU" else plan.mmproj_device or None)
 
 
 def load(flags: ModelFlags, *, on_progress: Callable[[float], None] | None = None) -> Loaded:

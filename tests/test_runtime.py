@@ -46,7 +46,7 @@ def test_a_failed_gpu_load_is_retried_once_with_a_smaller_plan(
 
     monkeypatch.setattr(runtime, "Engine", engine_that_runs_out_of_memory_once)
     monkeypatch.setattr(runtime, "gpu_offload_supported", lambda: True)
-    loaded = load(_flags(test_models, vram=2 * 2**30))
+    loaded = load(_flags(test_models, vram=(2 * 2**30,)))
     try:
         assert len(calls) == 2
         assert any("retried with a smaller plan" in note for note in loaded.plan.notes)
@@ -62,7 +62,7 @@ def test_when_the_retry_fails_too_the_message_has_the_numbers(
 
     monkeypatch.setattr(runtime, "Engine", never)
     with pytest.raises(EngineError, match=r"needed \d+\.\d\d GiB of the 2\.00 GiB free"):
-        load(_flags(test_models, vram=2 * 2**30))
+        load(_flags(test_models, vram=(2 * 2**30,)))
 
 
 def test_unsupported_architecture_is_named_before_loading(tmp_path: Path,

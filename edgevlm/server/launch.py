@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import ipaddress
 import re
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +12,7 @@ from ..conversation import Conversation
 from ..engine import EngineSequence, Sampling
 from ..errors import ConfigError
 from ..gguf_info import TextModelFacts
+from ..network import check_port, is_loopback
 from ..runtime import Loaded
 from ..session import ChatSession
 from .app import create_app, run
@@ -39,16 +38,6 @@ class ServeSettings:
     cache: bool = True
 
 
-def is_loopback(host: str) -> bool:
-    """Whether the address only this machine can reach (127.0.0.0/8, ::1, localhost)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def check(settings: ServeSettings) -> None:
     """Refuse settings that cannot work or are unsafe, before the model loads."""
     if not is_loopback(settings.host) and not settings.api_key:
@@ -58,21 +47,7 @@ def check(settings: ServeSettings) -> None:
         raise ConfigError(f"--media-dir {settings.media_dir}: no such folder")
     if settings.max_queue < 1:
         raise ConfigError("--max-queue must be at least 1")
-    if not 0 < settings.port < 65536:
-        raise ConfigError(f"--port {settings.port} is not a TCP port (1-65535)")
-    _check_port(settings.host, settings.port)
-
-
-def _check_port(host: str, port: int) -> None:
-    """Fail before the model loads if the address cannot be listened on."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as exc:
-            raise ConfigError(f"cannot listen on {host}:{port} ({exc.strerror or exc}); another "
-                              "server may be using it: pick another --port") from None
+    check_port(settings.host, settings.port)
 
 
 def build_state(loaded: Loaded, settings: ServeSettings) -> ServerState:
