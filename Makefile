@@ -31,7 +31,7 @@ TEST_MODELS := models/test/SmolLM2-135M-Instruct.Q4_1.gguf models/test/mmproj-te
   models/test/mmproj-test-112.gguf models/test/mmproj-test-next-112.gguf
 PYTEST_ARGS ?=
 
-.PHONY: help setup models demo test test-fast test-models lint bench peers clean
+.PHONY: help setup models demo test test-fast test-models lint bench peers rpc-server clean
 help:
 	@echo "make demo    set up, fetch LLaVA-1.5-7B (~4.7 GB) and describe $(DEMO_PHOTO)"
 	@echo "make test    set up, generate the test models and run the test suite"
@@ -41,6 +41,7 @@ help:
 	@echo "make test-models  write the small test models into models/test/ (no download)"
 	@echo "make bench   benchmarks on the test models"
 	@echo "make peers   build llama.cpp's own llama-mtmd-cli and llama-server (the same pinned llama.cpp) for the benchmarks"
+	@echo "make rpc-server  build llama.cpp's own ggml-rpc-server (the same llama.cpp) into peers/bin"
 	@echo "make lint    ruff"
 	@echo "make clean   remove .venv and the tool caches (built wheels and models stay)"
 
@@ -93,6 +94,7 @@ bench: setup test-models
 	$(PY) scripts/bench_serve.py
 	$(PY) scripts/bench_captions.py
 	$(PY) scripts/bench_parallel.py
+	$(PY) scripts/bench_rpc.py
 
 # llama.cpp's own multimodal CLI, built from the llama.cpp vendored in the pinned
 # llama-cpp-python sdist: the same code edgevlm runs, so the benchmarks compare like with like.
@@ -105,14 +107,21 @@ PEER_CMAKE_ARGS := -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_OP
 PEER_TOOLS := llama-mtmd-cli llama-server
 peers: $(addprefix $(PEERS)/bin/,$(PEER_TOOLS))
 
-$(addprefix $(PEERS)/bin/,$(PEER_TOOLS)) &: | setup
-	@test -d $(PEER_SRC) || { mkdir -p $(PEERS)/src && \
-	  $(PIP) download -q --no-deps --no-binary :all: -d $(PEERS)/src llama-cpp-python==$(LLAMA_CPP_VERSION) && \
-	  tar -xzf $(PEERS)/src/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz -C $(PEERS)/src; }
+# llama.cpp's stock RPC worker, from the same llama.cpp as the wheel (the protocol versions must
+# match). `edgevlm worker` runs the same server from the wheel itself; this is for a machine
+# that has llama.cpp but not edgevlm.
+rpc-server: $(PEERS)/bin/ggml-rpc-server
+
+$(PEER_SRC): | setup
+	mkdir -p $(PEERS)/src
+	$(PIP) download -q --no-deps --no-binary :all: -d $(PEERS)/src llama-cpp-python==$(LLAMA_CPP_VERSION)
+	tar -xzf $(PEERS)/src/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz -C $(PEERS)/src
+
+$(PEERS)/bin/%: | $(PEER_SRC)
 	cmake -S $(PEER_SRC) -B $(PEERS)/build-$(BACKEND) $(PEER_CMAKE_ARGS) >/dev/null
-	cmake --build $(PEERS)/build-$(BACKEND) --target $(PEER_TOOLS) -j $${CMAKE_BUILD_PARALLEL_LEVEL:-$$(nproc)}
-	@mkdir -p $(PEERS)/bin && for tool in $(PEER_TOOLS); do cp $(PEERS)/build-$(BACKEND)/bin/$$tool $(PEERS)/bin/; done
-	@echo "built $(PEER_TOOLS) into $(PEERS)/bin ($(BACKEND))"
+	cmake --build $(PEERS)/build-$(BACKEND) --target $* -j $${CMAKE_BUILD_PARALLEL_LEVEL:-$$(nproc)}
+	@mkdir -p $(PEERS)/bin && cp $(PEERS)/build-$(BACKEND)/bin/$* $@
+	@echo "built $@ ($(BACKEND))"
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

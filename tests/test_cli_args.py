@@ -155,3 +155,27 @@ def test_parallel_is_checked_and_planned(tmp_path: Path) -> None:
     assert data["bytes"]["kv"] == 4 * one["bytes"]["kv"] * data["n_ctx"] // one["n_ctx"]
     shown = _run("plan", "llava-1.5-7b", "--vram", "22GiB", "--parallel", "auto", env=env).stdout
     assert "× 4 sequences (--parallel 4)" in shown
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--rpc", "nohost"], "--rpc nohost: expected HOST:PORT"),
+    (["--rpc", "127.0.0.1:1,127.0.0.1:1"], "the same worker is listed twice"),
+    (["--tensor-split", "1,x"], "--tensor-split 1,x: expected numbers"),
+    (["--tensor-split", "0,0"], "the shares must be positive"),
+    (["--vram", "8GiB,lots"], "--vram: 'lots' is not a size"),
+    (["--vram", "8GiB,8GiB", "--tensor-split", "1,2,3"], "--tensor-split has 3 values for 2 devices"),
+    (["--vram", "8GiB,8GiB", "--mmproj-device", "CUDA7"], "--mmproj-device CUDA7: no such device"),
+    (["--vram", "8GiB,8GiB", "--split-mode", "diagonal"], "--split-mode must be none, layer, row"),
+    (["--vram", "8GiB,8GiB", "--split-mode", "none", "--main-gpu", "2"], "--main-gpu 2: there are 2 devices"),
+])
+def test_device_flags_are_checked(tmp_path: Path, args: list[str], message: str) -> None:
+    result = _run("plan", "llava-1.5-7b", *args, env={"EDGEVLM_MODELS_DIR": str(tmp_path)})
+    assert message in _one_line_error(result)
+
+
+def test_a_worker_refuses_the_network_unless_allowed() -> None:
+    line = _one_line_error(_run("worker", "--host", "0.0.0.0"))
+    assert "--allow-network" in line and "no authentication" in line
+    assert "--port 70000 is not a TCP port" in _one_line_error(_run("worker", "--port", "70000"))
+    worker_help = _run("worker", "--help").stdout
+    assert "--rpc" in worker_help and "no authentication" in worker_help
