@@ -407,7 +407,12 @@ class Engine(EngineSequence):
         reports: list[tuple[str, str, float]] = []
         _log_state["buffers"] = reports
         try:
-            self._load(on_load_progress)
+            # Ctrl-C anywhere in the load (not only in the weights' progress callback) sets the
+            # flag: raised inside one of llama.cpp's log callbacks, it would be lost.
+            with self.interrupt_on_sigint():
+                self._load(on_load_progress)
+            if self.interrupt_requested or _log_state.pop("sigint", False):
+                raise Interrupted("interrupted while loading the model")
         except BaseException:
             self.close()
             raise
@@ -1167,6 +1172,13 @@ def _record_buffer(line: str) -> None:
 
 
 def _on_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+    try:
+        _log_lines(level, text)
+    except KeyboardInterrupt:  # it cannot cross the ctypes callback: kept for the load to raise
+        _log_state["sigint"] = True
+
+
+def _log_lines(level: int, text: bytes) -> None:
     message = text.decode("utf-8", "replace") if text else ""
     if level != 5:  # 5 is GGML_LOG_LEVEL_CONT: a continuation of the previous line
         _log_state["level"] = _LEVELS.get(level, logging.INFO)
