@@ -331,7 +331,7 @@ def test_a_client_that_leaves_mid_stream_frees_the_worker(client: OpenAI,
 
 def test_eight_clients_at_once_get_their_own_answers(client: OpenAI, server: tuple[str, ServerState]) -> None:
     requests = [[{"role": "user", "content": f"Name a thing number {i}."}] if i % 2 else
-                [image_message(f"Photo {i}?", seed=200 + i)] for i in range(8)]
+                [image_message(f"Photo {i}?", seed=200 + i, detail="low")] for i in range(8)]
 
     def ask(messages: list[dict[str, object]]) -> str:
         reply = client.chat.completions.create(model="", messages=messages, temperature=0)
