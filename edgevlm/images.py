@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import struct
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,7 +112,7 @@ def _decode(source: Path | io.BytesIO, path: Path, *, pixel_limit: int | None,
                          f"raise the limit with {MAX_PIXELS_ENV}") from exc
     except UnidentifiedImageError as exc:
         raise ImageError(f"{path}: not an image format edgevlm can read{_heif_hint(path)}") from exc
-    except (OSError, SyntaxError, ValueError, TypeError, IndexError, KeyError,
+    except (OSError, SyntaxError, ValueError, TypeError, IndexError, KeyError, struct.error,
             ZeroDivisionError, EOFError, MemoryError, AttributeError, RuntimeError) as exc:
         # Pillow's plugins raise all of these on corrupt data; each means the same to a user.
         raise ImageError(f"{path}: corrupt or truncated image ({one_line(exc)})") from exc

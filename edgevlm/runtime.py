@@ -169,6 +169,9 @@ def make_plan(flags: ModelFlags, text: TextModelFacts, projector: ProjectorFacts
 def _devices(flags: ModelFlags) -> tuple[Device, tuple[str, ...]]:
     """What to plan for (the workers first, as llama.cpp orders them), and notes about it."""
     where = flags.placement
+    # NVML counts GPUs in PCI order; CUDA must count them the same way, and it reads this when
+    # ggml first lists its devices (which the checks below do).
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     workers = connect_workers(list(where.rpc)) if where.rpc else ()
     local = gpu_offload_supported()
     device = devices.detect(flags.vram, workers=workers, local_gpus=local or flags.vram is not None)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from edgevlm.errors import ImageError
-from edgevlm.images import load_image, to_rgb
+from edgevlm.images import load_image, load_image_bytes, to_rgb
 
 
 def _save(image: Image.Image, path: Path, **kwargs: object) -> Path:
@@ -231,3 +231,12 @@ def test_small_jpegs_and_other_formats_are_decoded_in_full(tmp_path: Path) -> No
     png = load_image(_save(_smooth_photo((3840, 2160)), tmp_path / "b.png"), useful_pixels=336 * 336 * 15)
     assert small.image.size == small.size == (800, 600)
     assert png.image.size == png.size == (3840, 2160)
+
+
+def test_a_gif_cut_inside_a_frame_header_is_an_image_error() -> None:
+    # Found by the fuzz test in a fresh clone: Pillow's GIF reader raised struct.error here.
+    buffer = io.BytesIO()
+    Image.new("P", (4, 4)).save(buffer, "GIF")
+    cut = buffer.getvalue()[:-1] + b",;"  # a second frame's descriptor, one byte long
+    with pytest.raises(ImageError, match="x.gif: corrupt or truncated image"):
+        load_image_bytes(cut, "x.gif")
