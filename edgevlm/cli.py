@@ -83,12 +83,14 @@ either can use it.
 Images in earlier messages are swapped for their text summaries (made once, kept by the
 image's SHA-256), so a long conversation costs the same per turn as a short one; the turns a
 client resends are matched against the KV cache and not decoded again. Listens on
-127.0.0.1 only unless --host says otherwise, which then needs --api-key.
+127.0.0.1 only unless --host says otherwise, which then needs --api-key. A browser at the
+same address gets a chat page that shows what the model saw (the tile grid, the summaries).
 
 \b
 Examples:
-  edgevlm serve --port 8080
-  edgevlm serve --parallel 4        # four clients decoded together (auto: up to 4 on a GPU)
+  edgevlm serve --port 8080          # then open http://127.0.0.1:8080 for the chat page
+  edgevlm serve --rpc gpu-box:50052  # layers split with another machine's GPU (edgevlm worker)
+  edgevlm serve --parallel 4         # four clients decoded together (auto: up to 4 on a GPU)
   curl http://127.0.0.1:8080/v1/chat/completions -H 'Content-Type: application/json' \\
     -d '{"messages": [{"role": "user", "content": "Hello"}]}'
 """
