@@ -388,6 +388,10 @@ class EngineSequence:
     def _check_interrupt(self, what: str) -> None:
         if self.interrupt_requested:
             raise Interrupted(f"interrupted during {what}")
+        if _log_state.pop("sigint", False):
+            # A Ctrl-C that landed in llama.cpp's log callback (where ctypes would drop it),
+            # raised here as if it had just arrived.
+            raise KeyboardInterrupt
 
 
 class Engine(EngineSequence):

@@ -138,7 +138,7 @@ def test_ctrl_c_during_describe_exits_130_cleanly(test_models: dict[str, Path],
     time.sleep(4)
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=120)
-    assert process.returncode == 130
+    assert process.returncode == 130, stderr[-2000:]
     assert "interrupted" in stderr and "Traceback" not in stderr
     assert "message" not in stderr  # describe sends no message; that wording is the chat's
 

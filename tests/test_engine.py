@@ -149,3 +149,19 @@ def test_an_engine_without_a_projector_refuses_images_clearly(test_models: dict[
         for call in (text_only.image_tokens, lambda: text_only.encode_image(Image.new("RGB", (8, 8)))):
             with pytest.raises(EngineError, match="no projector is loaded"):
                 call()
+
+
+def test_a_ctrl_c_inside_llama_cpps_log_callback_is_not_lost(engine: Engine,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    # Python runs a signal's handler where it can: when llama.cpp is logging, inside the ctypes
+    # callback, where the KeyboardInterrupt would be dropped (describe then ran to the end).
+    import edgevlm.engine as engine_module
+
+    def interrupted(level: int, text: bytes) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine_module, "_log_lines", interrupted)
+    engine_module._on_log(2, b"decoding image batch\n", None)  # returns: ctypes would drop a raise
+    with pytest.raises(KeyboardInterrupt):
+        engine._check_interrupt("decode text")  # the next check between batches raises it
+    engine._check_interrupt("decode text")  # once
