@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # the heavy modules load inside the commands: `--help` stays 
     from .batch import Target, XmpOutput
     from .engine import Sampling
     from .runtime import Loaded, ModelFlags, Placement
+    from .structured import OutputFormat
 
 T = TypeVar("T")
 app = typer.Typer(
@@ -133,15 +134,13 @@ def describe(
     no_cache: opt.NoCache = False, parallel: opt.Parallel = "auto",
     rpc: opt.Rpc = None, tensor_split: opt.TensorSplit = None,
     split_mode: opt.SplitMode = "layer", main_gpu: opt.MainGpu = 0, mmproj_device: opt.MmprojDevice = None,
-    verbose: opt.Verbose = False,
-    debug: opt.Debug = False,
+    verbose: opt.Verbose = False, debug: opt.Debug = False,
 ) -> None:
     """Describe photos and folders (see DESCRIBE_HELP)."""
     from .batch import BatchSummary, JsonlLog, caption_all, check_outputs, find_images, needs_work
-    from .describe import DEFAULT_PROMPT, Describer
+    from .describe import Describer
     from .images import max_pixels
     from .render import DescribeView
-    from .structured import answer_tokens_needed, choose_format
 
     _configure_logging(verbose)
     with _handled(debug):
@@ -149,10 +148,7 @@ def describe(
         n_seq = _parallel_option(ctx, parallel)
         placement = _placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device)
         max_pixels()  # a bad EDGEVLM_MAX_PIXELS is refused before anything loads
-        output = choose_format(fmt=fmt, schema_path=schema, tags=tags, max_tags=max_tags, language=language)
-        output.grammar()  # a schema that cannot be enforced is refused before anything loads
-        prompt = prompt or output.prompt or DEFAULT_PROMPT
-        max_tokens = max(max_tokens, answer_tokens_needed(output))  # room for the longest --tags answer
+        output, prompt, max_tokens = _answer_shape(fmt, schema, tags, max_tags, language, prompt, max_tokens)
         check_outputs(write_captions=write_captions, jsonl=jsonl, out_dir=out_dir)
         found = find_images(photos, recursive=recursive, pattern=glob)
         targets, xmp = _describe_targets(found.images, write_captions, out_dir, write_xmp, embed, xmp_name,
@@ -173,6 +169,18 @@ def describe(
         folder = write_captions or write_xmp or embed or jsonl is not None or any(p.is_dir() for p in photos)
         if view.summary(summary, found.missing, folder=folder):
             raise typer.Exit(2)
+
+
+def _answer_shape(fmt: str | None, schema: Path | None, tags: bool, max_tags: int, language: str,
+                  prompt: str | None, max_tokens: int) -> tuple[OutputFormat, str, int]:
+    """The answer's format (refused now if its grammar cannot be enforced), the prompt that asks
+    for it, and room for its longest form."""
+    from .describe import DEFAULT_PROMPT
+    from .structured import answer_tokens_needed, choose_format
+
+    output = choose_format(fmt=fmt, schema_path=schema, tags=tags, max_tags=max_tags, language=language)
+    output.grammar()
+    return output, prompt or output.prompt or DEFAULT_PROMPT, max(max_tokens, answer_tokens_needed(output))
 
 
 def _describe_targets(images: list[tuple[Path, Path]], write_captions: bool, out_dir: Path | None,

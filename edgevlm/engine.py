@@ -444,10 +444,8 @@ class Engine(EngineSequence):
         mparams.use_extra_bufts = cfg.repack
         mparams.split_mode = SPLIT_MODES[cfg.split_mode]
         mparams.main_gpu = cfg.main_gpu
-        if cfg.tensor_split:
-            # llama.cpp keeps the pointer only during the load, but the array must outlive it.
-            self._tensor_split = (ctypes.c_float * llama_cpp.LLAMA_MAX_DEVICES)(*cfg.tensor_split)
-            mparams.tensor_split = self._tensor_split
+        if cfg.tensor_split:  # llama.cpp copies it while loading; mparams keeps the array alive
+            mparams.tensor_split = (ctypes.c_float * llama_cpp.LLAMA_MAX_DEVICES)(*cfg.tensor_split)
 
         def progress(fraction: float, _user: ctypes.c_void_p) -> bool:
             if on_load_progress is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -174,7 +175,7 @@ def _devices(flags: ModelFlags) -> tuple[Device, tuple[str, ...]]:
     os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     workers = connect_workers(list(where.rpc)) if where.rpc else ()
     local = gpu_offload_supported()
-    device = devices.detect(flags.vram, workers=workers, local_gpus=local or flags.vram is not None)
+    device = devices.detect(flags.vram, workers=workers, local_gpus=local)
     notes = (device.note,) if device.note else ()
     if not local and flags.vram is None and devices.visible_gpus()[0]:
         notes += ("this llama.cpp build has no GPU support: run `make setup GPU=cuda` to use the GPU",)
@@ -218,8 +219,6 @@ def connect_workers(endpoints: list[str]) -> tuple[GpuBudget, ...]:
 
 
 def _lost_worker(endpoints: list[str], message: str) -> None:
-    import sys
-
     if sys.stderr.isatty():
         sys.stderr.write("\x1b[?25h\n")  # a progress bar may have hidden the cursor
     sys.stderr.write(rpc.lost_worker_message(endpoints, message) + "\n")
@@ -248,7 +247,7 @@ def prompt_format(choice: ModelChoice, text: TextModelFacts) -> PromptFormat:
 
 def verify(choice: ModelChoice, plan: Plan, flags: ModelFlags) -> tuple[Check, ...]:
     """Load the model with the plan and compare the estimate with llama.cpp's own report."""
-    if plan.device == "cuda" and not gpu_offload_supported() and not plan.devices:
+    if plan.device == "cuda" and not gpu_offload_supported():
         raise ConfigError("--verify cannot check a GPU plan: this llama.cpp build has no GPU support "
                           "(run `make setup GPU=cuda`, or drop --vram to verify the CPU plan)")
     with Engine(engine_config(choice, plan, flags)) as engine:
@@ -264,7 +263,7 @@ def engine_config(choice: ModelChoice, plan: Plan, flags: ModelFlags) -> EngineC
                         mmproj_on_gpu=plan.mmproj_on_gpu, n_seq=plan.n_seq,
                         split_mode=flags.placement.split_mode, main_gpu=flags.placement.main_gpu,
                         tensor_split=plan.tensor_split,
-                        mmproj_device=None if plan.mmproj_device == "CPU" else plan.mmproj_device or None)
+                        mmproj_device=plan.mmproj_device or None)  # ignored off the GPU
 
 
 def load(flags: ModelFlags, *, on_progress: Callable[[float], None] | None = None) -> Loaded:
@@ -273,8 +272,6 @@ def load(flags: ModelFlags, *, on_progress: Callable[[float], None] | None = Non
     plan = make_plan(flags, text, projector)
     for note in plan.notes:
         log.info("plan: %s", note)
-    # NVML (the planner) counts GPUs in PCI order; make CUDA count them the same way.
-    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     try:
         engine = Engine(engine_config(choice, plan, flags), on_load_progress=on_progress)
     except EdgeVLMError as first:

@@ -6,6 +6,7 @@ works offline). It talks to the server's own `/v1/chat/completions` like any oth
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 
 from fastapi import APIRouter, Request
@@ -24,9 +25,14 @@ router = APIRouter()
 async def root(request: Request) -> Response:
     """The page for a browser; a one-line answer for the clients that probe `/` (as Ollama's do)."""
     if "text/html" in request.headers.get("accept", ""):
-        return HTMLResponse((STATIC_DIR / "index.html").read_text(encoding="utf-8"),
-                            headers={"Cache-Control": "no-cache"})
+        return HTMLResponse(_page(), headers={"Cache-Control": "no-cache"})
     return PlainTextResponse("edgevlm is running")
+
+
+@cache
+def _page() -> str:
+    """The page's HTML, read once."""
+    return (STATIC_DIR / "index.html").read_text(encoding="utf-8")
 
 
 @router.get("/static/{name}")
