@@ -20,6 +20,13 @@ else
   BACKEND := cpu-rpc
   LLAMA_CMAKE_ARGS := -DGGML_RPC=on
 endif
+# ggml's AMX kernels (Xeons from Sapphire Rapids on) crash or answer wrongly with Q4_0/Q4_1
+# weights (llama.cpp #20824, #16315), and a native build turns them on for such a CPU; the
+# AVX-512 kernels they would replace are used instead.
+ifeq ($(shell uname -m),x86_64)
+  NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+  BACKEND := $(BACKEND)-noamx
+endif
 # Built wheels are kept per backend, so a CPU wheel is never reused for a CUDA build (or the
 # reverse); pip's own cache is bypassed because it keys wheels by version alone.
 WHEEL_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/edgevlm/wheels
@@ -53,12 +60,14 @@ $(SETUP_STAMP): pyproject.toml
 	@if ! ls $(WHEEL_DIR)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl >/dev/null 2>&1; then \
 	  echo "building llama-cpp-python $(LLAMA_CPP_VERSION) from source for $(BACKEND) (takes minutes)"; \
 	  mkdir -p $(WHEEL_DIR) && \
+	  CFLAGS="$(NO_AMX) $$CFLAGS" CXXFLAGS="$(NO_AMX) $$CXXFLAGS" \
 	  CMAKE_ARGS="$(LLAMA_CMAKE_ARGS) $(CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$${CMAKE_BUILD_PARALLEL_LEVEL:-$$(nproc)} \
 	    $(PIP) wheel --no-deps --no-cache-dir --no-binary llama-cpp-python -w $(WHEEL_DIR).part \
 	    llama-cpp-python==$(LLAMA_CPP_VERSION) && mv $(WHEEL_DIR).part/*.whl $(WHEEL_DIR)/ && rmdir $(WHEEL_DIR).part; \
 	fi
 	$(PIP) install -q --force-reinstall --no-deps $(WHEEL_DIR)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl
-	$(PIP) install -q -e '.[dev]'
+	@# setuptools reports an editable install as a warning; pip would print it as ~10 lines
+	PYTHONWARNINGS=ignore $(PIP) install -q -e '.[dev]'
 	@rm -f $(VENV)/.edgevlm-setup-* && touch $@
 	@echo "edgevlm is set up in $(VENV) (llama.cpp backend: $(BACKEND))."
 	@echo "Next: source $(VENV)/bin/activate, then edgevlm --help (or run $(VENV)/bin/edgevlm)"
@@ -118,7 +127,7 @@ $(PEER_SRC): | setup
 	tar -xzf $(PEERS)/src/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz -C $(PEERS)/src
 
 $(PEERS)/bin/%: | $(PEER_SRC)
-	cmake -S $(PEER_SRC) -B $(PEERS)/build-$(BACKEND) $(PEER_CMAKE_ARGS) >/dev/null
+	CFLAGS="$(NO_AMX) $$CFLAGS" CXXFLAGS="$(NO_AMX) $$CXXFLAGS" cmake -S $(PEER_SRC) -B $(PEERS)/build-$(BACKEND) $(PEER_CMAKE_ARGS) >/dev/null
 	cmake --build $(PEERS)/build-$(BACKEND) --target $* -j $${CMAKE_BUILD_PARALLEL_LEVEL:-$$(nproc)}
 	@mkdir -p $(PEERS)/bin && cp $(PEERS)/build-$(BACKEND)/bin/$* $@
 	@echo "built $@ ($(BACKEND))"

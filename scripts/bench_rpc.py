@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench_serve import free_port  # noqa: E402
 
-from tests.test_rpc import start_worker  # noqa: E402
+from tests.rpc.test_endpoints import start_worker  # noqa: E402
 
 TEXT = ROOT / "models" / "test" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 MMPROJ = ROOT / "models" / "test" / "mmproj-test-336.gguf"
