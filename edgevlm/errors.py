@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
+
 
 class EdgeVLMError(Exception):
-    """Base of every error edgevlm raises on purpose; exits 1 unless a subclass says otherwise."""
+    """Base of every error edgevlm raises on purpose; exits 1 unless a subclass says otherwise.
+
+    The core names settings by their own names (n_ctx, max_tokens, pool) and lists them in
+    `settings`; each face puts them in its own words (`--n-ctx` on the command line, the
+    field's name in the API) with `in_words`.
+    """
 
     exit_code = 1
+
+    def __init__(self, message: str = "", *, settings: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.settings = settings
 
 
 class UserError(EdgeVLMError):
@@ -47,7 +59,17 @@ class Interrupted(EdgeVLMError):
     exit_code = 130
 
 
-def one_line(exc: BaseException, *, limit: int = 160) -> str:
+def in_words(exc: BaseException, word: Callable[[str], str] | None = None) -> str:
+    """The message, with each setting it names put in a face's words (unchanged without `word`)."""
+    text = str(exc)
+    if word is None:
+        return text
+    for name in getattr(exc, "settings", ()):
+        text = re.sub(rf"(?<![\w-]){re.escape(name)}\b", word(name), text)
+    return text
+
+
+def one_line(exc: BaseException, *, limit: int = 160, word: Callable[[str], str] | None = None) -> str:
     """The first line of an exception's message (its type name when it has none), for users."""
-    text = str(exc).strip().splitlines()
+    text = in_words(exc, word).strip().splitlines()
     return text[0][:limit] if text else type(exc).__name__

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 
-from .errors import ConfigError
+from edgevlm.errors import ConfigError
 
 
 def is_loopback(host: str) -> bool:

@@ -23,12 +23,13 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from edgevlm.batch import caption_all, find_images, plan_targets  # noqa: E402
-from edgevlm.describe import Describer  # noqa: E402
-from edgevlm.engine import Engine, EngineConfig, Sampling, default_threads  # noqa: E402
-from edgevlm.gguf_info import read_text_model  # noqa: E402
-from edgevlm.images import load_image  # noqa: E402
-from edgevlm.prompts import detect_format  # noqa: E402
+from edgevlm.chat.prompts import detect_format  # noqa: E402
+from edgevlm.describe.describer import Describer  # noqa: E402
+from edgevlm.describe.folders import caption_all, find_images, plan_targets  # noqa: E402
+from edgevlm.llama.engine import Engine  # noqa: E402
+from edgevlm.llama.types import EngineConfig, Sampling, default_threads  # noqa: E402
+from edgevlm.models.gguf import read_text_model  # noqa: E402
+from edgevlm.vision.images import load_image  # noqa: E402
 
 MODELS = ROOT / "models" / "test"
 TEXT = MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -64,7 +65,7 @@ def main() -> None:
         engine = Engine(EngineConfig(TEXT, MMPROJ, n_ctx=4096, n_gpu_layers=0, n_threads=threads))
         load_s = time.perf_counter() - started
         fmt = detect_format(read_text_model(TEXT).chat_template)
-        describer = Describer(engine, fmt, tile_size=336, max_tokens=args.max_tokens,
+        describer = Describer(engine.sequence(), fmt, tile_size=336, max_tokens=args.max_tokens,
                               sampling=Sampling(temperature=0.0), max_tiles=0)
 
         started = time.perf_counter()

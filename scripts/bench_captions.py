@@ -24,7 +24,7 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from edgevlm.structured import tags_prompt, tags_schema  # noqa: E402
+from edgevlm.chat.structured import tags_prompt, tags_schema  # noqa: E402
 
 TEXT = ROOT / "models" / "test" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 MMPROJ = ROOT / "models" / "test" / "mmproj-test-336.gguf"

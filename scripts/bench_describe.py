@@ -25,11 +25,12 @@ from PIL import Image, ImageDraw
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from edgevlm.describe import Describer  # noqa: E402
-from edgevlm.engine import Engine, EngineConfig, Sampling, default_threads  # noqa: E402
-from edgevlm.gguf_info import read_text_model  # noqa: E402
-from edgevlm.images import load_image  # noqa: E402
-from edgevlm.prompts import detect_format  # noqa: E402
+from edgevlm.chat.prompts import detect_format  # noqa: E402
+from edgevlm.describe.describer import Describer  # noqa: E402
+from edgevlm.llama.engine import Engine  # noqa: E402
+from edgevlm.llama.types import EngineConfig, Sampling, default_threads  # noqa: E402
+from edgevlm.models.gguf import read_text_model  # noqa: E402
+from edgevlm.vision.images import load_image  # noqa: E402
 
 MODELS = ROOT / "models" / "test"
 TEXT = MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -121,8 +122,8 @@ def main() -> None:
     edge_load_s = time.perf_counter() - t0
     fmt = detect_format(read_text_model(TEXT).chat_template)
     sampling = Sampling(temperature=0.0)
-    tiled = Describer(engine, fmt, tile_size=336, max_tokens=args.max_tokens, sampling=sampling)
-    global_only = Describer(engine, fmt, tile_size=336, max_tokens=args.max_tokens,
+    tiled = Describer(engine.sequence(), fmt, tile_size=336, max_tokens=args.max_tokens, sampling=sampling)
+    global_only = Describer(engine.sequence(), fmt, tile_size=336, max_tokens=args.max_tokens,
                            sampling=sampling, max_tiles=0)
 
     t0 = time.perf_counter()

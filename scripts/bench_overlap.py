@@ -26,7 +26,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from make_test_models import write_sparse_vit_projector  # noqa: E402
 
-from edgevlm.engine import Engine, EngineConfig  # noqa: E402
+from edgevlm.llama.engine import Engine  # noqa: E402
+from edgevlm.llama.types import EngineConfig  # noqa: E402
 
 TEXT = ROOT / "models" / "test" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -41,36 +42,37 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         vit = write_sparse_vit_projector(Path(tmp) / "vit-l-336.gguf", text_width=576)
         engine = Engine(EngineConfig(TEXT, vit, n_ctx=4096, n_gpu_layers=0, n_batch=576, n_ubatch=576))
+        sequence = engine.sequence()
         rng = np.random.default_rng(0)
         views = [Image.fromarray(rng.integers(0, 255, (336, 336, 3), dtype=np.uint8))
                  for _ in range(args.views)]
-        prompt = engine.tokenize("What is in this photo?")
+        prompt = sequence.tokenize("What is in this photo?")
 
         def one_after_the_other() -> float:
-            engine.truncate(0)
-            engine.eval_text(prompt)
+            sequence.truncate(0)
+            sequence.eval_text(prompt)
             started = time.perf_counter()
             for view in views:
-                engine.eval_embedding(engine.encode_image(view))
+                sequence.eval_embedding(sequence.encode_image(view))
             return time.perf_counter() - started
 
         def overlapped() -> float:
-            engine.truncate(0)
-            engine.eval_text(prompt)
+            sequence.truncate(0)
+            sequence.eval_text(prompt)
             started = time.perf_counter()
             with ThreadPoolExecutor(max_workers=1) as helper:
-                pending = helper.submit(engine.encode_image, views[0])
+                pending = helper.submit(sequence.encode_image, views[0])
                 for index in range(len(views)):
                     rows = pending.result()
                     if index + 1 < len(views):
-                        pending = helper.submit(engine.encode_image, views[index + 1])
-                    engine.eval_embedding(rows)
+                        pending = helper.submit(sequence.encode_image, views[index + 1])
+                    sequence.eval_embedding(rows)
             return time.perf_counter() - started
 
         encode_s = []
         for view in views:
             started = time.perf_counter()
-            engine.encode_image(view)
+            sequence.encode_image(view)
             encode_s.append(time.perf_counter() - started)
         one_after_the_other()  # warm-up
         plain, piped = [], []

@@ -3,7 +3,7 @@
 
 Decodes a 2x2-tiled photo's worth of projector rows (5 views x 576 = 2,880 tokens, the
 4K describe case) after a short prompt, for each setting, in one process, median of N.
-The defaults in plan.py / engine.py come from these numbers.
+The defaults in planning/memory.py and llama/engine.py come from these numbers.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from edgevlm.engine import Engine, EngineConfig, default_threads  # noqa: E402
+from edgevlm.llama.engine import Engine  # noqa: E402
+from edgevlm.llama.types import EngineConfig, default_threads  # noqa: E402
 
 MODELS = ROOT / "models" / "test"
 TEXT = MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -32,16 +33,17 @@ VIEWS = 5
 def measure(n_ubatch: int, flash_attn: bool, repeats: int) -> dict[str, float]:
     engine = Engine(EngineConfig(TEXT, MMPROJ, n_ctx=4096, n_gpu_layers=0, n_batch=max(n_ubatch, 512),
                                  n_ubatch=n_ubatch, flash_attn=flash_attn, n_threads=default_threads()))
+    sequence = engine.sequence()
     pixels = np.random.default_rng(0).integers(0, 255, (336, 336, 3), dtype=np.uint8)
-    rows = engine.encode_image(Image.fromarray(pixels))
-    prompt = engine.tokenize("<|im_start|>user\nWhat is in this photo?\n")
+    rows = sequence.encode_image(Image.fromarray(pixels))
+    prompt = sequence.tokenize("<|im_start|>user\nWhat is in this photo?\n")
     times = []
     for _ in range(repeats + 1):
-        engine.truncate(0)
-        engine.eval_text(prompt)
+        sequence.truncate(0)
+        sequence.eval_text(prompt)
         started = time.perf_counter()
         for _ in range(VIEWS):
-            engine.eval_embedding(rows)
+            sequence.eval_embedding(rows)
         times.append(time.perf_counter() - started)
     engine.close()
     best = statistics.median(times[1:])  # the first run allocates and warms up

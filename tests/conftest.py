@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import subprocess
@@ -47,25 +48,33 @@ def test_models() -> dict[str, Path]:
 
 def make_engine(mmproj: Path, *, n_ctx: int = 2048, n_batch: int = 512):  # noqa: ANN201
     """A CPU engine on the test text model and the given projector."""
-    from edgevlm.engine import Engine, EngineConfig
+    from edgevlm.llama.engine import Engine
+    from edgevlm.llama.types import EngineConfig
 
     return Engine(EngineConfig(TEXT_MODEL, mmproj, n_ctx=n_ctx, n_gpu_layers=0, n_batch=n_batch,
                                n_ubatch=n_batch))
 
 
+@contextlib.contextmanager
+def one_sequence(mmproj: Path, **sizes: int) -> Iterator[object]:
+    """Sequence 0 of a fresh CPU engine (make_engine's), closed after the block."""
+    with make_engine(mmproj, **sizes) as engine:
+        yield engine.sequence()
+
+
 @pytest.fixture(scope="module")
-def engine(test_models: dict[str, Path]) -> Iterator[object]:
-    """A 2048-token engine with the 576-token projector, shared within a test module."""
+def sequence(test_models: dict[str, Path]) -> Iterator[object]:
+    """Sequence 0 of a 2048-token engine with the 576-token projector, shared within a module."""
     eng = make_engine(test_models["mmproj_336"])
-    yield eng
+    yield eng.sequence()
     eng.close()
 
 
 @pytest.fixture(scope="module")
-def small_engine(test_models: dict[str, Path]) -> Iterator[object]:
-    """A 1024-token engine with the 64-token projector."""
+def small_sequence(test_models: dict[str, Path]) -> Iterator[object]:
+    """Sequence 0 of a 1024-token engine with the 64-token projector."""
     eng = make_engine(test_models["mmproj_112"], n_ctx=1024)
-    yield eng
+    yield eng.sequence()
     eng.close()
 
 

@@ -8,17 +8,20 @@ import signal
 import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from types import FrameType
 
 import uvicorn
 from fastapi import Depends, FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from .. import __version__
-from ..errors import one_line
-from . import ollama_api, openai_api, page
-from .core import ServerState, state_of
-from .http import ApiError, RequestLog, check_key
+from edgevlm import __version__
+from edgevlm.server import ollama_api, openai_api, page
+from edgevlm.server.http import ApiError, RequestLog, check_key
+from edgevlm.server.scheduler import Scheduler
+from edgevlm.server.schemas import add_bodies
+from edgevlm.server.turns import RUNNING_GRACE_S, ServerState, state_of
 
 log = logging.getLogger("edgevlm.server")
 
@@ -41,9 +44,21 @@ def create_app(state: ServerState) -> FastAPI:
     app.include_router(page.router)  # the page itself needs no key: it asks for one on a 401
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(HTTPException, _http_error)
-    app.add_exception_handler(Exception, _unexpected)
     app.add_middleware(RequestLog)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
+
+
+def _openapi(app: FastAPI) -> dict[str, object]:
+    """FastAPI's schema, with the request bodies the routes read themselves declared."""
+    if app.openapi_schema is None:
+        app.openapi_schema = add_bodies(get_openapi(title=app.title, version=app.version, routes=app.routes))
+    return app.openapi_schema
+
+
+def state_of_app(app: FastAPI) -> ServerState:
+    """The state an app was made with."""
+    return app.state.edgevlm
 
 
 async def _require_key(request: Request) -> None:
@@ -52,7 +67,9 @@ async def _require_key(request: Request) -> None:
 
 async def _health(request: Request) -> dict[str, object]:
     state = state_of(request)
-    return {"status": "ok", "model": state.model.id, "waiting": state.scheduler.waiting}
+    scheduler = state.scheduler
+    return {"status": "ok", "model": state.model.id, "waiting": scheduler.waiting,
+            "running": scheduler.running, "summaries_pending": scheduler.summaries_pending}
 
 
 def error_response(request: Request, error: ApiError) -> JSONResponse:
@@ -68,18 +85,28 @@ async def _api_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HTTPException)
-    code = "not_found" if exc.status_code == 404 else None
-    return error_response(request, ApiError(exc.status_code, str(exc.detail), code=code))
-
-
-async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-    log.exception("unexpected error on %s", request.url.path)
-    return error_response(request, ApiError(500, f"internal error: {one_line(exc)}", kind="server_error"))
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    return error_response(request, ApiError(exc.status_code, str(exc.detail), code=code,
+                                            headers=exc.headers))  # a 405 keeps its Allow
 
 
 class _Server(uvicorn.Server):
     """uvicorn's server, but a stop signal ends `run` normally instead of being raised again
-    afterwards, so the command can close the model and exit 0."""
+    afterwards, so the command can close the model and exit 0. On the first signal, waiting
+    requests are answered 503 at once, and running ones get a few seconds to finish before
+    they are stopped (each answered cleanly: a 503, or a stream that ends)."""
+
+    def __init__(self, config: uvicorn.Config, scheduler: Scheduler) -> None:
+        super().__init__(config)
+        self.scheduler = scheduler
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if not self.should_exit:
+            self.scheduler.stop_accepting()
+            timer = threading.Timer(RUNNING_GRACE_S, self.scheduler.stop_running)
+            timer.daemon = True
+            timer.start()
+        super().handle_exit(sig, frame)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -97,6 +124,7 @@ class _Server(uvicorn.Server):
 
 def run(app: FastAPI, *, host: str, port: int) -> None:
     """Serve until Ctrl-C or SIGTERM; in-flight requests get a few seconds to finish."""
+    # uvicorn's own limit only backs ours up: by then every request has been answered.
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=5, lifespan="on")
-    _Server(config).run()
+                            timeout_graceful_shutdown=RUNNING_GRACE_S + 4, lifespan="on")
+    _Server(config, state_of_app(app).scheduler).run()

@@ -10,11 +10,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..session import ChatImage, ChatTurn, PastTurn, TurnOptions
-from .http import bad_request
+from edgevlm.chat.resent import ChatImage, ChatTurn, PastTurn, TurnOptions
+from edgevlm.chat.tools import ToolUse
+from edgevlm.server.http import bad_request
 
 SYSTEM_ROLES = frozenset({"system", "developer"})
-ROLES = SYSTEM_ROLES | {"user", "assistant"}
+ROLES = SYSTEM_ROLES | {"user", "assistant", "tool"}
 
 
 @dataclass(frozen=True)
@@ -37,19 +38,24 @@ class _Exchange:
 
 def check_role(role: object, where: str) -> str:
     """The message's role, or a 400 naming it."""
-    if role not in ROLES:
-        raise bad_request(f"role {role!r} is not supported; use system, user or assistant",
+    if not isinstance(role, str) or role not in ROLES:
+        shown = role if isinstance(role, str) else type(role).__name__
+        raise bad_request(f"role {shown!r} is not supported; use system, user, assistant or tool",
                           f"{where}.role")
-    return str(role)
+    return role
 
 
-def chat_turn(messages: Sequence[Message], options: TurnOptions) -> ChatTurn:
-    """Fold a message list into the history and the latest user message."""
+def chat_turn(messages: Sequence[Message], options: TurnOptions, tools: ToolUse | None = None) -> ChatTurn:
+    """Fold a message list into the history and the latest user message (a tool's result counts
+    as one); offered tools are shown to the model at the end of the system prompt."""
     if not messages:
         raise bad_request("at least one message is required", "messages")
     if messages[-1].role != "user":
-        raise bad_request("the last message must be from the user", f"{messages[-1].where}.role")
+        raise bad_request("the last message must be from the user (or a tool's result)",
+                          f"{messages[-1].where}.role")
     systems = [m.text for m in messages if m.role in SYSTEM_ROLES and m.text.strip()]
+    if tools is not None:
+        systems.append(tools.prompt())
     exchanges = _exchanges([m for m in messages if m.role not in SYSTEM_ROLES])
     latest = exchanges[-1]
     question = "\n\n".join(latest.user).strip()

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
+import traceback
 from dataclasses import dataclass
 
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger("edgevlm.server")
+BODY_READ_TIMEOUT_S = 30.0  # a body that stalls part-way must not hold its connection for ever
 
 
 @dataclass
@@ -40,22 +43,54 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 
 
 async def read_json(request: Request, limit_bytes: int) -> dict[str, object]:
-    """The request body as a JSON object, read with a size cap (413 past it)."""
+    """The request body as a JSON object, read with a size cap (413 past it) and a time limit
+    (408 past it), its text checked to be encodable (no lone surrogates)."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit_bytes:
         raise _too_large(limit_bytes)
+    try:
+        body = await asyncio.wait_for(_read_body(request, limit_bytes), BODY_READ_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {BODY_READ_TIMEOUT_S:g} s",
+                       code="body_timeout", headers={"Connection": "close"}) from None
+    try:
+        data = json.loads(body)
+    except RecursionError:
+        raise bad_request("the body is nested too deeply") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise bad_request(f"the body is not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise bad_request("the body must be a JSON object")
+    _check_text(data)
+    return data
+
+
+async def _read_body(request: Request, limit_bytes: int) -> bytes:
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
         if len(body) > limit_bytes:
             raise _too_large(limit_bytes)
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise bad_request(f"the body is not valid JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise bad_request("the body must be a JSON object")
-    return data
+    return bytes(body)
+
+
+def _check_text(data: object) -> None:
+    """400 for a string no tokenizer can take: a lone UTF-16 surrogate (JSON allows `\\ud800`)."""
+    todo: list[tuple[object, str]] = [(data, "")]
+    while todo:
+        item, where = todo.pop()
+        if isinstance(item, dict):
+            todo.extend((value, f"{where}.{key}" if where else str(key)) for key, value in item.items())
+            item = list(item)  # the keys are text too
+        if isinstance(item, list):
+            todo.extend((value, f"{where}[{i}]") for i, value in enumerate(item))
+        elif isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise bad_request("the text holds a lone UTF-16 surrogate (an unpaired \\ud800-"
+                                  "\\udfff escape), which is not a character", where or None,
+                                  code="invalid_text") from None
 
 
 def _too_large(limit_bytes: int) -> ApiError:
@@ -74,7 +109,9 @@ def check_key(request: Request, api_key: str | None) -> None:
 
 
 class RequestLog:
-    """One line on stderr per request once its response has ended: method, path, status, tokens, TTFT."""
+    """One line on stderr per request once its response has ended: method, path, status, tokens,
+    TTFT. A request that fails unexpectedly logs its traceback once and answers a 500 in the API's
+    own error shape; one whose client went away mid-response is logged as such."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -83,16 +120,36 @@ class RequestLog:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        started, status = time.perf_counter(), [0]
+        started = time.perf_counter()
         scope.setdefault("state", {})["received"] = started  # TTFT counts from here
+        seen = {"status": 0, "ended": False}
 
         async def logged_send(message: Message) -> None:
             if message["type"] == "http.response.start":
-                status[0] = message["status"]
+                seen["status"] = message["status"]
             await send(message)
             if message["type"] == "http.response.body" and not message.get("more_body", False):
-                note = scope.get("state", {}).get("log_note", "")
-                log.info("%s %s %d %.2fs%s", scope["method"], scope["path"], status[0],
-                         time.perf_counter() - started, f" {note}" if note else "")
+                seen["ended"] = True
 
-        await self.app(scope, receive, logged_send)
+        try:
+            await self.app(scope, receive, logged_send)
+        except Exception as exc:  # the one place an unexpected error is logged and answered
+            scope["state"]["log_note"] = f"error: {type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+            if not seen["status"]:
+                await _send_500(scope, logged_send)
+        finally:
+            note = scope["state"].get("log_note", "")
+            if seen["status"] and not seen["ended"]:
+                note = f"{note} (the client went away)".strip()
+            log.info("%s %s %d %.2fs%s", scope["method"], scope["path"], seen["status"] or 500,
+                     time.perf_counter() - started, f" {note}" if note else "")
+
+
+async def _send_500(scope: Scope, send: Send) -> None:
+    error = ApiError(500, "internal error; the server's log has the details", kind="server_error")
+    body = error.ollama() if scope["path"].startswith("/api/") else error.openai()
+    data = json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": 500,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(data)).encode())]})
+    await send({"type": "http.response.body", "body": data})

@@ -6,18 +6,23 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..cache import Encode, SummaryStore
-from ..conversation import Conversation
-from ..engine import EngineSequence, Sampling
-from ..errors import ConfigError
-from ..gguf_info import TextModelFacts
-from ..network import check_port, is_loopback
-from ..runtime import Loaded
-from ..session import ChatSession
-from .app import create_app, run
-from .core import ModelInfo, ServerState
-from .scheduler import Scheduler
+from edgevlm.chat.conversation import Conversation
+from edgevlm.chat.resent import ResentChat
+from edgevlm.errors import ConfigError
+from edgevlm.llama.types import Sampling
+from edgevlm.models.gguf import TextModelFacts
+from edgevlm.models.loading import Loaded
+from edgevlm.network import check_port, is_loopback
+from edgevlm.server.app import create_app, run
+from edgevlm.server.scheduler import Scheduler
+from edgevlm.server.turns import ModelInfo, ServerState
+from edgevlm.store.caches import Encode, SummaryStore
+from edgevlm.store.prefix_cache import PrefixCache
+
+if TYPE_CHECKING:  # a type only: importing it would load libllama
+    from edgevlm.llama.sequence import EngineSequence
 
 
 @dataclass(frozen=True)
@@ -53,7 +58,8 @@ def check(settings: ServeSettings) -> None:
 def build_state(loaded: Loaded, settings: ServeSettings) -> ServerState:
     """A slot per llama.cpp sequence, each with its conversation; the scheduler in front."""
     summaries = SummaryStore(loaded.cache_identity(), persist=settings.cache)
-    sessions = [ChatSession(_conversation(loaded, sequence, settings, encoder), summaries)
+    prefixes = loaded.prefix_cache() if settings.cache else None
+    sessions = [ResentChat(_conversation(loaded, sequence, settings, encoder, prefixes), summaries)
                 for sequence, encoder in zip(loaded.engine.sequences(), loaded.encoders(cache=settings.cache),
                                              strict=True)]
     first = sessions[0].conversation
@@ -66,12 +72,13 @@ def build_state(loaded: Loaded, settings: ServeSettings) -> ServerState:
 
 
 def _conversation(loaded: Loaded, sequence: EngineSequence, settings: ServeSettings,
-                  encoder: Encode | None) -> Conversation:
+                  encoder: Encode | None, prefixes: PrefixCache | None) -> Conversation:
     """One slot's conversation, on its own sequence."""
     return Conversation(
         sequence, loaded.prompt_format, tile_size=loaded.projector_facts.image_size,
         max_tokens=settings.max_tokens, sampling=settings.sampling, max_tiles=settings.max_tiles,
-        summary=settings.summary, pool=settings.pool, layout=loaded.layout, encoder=encoder)
+        summary=settings.summary, pool=settings.pool, layout=loaded.layout, encoder=encoder,
+        prefix_cache=prefixes)
 
 
 def _model_info(loaded: Loaded) -> ModelInfo:
@@ -79,7 +86,7 @@ def _model_info(loaded: Loaded) -> ModelInfo:
     name = loaded.choice.preset.name if loaded.choice.preset else path.stem
     return ModelInfo(id=name, path=path, size_bytes=path.stat().st_size, family=text.architecture,
                      parameter_size=_params(text), quantization=_quantization(path),
-                     n_ctx=loaded.engine.n_ctx, visual_tokens=loaded.engine.image_tokens())
+                     n_ctx=loaded.engine.n_ctx, visual_tokens=loaded.engine.image_tokens_per_view())
 
 
 def _params(text: TextModelFacts) -> str:

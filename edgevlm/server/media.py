@@ -7,9 +7,9 @@ import binascii
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from ..errors import ImageError
-from ..session import ChatImage
-from .http import bad_request
+from edgevlm.chat.resent import ChatImage
+from edgevlm.errors import ImageError
+from edgevlm.server.http import bad_request
 
 
 def image_from_url(url: object, param: str, *, media_dir: Path | None,
@@ -69,12 +69,13 @@ def _media_file_bytes(url: str, param: str, media_dir: Path | None) -> bytes:
     parsed = urlparse(url)
     if parsed.netloc not in ("", "localhost"):
         raise bad_request("file:// URLs must name a local path", param, code="file_url_refused")
-    path = Path(unquote(parsed.path)).resolve()
+    sent = unquote(parsed.path)  # errors name only this: never where a link inside points
+    path = Path(sent).resolve()
     if not path.is_relative_to(media_dir.resolve()):
-        raise bad_request(f"{path} is outside the media folder {media_dir}", param,
+        raise bad_request(f"{sent} is outside the media folder {media_dir}", param,
                           code="file_url_refused")
     try:
         return path.read_bytes()
     except OSError as exc:
-        raise bad_request(f"cannot read {path} ({exc.strerror or exc})", param,
+        raise bad_request(f"cannot read {sent} ({exc.strerror or 'unreadable'})", param,
                           code="file_unreadable") from None

@@ -1,25 +1,41 @@
-"""Ollama's API: `/api/chat`, `/api/generate` (NDJSON streams), `/api/tags`, `/api/show`, `/api/version`."""
+"""Ollama's API: `/api/chat`, `/api/generate` (NDJSON streams, tools), `/api/tags`, `/api/show`,
+`/api/ps`, `/api/pull`, `/api/version`, and `/api/embed` refused in its shape."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
 from datetime import datetime, timezone
+from typing import NoReturn
 
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from .. import __version__
-from ..session import ChatTurn, TurnOptions
-from . import options as opt
-from .core import ServerState, collect, error_for, finish_reason, note_for_log, start, state_of, stream_events
-from .history import Message, chat_turn, check_role
-from .http import ApiError, bad_request, read_json
-from .media import image_from_base64
-from .scheduler import Answered, Failed, JobEvent, Piece, TurnJob
+from edgevlm import __version__
+from edgevlm.chat.resent import ChatTurn, TurnOptions
+from edgevlm.chat.tools import ToolCall, ToolUse
+from edgevlm.server import fields as opt
+from edgevlm.server import schemas as sc
+from edgevlm.server.answer import AnswerText, whole_answer
+from edgevlm.server.history import Message, chat_turn, check_role
+from edgevlm.server.http import ApiError, bad_request, read_json
+from edgevlm.server.media import image_from_base64
+from edgevlm.server.pull import fetch_or_error, pull_preset, pull_progress
+from edgevlm.server.scheduler import Answered, Failed, JobEvent, Piece, TurnJob
+from edgevlm.server.tool_calls import assistant_calls_text, tool_result_text, tool_use
+from edgevlm.server.turns import (
+    ServerState,
+    collect,
+    error_for,
+    finish_reason,
+    note_for_log,
+    start,
+    state_of,
+    stream_events,
+)
 
-router = APIRouter(prefix="/api")
+router = APIRouter(prefix="/api", responses=sc.errors(sc.OllamaError, 400, 401, 404, 408, 413, 503))
 NS = 1_000_000_000
 
 
@@ -35,7 +51,7 @@ async def tags(request: Request) -> dict[str, object]:
     return {"models": [_model_entry(state_of(request))]}
 
 
-@router.post("/show")
+@router.post("/show", openapi_extra=sc.body(sc.OllamaModelRequest))
 async def show(request: Request) -> dict[str, object]:
     """The loaded model's details and capabilities (vision)."""
     state = state_of(request)
@@ -47,13 +63,55 @@ async def show(request: Request) -> dict[str, object]:
             "capabilities": ["completion", "vision"], "modified_at": _modified(state)}
 
 
-@router.post("/chat", response_model=None)
+@router.get("/ps")
+async def running(request: Request) -> dict[str, object]:
+    """The loaded model, in Ollama's list of running models (it stays loaded while serving)."""
+    state = state_of(request)
+    sizes = state.plan.get("bytes")
+    gpu_bytes = sizes.get("total_gpu", 0) if isinstance(sizes, dict) else 0
+    entry = {**_model_entry(state), "expires_at": "9999-12-31T23:59:59Z", "size_vram": int(gpu_bytes or 0),
+             "context_length": state.model.n_ctx}
+    return {"models": [entry]}
+
+
+@router.post("/embed", openapi_extra=sc.body(sc.OllamaModelRequest))
+async def embed(request: Request) -> JSONResponse:
+    """Refused in Ollama's shape: the loaded model makes no embeddings."""
+    return _no_embeddings(state_of(request))
+
+
+@router.post("/embeddings", openapi_extra=sc.body(sc.OllamaModelRequest))
+async def embeddings(request: Request) -> JSONResponse:
+    """The older embeddings route, refused the same way."""
+    return _no_embeddings(state_of(request))
+
+
+def _no_embeddings(state: ServerState) -> NoReturn:
+    raise ApiError(400, f"\"{state.model.id}\" does not support embeddings", code="unsupported")
+
+
+@router.post("/pull", response_model=None, openapi_extra=sc.body(sc.OllamaModelRequest),
+             responses={**sc.streamed("application/x-ndjson"), **sc.errors(sc.OllamaError, 502)})
+async def pull(request: Request) -> JSONResponse | StreamingResponse:
+    """Download a preset by name (resumable, verified), with progress as Ollama's NDJSON."""
+    state = state_of(request)
+    body = await read_json(request, state.max_body_bytes)
+    preset = pull_preset(body.get("model", body.get("name")))
+    if body.get("stream", True):
+        return StreamingResponse(pull_progress(preset), media_type="application/x-ndjson")
+    await run_in_threadpool(fetch_or_error, preset, None)
+    return JSONResponse({"status": "success"})
+
+
+@router.post("/chat", response_model=None, openapi_extra=sc.body(sc.OllamaChatRequest),
+             responses=sc.streamed("application/x-ndjson"))
 async def chat(request: Request) -> JSONResponse | StreamingResponse:
     """A chat turn; streams NDJSON unless `stream` is false."""
     return await _answer(request, "chat")
 
 
-@router.post("/generate", response_model=None)
+@router.post("/generate", response_model=None, openapi_extra=sc.body(sc.OllamaGenerateRequest),
+             responses=sc.streamed("application/x-ndjson"))
 async def generate(request: Request) -> JSONResponse | StreamingResponse:
     """A single prompt (with optional images and system); streams NDJSON unless `stream` is false."""
     return await _answer(request, "generate")
@@ -62,32 +120,48 @@ async def generate(request: Request) -> JSONResponse | StreamingResponse:
 async def _answer(request: Request, kind: str) -> JSONResponse | StreamingResponse:
     state = state_of(request)
     body = await read_json(request, state.max_body_bytes)
-    turn = await run_in_threadpool(parse_request, body, state, kind)
+    reply = OllamaReply(kind, state.model.id, state.max_tokens, None)
+    if _is_load_request(body, kind):
+        _check_model(body.get("model"), state)
+        return JSONResponse(reply.loaded("unload" if body.get("keep_alive") in (0, "0", "0s") else "load"))
+    turn, tools = await run_in_threadpool(parse_request, body, state, kind)
     job, first = await start(turn, state, request)
-    reply = _Reply(kind, state.model.id, turn.options.max_tokens)
+    reply = OllamaReply(kind, state.model.id, turn.options.max_tokens, tools)
     if body.get("stream", True):
         return StreamingResponse(reply.stream(request, job, first), media_type="application/x-ndjson")
-    text, answered = await collect(job, first)
+    text, answered = await collect(job, first, request)
     note_for_log(request, answered)
     return JSONResponse(reply.final(answered, text))
 
 
-def parse_request(body: dict[str, object], state: ServerState, kind: str) -> ChatTurn:
-    """An /api/chat or /api/generate body as a chat turn, or a 400 naming the field at fault."""
+def _is_load_request(body: dict[str, object], kind: str) -> bool:
+    """Ollama's load and unload forms: no messages (chat), or no prompt and no images (generate)."""
+    if kind == "chat":
+        return body.get("messages") in (None, [])
+    return body.get("prompt") in (None, "") and not body.get("images")
+
+
+def parse_request(body: dict[str, object], state: ServerState, kind: str) -> tuple[ChatTurn, ToolUse | None]:
+    """An /api/chat or /api/generate body as a chat turn and its tools, or a 400 naming the field
+    at fault."""
     _check_model(body.get("model"), state)
     messages = _chat_messages(body, state) if kind == "chat" else _generate_messages(body, state)
     raw = body.get("options") or {}
     if not isinstance(raw, dict):
         raise bad_request("expected an object", "options")
     limit = raw.get("num_predict")
-    max_tokens = state.max_tokens if limit in (None, -1, -2) else \
-        opt.whole(limit, "options.num_predict", low=1, high=1 << 20)
+    tools = tool_use(body.get("tools"), None) if kind == "chat" else None
+    if tools is not None and body.get("format") not in (None, ""):
+        raise bad_request("format cannot be combined with tools; the tool's parameters already "
+                          "shape a call", "format")
     options = TurnOptions(
-        max_tokens=max_tokens, stop=opt.stops(raw.get("stop"), "options.stop"),
-        sampling=opt.sampling(raw, temperature="temperature", top_p="top_p", seed="seed",
-                              grammar=_grammar(body.get("format")), where="options."),
+        max_tokens=opt.max_tokens(None if limit in (-1, -2) else limit, "options.num_predict",
+                                  state.max_tokens),
+        stop=opt.stops(raw.get("stop"), "options.stop"),
+        sampling=opt.sampling(raw, fields=opt.OLLAMA_SAMPLING, where="options.",
+                              grammar=tools.grammar if tools else _grammar(body.get("format"))),
         max_tiles=state.max_tiles, pool=opt.pool(raw.get("pool"), "options.pool"))
-    return chat_turn(messages, options)
+    return chat_turn(messages, options, tools), tools
 
 
 def _check_model(name: object, state: ServerState) -> None:
@@ -105,11 +179,18 @@ def _chat_messages(body: dict[str, object], state: ServerState) -> list[Message]
         where = f"messages[{i}]"
         if not isinstance(item, dict):
             raise bad_request("expected an object with role and content", where)
+        role = check_role(item.get("role"), where)
         content = item.get("content") or ""
         if not isinstance(content, str):
             raise bad_request("expected a string", f"{where}.content")
+        if role == "assistant" and item.get("tool_calls"):
+            called, _ = assistant_calls_text(item["tool_calls"], f"{where}.tool_calls")
+            content = "\n".join(filter(None, (content, called)))
+        elif role == "tool":
+            name = item.get("tool_name") or item.get("name")
+            role, content = "user", tool_result_text(name if isinstance(name, str) else None, content)
         images = _images(item.get("images"), f"{where}.images", state)
-        messages.append(Message(check_role(item.get("role"), where), content, images, where))
+        messages.append(Message(role, content, images, where))
     return messages
 
 
@@ -162,35 +243,53 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat()
 
 
-class _Reply:
+class OllamaReply:
     """One answer in Ollama's shapes (chat's `message`, generate's `response`)."""
 
-    def __init__(self, kind: str, model: str, max_tokens: int) -> None:
-        self.kind, self.model, self.max_tokens = kind, model, max_tokens
+    def __init__(self, kind: str, model: str, max_tokens: int, tools: ToolUse | None) -> None:
+        self.kind, self.model, self.max_tokens, self.tools = kind, model, max_tokens, tools
 
-    def piece(self, text: str, *, done: bool = False) -> dict[str, object]:
-        body = {"message": {"role": "assistant", "content": text}} if self.kind == "chat" \
-            else {"response": text}
+    def piece(self, text: str, *, done: bool = False, call: ToolCall | None = None) -> dict[str, object]:
+        if self.kind == "chat":
+            message: dict[str, object] = {"role": "assistant", "content": text}
+            if call is not None:
+                message["tool_calls"] = [{"function": {"name": call.name, "arguments": call.arguments}}]
+            body: dict[str, object] = {"message": message}
+        else:
+            body = {"response": text}
         return {"model": self.model, "created_at": _now(), **body, "done": done}
 
-    def final(self, answered: Answered, text: str = "") -> dict[str, object]:
+    def loaded(self, reason: str) -> dict[str, object]:
+        """The answer to a load or unload request."""
+        return {**self.piece("", done=True), "done_reason": reason}
+
+    def final(self, answered: Answered, text: str = "", *, streamed: bool = False) -> dict[str, object]:
+        """The last line (with the counts); whole, it carries the answer or the call too."""
+        content, call = ("", None) if streamed else whole_answer(text, self.tools)
+        return {**self.piece(content, done=True, call=call), **self.counts(answered)}
+
+    def counts(self, answered: Answered) -> dict[str, object]:
         s = answered.stats
         prefill_s = max(s.ttft_s - answered.queue_s, 0.0)
-        return {**self.piece(text, done=True), "done_reason": finish_reason(s, self.max_tokens),
+        return {"done_reason": finish_reason(s, self.max_tokens),
                 "total_duration": int((s.ttft_s + s.decode_s) * NS), "load_duration": 0,
                 "prompt_eval_count": s.prompt_tokens - s.cached_tokens,
                 "prompt_eval_duration": int(prefill_s * NS),
                 "eval_count": s.completion_tokens, "eval_duration": int(s.decode_s * NS)}
 
     async def stream(self, request: Request, job: TurnJob, first: JobEvent) -> AsyncIterator[str]:
-        """NDJSON lines: each piece, then a last line with done and the counts."""
+        """NDJSON lines: each piece (or the tool call), then a last line with done and the counts."""
+        answer = AnswerText(self.tools)
         try:
             async for event in stream_events(job, first):
-                if isinstance(event, Piece):
-                    yield json.dumps(self.piece(event.text)) + "\n"
+                if isinstance(event, Piece) and (text := answer.feed(event.text)):
+                    yield json.dumps(self.piece(text)) + "\n"
                 elif isinstance(event, Answered):
                     note_for_log(request, event)
-                    yield json.dumps(self.final(event)) + "\n"
+                    rest, call = answer.finish()
+                    if rest or call:
+                        yield json.dumps(self.piece(rest, call=call)) + "\n"
+                    yield json.dumps(self.final(event, streamed=True)) + "\n"
                 elif isinstance(event, Failed):
                     yield json.dumps(error_for(event.error).ollama()) + "\n"
         finally:

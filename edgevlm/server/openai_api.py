@@ -5,16 +5,25 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 
-from ..session import ChatTurn, TurnOptions
-from . import options as opt
-from .core import (
+from edgevlm.chat.resent import ChatTurn, TurnOptions
+from edgevlm.chat.tools import ToolCall, ToolUse
+from edgevlm.server import fields as opt
+from edgevlm.server import schemas as sc
+from edgevlm.server.answer import AnswerText, whole_answer
+from edgevlm.server.history import Message, chat_turn, check_role
+from edgevlm.server.http import ApiError, bad_request, read_json
+from edgevlm.server.media import image_from_url
+from edgevlm.server.scheduler import Answered, Failed, JobEvent, Piece, TurnJob
+from edgevlm.server.tool_calls import assistant_calls_text, tool_result_text, tool_use
+from edgevlm.server.turns import (
+    RUNNING_GRACE_S,
     ServerState,
     collect,
     edgevlm_numbers,
@@ -26,71 +35,110 @@ from .core import (
     state_of,
     stream_events,
 )
-from .history import Message, chat_turn, check_role
-from .http import ApiError, bad_request, read_json
-from .media import image_from_url
-from .scheduler import Answered, Failed, JobEvent, Piece, TurnJob
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", responses=sc.errors(sc.OpenAIError, 400, 401, 404, 408, 413, 503))
 
 
 @router.get("/models")
 async def list_models(request: Request) -> dict[str, object]:
     """The loaded model, in OpenAI's list shape."""
     state = state_of(request)
-    return {"object": "list", "data": [{"id": state.model.id, "object": "model",
-                                        "created": state.created, "owned_by": "edgevlm"}]}
+    return {"object": "list", "data": [_model_entry(state)]}
 
 
-@router.post("/chat/completions", response_model=None)
+@router.get("/models/{model_id:path}")
+async def get_model(request: Request, model_id: str) -> dict[str, object]:
+    """One model: the loaded one under any of its names, else a 404."""
+    state = state_of(request)
+    if not model_id or not state.model_matches(model_id):
+        raise ApiError(404, f"model '{model_id}' is not loaded here; this server has '{state.model.id}'",
+                       param="model", code="model_not_found")
+    return _model_entry(state)
+
+
+def _model_entry(state: ServerState) -> dict[str, object]:
+    return {"id": state.model.id, "object": "model", "created": state.created, "owned_by": "edgevlm"}
+
+
+@router.post("/chat/completions", response_model=None, openapi_extra=sc.body(sc.ChatCompletionRequest),
+             responses=sc.streamed("text/event-stream"))
 async def chat_completions(request: Request) -> JSONResponse | EventSourceResponse:
     """A chat completion; earlier images stand as summaries, the latest is shown live."""
     state = state_of(request)
     body = await read_json(request, state.max_body_bytes)
-    turn = await run_in_threadpool(parse_request, body, state)
+    turn, tools = await run_in_threadpool(parse_request, body, state)
     job, first = await start(turn, state, request)
-    reply = _Reply(state.model.id, turn.options.max_tokens, state.model.n_ctx,
-                   past_summaries(turn, state.summaries))
+    reply = OpenAIReply(state.model.id, turn.options.max_tokens, state.model.n_ctx,
+                   lambda: past_summaries(turn, state.summaries), tools)
     if body.get("stream"):
-        return EventSourceResponse(reply.stream(request, job, first), ping=15)
-    text, answered = await collect(job, first)
+        # sse-starlette would cut streams the moment the server stops: ours end themselves
+        # (a finished answer, or an error line and [DONE]) within the running grace.
+        return EventSourceResponse(reply.stream(request, job, first), ping=15,
+                                   shutdown_grace_period=RUNNING_GRACE_S + 2)
+    text, answered = await collect(job, first, request)
     note_for_log(request, answered)
     return JSONResponse(reply.completion(text, answered))
 
 
-def parse_request(body: dict[str, object], state: ServerState) -> ChatTurn:
-    """The request as a chat turn, or a 400 naming the field at fault (images decoded here)."""
+def parse_request(body: dict[str, object], state: ServerState) -> tuple[ChatTurn, ToolUse | None]:
+    """The request as a chat turn and its tools, or a 400 naming the field at fault (images
+    decoded here)."""
     if not state.model_matches(body.get("model")):
         raise ApiError(404, f"model '{body.get('model')}' is not loaded here; this server has "
                        f"'{state.model.id}' (see GET /v1/models)", param="model", code="model_not_found")
-    if body.get("n") not in (None, 1):
-        raise bad_request("only n=1 is supported", "n")
+    _refuse_unsupported(body)
     messages, detail = _messages(body.get("messages"), state)
     extra = body.get("edgevlm") or {}
     if not isinstance(extra, dict):
         raise bad_request("expected an object of edgevlm's own options (pool)", "edgevlm")
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    limit = opt.whole(max_tokens, "max_tokens", low=1, high=1 << 20) if max_tokens is not None \
-        else state.max_tokens
+    tools = tool_use(body.get("tools"), body.get("tool_choice"))
+    if tools is not None and body.get("response_format") not in (None, {"type": "text"}):
+        raise bad_request("response_format cannot be combined with tools; the tool's parameters "
+                          "already shape a call", "response_format")
+    grammar = tools.grammar if tools is not None else _grammar(body.get("response_format"))
     options = TurnOptions(
-        max_tokens=limit, stop=opt.stops(body.get("stop"), "stop"),
-        sampling=opt.sampling(body, temperature="temperature", top_p="top_p", seed="seed",
-                              grammar=_grammar(body.get("response_format"))),
+        max_tokens=opt.max_tokens(body.get("max_completion_tokens", body.get("max_tokens")),
+                                  "max_tokens", state.max_tokens),
+        stop=opt.stops(body.get("stop"), "stop"),
+        sampling=opt.sampling(body, fields=opt.OPENAI_SAMPLING, grammar=grammar),
         max_tiles=0 if detail == "low" else state.max_tiles,
         pool=opt.pool(extra.get("pool"), "edgevlm.pool"))
-    return chat_turn(messages, options)
+    return chat_turn(messages, options, tools), tools
+
+
+# Fields edgevlm cannot honour: refused by name rather than ignored (value: what is accepted).
+_UNSUPPORTED = {"logprobs": (None, False), "top_logprobs": (None, 0), "n": (None, 1),
+                "logit_bias": (None, {}), "functions": (None, []), "function_call": (None, "none"),
+                "audio": (None,), "prediction": (None,), "modalities": (None, ["text"])}
+
+
+def _refuse_unsupported(body: dict[str, object]) -> None:
+    for name, accepted in _UNSUPPORTED.items():
+        if body.get(name) not in accepted:
+            hint = "; use tools" if name.startswith("function") else ""
+            raise bad_request(f"is not supported by edgevlm{hint}", name, code="unsupported_parameter")
 
 
 def _messages(raw: object, state: ServerState) -> tuple[list[Message], str]:
     if not isinstance(raw, list) or not raw:
         raise bad_request("expected a non-empty list of messages", "messages")
     messages, detail = [], "auto"
+    calls: dict[str, str] = {}  # tool call id -> function name, from the assistant's calls
     for i, item in enumerate(raw):
         where = f"messages[{i}]"
         if not isinstance(item, dict):
             raise bad_request("expected an object with role and content", where)
         role = check_role(item.get("role"), where)
         text, images, detail = _content(item.get("content"), f"{where}.content", state)
+        if role == "assistant" and item.get("tool_calls"):
+            called, names = assistant_calls_text(item["tool_calls"], f"{where}.tool_calls")
+            text, calls = "\n".join(filter(None, (text, called))), {**calls, **names}
+        elif role == "tool":
+            call_id = item.get("tool_call_id")
+            if not isinstance(call_id, str) or call_id not in calls:
+                raise bad_request("a tool message answers a tool call: its tool_call_id must be the "
+                                  "id of a call in an earlier assistant message", f"{where}.tool_call_id")
+            role, text = "user", tool_result_text(calls[call_id], text)
         messages.append(Message(role, text, images, where))
     return messages, detail
 
@@ -137,17 +185,19 @@ def _grammar(response_format: object) -> str | None:
     raise bad_request("type must be text, json_object or json_schema", "response_format.type")
 
 
-class _Reply:
+class OpenAIReply:
     """One completion's replies in OpenAI's shapes."""
 
-    def __init__(self, model: str, max_tokens: int, n_ctx: int, summaries: list[dict[str, object]]) -> None:
+    def __init__(self, model: str, max_tokens: int, n_ctx: int,
+                 summaries: Callable[[], list[dict[str, object]]], tools: ToolUse | None) -> None:
         self.id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         self.model, self.max_tokens, self.created = model, max_tokens, int(time.time())
-        self.n_ctx, self.summaries = n_ctx, summaries
+        self.n_ctx, self.summaries, self.tools = n_ctx, summaries, tools
 
     def numbers(self, answered: Answered) -> dict[str, object]:
-        """The `edgevlm` block: the turn's numbers and the summaries of the request's earlier images."""
-        return {**edgevlm_numbers(answered, self.n_ctx), "summaries": self.summaries}
+        """The `edgevlm` block: the turn's numbers and the summaries of the request's earlier images
+        (looked up once answered: the turn may have waited for one)."""
+        return {**edgevlm_numbers(answered, self.n_ctx), "summaries": self.summaries()}
 
     def _head(self, kind: str) -> dict[str, object]:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
@@ -158,9 +208,16 @@ class _Reply:
                 "total_tokens": s.prompt_tokens + s.completion_tokens,
                 "prompt_tokens_details": {"cached_tokens": s.cached_tokens}}
 
+    def _finish(self, answered: Answered, call: ToolCall | None) -> str:
+        return "tool_calls" if call is not None else finish_reason(answered.stats, self.max_tokens)
+
     def completion(self, text: str, answered: Answered) -> dict[str, object]:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                  "finish_reason": finish_reason(answered.stats, self.max_tokens), "logprobs": None}
+        content, call = whole_answer(text, self.tools)
+        message: dict[str, object] = {"role": "assistant", "content": None if call else content}
+        if call is not None:
+            message["tool_calls"] = [_call_entry(call)]
+        choice = {"index": 0, "message": message, "finish_reason": self._finish(answered, call),
+                  "logprobs": None}
         return {**self._head("chat.completion"), "choices": [choice], "usage": self.usage(answered),
                 "edgevlm": self.numbers(answered)}
 
@@ -169,19 +226,38 @@ class _Reply:
         return {**self._head("chat.completion.chunk"), "choices": [choice]}
 
     async def stream(self, request: Request, job: TurnJob, first: JobEvent) -> AsyncIterator[dict]:
-        """SSE data lines: the role, the pieces, a last chunk with usage and numbers, [DONE]."""
+        """SSE data lines: the role, the pieces (or a tool call), a last chunk with usage and
+        numbers, [DONE]."""
+        answer = AnswerText(self.tools)
         try:
-            yield {"data": json.dumps(self.chunk({"role": "assistant", "content": ""}))}
+            yield _data(self.chunk({"role": "assistant", "content": ""}))
             async for event in stream_events(job, first):
-                if isinstance(event, Piece):
-                    yield {"data": json.dumps(self.chunk({"content": event.text}))}
+                if isinstance(event, Piece) and (text := answer.feed(event.text)):
+                    yield _data(self.chunk({"content": text}))
                 elif isinstance(event, Answered):
-                    note_for_log(request, event)
-                    last = self.chunk({}, finish_reason(event.stats, self.max_tokens))
-                    last.update(usage=self.usage(event), edgevlm=self.numbers(event))
-                    yield {"data": json.dumps(last)}
+                    for line in self._ending(request, event, answer):
+                        yield line
                 elif isinstance(event, Failed):
-                    yield {"data": json.dumps(error_for(event.error).openai())}
+                    yield _data(error_for(event.error).openai())
             yield {"data": "[DONE]"}
         finally:
             job.cancel()  # the client may have gone: stop generating for nobody
+
+    def _ending(self, request: Request, answered: Answered, answer: AnswerText) -> list[dict]:
+        note_for_log(request, answered)
+        rest, call = answer.finish()
+        lines = [_data(self.chunk({"content": rest}))] if rest else []
+        if call is not None:
+            lines.append(_data(self.chunk({"tool_calls": [{"index": 0, **_call_entry(call)}]})))
+        last = self.chunk({}, self._finish(answered, call))
+        last.update(usage=self.usage(answered), edgevlm=self.numbers(answered))
+        return [*lines, _data(last)]
+
+
+def _data(payload: dict[str, object]) -> dict[str, str]:
+    return {"data": json.dumps(payload)}
+
+
+def _call_entry(call: ToolCall) -> dict[str, object]:
+    return {"id": call.id, "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments_json}}

@@ -12,8 +12,8 @@ from pathlib import Path
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, HTMLResponse, PlainTextResponse, Response
 
-from .core import state_of
-from .http import ApiError
+from edgevlm.server.http import ApiError
+from edgevlm.server.turns import state_of
 
 STATIC_DIR = Path(__file__).with_name("static")
 _MEDIA_TYPES = {".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml"}
@@ -21,7 +21,7 @@ _MEDIA_TYPES = {".js": "text/javascript", ".css": "text/css", ".svg": "image/svg
 router = APIRouter()
 
 
-@router.api_route("/", methods=["GET", "HEAD"], response_model=None)
+@router.api_route("/", methods=["GET", "HEAD"], response_model=None, include_in_schema=False)
 async def root(request: Request) -> Response:
     """The page for a browser; a one-line answer for the clients that probe `/` (as Ollama's do)."""
     if "text/html" in request.headers.get("accept", ""):
@@ -35,7 +35,13 @@ def _page() -> str:
     return (STATIC_DIR / "index.html").read_text(encoding="utf-8")
 
 
-@router.get("/static/{name}")
+@router.get("/favicon.ico", include_in_schema=False)
+async def favicon() -> FileResponse:
+    """The page's icon, for browsers that ask at the old address."""
+    return FileResponse(STATIC_DIR / "favicon.svg", media_type=_MEDIA_TYPES[".svg"])
+
+
+@router.get("/static/{name}", include_in_schema=False)
 async def static_file(name: str) -> FileResponse:
     """One of the page's files (only those shipped: no paths, no listing)."""
     path = STATIC_DIR / name

@@ -5,6 +5,9 @@ Cancelling a job (a client that went away) makes its next piece or progress repo
 Interrupted, which the conversation turns into a clean stop within one decode step; the
 conversation then drops the turn's cells from its sequence. With several slots the engine's
 batcher decodes the running ones together (see engine._Batcher).
+
+A slot with nothing to do summarises its answered images (idle work). A job for that slot
+stops the summary between two tokens, so no request waits for an earlier one's summary.
 """
 
 from __future__ import annotations
@@ -17,9 +20,9 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from ..conversation import PrefillProgress, TurnStats
-from ..errors import EdgeVLMError, Interrupted, one_line
-from ..session import ChatSession, ChatTurn
+from edgevlm.chat.records import PrefillProgress, TurnStats
+from edgevlm.chat.resent import ChatTurn, ResentChat
+from edgevlm.errors import EdgeVLMError, Interrupted, one_line
 
 log = logging.getLogger("edgevlm.server")
 
@@ -40,7 +43,7 @@ class Progress:
 
 @dataclass(frozen=True)
 class Answered:
-    """The answer is complete (the image's summary is made after this, off the client's clock)."""
+    """The answer is complete (the image's summary is made later, in the slot's idle time)."""
 
     stats: TurnStats
     queue_s: float
@@ -86,7 +89,7 @@ class TurnJob:
             if isinstance(event, Answered | Failed):
                 return
 
-    def run(self, session: ChatSession) -> None:
+    def run(self, session: ResentChat) -> None:
         """Answer the turn on the worker thread, reporting every step."""
         if self.cancelled.is_set():
             self.emit(Failed(Interrupted("cancelled before it started")))
@@ -113,6 +116,11 @@ class TurnJob:
         self.emit(Progress(progress))
 
 
+def _shut_out(job: TurnJob) -> None:
+    job.cancel()
+    job.emit(Failed(Interrupted("the server is shutting down")))
+
+
 class Scheduler:
     """A bounded FIFO in front of one worker thread per slot; each slot owns a session on its
     own llama.cpp sequence, and the engine decodes the running slots together.
@@ -121,7 +129,7 @@ class Scheduler:
     the most of its history (ties: the slot holding the least, so others' caches survive).
     """
 
-    def __init__(self, sessions: list[ChatSession], *, max_queue: int) -> None:
+    def __init__(self, sessions: list[ResentChat], *, max_queue: int) -> None:
         if max_queue < 1:
             raise ValueError("max_queue must be at least 1")
         if not sessions:
@@ -132,6 +140,7 @@ class Scheduler:
         self._waiting = 0  # submitted, not yet given a slot
         self._inboxes: list[queue.Queue[TurnJob | None]] = [queue.Queue() for _ in sessions]
         self._running: list[TurnJob | None] = [None] * len(sessions)
+        self._idle_work = [False] * len(sessions)  # a slot is summarising
         self._free = threading.Condition()
         self._closed = False
         self._threads = [threading.Thread(target=self._dispatch, name="edgevlm-dispatch", daemon=True)]
@@ -141,7 +150,7 @@ class Scheduler:
             thread.start()
 
     @property
-    def session(self) -> ChatSession:
+    def session(self) -> ResentChat:
         """The first slot's session (the only one without --parallel)."""
         return self.sessions[0]
 
@@ -159,6 +168,11 @@ class Scheduler:
         """Jobs on a slot now."""
         return sum(job is not None for job in self._running)
 
+    @property
+    def summaries_pending(self) -> int:
+        """Answered images, over every slot, whose summary is still to be made."""
+        return sum(session.pending_summaries for session in self.sessions)
+
     def submit(self, job: TurnJob) -> None:
         """Queue a job, or raise QueueFull."""
         if self._closed:
@@ -169,12 +183,15 @@ class Scheduler:
             self._waiting += 1
         self._queue.put_nowait(job)
 
-    def drain(self) -> None:
-        """Wait until every queued job has run, its summary swap included."""
+    def drain(self, timeout_s: float = 120.0) -> None:
+        """Wait until every queued job has run and the idle slots have made their summaries."""
         self._queue.join()
+        with self._free:
+            self._free.wait_for(lambda: not any(self._idle_work) and not any(
+                s.pending_summaries for s in self.sessions), timeout_s)
 
-    def close(self, timeout_s: float = 30.0) -> None:
-        """Cancel what waits and what runs, and stop the workers."""
+    def stop_accepting(self) -> None:
+        """Refuse new jobs and fail those waiting (the routes answer 503); running ones go on."""
         with self._free:
             self._closed = True
             self._free.notify_all()
@@ -185,30 +202,42 @@ class Scheduler:
                 break
             self._queue.task_done()
             if job is not None:
-                job.cancel()
-                job.emit(Failed(Interrupted("the server is shutting down")))
+                _shut_out(job)
+
+    def stop_running(self) -> None:
+        """Cancel the running jobs, and any summary a slot is making, at their next step."""
         for job in self._running:
             if job is not None:
                 job.cancel()
+        for session in self.sessions:
+            session.conversation.sequence.interrupt_requested = True
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Cancel what waits and what runs, and stop the workers."""
+        self.stop_accepting()
+        self.stop_running()
         self._queue.put(None)
         for inbox in self._inboxes:
             inbox.put(None)
-        for thread in self._threads:
-            thread.join(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        for thread in self._threads:  # daemon threads: one stuck in llama.cpp cannot hold the exit
+            thread.join(max(deadline - time.monotonic(), 0.0))
 
     def _dispatch(self) -> None:
         while (job := self._queue.get()) is not None:
             with self._free:
                 self._free.wait_for(lambda: self._closed or None in self._running)
                 if self._closed:
-                    job.cancel()
-                    job.emit(Failed(Interrupted("the server is shutting down")))
+                    _shut_out(job)
                     self._waiting -= 1
                     self._queue.task_done()
                     continue
                 slot = self._best_slot(job)
                 self._running[slot] = job
                 self._waiting -= 1
+                # Stop the slot's summary, if it is making one; the worker clears this once it
+                # has the job, so the flag is always set before and cleared after the hand-over.
+                self.sessions[slot].conversation.sequence.interrupt_requested = True
             self._inboxes[slot].put(job)
         self._queue.task_done()
 
@@ -219,8 +248,8 @@ class Scheduler:
                                         -self.sessions[i].conversation.kv_tokens))
 
     def _work(self, slot: int) -> None:
-        inbox, session = self._inboxes[slot], self.sessions[slot]
-        while (job := inbox.get()) is not None:
+        session = self.sessions[slot]
+        while (job := self._next_job(slot)) is not None:
             try:
                 job.run(session)
             finally:
@@ -228,3 +257,23 @@ class Scheduler:
                     self._running[slot] = None
                     self._free.notify_all()
                 self._queue.task_done()
+
+    def _next_job(self, slot: int) -> TurnJob | None:
+        """The slot's next job; until it comes, the slot's answered images are summarised."""
+        inbox, session = self._inboxes[slot], self.sessions[slot]
+        with self._free:
+            self._idle_work[slot] = bool(session.pending_summaries) and not self._closed
+        try:
+            if self._idle_work[slot] and inbox.empty():
+                session.summarise_pending()
+        except Interrupted:
+            pass  # a job (or the shutdown) came: the image stays live for now
+        except Exception as exc:  # never lose the worker: the next job settles the summary itself
+            log.warning("a summary failed: %s", one_line(exc))
+        finally:
+            with self._free:
+                self._idle_work[slot] = False
+                self._free.notify_all()
+        job = inbox.get()
+        session.conversation.sequence.interrupt_requested = False
+        return job

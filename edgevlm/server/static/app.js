@@ -266,7 +266,8 @@ function numbersText(n) {
   if (!n) return "";
   const cached = n.cached_tokens ? ` (${n.cached_tokens} cached)` : "";
   return `TTFT ${n.ttft_s.toFixed(2)} s · decode ${n.decode_tok_s.toFixed(1)} tok/s · ` +
-    `prefill ${n.prefill_tokens} tokens${cached} · CLIP ${n.clip_encodes}`;
+    `prefill ${n.prefill_tokens} tokens${cached} · CLIP ${n.clip_encodes}` +
+    (n.summary_wait_s ? ` · waited ${n.summary_wait_s.toFixed(2)} s for the earlier photo's summary` : "");
 }
 
 function showWaiting(turn, started) {

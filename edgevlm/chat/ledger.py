@@ -1,0 +1,77 @@
+"""The KV ledger: every cached position belongs to one segment, and the ledger's total equals
+the sequence's position and llama.cpp's KV cells after every operation."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from edgevlm.chat.records import (
+    Segment,
+)
+from edgevlm.errors import EngineError
+
+if TYPE_CHECKING:  # a type only: importing it would load libllama
+    from edgevlm.llama.sequence import EngineSequence
+
+
+class KvLedger:
+    """Segments in the cache, in order, and the operations that keep them equal to it."""
+
+    segments: list[Segment]
+    sequence: EngineSequence
+
+    @property
+    def kv_tokens(self) -> int:
+        """Positions the ledger accounts for."""
+        return sum(s.n_tokens for s in self.segments)
+
+    @property
+    def visual_tokens_live(self) -> int:
+        """Image positions still in the cache."""
+        return sum(s.n_tokens for s in self.segments if s.visual)
+
+    @property
+    def summary_tokens_live(self) -> int:
+        """Positions held by the summaries that replaced answered images."""
+        return sum(s.n_tokens for s in self.segments if s.kind == "summary")
+
+    def check(self) -> None:
+        """The invariant: ledger total == engine position == KV cells in use."""
+        cells = self.sequence.kv_cells()
+        if not self.kv_tokens == self.sequence.n_past == cells:
+            raise EngineError(f"ledger out of step: segments {self.kv_tokens}, "
+                              f"engine {self.sequence.n_past}, KV cells {cells}")
+
+    def position_of(self, index: int) -> int:
+        """The first KV position of segment `index`."""
+        return sum(s.n_tokens for s in self.segments[:index])
+
+    def _drop(self, first: int, end: int) -> None:
+        p0, p1 = self.position_of(first), self.position_of(end)
+        rest = self.segments[end:]
+        if self.sequence.can_shift():
+            self.sequence.remove_range(p0, p1)
+            self.segments = self.segments[:first] + rest
+            return
+        self._truncate_to(first)
+        for segment in rest:
+            self._append(segment)
+
+    def _append(self, segment: Segment) -> None:
+        """Decode a segment at the end of the cache and record it."""
+        if segment.embedding is not None:
+            self.sequence.eval_embedding(segment.embedding)
+        else:
+            self.sequence.eval_text(list(segment.tokens))
+        self.segments.append(segment)
+
+    def _roll_back(self, index: int) -> None:
+        """Forget segment `index` onward after work that may have been interrupted mid-decode."""
+        self.sequence.interrupt_requested = False
+        self.sequence.resync()  # an interrupt can land between a decode and its bookkeeping
+        del self.segments[index:]
+        self.sequence.truncate(self.kv_tokens)
+
+    def _truncate_to(self, index: int) -> None:
+        self.sequence.truncate(self.position_of(index))
+        del self.segments[index:]

@@ -1,0 +1,167 @@
+"""What a conversation's turns are made of and report: segments, stats, records, progress."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from PIL import Image
+
+from edgevlm.llama.types import ImageEmbedding
+from edgevlm.vision.images import LoadedImage
+from edgevlm.vision.layout import ImagePlan
+
+if TYPE_CHECKING:  # a type only: importing it would load libllama
+    pass
+
+@dataclass(frozen=True, eq=False)
+class Segment:
+    """A run of KV positions: text tokens, or one view's projector rows."""
+
+    kind: str  # system | user | label | image | summary | answer
+    turn: int
+    tokens: tuple[int, ...] = ()
+    embedding: ImageEmbedding | None = None
+
+    @property
+    def n_tokens(self) -> int:
+        return self.embedding.n_tokens if self.embedding is not None else len(self.tokens)
+
+    @property
+    def visual(self) -> bool:
+        return self.embedding is not None
+
+
+@dataclass(frozen=True, eq=False)
+class PreparedImage:
+    """An image with its grid chosen and its views cut, ready to be encoded."""
+
+    image: LoadedImage
+    plan: ImagePlan  # the layout's plan: LLaVA-1.5 labelled tiles, LLaVA-NeXT's packed map, …
+    views: tuple[Image.Image, ...]
+    room: int
+    preprocess_s: float
+
+
+@dataclass(frozen=True)
+class TurnStats:
+    """What one turn cost and what it left in the cache (an earlier image's summary is made in
+    idle time, apart; a turn that had to wait for one says so in summary_wait_s)."""
+
+    turn: int
+    prefill_tokens: int
+    kv_tokens: int
+    visual_tokens_live: int
+    clip_encodes: int
+    ttft_s: float
+    decode_tok_s: float
+    completion_tokens: int
+    visual_tokens: int
+    prompt_tokens: int
+    grid: tuple[int, int] = (0, 0)
+    n_tiles: int = 0
+    dropped_turns: int = 0
+    preprocess_s: float = 0.0
+    clip_encode_s: float = 0.0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    prefill_tok_s: float = 0.0
+    pool: int = 1
+    tile_tokens: int = 0  # visual tokens of the local tiles (the global view excluded)
+    tile_prefill_s: float = 0.0  # decoding the local tiles' rows, labels excluded
+    itl_p50_s: float = 0.0
+    itl_p90_s: float = 0.0
+    summary_wait_s: float = 0.0  # waited for an earlier image's summary before this turn (not in TTFT)
+    layout: str = ""  # how the image was shown (llava-1.5-tiles, llava-next); "" without one
+    cached_tokens: int = 0  # prompt positions reused from the cache rather than decoded
+    summary_tokens_live: int = 0  # positions held by summaries of earlier images
+    canvas_size: tuple[int, int] = (0, 0)  # the tiles' canvas, (0, 0) for the global view alone
+    image_box: tuple[int, int, int, int] = (0, 0, 0, 0)  # where the image sits on that canvas
+    prefix_cache: str = "none"  # the image block restored from the prefix cache: ram | disk | none
+    restore_s: float = 0.0  # restoring it (part of TTFT; prefill_s is what was decoded)
+
+
+@dataclass(frozen=True)
+class TurnRecord:
+    """A finished turn as the transcript keeps it: enough to rebuild the text of the chat."""
+
+    turn: int
+    user: str
+    answer: str
+    image: str | None = None
+    image_index: int | None = None
+    summary: str | None = None
+    interrupted: bool = False
+    stats: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PrefillProgress:
+    """How far an image turn's prefill has got: views encoded and tokens decoded."""
+
+    views_done: int
+    views_total: int
+    tokens_done: int
+    tokens_total: int  # an upper bound: tile labels are counted at their widest
+    stage: str = "prefill"  # or "summary": an earlier photo is being summarised first
+
+
+@dataclass(frozen=True)
+class TurnParts:
+    """A turn's tokenized text and what it needs beside its image views."""
+
+    turn: int
+    head: tuple[int, ...]
+    tail: tuple[int, ...]
+    suffix: tuple[int, ...]
+    fixed: int  # head + tail + suffix + answer + caption reserve
+    image_floor: int  # the global view and its label (0 without an image)
+    caption_reserve: int
+
+
+class ProgressCounter:
+    """Counts views and tokens as they are decoded and reports each step."""
+
+    def __init__(self, report: Callable[[PrefillProgress], None] | None, *, views: int, tokens: int):
+        self._report, self._views, self._tokens = report, views, tokens
+        self._views_done = self._tokens_done = 0
+        self._emit()
+
+    def add(self, tokens: int, *, views: int = 1) -> None:
+        self._views_done += views
+        self._tokens_done = min(self._tokens, self._tokens_done + tokens)
+        self._emit()
+
+    def _emit(self) -> None:
+        if self._report is not None:
+            self._report(PrefillProgress(self._views_done, self._views, self._tokens_done, self._tokens))
+
+
+@dataclass
+class LiveImage:
+    """An answered image still in the cache, and how far its summary has got."""
+
+    turn: int
+    index: int
+    name: str
+    caption: str | None = None  # None: not made yet
+    made: list[int] = field(default_factory=list)  # caption tokens made before an interruption
+    follow_ups: int = 0  # turns answered while it waited for its summary
+
+
+def to_plain(record: object) -> dict[str, Any]:
+    """Any stats record (a dataclass) as JSON's plain values, the one way: tuples as lists, and
+    floats rounded to 4 places for reading (--json, --stats-json, the transcript, bench)."""
+    return plain_value(asdict(record))  # type: ignore[call-overload, no-any-return]
+
+
+def plain_value(value: Any) -> Any:
+    """A value as to_plain writes it, nested dicts and lists included."""
+    if isinstance(value, float):
+        return round(value, 4)
+    if isinstance(value, dict):
+        return {k: plain_value(v) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return [plain_value(v) for v in value]
+    return value

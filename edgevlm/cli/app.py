@@ -1,0 +1,652 @@
+"""The `edgevlm` command: thin Typer commands that parse, call the core and render."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import random
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, TypeVar
+
+import typer
+from rich.markup import escape
+
+from edgevlm import __version__
+from edgevlm.chat.conversation import Conversation
+from edgevlm.cli import options as opt
+from edgevlm.cli.render import err
+from edgevlm.cli.repl_help import HELP
+from edgevlm.errors import ConfigError, EdgeVLMError, Interrupted, one_line
+from edgevlm.models.catalog import DEFAULT_PRESET as DEFAULT_MODEL
+
+if TYPE_CHECKING:  # the heavy modules load inside the commands: `--help` stays instant
+    from edgevlm.chat.structured import OutputFormat
+    from edgevlm.describe.describer import Question
+    from edgevlm.describe.folders import Target, XmpOutput
+    from edgevlm.llama.types import Sampling
+    from edgevlm.models.loading import Loaded, ModelFlags, Placement
+
+T = TypeVar("T")
+app = typer.Typer(
+    help="Run a 4-bit LLaVA locally on llama.cpp: detailed descriptions of high-resolution photos "
+    "(AnyRes tiling) on a home GPU or a CPU.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    # Click's own help: paragraphs rewrap to the terminal, examples (after \b) stay as written,
+    # and flags show no type (Typer's rich help prints "<bool>" beside each with Click 8.2+).
+    rich_markup_mode=None,
+)
+# Where `make peers` puts llama.cpp's own multimodal CLI.
+DEFAULT_PEER = Path("peers") / "bin" / "llama-mtmd-cli"
+
+DESCRIBE_HELP = """Describe photos (JPEG, PNG, WebP, …) or folders of them in detail: a global view
+plus labelled close-up tiles.
+
+The description streams to stdout (with a ==> name <== header per image when there are
+several); a stats line per image (tiles, visual tokens, time to first token, prefill and
+decode speed) goes to stderr. Exit code 2 if any image failed.
+
+Folders are captioned with one model load, a progress bar and resume: with --write-captions
+or --jsonl, images already done are skipped, so an interrupted run carries on where it stopped.
+
+\b
+Examples:
+  edgevlm describe photo.jpg --prompt "What does the small sign say?"
+  edgevlm describe ~/Pictures -r --write-captions --jsonl captions.jsonl --tiles 0
+  edgevlm describe ~/Pictures -r --tags --write-xmp    # XMP sidecars for darktable, digiKam, Immich
+  edgevlm describe receipt.jpg --schema receipt.schema.json --json
+"""
+CHAT_HELP = """Chat about images in the terminal; answered images turn into text, so the chat never
+fills up.
+
+Ask with `/image PATH question` or drop an image path into the line; follow-up questions
+reuse the cache (no re-prefill). Piped input is read one turn per line:
+
+\b
+  printf '/image a.jpg what is this?\\nwhat colour was it?\\n' | edgevlm chat
+
+\b
+""" + HELP
+PLAN_HELP = """Estimate GPU memory and choose n_gpu_layers and n_ctx, counting the vision projector.
+
+NAME|GGUF is a preset or a .gguf path, the same as --model. Reads the GGUF files (no
+loading), measures free VRAM with NVML (or takes --vram), and explains the choice, with the
+tiles `describe` will give a 4K photo. `describe` and `chat` use the same plan unless
+--n-gpu-layers or --n-ctx are given.
+
+\b
+Example:
+  edgevlm plan --vram 8GiB
+"""
+SERVE_HELP = """Serve the model over HTTP with the OpenAI and Ollama APIs, so apps that speak
+either can use it.
+
+Images in earlier messages are swapped for their text summaries (made once, kept by the
+image's SHA-256), so a long conversation costs the same per turn as a short one; the turns a
+client resends are matched against the KV cache and not decoded again. Listens on
+127.0.0.1 only unless --host says otherwise, which then needs --api-key. A browser at the
+same address gets a chat page that shows what the model saw (the tile grid, the summaries).
+
+\b
+Examples:
+  edgevlm serve --port 8080          # then open http://127.0.0.1:8080 for the chat page
+  edgevlm serve --rpc gpu-box:50052  # layers split with another machine's GPU (edgevlm worker)
+  edgevlm serve --parallel 4         # four clients decoded together (auto: up to 4 on a GPU)
+  curl http://127.0.0.1:8080/v1/chat/completions -H 'Content-Type: application/json' \\
+    -d '{"messages": [{"role": "user", "content": "Hello"}]}'
+"""
+BENCH_HELP = """Measure this machine: model load, describe stage by stage (pool 1 vs 2), a short chat.
+
+Describe runs up to four ways on one loaded model: the global view only, tiles at full detail,
+the same grid pooled 2x2, and --pool auto (shown only when it picks a grid of its own). Time
+to first token (preprocess, CLIP, prefill) and decode speed are reported apart, with the
+ratios the pooling targets are stated in.
+
+\b
+Example:
+  edgevlm bench --image ~/Pictures/IMG_0001.jpg --repeat 3
+"""
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"edgevlm {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True, help="Print the version and exit.")] = False) -> None:
+    """edgevlm: a vision-language model on your own machine."""
+
+
+@app.command(help=DESCRIBE_HELP, short_help="Describe photos or folders: text, JSON, tags, captions, XMP.")
+def describe(
+    ctx: typer.Context, photos: opt.Photos, prompt: opt.Prompt = None, ask: opt.Ask = None,
+    prompts: opt.Prompts = None, max_tokens: opt.MaxTokens = 512, tiles: opt.Tiles = "auto",
+    pool: opt.Pool = "auto", model: opt.Model = DEFAULT_MODEL, mmproj: opt.Mmproj = None,
+    n_gpu_layers: opt.NGpuLayers = None, n_ctx: opt.NCtx = None,
+    seed: opt.Seed = None, temperature: opt.Temperature = 0.0, json_out: opt.JsonOut = False,
+    fmt: opt.Format = None, schema: opt.Schema = None, tags: opt.Tags = False,
+    max_tags: opt.MaxTags = 8, language: opt.Language = "English",
+    quiet: opt.Quiet = False, recursive: opt.Recursive = False, glob: opt.Glob = None,
+    write_captions: opt.WriteCaptions = False, out_dir: opt.OutDir = None, jsonl: opt.Jsonl = None,
+    write_xmp: opt.WriteXmp = False, embed: opt.Embed = False, xmp_name: opt.XmpName = "IMG.jpg.xmp",
+    overwrite: opt.Overwrite = False, fetch_missing: opt.Fetch = False, threads: opt.Threads = None,
+    no_cache: opt.NoCache = False, parallel: opt.Parallel = "auto", verbose: opt.Verbose = False,
+    rpc: opt.Rpc = None, tensor_split: opt.TensorSplit = None, debug: opt.Debug = False,
+    split_mode: opt.SplitMode = "layer", main_gpu: opt.MainGpu = 0, mmproj_device: opt.MmprojDevice = None,
+) -> None:
+    """Describe photos and folders (see DESCRIBE_HELP)."""
+    from edgevlm.cli.render import DescribeView
+    from edgevlm.describe.describer import Describer
+    from edgevlm.describe.folders import BatchSummary, JsonlLog, caption_all, find_images, needs_work
+
+    _configure_logging(verbose)
+    with _handled(debug):
+        max_tiles, pool_factor = _tiles_option(ctx, tiles), _pool_option(ctx, pool)
+        n_seq = _parallel_option(ctx, parallel)
+        placement = _placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device)
+        prompt, more = _questions(prompt, _asked(ask, prompts), structured=bool(fmt or schema or tags))
+        output, prompt, max_tokens = _answer_shape(fmt, schema, tags, max_tags, language, prompt, max_tokens)
+        _check_describe_outputs(ctx, write_captions=write_captions, jsonl=jsonl, out_dir=out_dir,
+                                sidecars=write_xmp or embed, asking=bool(ask or prompts))
+        found = find_images(photos, recursive=recursive, pattern=glob)
+        targets, xmp = _describe_targets(found.images, write_captions, out_dir, write_xmp, embed, xmp_name,
+                                         (model, mmproj, prompt, output, max_tiles, pool_factor, max_tokens))
+        log = JsonlLog(jsonl) if jsonl is not None else None
+        view = DescribeView(total=len(targets), json_out=json_out, quiet=quiet,
+                            text_to_stdout=not (write_captions or write_xmp) and jsonl is None,
+                            named=len(targets) + len(found.missing))
+        summary = BatchSummary(skipped=len(targets))  # until something needs doing
+        if needs_work(targets, jsonl=log, overwrite=overwrite, xmp=xmp):
+            flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, max_tokens, fetch_missing,
+                                 parallel=n_seq if len(targets) > 1 else 1, placement=placement)
+            with _loaded(flags, quiet=quiet or json_out) as loaded, view:
+                describers = Describer.for_sequences(
+                    loaded, max_tokens=max_tokens, max_tiles=max_tiles, sampling=_sampling(temperature, seed),
+                    pool=pool_factor, cache=not no_cache, output=output)
+                summary = caption_all(describers, targets, prompt=prompt, overwrite=overwrite, jsonl=log,
+                                      xmp=xmp, on_event=view.on_event, more=more)
+        folder = write_captions or write_xmp or embed or jsonl is not None or any(p.is_dir() for p in photos)
+        if view.summary(summary, found.missing, folder=folder):
+            raise typer.Exit(2)
+
+
+def _questions(prompt: str | None, asked: list[str], *, structured: bool
+               ) -> tuple[str | None, list[Question]]:
+    """The first question and the further ones (answered as text): with --ask alone, the first
+    --ask leads; with --prompt or a structured answer (--tags, --schema), every --ask follows it."""
+    from edgevlm.chat.structured import TEXT
+
+    if asked and not (prompt or structured):
+        prompt, asked = asked[0], asked[1:]
+    return prompt, [(question, TEXT) for question in asked]
+
+
+def _asked(ask: list[str] | None, prompts: Path | None) -> list[str]:
+    """The questions of --ask and --prompts FILE (one per line, blank lines skipped)."""
+    asked = [q.strip() for q in ask or [] if q.strip()]
+    if prompts is not None:
+        try:
+            lines = prompts.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"--prompts {prompts}: cannot read it as UTF-8 text ({exc})") from None
+        asked += [line.strip() for line in lines if line.strip()]
+        if not asked:
+            raise ConfigError(f"--prompts {prompts}: no questions in it (one per line)")
+    return asked
+
+
+def _check_describe_outputs(ctx: typer.Context, *, write_captions: bool, jsonl: Path | None,
+                            out_dir: Path | None, sidecars: bool, asking: bool) -> None:
+    """Everything describe will write, and the settings it reads, checked before the model loads."""
+    from edgevlm.describe.folders import check_outputs
+    from edgevlm.vision.images import max_pixels
+
+    max_pixels()  # a bad EDGEVLM_MAX_PIXELS is refused before anything loads
+    if asking and (write_captions or jsonl is not None or sidecars):
+        raise ConfigError("several questions per image (--ask, --prompts) print their answers "
+                          "(text or --json); they are not written as captions, JSONL or XMP")
+    check_outputs(write_captions=write_captions, jsonl=jsonl, out_dir=out_dir)
+    if not sidecars and not _is_default(ctx, "xmp_name"):
+        raise ConfigError("--xmp-name names the sidecars --write-xmp writes; add --write-xmp")
+
+
+def _answer_shape(fmt: str | None, schema: Path | None, tags: bool, max_tags: int, language: str,
+                  prompt: str | None, max_tokens: int) -> tuple[OutputFormat, str, int]:
+    """The answer's format (refused now if its grammar cannot be enforced), the prompt that asks
+    for it, and room for its longest form."""
+    from edgevlm.chat.structured import answer_tokens_needed, choose_format
+    from edgevlm.describe.describer import DEFAULT_PROMPT
+
+    output = choose_format(fmt=fmt, schema_path=schema, tags=tags, max_tags=max_tags, language=language)
+    output.grammar()
+    return output, prompt or output.prompt or DEFAULT_PROMPT, max(max_tokens, answer_tokens_needed(output))
+
+
+def _describe_targets(images: list[tuple[Path, Path]], write_captions: bool, out_dir: Path | None,
+                      write_xmp: bool, embed: bool, xmp_name: str, settings: tuple[object, ...]
+                      ) -> tuple[list[Target], XmpOutput | None]:
+    """Where each image's outputs go, and what its XMP files hold now (when XMP is asked for)."""
+    from edgevlm.describe.folders import plan_targets, read_xmp, settings_stamp
+    from edgevlm.describe.xmp import check_exiftool
+
+    targets = plan_targets(images, write_captions=write_captions, out_dir=out_dir,
+                           xmp_name=xmp_name if write_xmp else None, embed=embed)
+    if not (write_xmp or embed):
+        return targets, None
+    check_exiftool()  # before the model loads, not after the first answer
+    writer = f"edgevlm {__version__} · {Path(str(settings[0])).name}"
+    return targets, read_xmp(targets, model=writer, settings=settings_stamp(*settings))
+
+
+@app.command(help=CHAT_HELP, short_help="Chat about images in the terminal.")
+def chat(
+    ctx: typer.Context, model: opt.Model = DEFAULT_MODEL, mmproj: opt.Mmproj = None,
+    n_ctx: opt.NCtx = None, n_gpu_layers: opt.NGpuLayers = None, max_tokens: opt.MaxTokens = 512,
+    temperature: opt.Temperature = 0.0, seed: opt.Seed = None, summary: opt.Summary = "caption",
+    keep_images: opt.KeepImages = 0, tiles: opt.Tiles = "auto", pool: opt.Pool = "auto",
+    system: opt.System = None, session: opt.Session = None, resume: opt.Resume = None,
+    stats_json: opt.StatsJson = None, fetch_missing: opt.Fetch = False, threads: opt.Threads = None,
+    no_cache: opt.NoCache = False, rpc: opt.Rpc = None, tensor_split: opt.TensorSplit = None,
+    split_mode: opt.SplitMode = "layer", main_gpu: opt.MainGpu = 0, mmproj_device: opt.MmprojDevice = None,
+    verbose: opt.Verbose = False, debug: opt.Debug = False,
+) -> None:
+    """Chat about images in the terminal (see CHAT_HELP)."""
+    from edgevlm.cli.repl import load_transcript, run_chat
+    from edgevlm.paths import check_writable
+    from edgevlm.vision.images import max_pixels
+
+    _configure_logging(verbose)
+    with _handled(debug):
+        if summary not in ("caption", "answer"):
+            raise ConfigError(f"--summary must be caption or answer, not '{summary}'")
+        max_tiles, pool_factor = _tiles_option(ctx, tiles), _pool_option(ctx, pool)
+        max_pixels()  # a bad EDGEVLM_MAX_PIXELS is refused before anything loads
+        if stats_json is not None:
+            check_writable(stats_json, "--stats-json")
+        saved = load_transcript(resume) if resume else None
+        if saved and saved.model and _is_default(ctx, "model"):  # resume with the recorded model
+            model, mmproj = saved.model, mmproj or (Path(saved.mmproj) if saved.mmproj else None)
+        flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, max_tokens, fetch_missing,
+                             placement=_placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device))
+        with _loaded(flags, quiet=False) as loaded:
+            conversation = Conversation(
+                loaded.engine.sequence(), loaded.prompt_format, tile_size=loaded.projector_facts.image_size,
+                max_tokens=max_tokens, sampling=_sampling(temperature, seed), max_tiles=max_tiles,
+                summary=summary, keep_images=keep_images, system=system, pool=pool_factor,
+                layout=loaded.layout, encoder=None if no_cache else loaded.image_cache(),
+                prefix_cache=None if no_cache else loaded.prefix_cache())
+            run_chat(conversation, loaded, saved=saved, session=session or resume, stats_json=stats_json)
+
+
+@app.command(help=SERVE_HELP, short_help="Serve the OpenAI and Ollama APIs and a chat page.")
+def serve(
+    ctx: typer.Context, model: opt.Model = DEFAULT_MODEL, mmproj: opt.Mmproj = None,
+    host: opt.Host = "127.0.0.1", port: opt.Port = 8080, api_key: opt.ApiKey = None,
+    media_dir: opt.MediaDir = None, max_queue: opt.MaxQueue = 16, max_body_mb: opt.MaxBodyMb = 50,
+    n_ctx: opt.NCtx = None, n_gpu_layers: opt.NGpuLayers = None, max_tokens: opt.MaxTokens = 512,
+    temperature: opt.Temperature = 0.0, tiles: opt.Tiles = "auto", pool: opt.Pool = "auto",
+    summary: opt.Summary = "caption", no_cache: opt.NoCache = False, fetch_missing: opt.Fetch = False,
+    parallel: opt.Parallel = "auto", threads: opt.Threads = None,
+    rpc: opt.Rpc = None, tensor_split: opt.TensorSplit = None,
+    split_mode: opt.SplitMode = "layer", main_gpu: opt.MainGpu = 0, mmproj_device: opt.MmprojDevice = None,
+    verbose: opt.Verbose = False,
+    debug: opt.Debug = False,
+) -> None:
+    """The OpenAI- and Ollama-compatible API (see SERVE_HELP)."""
+    from edgevlm.llama.types import Sampling
+    from edgevlm.server.launch import ServeSettings, check
+    from edgevlm.server.launch import serve as run_server
+
+    _configure_logging(verbose)
+    logging.getLogger("edgevlm.server").setLevel(logging.INFO)  # the one-line request log
+    with _handled(debug):
+        if summary not in ("caption", "answer"):
+            raise ConfigError(f"--summary must be caption or answer, not '{summary}'")
+        settings = ServeSettings(
+            host=host, port=port, api_key=api_key, media_dir=media_dir, max_queue=max_queue,
+            max_body_mb=max_body_mb, max_tokens=max_tokens, max_tiles=_tiles_option(ctx, tiles),
+            pool=_pool_option(ctx, pool), sampling=Sampling(temperature=temperature),
+            summary=summary, cache=not no_cache)
+        n_seq = _parallel_option(ctx, parallel)
+        check(settings)  # unsafe or impossible settings fail before the model loads
+        flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, max_tokens, fetch_missing,
+                             parallel=n_seq,
+                             placement=_placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device))
+        with _loaded(flags, quiet=False) as loaded:
+            run_server(loaded, settings, on_ready=lambda url: err.print(
+                f"edgevlm serving [bold]{escape(loaded.choice.model_path.name)}[/] at {url} "
+                f"(chat page: {url}, OpenAI: {url}/v1, Ollama: {url}) — Ctrl-C to stop"))
+        err.print("edgevlm serve stopped")
+
+
+@app.command(help=PLAN_HELP, short_help="Fit the model to this machine's memory (layers, n_ctx, KV).")
+def plan(
+    ctx: typer.Context, preset: opt.PlanModel = None, model: opt.Model = DEFAULT_MODEL,
+    mmproj: opt.Mmproj = None, vram: opt.Vram = None, n_ctx: opt.NCtx = None, kv_type: opt.KvType = None,
+    flash_attn: opt.FlashAttn = True, max_tokens: opt.AnswerRoom = 512, parallel: opt.PlanParallel = "1",
+    rpc: opt.Rpc = None, tensor_split: opt.TensorSplit = None,
+    split_mode: opt.SplitMode = "layer", main_gpu: opt.MainGpu = 0, mmproj_device: opt.MmprojDevice = None,
+    verify: opt.Verify = False, json_out: opt.PlanJson = False, verbose: opt.Verbose = False,
+    debug: opt.Debug = False,
+) -> None:
+    """The memory plan (see PLAN_HELP)."""
+    from edgevlm.cli.render import render_plan
+    from edgevlm.models.loading import ModelFlags, describe_costs, inspect, make_plan
+    from edgevlm.models.loading import verify as verify_plan
+    from edgevlm.planning.memory import parse_size
+
+    _configure_logging(verbose)
+    with _handled(debug):
+        try:
+            cards = tuple(parse_size(v) for v in vram.split(",")) if vram is not None else None
+        except ValueError as exc:
+            raise ConfigError(f"--vram: {exc}") from None
+        flags = ModelFlags(preset or model, str(mmproj) if mmproj else None, n_ctx=n_ctx,
+                           answer_tokens=max_tokens, vram=cards, kv_type=kv_type, flash_attn=flash_attn,
+                           parallel=_parallel_option(ctx, parallel),
+                           placement=_placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device))
+        choice, text, projector = inspect(flags, catalog_if_missing=not verify)
+        the_plan = make_plan(flags, text, projector, costs=describe_costs(choice, text, projector))
+        if not choice.model_path.exists() and choice.preset is not None:
+            the_plan = replace(the_plan, notes=(f"planned from the catalog: {choice.preset.name} is not "
+                                                f"downloaded (edgevlm fetch {choice.preset.name}); "
+                                                "tile counts are estimated",) + the_plan.notes)
+        checks = verify_plan(choice, the_plan, flags) if verify else ()
+        if json_out:
+            data = the_plan.to_json() | ({"verify": [c.to_json() for c in checks]} if verify else {})
+            typer.echo(json.dumps(data))
+        else:
+            render_plan(the_plan, Path(flags.model).name, checks)
+
+
+@app.command(help=BENCH_HELP, short_help="Measure load, TTFT and decode against llama.cpp's own CLI.")
+def bench(
+    model: opt.Model = DEFAULT_MODEL, mmproj: opt.Mmproj = None, image: opt.BenchImage = None,
+    turns: opt.Turns = 4, max_tokens: opt.BenchTokens = 32, repeat: opt.Repeat = 1, peer: opt.Peer = None,
+    no_peer: opt.NoPeer = False, n_ctx: opt.NCtx = None, n_gpu_layers: opt.NGpuLayers = None,
+    threads: opt.Threads = None, json_out: opt.BenchJson = False, fetch_missing: opt.Fetch = False,
+    rpc: opt.Rpc = None, tensor_split: opt.TensorSplit = None,
+    split_mode: opt.SplitMode = "layer", main_gpu: opt.MainGpu = 0, mmproj_device: opt.MmprojDevice = None,
+    verbose: opt.Verbose = False, debug: opt.Debug = False,
+) -> None:
+    """Measure this machine (see BENCH_HELP)."""
+    import tempfile
+
+    from edgevlm.cli.bench import run_bench, synthetic_photo
+    from edgevlm.cli.render import render_bench
+    from edgevlm.vision.images import load_image
+
+    _configure_logging(verbose)
+    with _handled(debug), tempfile.TemporaryDirectory(prefix="edgevlm-bench-") as tmp:
+        photo = image or synthetic_photo(Path(tmp) / "bench-3840x2160.jpg")
+        load_image(photo)  # a bad image fails here, before the model loads
+        peer = None if no_peer else peer or (DEFAULT_PEER if DEFAULT_PEER.exists() else None)
+        if peer is not None and not peer.is_file():
+            raise ConfigError(f"--peer {peer}: no such file (build it with `make peers`)")
+        flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, max_tokens, fetch_missing,
+                             placement=_placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device))
+        with _loaded(flags, quiet=json_out) as loaded, err.status("measuring", spinner="dots") as status:
+            report = run_bench(loaded, photo, turns=turns, max_tokens=max_tokens, repeats=repeat,
+                               peer=peer, on_step=lambda label: status.update(f"measuring: {label}"))
+        if json_out:
+            typer.echo(json.dumps(report.to_json()))
+        else:
+            render_bench(report)
+
+
+WORKER_HELP = """Lend this machine's GPU (or CPU) to edgevlm on another machine.
+
+Runs llama.cpp's own RPC worker (ggml-rpc) from the same build as edgevlm, so the protocol
+always matches. Clients add it with --rpc HOST:PORT and llama.cpp spreads the layers over it.
+
+\b
+On the machine with the second GPU:
+  edgevlm worker --host 0.0.0.0 --allow-network
+Then on yours:
+  edgevlm describe photo.jpg --rpc 192.168.1.20:50052
+
+The RPC protocol has no authentication: listen on a network you trust only.
+"""
+
+
+@app.command(help=WORKER_HELP, short_help="Lend this machine's GPU or CPU to another edgevlm (RPC).")
+def worker(
+    host: opt.WorkerHost = "127.0.0.1", port: opt.WorkerPort = 50052, device: opt.WorkerDevice = None,
+    cache: opt.WorkerCache = None, allow_network: opt.AllowNetwork = False, threads: opt.Threads = None,
+    verbose: opt.Verbose = False, debug: opt.Debug = False,
+) -> None:
+    """An RPC worker (see WORKER_HELP)."""
+    from edgevlm.rpc.endpoints import worker_hint
+    from edgevlm.rpc.worker import UNAUTHENTICATED, WorkerSettings, check, describe_device, pick_device, run
+
+    _configure_logging(verbose)
+    with _handled(debug):
+        settings = WorkerSettings(host=host, port=port, device=device, cache=cache,
+                                  allow_network=allow_network, threads=threads)
+        check(settings)
+        lent = pick_device(device)
+        run(settings, lent, on_ready=lambda: err.print(
+            f"edgevlm worker lending {escape(describe_device(lent))} at {host}:{port} — on the client, "
+            f"add [bold]{escape(worker_hint(host, port))}[/] — Ctrl-C to stop\n"
+            f"[yellow]warning:[/] {UNAUTHENTICATED}"),
+            on_line=lambda line: err.print(escape(line), highlight=False), verbose=verbose)
+        err.print("edgevlm worker stopped")
+
+
+@app.command(short_help="Download model presets (default llava-1.5-7b) into models/NAME/.")
+def fetch(presets: opt.Presets = None, debug: opt.Debug = False) -> None:
+    """Download model presets (default llava-1.5-7b) from the Hugging Face hub into models/NAME/."""
+    from edgevlm.cli.render import download_progress
+    from edgevlm.models.catalog import DEFAULT_PRESET, find_preset
+    from edgevlm.models.fetch import fetch_preset
+
+    with _handled(debug):
+        chosen = [find_preset(name) for name in presets or [DEFAULT_PRESET]]  # unknown names first
+        with download_progress() as on_progress:
+            for item in chosen:
+                for path in fetch_preset(item, on_progress=on_progress):
+                    err.print(f"[green]verified[/] {escape(str(path))}")
+
+
+@app.command()
+def models() -> None:
+    """List the model presets and whether their files are here."""
+    from edgevlm.models.catalog import all_presets
+    from edgevlm.models.fetch import preset_state
+
+    for preset in all_presets().values():
+        state, folder = preset_state(preset)
+        size = f"~{preset.approx_bytes / 1e9:.1f} GB" if preset.approx_bytes else "local"
+        typer.echo(f"{preset.name:<22} {size:>9}  {state:<10} {folder}")
+
+
+@app.command(short_help="Show or clear what edgevlm keeps to go faster (image prefixes, projector rows).")
+def cache(clear: Annotated[bool, typer.Option("--clear", help="Delete every cached entry.")] = False,
+          json_out: opt.JsonOut = False) -> None:
+    """Show the disk caches under the user's cache directory, or clear them.
+
+    Image prefixes (the KV of [system, question opening, image]) let a photo seen before skip
+    its prefill; projector rows let it skip CLIP; summaries replace answered images in chats.
+    Every entry can be rebuilt, so clearing costs only time. --no-cache (or EDGEVLM_NO_CACHE=1)
+    on describe, chat and serve neither reads nor writes them.
+    """
+    from edgevlm.paths import cache_dir
+    from edgevlm.store.prefix_cache import clear_folders, folder_sizes
+
+    with _handled(False):
+        freed = clear_folders() if clear else 0
+        sizes = folder_sizes()
+        if json_out:
+            typer.echo(json.dumps({"folder": str(cache_dir()), "bytes": sizes, "freed_bytes": freed}))
+            return
+        for kind, size in sizes.items():
+            typer.echo(f"{kind:<11} {size / 2**20:>10.1f} MiB  {cache_dir() / kind}")
+        if clear:
+            err.print(f"cleared {freed / 2**20:.1f} MiB")
+
+
+# -- plumbing -----------------------------------------------------------------------------
+
+
+def _model_flags(model: str, mmproj: Path | None, n_ctx: int | None, n_gpu_layers: int | None,
+                 threads: int | None, max_tokens: int, fetch: bool, *,
+                 parallel: int | None = 1, placement: Placement | None = None) -> ModelFlags:
+    """The model flags every loading command shares."""
+    from edgevlm.models.loading import ModelFlags, Placement
+
+    return ModelFlags(str(model), str(mmproj) if mmproj else None, n_ctx, n_gpu_layers, threads,
+                      answer_tokens=max_tokens, fetch=fetch, parallel=parallel,
+                      placement=placement or Placement())
+
+
+def _placement(rpc: str | None, tensor_split: str | None, split_mode: str, main_gpu: int,
+               mmproj_device: str | None) -> Placement:
+    """The device flags, checked for shape (the devices themselves are checked at planning)."""
+    from edgevlm.models.loading import Placement
+    from edgevlm.rpc.endpoints import parse_endpoints
+
+    weights = None
+    if tensor_split is not None:
+        try:
+            weights = tuple(float(w) for w in tensor_split.split(","))
+        except ValueError:
+            raise ConfigError(f"--tensor-split {tensor_split}: expected numbers, e.g. 3,1") from None
+        if any(w < 0 for w in weights) or not any(weights):
+            raise ConfigError(f"--tensor-split {tensor_split}: the shares must be positive")
+    return Placement(rpc=tuple(parse_endpoints(rpc)) if rpc else (), tensor_split=weights,
+                     split_mode=split_mode, main_gpu=main_gpu, mmproj_device=mmproj_device)
+
+
+@contextlib.contextmanager
+def _loaded(flags: ModelFlags, *, quiet: bool) -> Iterator[Loaded]:
+    """The model loaded (with a progress bar on a terminal), and closed however the block ends."""
+    from edgevlm.cli.render import load_with_progress
+    from edgevlm.models.loading import load
+
+    loaded = load_with_progress(load, flags, quiet=quiet)
+    try:
+        yield loaded
+    finally:
+        loaded.engine.close()
+
+
+def _sampling(temperature: float, seed: int | None) -> Sampling:
+    from edgevlm.llama.types import Sampling
+
+    return Sampling(temperature=temperature, seed=seed if seed is not None else random.getrandbits(31))
+
+
+def _tiles_option(ctx: typer.Context, value: str) -> int | None:
+    from edgevlm.vision.tiling import parse_tiles
+
+    return _parsed(ctx, "tiles", value, parse_tiles)
+
+
+def _parallel_option(ctx: typer.Context, value: str) -> int | None:
+    from edgevlm.planning.memory import parse_parallel
+
+    return _parsed(ctx, "parallel", value, parse_parallel)
+
+
+def _pool_option(ctx: typer.Context, value: str) -> int | None:
+    from edgevlm.vision.tiling import parse_pool
+
+    return _parsed(ctx, "pool", value, parse_pool)
+
+
+def _parsed(ctx: typer.Context, name: str, value: str, parse: Callable[[str], T]) -> T:
+    """Parse an option's text; the error names where the value came from (flag or variable)."""
+    try:
+        return parse(value)
+    except ValueError as exc:
+        source = f"--{name}"
+        if _source(ctx, name) == "ENVIRONMENT":
+            source = f"EDGEVLM_{name.upper()}={value}:"
+        raise ConfigError(f"{source} {exc}") from None
+
+
+def _is_default(ctx: typer.Context, name: str) -> bool:
+    return _source(ctx, name) in ("DEFAULT", "DEFAULT_MAP", "")
+
+
+def _source(ctx: typer.Context, name: str) -> str:
+    """Where an option's value came from: COMMANDLINE, ENVIRONMENT, DEFAULT, … (click's names)."""
+    source = ctx.get_parameter_source(name)
+    return source.name if source is not None else ""
+
+
+def _error(message: str) -> None:
+    err.print(f"[red]edgevlm: error:[/] {escape(_as_set(message))}")
+
+
+def _as_set(message: str) -> str:
+    """A message about a flag whose value came from an environment variable names the variable."""
+    for envvar, flag in opt.ENV_FLAGS.items():
+        value = os.environ.get(envvar)
+        if value is None or any(a == flag or a.startswith(f"{flag}=") for a in sys.argv[1:]):
+            continue  # not set, or the flag given on the command line wins
+        if f"{flag} " in message:
+            message = message.replace(f"{flag} ", f"{envvar}=")
+        elif value and value in message and envvar not in message:
+            message += f" (set by {envvar})"
+    return message
+
+
+@contextlib.contextmanager
+def _handled(debug: bool) -> Iterator[None]:
+    """User errors become one line and an exit code; tracebacks only with --debug."""
+    try:
+        yield
+    except Interrupted:  # Ctrl-C reached the engine: whatever was running stopped cleanly
+        if debug:
+            raise
+        err.print("\n[yellow]interrupted[/]")
+        raise typer.Exit(130) from None
+    except EdgeVLMError as exc:
+        if debug:
+            raise
+        _error(one_line(exc, limit=10_000, word=opt.flag_word))
+        raise typer.Exit(exc.exit_code) from None
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        err.print("\n[yellow]interrupted[/]")
+        raise typer.Exit(130) from None
+
+
+def _configure_logging(verbose: bool) -> None:
+    level = logging.DEBUG if verbose else logging.WARNING
+    logging.basicConfig(level=level, format="%(name)s: %(message)s", stream=sys.stderr)
+    # llama.cpp's own log is silent unless asked for.
+    logging.getLogger("edgevlm.llama").setLevel(logging.DEBUG if verbose else logging.CRITICAL)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    _check_bool_env()
+    try:
+        app()
+    except KeyboardInterrupt:  # Ctrl-C before a command has its own handler (while starting)
+        err.print("\n[yellow]interrupted[/]")
+        sys.exit(130)
+
+
+def _check_bool_env() -> None:
+    """A yes/no variable with another value is one line and exit 2, not click's usage error."""
+    value = os.environ.get(opt.NO_CACHE_ENV)
+    if value is not None and value.strip().lower() not in opt.BOOL_WORDS:
+        _error(f"{opt.NO_CACHE_ENV}={value}: expected 1 or 0 (true/false, yes/no)")
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,216 @@
+"""The command line's vocabulary: every option once, with its metavar and help.
+
+Commands in cli.py declare their parameters with these, one line each, so the same flag
+reads the same everywhere and `--help` says what to type (NAME, N, FILE, auto|1|2).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+# The environment variables that stand for flags (an error about the value names the one used).
+MODEL_ENV = "EDGEVLM_MODEL"
+PARALLEL_ENV = "EDGEVLM_PARALLEL"
+POOL_ENV = "EDGEVLM_POOL"
+RPC_ENV = "EDGEVLM_RPC"
+API_KEY_ENV = "EDGEVLM_API_KEY"
+PEER_ENV = "EDGEVLM_PEER"
+
+# -- the model (describe, chat, plan, bench) --------------------------------------------------
+
+Model = Annotated[str, typer.Option(
+    "--model", "-m", envvar=MODEL_ENV, metavar="NAME|GGUF",
+    help="A preset name (see `edgevlm models`) or a path to a text-model .gguf.")]
+Mmproj = Annotated[Path | None, typer.Option(
+    metavar="GGUF", help="The projector (mmproj) .gguf; needed when --model is a path.")]
+NCtx = Annotated[int | None, typer.Option(
+    "--n-ctx", metavar="TOKENS",
+    help="Context size in tokens. Default: from the memory plan (4096 on a CPU).")]
+NGpuLayers = Annotated[int | None, typer.Option(
+    "--n-gpu-layers", metavar="N", help="Layers to put on the GPU (the output layer counts as one). "
+    "Default: from the memory plan; all that fit.")]
+Threads = Annotated[int | None, typer.Option(metavar="N", help="CPU threads for llama.cpp.", min=1)]
+Parallel = Annotated[str, typer.Option(
+    envvar=PARALLEL_ENV, metavar="N|auto",
+    help="Requests decoded together, each on its own llama.cpp sequence with its own n_ctx. "
+    "auto: up to 4 on a GPU with room (see `edgevlm plan --parallel`), 1 on the CPU.")]
+PlanParallel = Annotated[str, typer.Option(
+    "--parallel", envvar=PARALLEL_ENV, metavar="N|auto",
+    help="Plan for N requests decoded together, each on its own sequence with its own n_ctx; "
+    "auto: as many as fit, up to 4 (1 on the CPU).")]
+Fetch = Annotated[bool, typer.Option("--fetch", help="Download the preset first if it is missing.")]
+
+# -- answering --------------------------------------------------------------------------------
+
+Prompt = Annotated[str | None, typer.Option(
+    "--prompt", "-p", metavar="TEXT", help="What to ask about each image.")]
+Ask = Annotated[list[str] | None, typer.Option(
+    "--ask", metavar="QUESTION",
+    help="Ask each image this too (repeatable): the image is prefilled once for all its questions.")]
+Prompts = Annotated[Path | None, typer.Option(
+    "--prompts", metavar="FILE", help="Questions to ask each image, one per line (as --ask).",
+    exists=True, dir_okay=False, readable=True)]
+MaxTokens = Annotated[int, typer.Option(metavar="N", help="Longest answer, in tokens.", min=1)]
+Temperature = Annotated[float, typer.Option(
+    metavar="T", help="Sampling temperature. 0, the default in every command, is greedy and repeatable.",
+    min=0.0)]
+Seed = Annotated[int | None, typer.Option(metavar="N", help="Sampling seed (with --temperature > 0).")]
+Tiles = Annotated[str, typer.Option(
+    metavar="auto|0|N", help="Local 336px tiles beside the global view: auto (as many as the context "
+    "allows), 0 (global view only, best for whole-scene questions) or a maximum N.")]
+Pool = Annotated[str, typer.Option(
+    "--pool", envvar=POOL_ENV, metavar="auto|1|2",
+    help="Average-pool each close-up tile's 24x24 tokens: 1 (full detail), 2 (2x2: 576 -> 144 tokens "
+    "per tile, so prefill is ~4x cheaper and more tiles fit; small text suffers) or auto (full tiles "
+    "while they fit, pooled tiles when pooling buys a larger grid). The global view is never pooled.")]
+
+# -- describe: output and folders -------------------------------------------------------------
+
+# Arguments are hidden from the options list (Typer would print their Python type there); the
+# usage line names them and each command's help says what they are.
+Photos = Annotated[list[Path], typer.Argument(show_default=False, metavar="IMAGE_OR_FOLDER", hidden=True)]
+JsonOut = Annotated[bool, typer.Option("--json", help="One JSON object per image on stdout.")]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress or stats on stderr.")]
+Recursive = Annotated[bool, typer.Option("--recursive", "-r", help="Descend into subfolders.")]
+Glob = Annotated[str | None, typer.Option(
+    metavar="PATTERN", help="In folders, only images whose name matches this pattern (e.g. 'IMG_*').")]
+WriteCaptions = Annotated[bool, typer.Option(help="Write IMAGE.txt next to each image (or under --out-dir).")]
+OutDir = Annotated[Path | None, typer.Option(
+    metavar="DIR", help="With --write-captions: put the .txt files here, mirroring the folder tree.")]
+Jsonl = Annotated[Path | None, typer.Option(
+    metavar="FILE", help="Append one JSON object per image to this file.")]
+Overwrite = Annotated[bool, typer.Option(help="Caption images that already have a caption.")]
+Format = Annotated[str | None, typer.Option(
+    "--format", metavar="text|json", help="json: the answer is a JSON object (enforced by a grammar).")]
+Schema = Annotated[Path | None, typer.Option(
+    metavar="FILE", help="A JSON Schema the answer must follow (enforced by llama.cpp's grammar sampler).")]
+Tags = Annotated[bool, typer.Option(
+    "--tags", help="Answer as {description, tags, text_in_image, people_count} for photo libraries.")]
+MaxTags = Annotated[int, typer.Option(metavar="N", help="With --tags: at most N tags.", min=1, max=50)]
+Language = Annotated[str, typer.Option(metavar="NAME", help="With --tags: the description's language.")]
+WriteXmp = Annotated[bool, typer.Option(
+    help="Write an XMP sidecar per image (dc:description, dc:subject) that photo tools read; merged "
+    "into an existing one. Needs ExifTool.")]
+Embed = Annotated[bool, typer.Option(
+    help="Write the same XMP into the image file itself (atomically; pixels untouched).")]
+XmpName = Annotated[str, typer.Option(
+    metavar="IMG.jpg.xmp|IMG.xmp", help="Sidecar naming: IMG.jpg.xmp (darktable, digiKam, Immich) or "
+    "IMG.xmp (Lightroom, Capture One).")]
+
+# -- chat -------------------------------------------------------------------------------------
+
+Summary = Annotated[str, typer.Option(
+    metavar="caption|answer", help="What replaces an answered image in the cache: caption (a dense "
+    "factual caption the model writes while it still sees the image) or answer (its answer).")]
+KeepImages = Annotated[int, typer.Option(
+    metavar="N", help="Keep the last N images live for follow-ups before they become text.", min=0)]
+System = Annotated[str | None, typer.Option(metavar="TEXT", help="A system prompt instead of the default.")]
+Session = Annotated[Path | None, typer.Option(
+    metavar="FILE", help="Append the transcript here (JSONL). Default: a new file in the user data "
+    "directory, made at the first answer.")]
+Resume = Annotated[Path | None, typer.Option(
+    metavar="FILE", help="Continue a saved session with its model: text and image summaries are "
+    "restored, no image is re-read.")]
+StatsJson = Annotated[Path | None, typer.Option(
+    metavar="FILE", help="Append one JSON object of stats per turn.")]
+
+# -- devices (every command that loads a model) ------------------------------------------------
+
+Rpc = Annotated[str | None, typer.Option(
+    envvar=RPC_ENV, metavar="HOST:PORT[,…]", rich_help_panel="Devices",
+    help="Use RPC workers (started with `edgevlm worker`) as extra devices, layers split across them.")]
+TensorSplit = Annotated[str | None, typer.Option(
+    metavar="W,W,…", rich_help_panel="Devices",
+    help="Share of the layers per device, in llama.cpp's order (RPC workers, then local GPUs). "
+    "Default: in proportion to each device's room.")]
+SplitMode = Annotated[str, typer.Option(
+    metavar="layer|row|none", rich_help_panel="Devices",
+    help="How several GPUs share the model: whole layers, rows of each matrix, or none (--main-gpu only).")]
+MainGpu = Annotated[int, typer.Option(
+    metavar="N", rich_help_panel="Devices", help="With --split-mode none: the device index to use.", min=0)]
+MmprojDevice = Annotated[str | None, typer.Option(
+    metavar="DEVICE", rich_help_panel="Devices",
+    help="The device for the vision projector (CUDA1, RPC0, CPU). Default: the one with the most "
+    "room after the layers.")]
+
+# -- worker -----------------------------------------------------------------------------------
+
+WorkerHost = Annotated[str, typer.Option(
+    "--host", metavar="ADDRESS", help="Address to listen on. Anything but loopback needs --allow-network.")]
+WorkerPort = Annotated[int, typer.Option("--port", metavar="PORT", help="TCP port to listen on.")]
+WorkerDevice = Annotated[str | None, typer.Option(
+    "--device", metavar="CPU|CUDA0|…", help="The device to lend. Default: the first GPU, else the CPU.")]
+WorkerCache = Annotated[Path | None, typer.Option(
+    "--cache", metavar="DIR", help="Keep large tensors here by hash, so reloading a model does not "
+    "resend its weights. Default: ~/.cache/edgevlm/rpc.")]
+AllowNetwork = Annotated[bool, typer.Option(
+    "--allow-network", help="Allow a --host other machines can reach (the protocol has no authentication).")]
+
+# -- plan -------------------------------------------------------------------------------------
+
+PlanModel = Annotated[str | None, typer.Argument(show_default=False, metavar="NAME|GGUF", hidden=True)]
+Vram = Annotated[str | None, typer.Option(
+    metavar="SIZE[,SIZE…]", help="Plan for cards with this much free memory (8GiB, 8G, 8192MiB, "
+    "bytes; 8GiB,8GiB for two) instead of this machine's.")]
+KvType = Annotated[str | None, typer.Option(
+    metavar="f16|q8_0|q4_0", help="KV cache type. Default: f16, or q8_0 when it buys context.")]
+FlashAttn = Annotated[bool, typer.Option(
+    "--flash-attn/--no-flash-attn", help="Flash attention (smaller compute buffer).")]
+AnswerRoom = Annotated[int, typer.Option(
+    "--max-tokens", metavar="N", help="Answer length to leave room for.", min=1)]
+Verify = Annotated[bool, typer.Option(
+    help="Load the model with the plan and compare the estimate with llama.cpp's report.")]
+PlanJson = Annotated[bool, typer.Option("--json", help="The plan as JSON, sizes in bytes.")]
+NO_CACHE_ENV = "EDGEVLM_NO_CACHE"
+BOOL_WORDS = ("1", "0", "true", "false", "yes", "no", "on", "off", "y", "n", "t", "f", "")
+ENV_FLAGS = {MODEL_ENV: "--model", PARALLEL_ENV: "--parallel", POOL_ENV: "--pool", RPC_ENV: "--rpc",
+             API_KEY_ENV: "--api-key", PEER_ENV: "--peer", NO_CACHE_ENV: "--no-cache"}
+NoCache = Annotated[bool, typer.Option(
+    "--no-cache", envvar=NO_CACHE_ENV,
+    help="Do not keep or reuse projector rows or image prefixes (otherwise an image seen before "
+         "skips CLIP, and its prefill where restoring is faster).")]
+
+# -- serve ------------------------------------------------------------------------------------
+
+Host = Annotated[str, typer.Option(
+    metavar="ADDRESS", help="Address to listen on. Anything but loopback needs --api-key.")]
+Port = Annotated[int, typer.Option(metavar="PORT", help="TCP port to listen on.")]
+ApiKey = Annotated[str | None, typer.Option(
+    envvar=API_KEY_ENV, metavar="KEY", help="Require `Authorization: Bearer KEY` on every API call.")]
+MediaDir = Annotated[Path | None, typer.Option(
+    metavar="DIR", help="Allow file:// image URLs inside this folder (refused otherwise).")]
+MaxQueue = Annotated[int, typer.Option(
+    metavar="N", help="Requests that may wait for the model; past that, 503 with Retry-After.", min=1)]
+MaxBodyMb = Annotated[int, typer.Option(
+    "--max-body-mb", metavar="MIB", help="Largest request body (base64 images included); 413 past it.",
+    min=1)]
+
+# -- bench ------------------------------------------------------------------------------------
+
+BenchImage = Annotated[Path | None, typer.Option(
+    "--image", metavar="FILE", help="The photo to measure on. Default: a generated 3840x2160 JPEG.")]
+Turns = Annotated[int, typer.Option(
+    metavar="N", help="Turns in the chat scenario (image, follow-up, …).", min=0)]
+BenchTokens = Annotated[int, typer.Option(
+    "--max-tokens", metavar="N", help="Tokens generated per answer.", min=2)]
+Repeat = Annotated[int, typer.Option(
+    metavar="N", help="Measured runs per configuration (the median is shown).", min=1)]
+Peer = Annotated[Path | None, typer.Option(
+    envvar=PEER_ENV, metavar="FILE", help="llama.cpp's llama-mtmd-cli to run beside edgevlm. "
+    "Default: peers/bin/llama-mtmd-cli when `make peers` has built it.")]
+NoPeer = Annotated[bool, typer.Option("--no-peer", help="Do not run llama-mtmd-cli.")]
+BenchJson = Annotated[bool, typer.Option("--json", help="The numbers as one JSON object.")]
+
+# -- fetch and the rest -----------------------------------------------------------------------
+
+Presets = Annotated[list[str] | None, typer.Argument(metavar="NAME", show_default=False, hidden=True)]
+Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's own log.")]
+Debug = Annotated[bool, typer.Option(help="Show Python tracebacks for errors.")]
+
+
+def flag_word(setting: str) -> str:
+    """A core setting as the command line names it: n_ctx -> --n-ctx."""
+    return "--" + setting.replace("_", "-")

@@ -1,0 +1,445 @@
+"""The chat REPL: input with history, slash commands, streaming answers, the session file."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
+
+from rich.console import Console
+
+from edgevlm.chat.conversation import DEFAULT_QUESTION, Conversation
+from edgevlm.chat.records import TurnRecord, TurnStats, to_plain
+from edgevlm.cli.options import flag_word
+from edgevlm.cli.render import PrefillDisplay
+from edgevlm.cli.repl_help import HELP
+from edgevlm.errors import EdgeVLMError, EngineError, Interrupted, UserError, in_words
+from edgevlm.llama.sequence import interrupt_on_sigint
+from edgevlm.paths import data_dir
+from edgevlm.store.files import JsonlAppender
+from edgevlm.vision.images import IMAGE_SUFFIXES, load_image
+from edgevlm.vision.tiling import parse_pool, parse_tiles
+
+if TYPE_CHECKING:
+    from edgevlm.models.loading import Loaded
+
+T = TypeVar("T")
+
+
+def default_session_path() -> Path:
+    """A new session file named after the time."""
+    return data_dir() / "sessions" / f"chat-{datetime.now():%Y%m%d-%H%M%S}.jsonl"
+
+
+@dataclass(frozen=True)
+class SavedSession:
+    """A session file's turns (since its last /reset) and the model it was held with."""
+
+    records: list[TurnRecord]
+    model: str | None = None
+    mmproj: str | None = None
+
+
+def load_transcript(path: Path) -> SavedSession:
+    """Read a session file; anything that is not one is refused (exit 2) and left untouched.
+
+    A torn last line (a chat killed mid-write) is skipped.
+    """
+    try:
+        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not UTF-8 text"
+        raise UserError(f"{path}: cannot read the session ({why})") from None
+    rows = [_session_row(line) for line in lines]
+    if not rows or rows[0] is None or None in rows[:-1]:
+        raise UserError(f"{path}: not an edgevlm chat session (expected the JSONL that `edgevlm chat` "
+                        "writes); pass a session file, or --session to start a new one")
+    header = next((r for r in rows if r and r["type"] == "session"), {})
+    fields = set(TurnRecord.__dataclass_fields__)
+    records: list[TurnRecord] = []
+    for row in rows:
+        if row and row["type"] == "reset":
+            records = []
+        elif row and row["type"] == "turn":
+            records.append(TurnRecord(**{k: v for k, v in row.items() if k in fields}))
+        elif row and row["type"] == "summary":  # made after its turn, in idle time
+            records = [replace(r, summary=row.get("summary")) if r.turn == row.get("turn") else r
+                       for r in records]
+    return SavedSession(records, header.get("model"), header.get("mmproj"))
+
+
+def _session_row(line: str) -> dict[str, Any] | None:
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    ok = isinstance(data, dict) and data.get("type") in ("session", "turn", "summary", "reset")
+    return data if ok else None
+
+
+def run_chat(conversation: Conversation, loaded: Loaded, *, saved: SavedSession | None,
+             session: Path | None, stats_json: Path | None) -> None:
+    """The chat command's body: restore a saved session, open the transcript, run the REPL."""
+    from edgevlm.cli.render import err
+
+    if saved is not None and saved.records:
+        conversation.restore(saved.records)
+    interactive = sys.stdin.isatty()
+    path = session or default_session_path()
+    header = {"type": "session", "model": str(loaded.choice.model_path),
+              "mmproj": str(loaded.choice.mmproj_path), "created": time.time()}
+    transcript = JsonlAppender(path, header=header,
+                               warn=lambda m: err.print(f"[yellow]warning:[/] {_escape(m)}"))
+    resumed = f" (resumed {len(saved.records)} turns)" if saved is not None else ""
+    err.print(f"[dim]session: {_escape(str(path))}{resumed}[/]")
+    if interactive:
+        err.print(f"[bold]edgevlm chat[/] · {_escape(loaded.choice.model_path.name)} · n_ctx "
+                  f"{loaded.engine.n_ctx} · /help for commands, Ctrl-D to leave")
+    stats = (JsonlAppender(stats_json, warn=lambda m: err.print(f"[yellow]warning:[/] {_escape(m)}"),
+                           what="--stats-json") if stats_json else None)
+    repl = ChatRepl(conversation, out=sys.stdout, err=err, session=transcript, stats_json=stats,
+                       interactive=interactive)
+    repl.run(interactive_lines(data_dir() / "chat_history", repl.stop_idle) if interactive else piped_lines())
+
+
+class ChatRepl:
+    """Runs the REPL over a Conversation; what it prints goes to `out` (answers) and `err`."""
+
+    def __init__(self, conversation: Conversation, *, out: TextIO, err: Console,
+                 session: JsonlAppender | None = None, stats_json: JsonlAppender | None = None,
+                 interactive: bool = False) -> None:
+        self.conversation = conversation
+        self.out = out
+        self.err = err
+        self.session = session
+        self.stats_json = stats_json
+        self.interactive = interactive
+        self.last_stats: TurnStats | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._idle: Future[None] | None = None  # the summary made while the user types
+        self._prefill = PrefillDisplay(err, enabled=interactive and err.is_terminal)
+        conversation.on_summary = self._summary_made
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def run(self, lines: Iterable[str]) -> None:
+        """Handle lines until they run out or /quit."""
+        try:
+            for line in lines:
+                if not self.handle(line):
+                    break
+        finally:
+            self.stop_idle()  # leaving does not wait for a summary (the transcript has the answer)
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+                self._executor = None
+
+    def handle(self, line: str) -> bool:
+        """One line of input; False means quit."""
+        line = line.strip()
+        if not line:
+            return True
+        try:
+            image_path, question = _dropped_image(line)  # before commands: /home/… is a path
+            if image_path is not None:
+                self._turn(question, image_path)
+            elif line.startswith("/"):
+                return self._command(line)
+            else:
+                self._turn(line, None)
+        except Interrupted as exc:
+            self._note(str(exc))
+        except EdgeVLMError as exc:
+            self._error(in_words(exc, flag_word))
+            self._recover()
+        return True
+
+    def _command(self, line: str) -> bool:
+        name, _, rest = line.partition(" ")
+        name = name.lower()
+        if name in ("/quit", "/exit", "/q"):
+            return False
+        if name == "/help":
+            self.err.print(HELP, end="", markup=False, highlight=False)
+        elif name == "/image":
+            path, question = _split_path(rest)
+            if not path:
+                self._error("usage: /image PATH [question]")
+            else:
+                self._turn(question, path)
+        elif name == "/tiles":
+            self._set_tiles(rest.strip())
+        elif name == "/pool":
+            self._set_pool(rest.strip())
+        elif name == "/stats":
+            self._print_stats()
+        elif name == "/save":
+            self._save(rest.strip())
+        elif name == "/reset":
+            self._on_engine_thread(self.conversation.reset)
+            self.last_stats = None
+            if self.session is not None:
+                self.session.append({"type": "reset", "at": time.time()})
+            self._note("conversation cleared")
+        else:
+            self._error(f"unknown command {name}; /help lists them")
+        return True
+
+    # -- turns ------------------------------------------------------------------------------
+
+    def _turn(self, question: str, image_path: str | None) -> None:
+        self.stop_idle()  # at most one decode step; the turn's clock starts after it
+        started = time.perf_counter()
+        image = (load_image(Path(image_path).expanduser(), useful_pixels=self.conversation.useful_pixels)
+                 if image_path else None)
+        if image is not None and image.note:
+            self._note(f"{image.path.name}: {image.note}")
+        try:
+            with self._interruptible():
+                answer, stats = self._on_engine_thread(
+                    lambda: self.conversation.ask(question or (DEFAULT_QUESTION if image else ""),
+                                                  image=image, on_piece=self._write_piece,
+                                                  on_progress=self._prefill.update, started=started))
+        finally:
+            self._prefill.clear()
+        self.out.write("\n")
+        self.out.flush()
+        self.last_stats = stats
+        record = self.conversation.records[-1]
+        if record.interrupted:
+            self._note("answer stopped")
+        if self.session is not None:
+            self.session.append({"type": "turn", **asdict(record)})
+        if self.stats_json is not None:
+            self.stats_json.append(to_plain(stats))
+        if self.interactive:
+            self.err.print(f"[dim]{_brief(stats, self.conversation.sequence.n_ctx)}[/]", highlight=False)
+        self._start_idle()
+
+    def _on_engine_thread(self, work: Callable[[], T]) -> T:
+        """Run llama.cpp work on the one engine thread, once the idle summary has stopped.
+
+        Measured here: once prompt_toolkit has run asyncio on the main thread, llama.cpp's
+        OpenMP workers led by that thread decode about 100x slower (1 tok/s instead of 100).
+        A long-lived worker thread keeps one OpenMP team at full speed, and leaves the main
+        thread free to read the next line while a summary is made.
+        """
+        self.stop_idle()
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgevlm-engine")
+        return self._executor.submit(work).result()
+
+    def _start_idle(self) -> None:
+        """Summarise the answered photo on the engine thread while the next line is typed."""
+        if self.conversation.pending_summaries and self._executor is not None:
+            self._idle = self._executor.submit(self._summarise_idle)
+
+    def _summarise_idle(self) -> None:
+        try:
+            self.conversation.summarise_pending()
+        except (Interrupted, EdgeVLMError):
+            pass  # stopped, or failed: the photo stays live and the next turn settles its summary
+
+    def stop_idle(self) -> None:
+        """Stop the summary being made in idle time (between two tokens); the photo stays live."""
+        idle, self._idle = self._idle, None
+        if idle is None:
+            return
+        sequence = self.conversation.sequence
+        sequence.interrupt_requested = True
+        try:
+            idle.result()
+        finally:
+            sequence.interrupt_requested = False
+
+    def _summary_made(self, record: TurnRecord) -> None:
+        if self.session is not None:
+            self.session.append({"type": "summary", "turn": record.turn, "summary": record.summary})
+
+    @contextlib.contextmanager
+    def _interruptible(self) -> Iterator[None]:
+        """Ctrl-C during a turn stops the answer (or rolls back the prefill), not the chat."""
+        sequence = self.conversation.sequence
+        try:
+            with interrupt_on_sigint([sequence]):
+                yield
+        finally:
+            sequence.interrupt_requested = False
+
+    def _write_piece(self, piece: str) -> None:
+        self._prefill.clear()
+        self.out.write(piece)
+        self.out.flush()
+
+    def _recover(self) -> None:
+        """After an engine failure, rebuild the cache from the transcript: nothing is lost."""
+        try:
+            self.conversation.check()
+        except EngineError:
+            records = list(self.conversation.records)
+            self.conversation.records.clear()
+            self._on_engine_thread(lambda: self.conversation.restore(records))
+            self._note("the cache was rebuilt from the transcript")
+
+    # -- commands ---------------------------------------------------------------------------
+
+    def _set_tiles(self, value: str) -> None:
+        try:
+            self.conversation.max_tiles = parse_tiles(value)
+        except ValueError:
+            self._error("usage: /tiles auto|N")
+            return
+        self._note(f"tiles: {value}")
+
+    def _set_pool(self, value: str) -> None:
+        try:
+            self.conversation.pool = parse_pool(value)
+        except ValueError:
+            self._error("usage: /pool auto|1|2")
+            return
+        self._note(f"pool: {value}")
+
+    def _print_stats(self) -> None:
+        """A short account: turns, photos live or summarised, the cache, the last turn's speed."""
+        conv = self.conversation
+        summarised = sum(r.summary is not None for r in conv.records if r.image)
+        self.err.print(f"turns {conv.turn} · images {conv.images_seen} ({summarised} summarised, "
+                       f"{conv.pending_summaries} waiting for a summary) · KV {conv.kv_tokens}/"
+                       f"{conv.sequence.n_ctx} tokens · visual tokens live {conv.visual_tokens_live}",
+                       highlight=False)
+        last = self.last_stats
+        if last is not None:
+            wait = f" · waited {last.summary_wait_s:.2f} s for a summary" if last.summary_wait_s else ""
+            self.err.print(f"last turn: TTFT {last.ttft_s:.2f} s (prefill {last.prefill_tokens} tokens in "
+                           f"{last.prefill_s:.2f} s) · decode {last.decode_tok_s:.1f} tok/s{wait}",
+                           highlight=False, markup=False)
+        self.err.print("every number of every turn: --stats-json FILE", style="dim", highlight=False)
+
+    def _save(self, target: str) -> None:
+        if not target:
+            self._error("usage: /save FILE")
+            return
+        path = Path(target).expanduser()
+        lines = [json.dumps({"type": "turn", **asdict(r)}, ensure_ascii=False)
+                 for r in self.conversation.records]
+        try:
+            path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        except OSError as exc:
+            self._error(f"cannot write {path}: {exc.strerror or exc}")
+            return
+        self._note(f"saved {len(lines)} turns to {path}")
+
+    def _note(self, message: str) -> None:
+        self.err.print(f"[yellow]{_escape(message)}[/]", highlight=False)
+
+    def _error(self, message: str) -> None:
+        self.err.print(f"[red]error:[/] {_escape(message)}", highlight=False)
+
+
+def interactive_lines(history: Path, on_interrupt: Callable[[], None] | None = None) -> Iterator[str]:
+    """Lines from a prompt_toolkit prompt with history; Ctrl-C clears the line (and calls
+    on_interrupt), Ctrl-D ends."""
+    from prompt_toolkit import PromptSession
+    from prompt_toolkit.history import FileHistory, InMemoryHistory
+
+    try:
+        history.parent.mkdir(parents=True, exist_ok=True)
+        store: Any = FileHistory(str(history))
+    except OSError:
+        store = InMemoryHistory()
+    session: PromptSession[str] = PromptSession(history=store)
+    while True:
+        try:
+            yield session.prompt(">>> ")
+        except KeyboardInterrupt:
+            if on_interrupt is not None:
+                on_interrupt()
+            continue
+        except EOFError:
+            return
+
+
+def piped_lines(stream: TextIO = sys.stdin) -> Iterator[str]:
+    """One turn per line from a pipe or file."""
+    for line in stream:
+        yield line.rstrip("\n")
+
+
+def _dropped_image(line: str) -> tuple[str | None, str]:
+    """A line that starts with an existing image path (typed, pasted or dropped) is an image turn."""
+    path, rest = _split_path(line)
+    if path and Path(path).suffix.lower() in IMAGE_SUFFIXES and _is_file(path):
+        return str(Path(path).expanduser()), rest
+    return None, line
+
+
+# Longer than any path a system accepts (PATH_MAX is 4096): such a line is a message, not a path.
+_MAX_PATH_CHARS = 4096
+
+
+def _is_file(candidate: str) -> bool:
+    """Whether text names an existing file; text no file system accepts as a name is not one."""
+    if not candidate or len(candidate) > _MAX_PATH_CHARS:
+        return False
+    try:
+        return Path(candidate).expanduser().is_file()
+    except (OSError, ValueError):  # a component over NAME_MAX, a NUL byte, …
+        return False
+
+
+def _split_path(text: str) -> tuple[str, str]:
+    """Split a leading path (quoted, escaped, or unquoted with spaces) from the rest of a line."""
+    text = text.strip()
+    words = text.split(" ")
+    for n in range(min(len(words), 64), 1, -1):  # an unquoted path with spaces that exists on disk
+        candidate = " ".join(words[:n])
+        if _is_file(candidate):
+            return candidate, " ".join(words[n:]).strip()
+    if text[:1] in ("'", '"'):
+        end = text.find(text[0], 1)
+        if end > 0:
+            return text[1:end], text[end + 1:].strip()
+    path: list[str] = []
+    i = 0
+    while i < len(text) and not text[i].isspace():
+        if text[i] == "\\" and i + 1 < len(text):
+            path.append(text[i + 1])
+            i += 2
+            continue
+        path.append(text[i])
+        i += 1
+    return "".join(path), text[i:].strip()
+
+
+def _brief(stats: TurnStats, n_ctx: int) -> str:
+    parts = [f"TTFT {stats.ttft_s:.2f} s", f"{stats.decode_tok_s:.1f} tok/s",
+             f"KV {stats.kv_tokens}/{n_ctx}"]
+    if stats.visual_tokens:
+        parts.insert(0, f"{stats.visual_tokens} visual tokens"
+                     + (f" ({stats.grid[0]}x{stats.grid[1]} tiles"
+                        + (f", pooled {stats.pool}x{stats.pool})" if stats.pool > 1 else ")")
+                        if stats.n_tiles else ""))
+    if stats.prefix_cache in ("ram", "disk"):
+        tier = "RAM" if stats.prefix_cache == "ram" else "disk"
+        parts.append(f"photo's prefix from {tier} in {stats.restore_s:.2f} s")
+    if stats.summary_wait_s:
+        parts.append(f"waited {stats.summary_wait_s:.2f} s for the earlier photo's summary")
+    if stats.dropped_turns:
+        parts.append(f"{stats.dropped_turns} old turn(s) dropped")
+    return " · ".join(parts)
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
+

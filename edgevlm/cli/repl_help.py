@@ -1,0 +1,16 @@
+"""The chat REPL's commands, as /help and `chat --help` show them (no imports: the CLI reads it
+at start-up)."""
+
+HELP = """\
+Type a question, or:
+  /image PATH [question]   show the model an image (a plain or dropped path works too)
+  /tiles auto|N            close-up tiles per image (0: global view only)
+  /pool auto|1|2           pool tiles 2x2 (576 -> 144 tokens each): more tiles, faster, less detail
+  /stats                   what the cache holds and what the last turn cost
+  /save FILE               write the transcript so far (JSONL)
+  /reset                   forget the conversation
+  /help                    this text
+  /quit                    leave (Ctrl-D too)
+Ctrl-C stops an answer, or the summary of the last photo made while you type (the photo
+stays in the cache meanwhile: follow-ups about it cost no re-reading).
+"""

@@ -1,0 +1,465 @@
+"""Describe images: the one core for a photo, several, a folder, or the bench's runs.
+
+Each image is a single-turn conversation from the cached system prompt. `describe_images`
+reads and tiles each image on a helper thread (one ahead, overlapping llama.cpp), describes
+it, and reports what happens as events; the faces (the CLI, folder captioning, the bench)
+render or store them and hold no describe logic of their own.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from PIL import Image
+
+from edgevlm.chat.conversation import DEFAULT_QUESTION, Conversation
+from edgevlm.chat.prompts import PromptFormat
+from edgevlm.chat.records import PrefillProgress, PreparedImage, TurnStats, to_plain
+from edgevlm.chat.structured import TEXT, OutputFormat
+from edgevlm.errors import ImageError, Interrupted
+from edgevlm.llama.types import ImageEmbedding, Sampling
+from edgevlm.store.prefix_cache import PrefixCache
+from edgevlm.vision.images import LoadedImage, load_image
+from edgevlm.vision.layout import ImageLayout
+
+if TYPE_CHECKING:
+    from edgevlm.llama.sequence import EngineSequence
+    from edgevlm.models.loading import Loaded
+
+DEFAULT_PROMPT = DEFAULT_QUESTION
+# A further question about the same image, and its answer's format (None: the describer's own).
+Question = tuple[str, OutputFormat | None]
+# A path with its prepared image (or the error reading it) and the seconds reading took.
+Prefetched = tuple[Path, PreparedImage | None, ImageError | None, float]
+
+
+@dataclass(frozen=True)
+class DescribeResult:
+    """One image's description and what it cost."""
+
+    image: str
+    text: str
+    grid: tuple[int, int]
+    n_tiles: int
+    visual_tokens: int
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    preprocess_s: float
+    clip_encode_s: float
+    prefill_s: float
+    ttft_s: float
+    decode_s: float
+    prefill_tok_s: float
+    decode_tok_s: float
+    n_ctx: int
+    n_gpu_layers: int
+    note: str = ""
+    pool: int = 1
+    tile_tokens: int = 0
+    tile_prefill_s: float = 0.0
+    itl_p50_s: float = 0.0
+    itl_p90_s: float = 0.0
+    read_s: float = 0.0  # reading the file (decode, orientation); part of preprocess_s
+    image_size: tuple[int, int] = (0, 0)  # upright, full resolution (the grid is laid over this)
+    layout: str = ""  # llava-1.5-tiles (labelled tiles) or llava-next (the model's own packing)
+    prefix_cache: str = "none"  # the image block restored from the prefix cache: ram | disk | none
+    restore_s: float = 0.0  # restoring it (part of TTFT)
+    question: str = ""  # what was asked
+    data: object = None  # the parsed answer, with --format json, --schema or --tags
+
+    def to_json(self) -> dict[str, Any]:
+        """A plain dict for --json (floats rounded for reading; the parsed answer as it is)."""
+        return to_plain(self) | {"data": self.data}
+
+
+# -- events ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ImageStarted:
+    """An image was read and is about to be shown to the model."""
+
+    index: int
+    total: int
+    path: Path
+    note: str = ""  # e.g. "animated image: using frame 1 of 12"
+    question: str = ""  # with --ask, the question about to be answered
+
+
+@dataclass(frozen=True)
+class ImageProgress:
+    """How far the image's prefill has got (views encoded, tokens decoded)."""
+
+    index: int
+    progress: PrefillProgress
+
+
+@dataclass(frozen=True)
+class TextPiece:
+    """A piece of the answer, as it streams."""
+
+    index: int
+    text: str
+
+
+@dataclass(frozen=True)
+class ImageDone:
+    """The image is described."""
+
+    index: int
+    total: int
+    path: Path
+    result: DescribeResult
+    further: bool = False  # an --ask answer about an image already answered once
+
+
+@dataclass(frozen=True)
+class ImageFailed:
+    """The image could not be read; the run goes on with the next one."""
+
+    index: int
+    total: int
+    path: Path
+    error: str
+
+
+DescribeEvent = ImageStarted | ImageProgress | TextPiece | ImageDone | ImageFailed
+
+
+# -- the describer ---------------------------------------------------------------------------
+
+
+class Describer:
+    """Describe requests on a loaded engine; the system prompt is decoded once for all images."""
+
+    def __init__(self, engine: EngineSequence, fmt: PromptFormat, *, tile_size: int, max_tokens: int = 512,
+                 sampling: Sampling | None = None, max_tiles: int | None = None,
+                 n_gpu_layers: int = 0, pool: int | None = 1, layout: ImageLayout | None = None,
+                 encoder: Callable[[Image.Image], ImageEmbedding] | None = None,
+                 output: OutputFormat = TEXT, prefix_cache: PrefixCache | None = None) -> None:
+        self.engine = engine
+        self.output = output
+        sampling = replace(sampling or Sampling(), grammar=output.grammar())  # None for text
+        self.max_tokens = max_tokens
+        self.n_gpu_layers = n_gpu_layers
+        started = time.perf_counter()
+        self._conversation = Conversation(engine, fmt, tile_size=tile_size, max_tokens=max_tokens,
+                                          sampling=sampling, max_tiles=max_tiles, summary="none",
+                                          pool=pool, layout=layout, encoder=encoder,
+                                          prefix_cache=prefix_cache)
+        # The system prompt is decoded now, before any request's clock starts: the first
+        # image is charged for it (prefill and TTFT alike), so its figures add up.
+        self._system_prefill_s: float | None = time.perf_counter() - started
+
+    @classmethod
+    def for_model(cls, loaded: Loaded, *, max_tokens: int = 512, sampling: Sampling | None = None,
+                  max_tiles: int | None = None, pool: int | None = 1, cache: bool = False,
+                  output: OutputFormat = TEXT) -> Describer:
+        """A describer on a freshly loaded model, with its prompt format and projector's view size.
+
+        With cache, projector rows and image prefixes are kept (RAM and disk), so an image seen
+        before skips CLIP, and its prefill too where restoring its KV is faster.
+        """
+        return cls.for_sequences(loaded, max_tokens=max_tokens, sampling=sampling, max_tiles=max_tiles,
+                                 pool=pool, cache=cache, output=output)[0]
+
+    @classmethod
+    def for_sequences(cls, loaded: Loaded, *, max_tokens: int = 512, sampling: Sampling | None = None,
+                      max_tiles: int | None = None, pool: int | None = 1, cache: bool = False,
+                      output: OutputFormat = TEXT) -> list[Describer]:
+        """One describer per sequence of the loaded engine (one without --parallel)."""
+        pairs = zip(loaded.engine.sequences(), loaded.encoders(cache=cache), strict=True)
+        prefixes = loaded.prefix_cache() if cache else None
+        return [cls._on(loaded, sequence, encoder, max_tokens=max_tokens, sampling=sampling,
+                        max_tiles=max_tiles, pool=pool, output=output, prefix_cache=prefixes)
+                for sequence, encoder in pairs]
+
+    @classmethod
+    def _on(cls, loaded: Loaded, sequence: EngineSequence,
+            encoder: Callable[[Image.Image], ImageEmbedding] | None, *, max_tokens: int,
+            sampling: Sampling | None, max_tiles: int | None, pool: int | None,
+            output: OutputFormat, prefix_cache: PrefixCache | None) -> Describer:
+        return cls(sequence, loaded.prompt_format, tile_size=loaded.projector_facts.image_size,
+                   max_tokens=max_tokens, sampling=sampling, max_tiles=max_tiles,
+                   n_gpu_layers=loaded.n_gpu_layers, pool=pool, layout=loaded.layout, encoder=encoder,
+                   output=output, prefix_cache=prefix_cache)
+
+    @property
+    def n_ctx(self) -> int:
+        return self.engine.n_ctx
+
+    @property
+    def prefix_cache(self) -> PrefixCache | None:
+        """The image-prefix cache this describer keeps and restores from (None: off)."""
+        return self._conversation.prefix_cache
+
+    @property
+    def useful_pixels(self) -> int:
+        """Source pixels worth decoding for this projector's tiles (see images.load_image)."""
+        return self._conversation.useful_pixels
+
+    @property
+    def pool(self) -> int | None:
+        """2x2 pooling of tiles: 1, 2 or None (auto)."""
+        return self._conversation.pool
+
+    @pool.setter
+    def pool(self, value: int | None) -> None:
+        self._conversation.pool = value
+
+    @property
+    def max_tiles(self) -> int | None:
+        """The most tiles per image (None: as many as the context allows)."""
+        return self._conversation.max_tiles
+
+    @max_tiles.setter
+    def max_tiles(self, value: int | None) -> None:
+        self._conversation.max_tiles = value
+
+    @property
+    def kv_tokens(self) -> int:
+        """Positions in the cache now: the system prompt plus the last image's turn."""
+        return self._conversation.kv_tokens
+
+    def check(self) -> None:
+        """The KV-ledger invariant (ledger == engine position == KV cells), or EngineError."""
+        self._conversation.check()
+
+    def shared_prefix_len(self) -> int:
+        """Positions of the system prompt that every image starts from."""
+        return self._conversation.segments[0].n_tokens
+
+    def room_for(self, prompt: str) -> int:
+        """Tokens an image may use beside this prompt and the answer."""
+        return self._conversation.fresh_room(prompt)
+
+    def prepare(self, image: LoadedImage, room: int) -> PreparedImage:
+        """Choose the grid and cut the views (CPU only; safe on a helper thread)."""
+        return self._conversation.prepare(image, room)
+
+    def describe(self, image: LoadedImage | PreparedImage, prompt: str = DEFAULT_PROMPT, *,
+                 started: float | None = None, on_piece: Callable[[str], None] | None = None,
+                 on_progress: Callable[[PrefillProgress], None] | None = None,
+                 read_s: float = 0.0) -> DescribeResult:
+        """Describe one loaded image, streaming pieces to on_piece."""
+        self._conversation.rewind()
+        system_s, self._system_prefill_s = self._system_prefill_s, None
+        text, stats = self._conversation.ask(prompt, image=image, on_piece=on_piece,
+                                             on_progress=on_progress, started=started)
+        return self._result(image, prompt, text, stats, system_s=system_s, read_s=read_s)
+
+    def ask_again(self, image: LoadedImage | PreparedImage, question: str, *,
+                  output: OutputFormat | None = None, started: float | None = None,
+                  on_piece: Callable[[str], None] | None = None) -> DescribeResult:
+        """Another question about the image just described, from the same prefill (--ask)."""
+        kept = self.output
+        self._use_output(output or kept)
+        try:
+            text, stats = self._conversation.ask_again(question, on_piece=on_piece, started=started)
+            return self._result(image, question, text, stats, system_s=None, read_s=0.0)
+        finally:
+            self._use_output(kept)
+
+    def _use_output(self, output: OutputFormat) -> None:
+        self.output = output
+        conversation = self._conversation
+        conversation.sampling = replace(conversation.sampling, grammar=output.grammar())
+
+    def _result(self, image: LoadedImage | PreparedImage, question: str, text: str, stats: TurnStats, *,
+                system_s: float | None, read_s: float) -> DescribeResult:
+        """The turn's numbers as describe reports them (the first image is charged the system prompt)."""
+        system = self.shared_prefix_len() if system_s is not None else 0
+        prefill_s = stats.prefill_s + (system_s or 0.0)
+        loaded = image.image if isinstance(image, PreparedImage) else image
+        data, note = self._parsed(text)
+        return DescribeResult(
+            image=str(loaded.path), text=text, grid=stats.grid, n_tiles=stats.n_tiles,
+            visual_tokens=stats.visual_tokens, prompt_tokens=stats.prompt_tokens,
+            cached_tokens=stats.cached_tokens - system, completion_tokens=stats.completion_tokens,
+            preprocess_s=stats.preprocess_s + read_s, clip_encode_s=stats.clip_encode_s,
+            prefill_s=prefill_s, ttft_s=stats.ttft_s + (system_s or 0.0), decode_s=stats.decode_s,
+            prefill_tok_s=(stats.prefill_tokens + system) / prefill_s if prefill_s else 0.0,
+            decode_tok_s=stats.decode_tok_s, n_ctx=self.engine.n_ctx,
+            n_gpu_layers=self.n_gpu_layers, note=note or loaded.note, pool=stats.pool,
+            tile_tokens=stats.tile_tokens, tile_prefill_s=stats.tile_prefill_s,
+            itl_p50_s=stats.itl_p50_s, itl_p90_s=stats.itl_p90_s, read_s=read_s,
+            image_size=loaded.size, layout=stats.layout, prefix_cache=stats.prefix_cache,
+            restore_s=stats.restore_s, question=question, data=data)
+
+    def _parsed(self, text: str) -> tuple[object, str]:
+        """The answer as data (JSON formats only), or why it is not."""
+        if not self.output.is_json:
+            return None, ""
+        try:
+            return self.output.parse(text), ""
+        except ValueError as exc:
+            return None, str(exc)
+
+
+# -- the one loop ------------------------------------------------------------------------------
+
+
+def describe_images(describer: Describer | Sequence[Describer], paths: Sequence[Path],
+                    prompt: str = DEFAULT_PROMPT, *, on_event: Callable[[DescribeEvent], None],
+                    more: Sequence[Question] = ()) -> int:
+    """Describe each image, reporting events; returns how many were described.
+
+    `more` asks each image further questions (--ask) from the same prefill: the image block is
+    decoded once, and each question goes back to its end. The grid is planned for the longest.
+
+    Time to first token counts reading and tiling the image (done on helper threads, ahead
+    of the describers) as well as CLIP and the prefill: what one image costs on its own.
+    An unreadable image is an ImageFailed event; every other error ends the run. With several
+    describers (parallel sequences) images are described side by side, and each image's
+    events arrive together once it is done, so outputs never interleave.
+    """
+    describers = [describer] if isinstance(describer, Describer) else list(describer)
+    room = min(describers[0].room_for(question) for question in [prompt, *(q for q, _ in more)])
+    loaded = prefetched(paths, lambda image: describers[0].prepare(image, room),
+                        useful_pixels=describers[0].useful_pixels, ahead=len(describers))
+    feed = _Feed(enumerate(loaded), len(paths), on_event, buffered=len(describers) > 1, more=more)
+    if len(describers) == 1:
+        feed.work(describers[0], prompt)
+    else:
+        _side_by_side(describers, lambda d: feed.work(d, prompt))
+    cache = describers[0].prefix_cache
+    if cache is not None:
+        cache.flush()  # the last image's prefix is on disk before the run ends
+    return feed.described
+
+
+class _Feed:
+    """Prepared images handed to describers one at a time, and their events passed on."""
+
+    def __init__(self, items: Iterator[tuple[int, Prefetched]], total: int,
+                 on_event: Callable[[DescribeEvent], None], *, buffered: bool,
+                 more: Sequence[Question] = ()) -> None:
+        self._items, self.total, self._on_event, self._buffered = items, total, on_event, buffered
+        self._more = more
+        self._feed_lock = threading.Lock()  # taking the next image
+        self._lock = threading.Lock()  # passing events on
+        self.described = 0
+
+    def work(self, describer: Describer, prompt: str) -> None:
+        """Describe images from the feed until it runs dry."""
+        while (item := self._next()) is not None:
+            index, (path, prepared, error, read_s) = item
+            if prepared is None:
+                self._emit([ImageFailed(index, self.total, path, str(error))])
+                continue
+            self._describe(describer, index, path, prepared, read_s, prompt)
+
+    def _next(self) -> tuple[int, Prefetched] | None:
+        with self._feed_lock:
+            return next(self._items, None)
+
+    def _describe(self, describer: Describer, index: int, path: Path, prepared: PreparedImage,
+                  read_s: float, prompt: str) -> None:
+        held: list[DescribeEvent] = []
+        # One describer streams as it goes; side by side, an image's events go out together.
+        sink = held.append if self._buffered else self._emit_one
+        asked = prompt if self._more else ""  # the question goes in the header only with --ask
+        sink(ImageStarted(index, self.total, path, prepared.image.note, question=asked))
+        on_piece, on_progress = _forwarders(sink, index)
+        started = time.perf_counter() - read_s - prepared.preprocess_s
+        result = describer.describe(prepared, prompt, started=started, read_s=read_s, on_piece=on_piece,
+                                    on_progress=None if self._buffered else on_progress)
+        if self._answered(describer.output.is_json, sink, index, path, result):
+            with self._lock:
+                self.described += 1
+        for question, output in self._more:
+            sink(ImageStarted(index, self.total, path, question=question))
+            result = describer.ask_again(prepared, question, output=output, on_piece=on_piece)
+            self._answered((output or describer.output).is_json, sink, index, path, result, further=True)
+        self._emit(held)
+
+    def _answered(self, is_json: bool, sink: Callable[[DescribeEvent], None], index: int,
+                  path: Path, result: DescribeResult, *, further: bool = False) -> bool:
+        """Pass on a finished answer; False for a JSON answer cut off before it closed."""
+        if is_json and result.data is None:
+            sink(ImageFailed(index, self.total, path, result.note))
+            return False
+        sink(ImageDone(index, self.total, path, result, further=further))
+        return True
+
+    def _emit_one(self, event: DescribeEvent) -> None:
+        self._emit([event])
+
+    def _emit(self, events: list[DescribeEvent]) -> None:
+        with self._lock:
+            for event in events:
+                self._on_event(event)
+
+
+def _side_by_side(describers: list[Describer], work: Callable[[Describer], None]) -> None:
+    """Run `work` on every describer at once, each on its own thread; the first error wins."""
+    errors: list[BaseException] = []
+
+    def run(describer: Describer) -> None:
+        try:
+            work(describer)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            errors.append(exc)
+            for other in describers:  # stop the others at their next step
+                other.engine.interrupt_requested = True
+
+    threads = [threading.Thread(target=run, args=(d,), name=f"edgevlm-describe{i}", daemon=True)
+               for i, d in enumerate(describers)]
+    for thread in threads:
+        thread.start()
+    try:
+        for thread in threads:
+            thread.join()
+    except KeyboardInterrupt:  # stop every sequence before the engine may be closed under them
+        for describer in describers:
+            describer.engine.interrupt_requested = True
+        for thread in threads:
+            thread.join()
+        raise
+    if errors:
+        first = next((e for e in errors if not isinstance(e, Interrupted)), errors[0])
+        raise first
+
+
+def _forwarders(on_event: Callable[[DescribeEvent], None], index: int
+                ) -> tuple[Callable[[str], None], Callable[[PrefillProgress], None]]:
+    """The describer's callbacks, turned into events for image `index`."""
+    return (lambda text: on_event(TextPiece(index, text)),
+            lambda progress: on_event(ImageProgress(index, progress)))
+
+
+def prefetched(paths: Sequence[Path], prepare: Callable[[LoadedImage], PreparedImage], *,
+               useful_pixels: int | None = None, ahead: int = 1
+               ) -> Iterator[Prefetched]:
+    """Each path with its image read and tiled on helper threads, `ahead` images ahead.
+
+    Pillow releases the GIL while decoding and resizing, so this overlaps with llama.cpp.
+    Yields (path, prepared image or None, error or None, seconds reading the file took).
+    """
+
+    def work(path: Path) -> tuple[PreparedImage, float]:
+        started = time.perf_counter()
+        image = load_image(path, useful_pixels=useful_pixels)
+        return prepare(image), time.perf_counter() - started
+
+    with ThreadPoolExecutor(max_workers=ahead, thread_name_prefix="edgevlm-prefetch") as pool:
+        pending: deque[Future[tuple[PreparedImage, float]]] = deque(
+            pool.submit(work, path) for path in paths[:ahead])
+        for index, path in enumerate(paths):
+            current = pending.popleft()
+            if index + ahead < len(paths):
+                pending.append(pool.submit(work, paths[index + ahead]))
+            try:
+                prepared, elapsed_s = current.result()
+            except ImageError as exc:
+                yield path, None, exc, 0.0
+                continue
+            yield path, prepared, None, max(elapsed_s - prepared.preprocess_s, 0.0)

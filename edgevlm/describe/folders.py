@@ -1,0 +1,265 @@
+"""Caption many images with one model load: discovery, resume, atomic sidecars, JSONL."""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from edgevlm.describe.describer import (
+    DEFAULT_PROMPT,
+    DescribeEvent,
+    Describer,
+    ImageDone,
+    ImageFailed,
+    Question,
+    describe_images,
+)
+from edgevlm.describe.xmp import XmpError, XmpFields, XmpState, read_states, sidecar_path
+from edgevlm.describe.xmp import write as write_xmp
+from edgevlm.errors import UserError
+from edgevlm.paths import check_writable
+from edgevlm.store.files import append_jsonl, write_atomically
+from edgevlm.vision.images import IMAGE_SUFFIXES
+
+
+@dataclass(frozen=True)
+class Target:
+    """One image to caption and where its results go."""
+
+    path: Path
+    key: str  # the path as given/found, used in JSONL rows and for resume
+    caption_path: Path | None
+    xmp_paths: tuple[Path, ...] = ()  # sidecar and/or the image itself (--embed)
+
+
+@dataclass(frozen=True)
+class XmpOutput:
+    """XMP to write: who wrote it, a stamp of the settings, and what each file holds now."""
+
+    model: str
+    settings: str
+    states: dict[Path, XmpState] = field(default_factory=dict)
+
+    def current(self, path: Path) -> bool:
+        """Whether the file already holds edgevlm's fields for these settings."""
+        state = self.states.get(path)
+        return state is not None and state.settings == self.settings
+
+
+def settings_stamp(*parts: object) -> str:
+    """A short stamp of everything that shapes a caption (model, prompt, format, tiles)."""
+    return hashlib.sha256(json.dumps([str(p) for p in parts]).encode()).hexdigest()[:16]
+
+
+@dataclass
+class BatchSummary:
+    """What a run did."""
+
+    captioned: int = 0
+    skipped: int = 0
+    failed: list[tuple[str, str]] = field(default_factory=list)
+    unwritten: list[tuple[str, str]] = field(default_factory=list)  # captioned, but an output failed
+
+
+@dataclass(frozen=True)
+class ImageSkipped:
+    """An image already captioned by an earlier run (resume)."""
+
+    target: Target
+
+
+@dataclass(frozen=True)
+class Found:
+    """What the inputs named: images to describe, and inputs that do not exist."""
+
+    images: list[tuple[Path, Path]]  # (image, the folder it was found under)
+    missing: list[Path]
+
+
+def find_images(inputs: list[Path], *, recursive: bool, pattern: str | None) -> Found:
+    """Files as given, folders expanded to their images in a stable sorted order.
+
+    Only image files are taken from folders, whatever --glob says: edgevlm's own captions
+    (IMAGE.jpg.txt) and other files never become inputs. A folder with no image is an error.
+    """
+    images: list[tuple[Path, Path]] = []
+    for item in inputs:
+        if item.is_dir():
+            images.extend(_folder_images(item, recursive=recursive, pattern=pattern))
+        elif item.exists():
+            images.append((item, item.parent))
+    missing = [item for item in inputs if not item.exists()]
+    if not images and not missing:
+        raise UserError(_nothing_found(inputs, recursive=recursive, pattern=pattern))
+    return Found(images, missing)
+
+
+def _folder_images(folder: Path, *, recursive: bool, pattern: str | None) -> list[tuple[Path, Path]]:
+    walker = folder.rglob("*") if recursive else folder.glob("*")
+    matches = sorted((p for p in walker if p.is_file() and is_image_name(p.name, pattern)),
+                     key=lambda p: str(p.relative_to(folder)).lower())
+    return [(p, folder) for p in matches]
+
+
+def is_image_name(name: str, pattern: str | None = None) -> bool:
+    """An image file's name (by suffix) that matches the --glob pattern, if one is given."""
+    lowered = name.lower()
+    if lowered.startswith(".") or Path(lowered).suffix not in IMAGE_SUFFIXES:
+        return False  # hidden and temporary files (.IMG.jpg.txt.tmp) are never inputs
+    return pattern is None or fnmatch.fnmatch(lowered, pattern.lower())
+
+
+def _nothing_found(inputs: list[Path], *, recursive: bool, pattern: str | None) -> str:
+    where = ", ".join(str(p) for p in inputs)
+    kinds = " ".join(sorted(IMAGE_SUFFIXES))
+    looked = f"files matching '{pattern}' with an image suffix ({kinds})" if pattern else kinds
+    hint = "" if recursive else "; add --recursive to search subfolders"
+    return f"no images found in {where} (looked for {looked}){hint}"
+
+
+def plan_targets(found: list[tuple[Path, Path]], *, write_captions: bool, out_dir: Path | None,
+                 xmp_name: str | None = None, embed: bool = False) -> list[Target]:
+    """Where each image's caption goes: next to it, or mirrored under out_dir; and its XMP."""
+    targets = []
+    for path, root in found:
+        caption = None
+        if write_captions:
+            if out_dir is not None:
+                relative = path.relative_to(root) if path.is_relative_to(root) else Path(path.name)
+                caption = out_dir / relative.parent / f"{relative.name}.txt"
+            else:
+                caption = path.with_name(f"{path.name}.txt")
+        sidecar = (sidecar_path(path, xmp_name),) if xmp_name else ()
+        targets.append(Target(path, str(path), caption, sidecar + ((path,) if embed else ())))
+    return targets
+
+
+class JsonlLog:
+    """One JSON object per image, appended in one write each and fsynced.
+
+    A run killed mid-write can leave a torn last line; it is cut off (atomically) when the
+    next run opens the file, so every line that remains is a whole entry.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.done: set[str] = set()
+        if path.exists():
+            self._repair_and_read()
+
+    def _repair_and_read(self) -> None:
+        raw = self.path.read_bytes()
+        lines = raw.split(b"\n")
+        whole = []
+        for line in lines:
+            try:
+                data = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                continue
+            if isinstance(data, dict) and "image" in data:
+                self.done.add(str(data["image"]))
+                whole.append(line)
+        repaired = b"".join(line + b"\n" for line in whole)
+        if repaired != raw:
+            write_atomically(self.path, repaired.decode("utf-8"))
+
+    def append(self, row: dict[str, object]) -> None:
+        """Add one entry."""
+        append_jsonl(self.path, [row])
+        self.done.add(str(row["image"]))
+
+
+def check_outputs(*, write_captions: bool, jsonl: Path | None, out_dir: Path | None) -> None:
+    """Refuse flag combinations that would write nothing where the user expects something."""
+    if out_dir is not None and not write_captions:
+        raise UserError("--out-dir needs --write-captions")
+    if jsonl is not None:
+        check_writable(jsonl, "--jsonl")
+    if out_dir is not None:
+        check_writable(out_dir, "--out-dir", folder=True)
+
+
+BatchEvent = DescribeEvent | ImageSkipped
+
+
+def caption_all(describer: Describer | list[Describer], targets: list[Target], *,
+                prompt: str = DEFAULT_PROMPT,
+                overwrite: bool = False, jsonl: JsonlLog | None = None, xmp: XmpOutput | None = None,
+                on_event: Callable[[BatchEvent], None], more: Sequence[Question] = ()) -> BatchSummary:
+    """Describe every target once, writing its caption, XMP and JSONL row as soon as it is done
+    (`more`: further questions per image, answered to on_event only).
+
+    Targets already captioned (caption file, current XMP, JSONL row) are skipped unless overwrite.
+    """
+    summary = BatchSummary()
+    todo: list[Target] = []
+    for target in targets:
+        if not overwrite and _already_done(target, jsonl, xmp):
+            summary.skipped += 1
+            on_event(ImageSkipped(target))
+        else:
+            todo.append(target)
+
+    def store(event: DescribeEvent) -> None:
+        if isinstance(event, ImageDone) and not event.further:
+            try:
+                _write_outputs(todo[event.index], event, jsonl, xmp)
+            except XmpError as exc:  # this image's file, not the run; the caption and row are kept
+                summary.unwritten.append((todo[event.index].key, str(exc)))
+            summary.captioned += 1
+        if isinstance(event, ImageFailed):
+            summary.failed.append((todo[event.index].key, event.error))
+        on_event(event)
+
+    describe_images(describer, [t.path for t in todo], prompt, on_event=store, more=more)
+    return summary
+
+
+def _write_outputs(target: Target, done: ImageDone, jsonl: JsonlLog | None,
+                   xmp: XmpOutput | None) -> None:
+    if target.caption_path is not None:
+        write_atomically(target.caption_path, done.result.text + "\n")
+    if jsonl is not None:
+        jsonl.append(done.result.to_json() | {"image": target.key})
+    if xmp is not None:  # last: ExifTool is the one that can fail, and the answer is kept first
+        fields = xmp_fields(done.result.text, done.result.data, xmp)
+        for path in target.xmp_paths:
+            write_xmp(path, fields, xmp.states.get(path))
+
+
+def xmp_fields(text: str, data: object, xmp: XmpOutput) -> XmpFields:
+    """The description and tags to write: from a --tags answer's fields, else the text."""
+    parsed = data if isinstance(data, dict) else {}
+    description = parsed.get("description")
+    tags = parsed.get("tags")
+    return XmpFields(
+        description=description if isinstance(description, str) else text,
+        tags=tuple(dict.fromkeys(str(t) for t in tags)) if isinstance(tags, list) else (),  # no repeats
+        model=xmp.model, settings=xmp.settings,
+        date=datetime.now(timezone.utc).strftime("%Y:%m:%d %H:%M:%SZ"))
+
+
+def read_xmp(targets: list[Target], model: str, settings: str) -> XmpOutput:
+    """What the targets' XMP files hold now (one ExifTool run for the lot)."""
+    return XmpOutput(model, settings, read_states([p for t in targets for p in t.xmp_paths]))
+
+
+def needs_work(targets: list[Target], *, jsonl: JsonlLog | None, overwrite: bool,
+               xmp: XmpOutput | None = None) -> bool:
+    """Whether any target still needs describing (so the model must be loaded at all)."""
+    return any(overwrite or not _already_done(t, jsonl, xmp) for t in targets)
+
+
+def _already_done(target: Target, jsonl: JsonlLog | None, xmp: XmpOutput | None = None) -> bool:
+    if target.caption_path is not None and not target.caption_path.exists():
+        return False
+    if jsonl is not None and target.key not in jsonl.done:
+        return False
+    if xmp is not None and not all(xmp.current(p) for p in target.xmp_paths):
+        return False
+    return target.caption_path is not None or jsonl is not None or bool(target.xmp_paths)

@@ -1,0 +1,226 @@
+"""Continuous batching: the decodes of several sequences merged into shared llama_decode steps."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import llama_cpp
+import numpy as np
+
+from edgevlm.errors import EngineError, Interrupted
+from edgevlm.llama.logs import NATIVE_LOG
+from edgevlm.llama.sequence import EngineSequence
+
+# The longest a batcher step waits for the streams that just got a token to come back.
+GATHER_S = 0.05
+
+
+class BatchHost(Protocol):
+    """The context the batcher decodes into."""
+
+    ctx: ctypes.c_void_p
+    n_batch: int
+    n_embd_model: int
+    n_vocab: int
+
+
+class TokenBatch:
+    """A llama_batch of token ids or embedding rows, filled per sequence."""
+
+    def __init__(self, capacity: int, n_embd: int = 0) -> None:
+        self.raw = llama_cpp.llama_batch_init(capacity, n_embd, 1)
+        self.n_embd = n_embd
+
+    def clear(self) -> None:
+        self.raw.n_tokens = 0
+
+    def add_tokens(self, sequence: EngineSequence, tokens: list[int], *, logits_last: bool) -> int:
+        """Append tokens at the sequence's next positions; returns the batch index of the last."""
+        b, n = self.raw, self.raw.n_tokens
+        for i, token in enumerate(tokens):
+            b.token[n + i] = token
+            self._place(n + i, sequence, i)
+        b.logits[n + len(tokens) - 1] = logits_last
+        b.n_tokens = n + len(tokens)
+        return b.n_tokens - 1
+
+    def add_rows(self, sequence: EngineSequence, rows: np.ndarray) -> None:
+        """Append embedding rows at the sequence's next positions (a batch holds rows or tokens)."""
+        b, n = self.raw, self.raw.n_tokens
+        ctypes.memmove(ctypes.addressof(b.embd.contents) + n * self.n_embd * 4, rows.ctypes.data, rows.nbytes)
+        for i in range(len(rows)):
+            self._place(n + i, sequence, i)
+        b.n_tokens = n + len(rows)
+
+    def _place(self, index: int, sequence: EngineSequence, offset: int) -> None:
+        b = self.raw
+        b.pos[index] = sequence.n_past + offset
+        b.n_seq_id[index] = 1
+        b.seq_id[index][0] = sequence.seq_id
+        b.logits[index] = False
+
+    def free(self) -> None:
+        llama_cpp.llama_batch_free(self.raw)
+
+
+@dataclass(eq=False)
+class _Work:
+    """One sequence's pending input: token ids or embedding rows, decoded in chunks."""
+
+    sequence: EngineSequence
+    tokens: list[int] | None
+    rows: np.ndarray | None
+    done_items: int = 0
+    finished: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+    @property
+    def n_items(self) -> int:
+        return len(self.tokens) if self.tokens is not None else len(self.rows)  # type: ignore[arg-type]
+
+    @property
+    def is_decode_step(self) -> bool:
+        """One generated token: it rides in every step, ahead of any prefill."""
+        return self.tokens is not None and len(self.tokens) == 1
+
+
+class Batcher:
+    """Continuous batching over the engine's sequences: one step is one llama_decode holding one
+    token for every sequence that is generating, plus up to one batch of the oldest pending
+    prefill (text ids join the same batch; image rows, which a llama_batch cannot mix with ids,
+    follow in a second decode of at most one batch). Admission is FIFO, decode comes first, so a
+    long image is prefilled a batch at a time between decode steps and no stream stalls for it.
+    """
+
+    def __init__(self, host: BatchHost) -> None:
+        self._host = host
+        self.lock = threading.RLock()
+        self._cond = threading.Condition(self.lock)
+        self._pending: list[_Work] = []
+        self._expected: set[int] = set()  # sequences generating last step: back soon with a token
+        self._closed = False
+        self._tokens = TokenBatch(host.n_batch)
+        self._rows = TokenBatch(host.n_batch, host.n_embd_model)
+        self._thread = threading.Thread(target=self._loop, name="edgevlm-batcher", daemon=True)
+        self._thread.start()
+
+    def run(self, sequence: EngineSequence, tokens: list[int] | None, rows: np.ndarray | None) -> None:
+        """Queue a sequence's input and wait until it is decoded (or the sequence is interrupted)."""
+        work = _Work(sequence, tokens, rows)
+        with self._cond:
+            if self._closed:
+                raise EngineError("the engine is closed")
+            self._pending.append(work)
+            self._cond.notify_all()
+        while not work.finished.wait(0.05):
+            if sequence.interrupt_requested and self._withdraw(work):
+                raise Interrupted("interrupted while waiting to decode")
+        if work.error is not None:
+            raise work.error
+
+    def leave(self, sequence: EngineSequence) -> None:
+        """The sequence stopped generating: the next step need not wait for it."""
+        with self._cond:
+            self._expected.discard(sequence.seq_id)
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """Fail whatever waits and stop the batching thread."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join()
+        self._tokens.free()
+        self._rows.free()
+
+    def _withdraw(self, work: _Work) -> bool:
+        with self._cond:
+            if work.finished.is_set():
+                return False
+            self._pending.remove(work)
+            self._expected.discard(work.sequence.seq_id)
+            return True
+
+    def _loop(self) -> None:
+        with self._cond:
+            while True:
+                self._cond.wait_for(lambda: self._pending or self._closed)
+                if self._closed:
+                    break
+                # Let every stream that just got a token come back with its next one, so the
+                # step carries them all (a stalled client cannot hold the others for long).
+                self._cond.wait_for(self._all_back, timeout=GATHER_S)
+                self._step()
+            for work in self._pending:
+                self._finish(work, EngineError("the engine was closed"))
+
+    def _all_back(self) -> bool:
+        return self._closed or self._expected <= {w.sequence.seq_id for w in self._pending}
+
+    def _step(self) -> None:
+        decoding = [w for w in self._pending if w.is_decode_step]
+        # The request that started first finishes its prefill first (FIFO admission), rather
+        # than every new request's prefill advancing a piece at a time and all starting late.
+        prefill = min((w for w in self._pending if not w.is_decode_step),
+                      key=lambda w: w.sequence.request_started, default=None)
+        self._expected = set()
+        self._tokens.clear()
+        at = {w: self._tokens.add_tokens(w.sequence, w.tokens, logits_last=True)  # type: ignore[arg-type]
+              for w in decoding}
+        chunk = self._add_text_chunk(prefill, at) if prefill is not None else 0
+        included = decoding + ([prefill] if chunk and prefill is not None else [])
+        if included and not self._decode(self._tokens, included):
+            return
+        for work in included:
+            self._advance(work, chunk if work is prefill else 1, at[work])
+        if prefill is not None and prefill.rows is not None:
+            self._step_rows(prefill)
+
+    def _add_text_chunk(self, work: _Work, at: dict[_Work, int]) -> int:
+        """Fill the rest of the step's batch with the next piece of a text prefill."""
+        if work.tokens is None:
+            return 0
+        chunk = min(work.n_items - work.done_items, self._host.n_batch - self._tokens.raw.n_tokens)
+        if chunk > 0:
+            end = work.done_items + chunk
+            at[work] = self._tokens.add_tokens(work.sequence, work.tokens[work.done_items:end],
+                                                   logits_last=end == work.n_items)
+        return max(chunk, 0)
+
+    def _step_rows(self, work: _Work) -> None:
+        chunk = min(work.n_items - work.done_items, self._host.n_batch)
+        self._rows.clear()
+        self._rows.add_rows(work.sequence, work.rows[work.done_items:work.done_items + chunk])  # type: ignore[index]
+        if self._decode(self._rows, [work]):
+            self._advance(work, chunk, None)
+
+    def _decode(self, batch: TokenBatch, works: list[_Work]) -> bool:
+        rc = llama_cpp.llama_decode(self._host.ctx, batch.raw)
+        if rc == 0:
+            return True
+        error = EngineError(f"llama.cpp failed to decode (code {rc}; {NATIVE_LOG.error_hint()})")
+        for work in works:
+            self._finish(work, error)
+        return False
+
+    def _advance(self, work: _Work, n_items: int, logits_at: int | None) -> None:
+        sequence = work.sequence
+        sequence.decoded(n_items)
+        work.done_items += n_items
+        if work.done_items < work.n_items:
+            return
+        if logits_at is not None:
+            row = llama_cpp.llama_get_logits_ith(self._host.ctx, logits_at)
+            sequence.keep_logits(np.ctypeslib.as_array(row, shape=(self._host.n_vocab,)).copy())
+            if work.is_decode_step:
+                self._expected.add(sequence.seq_id)
+        self._finish(work, None)
+
+    def _finish(self, work: _Work, error: BaseException | None) -> None:
+        work.error = error
+        if work in self._pending:
+            self._pending.remove(work)
+        work.finished.set()

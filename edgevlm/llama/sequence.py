@@ -1,0 +1,326 @@
+"""One llama.cpp sequence of a loaded model, and its KV ledger: n_past == its KV cells."""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import ctypes
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Protocol
+
+import llama_cpp
+import numpy as np
+from PIL import Image
+
+from edgevlm.errors import ContextOverflowError, EngineError, Interrupted
+from edgevlm.llama.logs import NATIVE_LOG
+from edgevlm.llama.meter import RequestMeter
+from edgevlm.llama.sampling import TokenPicker
+from edgevlm.llama.types import ImageEmbedding, RequestStats, Sampling
+from edgevlm.llama.vocab import is_end_of_generation, token_bytes, tokenize
+
+
+class SequenceHost(Protocol):
+    """What a sequence needs of its engine: the context's handles and its one decode path."""
+
+    ctx: ctypes.c_void_p
+    mem: ctypes.c_void_p
+    vocab: ctypes.c_void_p
+    n_vocab: int
+    n_ctx_seq: int
+    n_embd_model: int
+
+    def kv_guard(self) -> contextlib.AbstractContextManager[object]: ...
+    def decode(self, sequence: EngineSequence, tokens: list[int] | None, rows: np.ndarray | None) -> None: ...
+    def generation_ended(self, sequence: EngineSequence) -> None: ...
+    def image_tokens_per_view(self) -> int: ...
+    def encode_view(self, image: Image.Image | np.ndarray, meter: RequestMeter) -> ImageEmbedding: ...
+
+
+class EngineSequence:
+    """A sequence's positions, requests and generation. With EngineConfig.n_seq > 1 each is driven
+    from its own thread, and their decodes are merged into shared llama_decode steps by the
+    engine's batcher (continuous batching). Only the sequence changes its ledger: the decode
+    paths report what they decoded through `decoded` and `keep_logits`."""
+
+    def __init__(self, host: SequenceHost, seq_id: int) -> None:
+        self._host, self.seq_id = host, seq_id
+        self._n_past = 0
+        self._logits_ready = False
+        self._logits: np.ndarray | None = None  # a copy of this sequence's logits (batched mode)
+        self._meter = RequestMeter()
+        self.last_completion_tokens: list[int] = []
+        self.interrupt_requested = False
+
+    @property
+    def n_ctx(self) -> int:
+        """Positions this sequence may hold."""
+        return self._host.n_ctx_seq
+
+    @property
+    def n_embd(self) -> int:
+        return self._host.n_embd_model
+
+    # -- the ledger ----------------------------------------------------------------------
+
+    @property
+    def n_past(self) -> int:
+        """Positions decoded so far: the ledger."""
+        return self._n_past
+
+    def kv_cells(self) -> int:
+        """KV cells in use, as llama.cpp counts them (pos_max + 1)."""
+        with self._host.kv_guard():
+            return llama_cpp.llama_memory_seq_pos_max(self._host.mem, self.seq_id) + 1
+
+    def decoded(self, n_items: int) -> None:
+        """A decode path put n_items more positions of this sequence in the cache."""
+        self._n_past += n_items
+
+    def keep_logits(self, logits: np.ndarray | None) -> None:
+        """The logits of the sequence's last token, copied out of a shared batch (None: read
+        them from the context, where a single-sequence decode leaves them)."""
+        self._logits = logits
+
+    def truncate(self, pos: int) -> None:
+        """Drop every KV cell from position `pos` to the end."""
+        if not 0 <= pos <= self._n_past:
+            raise EngineError(f"cannot truncate to {pos}: the cache holds {self._n_past} positions")
+        if pos == self._n_past:
+            return
+        with self._host.kv_guard():
+            if not llama_cpp.llama_memory_seq_rm(self._host.mem, self.seq_id, pos, -1):
+                raise EngineError(f"llama.cpp refused to remove KV positions from {pos}")
+        self._n_past = pos
+        self._logits_ready = False
+
+    def save_state(self) -> np.ndarray:
+        """This sequence's cache (KV cells, and recurrent state where the model has it), as bytes
+        llama.cpp can restore into any empty sequence of a context of the same model and KV types."""
+        ctx = self._host.ctx
+        with self._host.kv_guard():
+            size = llama_cpp.llama_state_seq_get_size(ctx, self.seq_id)
+            state = np.empty(size, dtype=np.uint8)
+            written = llama_cpp.llama_state_seq_get_data(ctx, _bytes_at(state), size, self.seq_id)
+        if written == 0:
+            raise EngineError("llama.cpp could not copy out the sequence's state")
+        return state[:written]
+
+    def restore_state(self, state: np.ndarray, n_positions: int) -> None:
+        """Replace the whole cache with a saved state of n_positions; EngineError if llama.cpp
+        refuses it (the cache is then empty)."""
+        self.truncate(0)
+        state = np.ascontiguousarray(state, dtype=np.uint8)
+        with self._host.kv_guard():
+            read = llama_cpp.llama_state_seq_set_data(self._host.ctx, _bytes_at(state), state.size,
+                                                      self.seq_id)
+        self._logits_ready = False
+        self._n_past = self.kv_cells()
+        if read == 0 or self._n_past != n_positions:
+            self.truncate(0)
+            raise EngineError(f"llama.cpp could not restore a saved state of {n_positions} positions")
+
+    def resync(self) -> None:
+        """Take the ledger from llama.cpp after an interrupted call."""
+        self._n_past = self.kv_cells()
+
+    def can_shift(self) -> bool:
+        """Whether KV positions can be shifted (RoPE models: yes) instead of re-decoded."""
+        return bool(llama_cpp.llama_memory_can_shift(self._host.mem))
+
+    def remove_range(self, p0: int, p1: int) -> None:
+        """Drop positions [p0, p1) and shift everything after them back, with no re-decode."""
+        if not 0 <= p0 <= p1 <= self._n_past:
+            raise EngineError(f"cannot remove [{p0}, {p1}) from a cache of {self._n_past}")
+        if p0 == p1:
+            return
+        mem = self._host.mem
+        with self._host.kv_guard():
+            if not llama_cpp.llama_memory_seq_rm(mem, self.seq_id, p0, p1):
+                raise EngineError(f"llama.cpp refused to remove KV positions [{p0}, {p1})")
+            llama_cpp.llama_memory_seq_add(mem, self.seq_id, p1, -1, -(p1 - p0))
+        self._n_past -= p1 - p0
+        self._logits_ready = False
+
+    # -- requests and timings -----------------------------------------------------------
+
+    @property
+    def request_started(self) -> float:
+        """When the current request started (perf_counter): its place in the batcher's FIFO."""
+        return self._meter.started
+
+    def begin_request(self, *, started: float | None = None) -> None:
+        """Start timing a new request; TTFT counts from `started` (perf_counter), default now."""
+        self._meter = RequestMeter() if started is None else RequestMeter(started=started)
+
+    @contextlib.contextmanager
+    def aside(self) -> Iterator[None]:
+        """Work that is not the current request's own (an earlier image's summary): its decodes
+        stay out of the request's counts, and its time out of the request's TTFT."""
+        kept, began = self._meter, time.perf_counter()
+        self._meter = RequestMeter()
+        try:
+            yield
+        finally:
+            self._meter = kept
+            kept.started += time.perf_counter() - began
+
+    def note_preprocess(self, seconds: float) -> None:
+        """Add image preprocessing done outside the engine (decode, orientation, tiling)."""
+        self._meter.preprocess_s += seconds
+
+    def note_restored(self, visual_tokens: int, seconds: float) -> None:
+        """A cached image prefix was restored: its visual tokens are the request's, not decoded."""
+        self._meter.visual_tokens += visual_tokens
+        self._meter.restore_s += seconds
+
+    def stats(self) -> RequestStats:
+        """The current request's numbers."""
+        return self._meter.snapshot()
+
+    # -- text -----------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_bos: bool = False) -> list[int]:
+        """Text to token ids; special tokens written in the text (e.g. <|im_start|>) are parsed."""
+        return tokenize(self._host.vocab, text, add_bos=add_bos)
+
+    def token_bytes(self, token: int) -> bytes:
+        """The raw bytes of one token's text (special tokens render as nothing)."""
+        return token_bytes(self._host.vocab, token)
+
+    def detokenize(self, tokens: list[int]) -> str:
+        """Token ids back to text."""
+        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", "replace")
+
+    def eval_text(self, tokens: list[int]) -> None:
+        """Decode tokens at the end of the cache, in n_batch pieces; logits for the last one."""
+        if not tokens:
+            return
+        self._ensure_room(len(tokens))
+        started = time.perf_counter()
+        self._host.decode(self, tokens, None)
+        self._logits_ready = True
+        self._meter.prefill_s += time.perf_counter() - started
+        self._meter.prompt_tokens += len(tokens)
+
+    # -- images ---------------------------------------------------------------------------
+
+    def image_tokens(self) -> int:
+        """Tokens one image (or tile) costs with this projector."""
+        return self._host.image_tokens_per_view()
+
+    def eval_image(self, image: Image.Image | np.ndarray) -> int:
+        """Encode one RGB image with CLIP and decode it at the end of the cache; returns tokens."""
+        return self.eval_embedding(self.encode_image(image))
+
+    def encode_image(self, image: Image.Image | np.ndarray) -> ImageEmbedding:
+        """Run the projector on one RGB image (raw pixels, no re-encoding); nothing is decoded."""
+        return self._host.encode_view(image, self._meter)
+
+    def eval_embedding(self, embedding: ImageEmbedding) -> int:
+        """Decode projector rows at the end of the cache, in n_batch pieces; returns tokens."""
+        rows = np.ascontiguousarray(embedding.rows, dtype=np.float32)
+        n_tokens, width = rows.shape
+        if width != self.n_embd:
+            raise EngineError(f"embedding width {width} does not match the model's {self.n_embd}")
+        self._ensure_room(n_tokens)
+        started = time.perf_counter()
+        self._host.decode(self, None, rows)
+        self._logits_ready = False
+        m = self._meter
+        m.prefill_s += time.perf_counter() - started
+        m.prompt_tokens += n_tokens
+        m.visual_tokens += n_tokens
+        return n_tokens
+
+    # -- generation -----------------------------------------------------------------------
+
+    def generate(self, max_tokens: int, sampling: Sampling | None = None) -> Iterator[str]:
+        """Sample up to max_tokens after the cache; every shown token is decoded into the cache."""
+        if not self._logits_ready:
+            raise EngineError("nothing to continue from: evaluate some text first")
+        picker = TokenPicker(self._host.vocab, self._host.n_vocab, sampling or Sampling())
+        text = codecs.getincrementaldecoder("utf-8")("replace")
+        self.last_completion_tokens = []
+        try:
+            yield from self._generate_pieces(max_tokens, picker, text)
+            tail = text.decode(b"", final=True)
+            if tail:
+                yield tail
+        finally:
+            picker.close()
+            self._meter.generation_ended()
+            self._host.generation_ended(self)
+
+    def _generate_pieces(self, max_tokens: int, picker: TokenPicker,
+                         text: codecs.IncrementalDecoder) -> Iterator[str]:
+        for _ in range(max_tokens):
+            if self._n_past >= self.n_ctx:
+                break
+            self.check_interrupt("generation")
+            token = picker.pick(self._current_logits())
+            if is_end_of_generation(self._host.vocab, token):
+                break
+            self._host.decode(self, [token], None)
+            self.last_completion_tokens.append(token)
+            self._meter.token_shown()
+            piece = text.decode(self.token_bytes(token))
+            if piece:
+                yield piece
+
+    def _current_logits(self) -> np.ndarray:
+        """The logits of this sequence's last decoded token."""
+        if self._logits is not None:
+            return self._logits
+        logits = llama_cpp.llama_get_logits_ith(self._host.ctx, -1)
+        return np.ctypeslib.as_array(logits, shape=(self._host.n_vocab,))
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _ensure_room(self, n_tokens: int) -> None:
+        if self._n_past + n_tokens > self.n_ctx:
+            raise ContextOverflowError(
+                f"{n_tokens} more tokens do not fit: {self._n_past} of {self.n_ctx} in use")
+
+    def check_interrupt(self, what: str) -> None:
+        """Raise Interrupted when asked to stop; called between batches and between tokens."""
+        if self.interrupt_requested:
+            raise Interrupted(f"interrupted during {what}")
+        if NATIVE_LOG.take_sigint():
+            # A Ctrl-C that landed in llama.cpp's log callback (where ctypes would drop it),
+            # raised here as if it had just arrived.
+            raise KeyboardInterrupt
+
+
+def _bytes_at(array: np.ndarray) -> ctypes.Array[ctypes.c_uint8]:
+    """A numpy byte array as the uint8 pointer llama.cpp's state calls take (no copy)."""
+    return array.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def interrupt_on_sigint(sequences: list[EngineSequence], *,
+                        also: Callable[[], None] | None = None) -> Iterator[None]:
+    """Within this block Ctrl-C asks the sequences' llama.cpp work to stop at its next step.
+
+    A KeyboardInterrupt cannot cross a ctypes callback and would land between a decode and
+    its bookkeeping; a flag is checked between batches and tokens instead. Off the main
+    thread (where signals never arrive) this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_sigint(_signum: int, _frame: object) -> None:
+        if also is not None:
+            also()
+        for sequence in sequences:
+            sequence.interrupt_requested = True
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -1,0 +1,139 @@
+"""The boundary's values: settings, embeddings, stats and devices. Nothing native is imported
+here, so the rest of edgevlm can name these types without loading libllama."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from edgevlm.errors import EngineError
+
+SPLIT_MODES = {"none": 0, "layer": 1, "row": 2}  # enum llama_split_mode
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How to load a model/projector pair; usually filled from a memory plan."""
+
+    model_path: Path
+    mmproj_path: Path | None
+    n_ctx: int = 4096
+    n_gpu_layers: int = -1
+    n_batch: int = 512
+    n_ubatch: int = 512
+    n_threads: int | None = None
+    flash_attn: bool | None = None  # None: let llama.cpp decide per backend
+    type_k: str = "f16"
+    type_v: str = "f16"
+    mmproj_on_gpu: bool = True
+    repack: bool = True  # llama.cpp's CPU weight repacking: faster matmuls, an extra host buffer
+    n_seq: int = 1  # parallel sequences, each with n_ctx positions of its own
+    split_mode: str = "layer"  # several devices: layer | row | none (main_gpu alone)
+    main_gpu: int = 0
+    tensor_split: tuple[float, ...] = ()  # per device, in llama.cpp's order; () lets it choose
+    mmproj_device: str | None = None  # the device for the projector (CUDA1, RPC0); None: mtmd's
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampler settings; temperature 0 is greedy (deterministic)."""
+
+    temperature: float = 0.0
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.1
+    repeat_last_n: int = 64
+    frequency_penalty: float = 0.0  # OpenAI's and Ollama's: by how often a token has appeared
+    presence_penalty: float = 0.0  # … and by whether it has appeared at all
+    seed: int = 0
+    grammar: str | None = None  # GBNF the output must follow (see grammar.json_grammar)
+
+
+@dataclass(frozen=True, eq=False)
+class ImageEmbedding:
+    """The projector's output for one view: n_tokens rows of n_embd floats, in patch order."""
+
+    rows: np.ndarray
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.rows.shape[0])
+
+    @property
+    def grid_side(self) -> int:
+        """Patches per side of the square token grid (24 for a 336 px ViT-L/14 view)."""
+        return math.isqrt(self.n_tokens)
+
+    def pooled(self, factor: int) -> ImageEmbedding:
+        """Average-pool the token grid factor x factor (2: 576 -> 144 rows), keeping row-major order."""
+        if factor == 1:
+            return self
+        side = self.grid_side
+        if side * side != self.n_tokens or side % factor:
+            raise EngineError(f"cannot pool {self.n_tokens} image tokens {factor}x{factor}: "
+                              "the projector's tokens are not a square grid divisible by the factor")
+        width = self.rows.shape[1]
+        blocks = self.rows.reshape(side // factor, factor, side // factor, factor, width)
+        return ImageEmbedding(blocks.mean(axis=(1, 3), dtype=np.float32).reshape(-1, width))
+
+
+@dataclass(frozen=True)
+class RequestStats:
+    """What one request cost, stage by stage."""
+
+    prompt_tokens: int
+    visual_tokens: int
+    completion_tokens: int
+    clip_encodes: int
+    preprocess_s: float
+    clip_encode_s: float
+    prefill_s: float
+    ttft_s: float
+    decode_s: float
+    restore_s: float = 0.0  # restoring a cached image prefix (part of TTFT, not of prefill_s)
+    token_gaps_s: tuple[float, ...] = ()  # time between consecutive shown tokens
+
+    @property
+    def itl_p50_s(self) -> float:
+        """Median inter-token latency."""
+        return float(np.median(self.token_gaps_s)) if self.token_gaps_s else 0.0
+
+    @property
+    def itl_p90_s(self) -> float:
+        """90th-percentile inter-token latency (the stutter a reader notices)."""
+        return float(np.percentile(self.token_gaps_s, 90)) if self.token_gaps_s else 0.0
+
+    @property
+    def prefill_tok_s(self) -> float:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
+
+    @property
+    def decode_tok_s(self) -> float:
+        # The first token comes from the prefill's logits; the rest are decode steps.
+        steps = max(self.completion_tokens - 1, 0)
+        return steps / self.decode_s if self.decode_s > 0 and steps else 0.0
+
+
+@dataclass(frozen=True)
+class BackendDevice:
+    """A device llama.cpp can put layers on: its name (CUDA0, RPC1), what it is, its memory."""
+
+    name: str
+    description: str  # the card's name, or the worker's HOST:PORT
+    free_bytes: int
+    total_bytes: int
+    kind: str  # gpu | igpu | rpc
+
+
+def default_threads() -> int:
+    """Threads for llama.cpp: all cores on small machines, physical-ish cores on big ones."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:
+        n = os.cpu_count() or 1
+    return n if n <= 4 else max(4, n // 2)

@@ -1,0 +1,113 @@
+"""The projector through mtmd: one RGB view in, its embedding rows out."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import numpy as np
+from llama_cpp import mtmd_cpp
+from PIL import Image
+
+from edgevlm.errors import EngineError, ModelError
+from edgevlm.llama.logs import NATIVE_LOG
+from edgevlm.llama.meter import RequestMeter
+from edgevlm.llama.types import ImageEmbedding
+
+T = TypeVar("T")
+
+
+class Projector:
+    """An mtmd context on a loaded model: encodes views, one at a time."""
+
+    def __init__(self, path: str, model: ctypes.c_void_p, params: object, n_embd: int) -> None:
+        self._mctx = mtmd_cpp.mtmd_init_from_file(path.encode(), model, params)
+        if not self._mctx:
+            raise ModelError(f"{path}: llama.cpp could not load the projector ({NATIVE_LOG.error_hint()})")
+        if not mtmd_cpp.mtmd_support_vision(self._mctx):
+            self.close()
+            raise ModelError(f"{path}: this projector does not take images")
+        self._marker = mtmd_cpp.mtmd_default_marker()
+        self._n_embd = n_embd
+        self._lock = threading.Lock()  # one mtmd context: one image at a time
+        self._tokens_per_view = 0
+
+    def tokens_per_view(self) -> int:
+        """Tokens one image (or tile) costs with this projector (measured once, on a probe)."""
+        if not self._tokens_per_view:
+            probe = Image.new("RGB", (8, 8))
+            self._tokens_per_view = self._with_chunks(probe, RequestMeter(), self._count_tokens)
+        return self._tokens_per_view
+
+    def encode(self, image: Image.Image | np.ndarray, meter: RequestMeter) -> ImageEmbedding:
+        """Run the projector on one RGB view, charging the time to `meter`."""
+        return self._with_chunks(image, meter, lambda chunks: self._encode_chunks(chunks, meter))
+
+    def close(self) -> None:
+        """Free the mtmd context (idempotent)."""
+        if self._mctx:
+            mtmd_cpp.mtmd_free(self._mctx)
+            self._mctx = None
+
+    def _with_chunks(self, image: Image.Image | np.ndarray, meter: RequestMeter,
+                     use: Callable[[ctypes.c_void_p], T]) -> T:
+        started = time.perf_counter()
+        pixels = np.ascontiguousarray(np.asarray(image, dtype=np.uint8))
+        if pixels.ndim != 3 or pixels.shape[2] != 3:
+            raise EngineError(f"images must be RGB arrays, got shape {pixels.shape}")
+        height, width = pixels.shape[:2]
+        with self._lock:
+            bitmap = mtmd_cpp.mtmd_bitmap_init(
+                width, height, pixels.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)))
+            chunks = mtmd_cpp.mtmd_input_chunks_init()
+            try:
+                text = mtmd_cpp.mtmd_input_text(self._marker, len(self._marker), False, True)
+                bitmaps = (mtmd_cpp.mtmd_bitmap_p_ctypes * 1)(bitmap)
+                rc = mtmd_cpp.mtmd_tokenize(self._mctx, chunks, ctypes.byref(text), bitmaps, 1)
+                if rc != 0:
+                    raise EngineError(f"mtmd could not preprocess the image (code {rc})")
+                meter.preprocess_s += time.perf_counter() - started
+                return use(chunks)
+            finally:
+                mtmd_cpp.mtmd_input_chunks_free(chunks)
+                mtmd_cpp.mtmd_bitmap_free(bitmap)
+
+    @staticmethod
+    def _image_chunks(chunks: ctypes.c_void_p) -> list[ctypes.c_void_p]:
+        """Every image chunk mtmd made of one bitmap, in its order.
+
+        A LLaVA-1.6 projector slices a view larger than its image size into several chunks
+        (an overview and tiles); all of them are kept, never just one.
+        """
+        found = []
+        for i in range(mtmd_cpp.mtmd_input_chunks_size(chunks)):
+            chunk = mtmd_cpp.mtmd_input_chunks_get(chunks, i)
+            if mtmd_cpp.mtmd_input_chunk_get_type(chunk) == mtmd_cpp.MTMD_INPUT_CHUNK_TYPE_IMAGE:
+                found.append(chunk)
+            elif mtmd_cpp.mtmd_input_chunk_get_n_tokens(chunk):
+                # LLaVA's mlp projector adds no begin/end tokens; others are not supported here.
+                raise EngineError("this projector wraps images in extra tokens; edgevlm does not support it")
+        if not found:
+            raise EngineError("mtmd produced no image chunk")
+        return found
+
+    def _count_tokens(self, chunks: ctypes.c_void_p) -> int:
+        return sum(mtmd_cpp.mtmd_input_chunk_get_n_tokens(c) for c in self._image_chunks(chunks))
+
+    def _encode_chunks(self, chunks: ctypes.c_void_p, meter: RequestMeter) -> ImageEmbedding:
+        parts = [self._encode_chunk(chunk, meter) for chunk in self._image_chunks(chunks)]
+        return ImageEmbedding(parts[0] if len(parts) == 1 else np.concatenate(parts))
+
+    def _encode_chunk(self, chunk: ctypes.c_void_p, meter: RequestMeter) -> np.ndarray:
+        n_tokens = mtmd_cpp.mtmd_input_chunk_get_n_tokens(chunk)
+        started = time.perf_counter()
+        if mtmd_cpp.mtmd_encode_chunk(self._mctx, chunk) != 0:
+            raise EngineError(f"llama.cpp failed to encode the image ({NATIVE_LOG.error_hint()})")
+        out = mtmd_cpp.mtmd_get_output_embd(self._mctx)
+        rows = np.ctypeslib.as_array(out, shape=(n_tokens * self._n_embd,))
+        meter.clip_encode_s += time.perf_counter() - started
+        meter.clip_encodes += 1
+        return rows.reshape(n_tokens, self._n_embd).copy()  # mtmd reuses its buffer

@@ -1,0 +1,308 @@
+"""Facts read from GGUF files with the `gguf` package: what the planner and the engine need."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from edgevlm.errors import ModelError
+from edgevlm.paths import cache_dir
+from edgevlm.store.files import write_atomically
+
+if TYPE_CHECKING:  # gguf and numpy are imported when a file is read, not at start-up
+    import numpy as np
+    from gguf import GGUFReader
+
+GGUF_MAGIC = b"GGUF"
+PROJECTOR_ARCH = "clip"
+# Decoder architectures edgevlm has prompt formats and memory rules for.
+SUPPORTED_TEXT_ARCHS = frozenset({"llama", "mistral", "qwen2", "gemma", "phi3", "granite"})
+_LAYER_RE = re.compile(r"^blk\.(\d+)\.")
+# Bump when the facts' fields change, so stale cache entries are ignored.
+_CACHE_VERSION = 3
+# The image layouts edgevlm knows: LLaVA-1.5 with labelled AnyRes tiles, and LLaVA-NeXT's own.
+LLAVA_15_TILES = "llava-1.5-tiles"
+LLAVA_NEXT = "llava-next"
+IMAGE_NEWLINE_TENSOR = "model.image_newline"
+_Facts = TypeVar("_Facts", "TextModelFacts", "ProjectorFacts")
+
+
+@dataclass(frozen=True)
+class TextModelFacts:
+    """Architecture and tensor sizes of a text model GGUF."""
+
+    path: Path
+    architecture: str
+    name: str
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim_k: int
+    head_dim_v: int
+    n_ff: int
+    n_ctx_train: int
+    n_vocab: int
+    chat_template: str | None
+    layer_bytes: tuple[int, ...]
+    output_bytes: int  # the output layer's own tensors (output.weight unless tied, output_norm)
+    token_embd_bytes: int
+    file_bytes: int
+    tied_embeddings: bool = False  # no output.weight: the output layer reuses token_embd
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(self.layer_bytes) + self.output_bytes + self.token_embd_bytes
+
+
+@dataclass(frozen=True)
+class ProjectorFacts:
+    """Shape and size of a multimodal projector (mmproj) GGUF."""
+
+    path: Path
+    projector_type: str
+    image_size: int
+    patch_size: int
+    vision_width: int
+    vision_heads: int
+    vision_blocks: int
+    vision_ff: int
+    projection_dim: int
+    weight_bytes: int
+    file_bytes: int
+    # LLaVA-1.6 (NeXT) projectors: the canvases its AnyRes may pick, (width, height) each, and how
+    # tile features are merged ("spatial_unpad": unpadded, a newline vector after each row).
+    grid_pinpoints: tuple[tuple[int, int], ...] = ()
+    merge_type: str = "flat"
+    has_image_newline: bool = False
+
+    @property
+    def tokens_per_image(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+    @property
+    def layout(self) -> str:
+        """How this projector's model was trained to see an image (see layouts.py)."""
+        unpad = self.merge_type.startswith("spatial_unpad") and self.has_image_newline
+        return LLAVA_NEXT if self.grid_pinpoints and unpad else LLAVA_15_TILES
+
+
+def read_text_model(path: str | Path) -> TextModelFacts:
+    """Read a text model's facts (cached by path, size and mtime); wrong kinds are ModelErrors."""
+    return _cached(Path(path), TextModelFacts, _read_text_model)
+
+
+def read_projector(path: str | Path) -> ProjectorFacts:
+    """Read an mmproj's facts (cached by path, size and mtime); wrong kinds are ModelErrors."""
+    return _cached(Path(path), ProjectorFacts, _read_projector)
+
+
+def _read_text_model(path: Path) -> TextModelFacts:
+    reader = _open(path, role="--model")
+    fields = _fields(reader)
+    arch = str(fields.get("general.architecture", ""))
+    if arch == PROJECTOR_ARCH:
+        raise ModelError(f"{path}: is a vision projector (mmproj), not a text model; pass it as --mmproj")
+    if arch not in SUPPORTED_TEXT_ARCHS:
+        raise ModelError(f"{path}: architecture '{arch or 'unknown'}' is not supported; "
+                         f"supported: {', '.join(sorted(SUPPORTED_TEXT_ARCHS))}")
+    try:
+        n_embd = int(fields[f"{arch}.embedding_length"])
+        n_head = int(fields[f"{arch}.attention.head_count"])
+        n_layer = int(fields[f"{arch}.block_count"])
+    except KeyError as exc:
+        raise ModelError(f"{path}: GGUF lacks the key {exc.args[0]}; is it a complete text model?") from None
+    n_head_kv = int(fields.get(f"{arch}.attention.head_count_kv", n_head))
+    head_dim = n_embd // n_head
+    tokens = fields.get("tokenizer.ggml.tokens")
+    n_vocab = int(fields.get(f"{arch}.vocab_size", len(tokens) if tokens is not None else 0))
+
+    sizes = _tensor_sizes(reader, n_layer)
+    template = fields.get("tokenizer.chat_template")
+    return TextModelFacts(
+        path=path,
+        architecture=arch,
+        name=str(fields.get("general.name", path.stem)),
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        head_dim_k=int(fields.get(f"{arch}.attention.key_length", head_dim)),
+        head_dim_v=int(fields.get(f"{arch}.attention.value_length", head_dim)),
+        n_ff=int(fields.get(f"{arch}.feed_forward_length", 0)),
+        n_ctx_train=int(fields.get(f"{arch}.context_length", 2048)),
+        n_vocab=n_vocab,
+        chat_template=str(template) if template else None,
+        layer_bytes=sizes.layer_bytes,
+        output_bytes=sizes.output_bytes,
+        token_embd_bytes=sizes.token_embd_bytes,
+        file_bytes=path.stat().st_size,
+        tied_embeddings=not sizes.has_output_weight,
+    )
+
+
+@dataclass(frozen=True)
+class _TensorSizes:
+    layer_bytes: tuple[int, ...]
+    output_bytes: int
+    token_embd_bytes: int
+    has_output_weight: bool
+
+
+def _tensor_sizes(reader: GGUFReader, n_layer: int) -> _TensorSizes:
+    """Bytes per block, of the output layer and of token_embd, from the tensor table."""
+    layer_bytes = [0] * n_layer
+    output_bytes = token_embd_bytes = 0
+    has_output_weight = False
+    for tensor in reader.tensors:
+        size = int(tensor.n_bytes)
+        match = _LAYER_RE.match(tensor.name)
+        if match and int(match.group(1)) < n_layer:
+            layer_bytes[int(match.group(1))] += size
+        elif tensor.name == "token_embd.weight":
+            token_embd_bytes = size
+        elif tensor.name.startswith("output"):
+            output_bytes += size
+            has_output_weight |= tensor.name == "output.weight"
+    return _TensorSizes(tuple(layer_bytes), output_bytes, token_embd_bytes, has_output_weight)
+
+
+def _read_projector(path: Path) -> ProjectorFacts:
+    reader = _open(path, role="--mmproj")
+    fields = _fields(reader)
+    arch = str(fields.get("general.architecture", ""))
+    if arch != PROJECTOR_ARCH:
+        raise ModelError(f"{path}: is a text model ({arch or 'unknown'}), not a vision projector; "
+                         "pass it as --model and give the mmproj file as --mmproj")
+    if not fields.get("clip.has_vision_encoder", False):
+        raise ModelError(f"{path}: this projector has no vision encoder")
+    tensors = {t.name: t for t in reader.tensors}
+    try:
+        image_size = int(fields["clip.vision.image_size"])
+        patch_size = int(fields["clip.vision.patch_size"])
+    except KeyError as exc:
+        raise ModelError(f"{path}: projector lacks the key {exc.args[0]}") from None
+    return ProjectorFacts(
+        path=path,
+        projector_type=str(fields.get("clip.projector_type", "mlp")),
+        image_size=image_size,
+        patch_size=patch_size,
+        vision_width=int(fields.get("clip.vision.embedding_length", 0)),
+        vision_heads=int(fields.get("clip.vision.attention.head_count", 0)),
+        vision_blocks=int(fields.get("clip.vision.block_count", 0)),
+        vision_ff=int(fields.get("clip.vision.feed_forward_length", 0)),
+        projection_dim=_projection_width(tensors, fields),
+        weight_bytes=sum(int(t.n_bytes) for t in reader.tensors),
+        file_bytes=path.stat().st_size,
+        grid_pinpoints=_pinpoints(fields.get("clip.vision.image_grid_pinpoints")),
+        merge_type=str(fields.get("clip.vision.mm_patch_merge_type", "flat")),
+        has_image_newline=IMAGE_NEWLINE_TENSOR in tensors,
+    )
+
+
+def _frozen(value: object) -> object:
+    """JSON lists back to the tuples the frozen facts hold (nested too)."""
+    return tuple(_frozen(v) for v in value) if isinstance(value, list) else value
+
+
+def _pinpoints(values: object) -> tuple[tuple[int, int], ...]:
+    """The GGUF's flat [w1, h1, w2, h2, …] as (width, height) pairs."""
+    flat = [int(v) for v in values] if isinstance(values, (list, tuple)) else []
+    return tuple((flat[i], flat[i + 1]) for i in range(0, len(flat) - 1, 2))
+
+
+def read_image_newline(path: Path) -> np.ndarray:
+    """LLaVA-NeXT's learned newline vector (float32), which llama.cpp does not load; ModelError if absent."""
+    import numpy as np
+
+    reader = _open(Path(path), role="--mmproj")
+    tensor = next((t for t in reader.tensors if t.name == IMAGE_NEWLINE_TENSOR), None)
+    if tensor is None:
+        raise ModelError(f"{path}: has no {IMAGE_NEWLINE_TENSOR} tensor; it is not a LLaVA-1.6 projector")
+    return np.asarray(tensor.data, dtype=np.float32).reshape(-1).copy()
+
+
+def check_pair(text: TextModelFacts, projector: ProjectorFacts) -> None:
+    """The projector must emit vectors as wide as the text model's embeddings."""
+    if projector.projection_dim != text.n_embd:
+        raise ModelError(
+            f"{projector.path.name} projects to width {projector.projection_dim} but "
+            f"{text.path.name} has embedding width {text.n_embd}: they are not a pair"
+        )
+
+
+
+
+def _cached(path: Path, kind: type[_Facts], read: Any) -> _Facts:
+    """GGUFReader parses the whole vocabulary in Python (seconds); remember what it found."""
+    _check_file(path)
+    stat = path.stat()
+    key = f"{_CACHE_VERSION}:{kind.__name__}:{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+    entry = cache_dir() / "gguf-facts" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
+    try:
+        data = json.loads(entry.read_text())
+        data["path"] = path
+        return kind(**{f.name: _frozen(data[f.name]) for f in fields(kind)})
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    facts = read(path)
+    try:
+        write_atomically(entry, json.dumps({**asdict(facts), "path": str(path)}), durable=False)
+    except OSError:
+        pass  # a read-only cache only costs time
+    return facts
+
+
+def _check_file(path: Path) -> None:
+    if not path.exists():
+        raise ModelError(f"{path}: no such file")
+    if path.is_dir():
+        raise ModelError(f"{path}: is a directory, not a GGUF file")
+
+
+def _projection_width(tensors: dict[str, Any], fields: dict[str, Any]) -> int:
+    # The last mm.N.weight decides the output width; ggml's first dim is the input width.
+    mm_weights = sorted(
+        (int(name.split(".")[1]), t) for name, t in tensors.items()
+        if re.fullmatch(r"mm\.\d+\.weight", name) and len(t.shape) == 2
+    )
+    if mm_weights:
+        return int(mm_weights[-1][1].shape[1])
+    return int(fields.get("clip.vision.projection_dim", 0))
+
+
+def _open(path: Path, *, role: str) -> GGUFReader:
+    with path.open("rb") as handle:
+        magic = handle.read(4)
+    if magic != GGUF_MAGIC:
+        raise ModelError(f"{path}: not a GGUF file ({role} needs a .gguf)")
+    from gguf import GGUFReader  # deferred: importing gguf costs ~0.2 s
+
+    try:
+        reader = GGUFReader(path, "r")
+    except Exception as exc:  # gguf raises bare ValueError/IndexError/struct.error on damage
+        raise ModelError(f"{path}: truncated or corrupt GGUF ({exc})") from None
+    data_end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
+    if data_end > path.stat().st_size:
+        raise ModelError(f"{path}: truncated GGUF ({path.stat().st_size:,} of {data_end:,} bytes); "
+                         "download it again")
+    return reader
+
+
+def _fields(reader: GGUFReader) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, field in reader.fields.items():
+        if key in ("tokenizer.ggml.tokens",):
+            out[key] = range(len(field.data))  # only the count is needed
+            continue
+        if key.startswith("tokenizer.ggml.") and key not in ("tokenizer.ggml.model",):
+            continue
+        try:
+            out[key] = field.contents()
+        except Exception:  # an odd field type must not stop us reading the rest
+            continue
+    return out

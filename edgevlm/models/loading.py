@@ -1,0 +1,302 @@
+"""From the user's model flags to a loaded engine: resolve, check the pair, plan memory, load."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from edgevlm.chat.conversation import DEFAULT_QUESTION, turn_costs
+from edgevlm.chat.prompts import PromptFormat, detect_format
+from edgevlm.errors import ConfigError, EdgeVLMError, ModelError
+from edgevlm.llama.backends import add_rpc_servers, gpu_offload_supported, on_backend_abort, rpc_supported
+from edgevlm.llama.engine import Engine
+from edgevlm.llama.types import SPLIT_MODES, EngineConfig
+from edgevlm.llama.vocab import Vocab
+from edgevlm.models.catalog import ModelChoice, Preset, facts_from_shape, find_preset, resolve
+from edgevlm.models.gguf import (
+    ProjectorFacts,
+    TextModelFacts,
+    check_pair,
+    read_projector,
+    read_text_model,
+)
+from edgevlm.planning import devices
+from edgevlm.planning.memory import KV_TYPES, Check, MachineMemory, Plan, Settings, choose, compare
+from edgevlm.planning.split import GpuBudget
+from edgevlm.rpc import endpoints as rpc
+from edgevlm.store.caches import EmbeddingCache, Encode, for_files, pair_identity
+from edgevlm.store.prefix_cache import PrefixCache
+from edgevlm.vision.layout import ImageLayout
+from edgevlm.vision.llava15 import LabelledTiles
+from edgevlm.vision.registry import layout_for
+from edgevlm.vision.tiling import TurnCosts
+
+log = logging.getLogger("edgevlm")
+# The most sequences --parallel may ask for (llama.cpp's own cap is 256; each costs its KV).
+MAX_PARALLEL = 16
+# A failed GPU load is retried once on a plan made for this share of the free VRAM.
+RETRY_VRAM_SHARE = 0.8
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the model goes when there is more than one device: the flags behind it."""
+
+    rpc: tuple[str, ...] = ()  # RPC workers, HOST:PORT
+    tensor_split: tuple[float, ...] | None = None  # None: in proportion to each device's room
+    split_mode: str = "layer"  # layer | row | none
+    main_gpu: int = 0  # split_mode none: the one device used
+    mmproj_device: str | None = None  # None: the device with the most room after the layers
+
+
+@dataclass(frozen=True)
+class ModelFlags:
+    """What the user said about the model on the command line."""
+
+    model: str
+    mmproj: str | None = None
+    n_ctx: int | None = None
+    n_gpu_layers: int | None = None
+    n_threads: int | None = None
+    answer_tokens: int = 512
+    vram: tuple[int, ...] | None = None  # plan for cards with this much free VRAM, not this machine's
+    kv_type: str | None = None
+    flash_attn: bool = True
+    fetch: bool = False  # download a missing preset instead of failing
+    parallel: int | None = 1  # requests decoded together; None: the plan chooses
+    placement: Placement = Placement()
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A ready engine and the facts and plan it was loaded from."""
+
+    engine: Engine
+    prompt_format: PromptFormat
+    choice: ModelChoice
+    text_facts: TextModelFacts
+    projector_facts: ProjectorFacts
+    plan: Plan
+    layout: ImageLayout = field(default_factory=LabelledTiles)
+
+    @property
+    def n_gpu_layers(self) -> int:
+        return self.plan.n_gpu_layers
+
+    def image_cache(self) -> EmbeddingCache:
+        """Projector rows kept for this model/projector pair (RAM and the user's cache folder)."""
+        return for_files(self.engine.sequence().encode_image, self.choice.model_path, self.choice.mmproj_path)
+
+    def encoders(self, *, cache: bool) -> list[Encode | None]:
+        """One image encoder per sequence (None: CLIP directly): a single shared cache in front
+        of each sequence's own encoder, so every sequence times its own CLIP work."""
+        if not cache:
+            return [None] * len(self.engine.sequences())
+        shared = self.image_cache()
+        return [shared if seq.seq_id == 0 else shared.using(seq.encode_image)
+                for seq in self.engine.sequences()]
+
+    def prefix_cache(self) -> PrefixCache:
+        """Image prefixes kept for this model, its KV types and this build (RAM and disk)."""
+        return PrefixCache(f"{self.cache_identity()}|{self.engine.state_format()}",
+                           ram_bytes=self.plan.prefix_ram_bytes)
+
+    def cache_identity(self) -> str:
+        """The model/projector pair as the caches know it."""
+        return pair_identity(self.choice.model_path, self.choice.mmproj_path)
+
+
+def inspect(flags: ModelFlags, *, catalog_if_missing: bool = False
+            ) -> tuple[ModelChoice, TextModelFacts, ProjectorFacts]:
+    """Resolve and read both files, and check they belong together, before anything is loaded.
+
+    With catalog_if_missing (for `plan`), a preset that is not downloaded is planned from the
+    architecture facts in the catalog.
+    """
+    try:
+        choice = resolve(flags.model, flags.mmproj)
+    except ModelError:
+        preset = _missing_preset(flags)
+        if preset is None:
+            raise
+        if flags.fetch:
+            from edgevlm.models.fetch import fetch_preset
+
+            fetch_preset(preset)
+            choice = resolve(flags.model, flags.mmproj)
+        elif catalog_if_missing and preset.shape is not None:
+            text, projector = facts_from_shape(preset)
+            return ModelChoice(text.path, projector.path, preset), text, projector
+        else:
+            raise
+    text = read_text_model(choice.model_path)
+    projector = read_projector(choice.mmproj_path)
+    check_pair(text, projector)
+    return choice, text, projector
+
+
+def _missing_preset(flags: ModelFlags) -> Preset | None:
+    if flags.model.endswith(".gguf"):
+        return None
+    try:
+        preset = find_preset(flags.model)
+    except ModelError:
+        return None
+    return preset if preset.repo_id is not None else None
+
+
+def make_plan(flags: ModelFlags, text: TextModelFacts, projector: ProjectorFacts, *,
+              costs: TurnCosts | None = None) -> Plan:
+    """The memory plan for these flags on this machine (or on --vram)."""
+    if flags.n_ctx is not None and flags.n_ctx < 256:
+        raise ConfigError(f"--n-ctx {flags.n_ctx} is too small; use at least 256")
+    if flags.parallel is not None and not 1 <= flags.parallel <= MAX_PARALLEL:
+        raise ConfigError(f"--parallel must be auto or 1-{MAX_PARALLEL}, not {flags.parallel}")
+    if flags.kv_type is not None and flags.kv_type not in KV_TYPES:
+        raise ConfigError(f"--kv-type must be {', '.join(KV_TYPES)}, not '{flags.kv_type}'")
+    device, notes = _devices(flags)
+    where = flags.placement
+    settings = Settings(n_ctx=flags.n_ctx, n_gpu_layers=flags.n_gpu_layers, kv_type=flags.kv_type,
+                        flash_attn=flags.flash_attn, answer_tokens=flags.answer_tokens, costs=costs,
+                        n_seq=flags.parallel, tensor_split=where.tensor_split,
+                        mmproj_device=where.mmproj_device)
+    plan = choose(text, projector, device, settings)
+    return replace(plan, notes=notes + plan.notes) if notes else plan
+
+
+def _devices(flags: ModelFlags) -> tuple[MachineMemory, tuple[str, ...]]:
+    """What to plan for (the workers first, as llama.cpp orders them), and notes about it."""
+    where = flags.placement
+    # NVML counts GPUs in PCI order; CUDA must count them the same way, and it reads this when
+    # ggml first lists its devices (which the checks below do).
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    workers = connect_workers(list(where.rpc)) if where.rpc else ()
+    local = gpu_offload_supported()
+    device = devices.detect(flags.vram, workers=workers, local_gpus=local)
+    notes = (device.note,) if device.note else ()
+    if not local and flags.vram is None and devices.visible_gpus()[0]:
+        notes += ("this llama.cpp build has no GPU support: run `make setup GPU=cuda` to use the GPU",)
+    if where.split_mode == "none" and device.gpus:
+        device = _only(device, where.main_gpu)
+    _check_placement(where, device)
+    return device, notes
+
+
+def _only(device: MachineMemory, main_gpu: int) -> MachineMemory:
+    """--split-mode none: the model on one device, --main-gpu."""
+    if not 0 <= main_gpu < len(device.gpus):
+        last = len(device.gpus) - 1
+        raise ConfigError(f"--main-gpu {main_gpu}: there are {last + 1} devices (0-{last})")
+    chosen = device.gpus[main_gpu]
+    return MachineMemory(vram_free=chosen.free_bytes, ram_free=device.ram_free, name=chosen.name)
+
+
+def _check_placement(where: Placement, device: MachineMemory) -> None:
+    if where.split_mode not in SPLIT_MODES:
+        raise ConfigError(f"--split-mode must be {', '.join(SPLIT_MODES)}, not '{where.split_mode}'")
+    names = [g.name for g in device.gpus]
+    if where.tensor_split is not None and len(where.tensor_split) != len(names):
+        raise ConfigError(f"--tensor-split has {len(where.tensor_split)} values for {len(names)} devices "
+                          f"({', '.join(names) or 'none'}); give one per device, in that order")
+    if where.mmproj_device is not None and where.mmproj_device not in names + ["CPU"]:
+        raise ConfigError(f"--mmproj-device {where.mmproj_device}: no such device; this plan has "
+                          f"{', '.join(names + ['CPU'])}")
+
+
+def connect_workers(endpoints: list[str]) -> tuple[GpuBudget, ...]:
+    """Check each RPC worker, then make it a llama.cpp device; a lost worker later ends the
+    process with a clear message instead of ggml's abort."""
+    if not rpc_supported():
+        raise ConfigError("--rpc: this llama.cpp build has no RPC backend; rebuild it with `make setup` "
+                          "(edgevlm builds llama-cpp-python with -DGGML_RPC=on)")
+    rpc.preflight(endpoints)
+    found = add_rpc_servers(endpoints)
+    on_backend_abort(lambda message: _lost_worker(endpoints, message))
+    return tuple(GpuBudget(d.name, d.free_bytes, kind="rpc", description=d.description) for d in found)
+
+
+def _lost_worker(endpoints: list[str], message: str) -> None:
+    if sys.stderr.isatty():
+        sys.stderr.write("\x1b[?25h\n")  # a progress bar may have hidden the cursor
+    sys.stderr.write(rpc.lost_worker_message(endpoints, message) + "\n")
+    sys.stderr.flush()
+    os._exit(1)  # ggml aborts after this callback whatever it does: end cleanly first
+
+
+def describe_costs(choice: ModelChoice, text: TextModelFacts, projector: ProjectorFacts,
+                   question: str = DEFAULT_QUESTION) -> TurnCosts | None:
+    """A describe turn's exact token costs from the model's own vocabulary (None if not here)."""
+    if not choice.model_path.exists():
+        return None
+    vocab = Vocab(choice.model_path)
+    try:
+        return turn_costs(vocab, prompt_format(choice, text), question,
+                          view_tokens=projector.tokens_per_image, layout=layout_for(projector))
+    finally:
+        vocab.close()
+
+
+def prompt_format(choice: ModelChoice, text: TextModelFacts) -> PromptFormat:
+    """The model's prompt format: the preset's, else what its chat template looks like."""
+    return detect_format(text.chat_template,
+                         preset_format=choice.preset.prompt_format if choice.preset else None)
+
+
+def verify(choice: ModelChoice, plan: Plan, flags: ModelFlags) -> tuple[Check, ...]:
+    """Load the model with the plan and compare the estimate with llama.cpp's own report."""
+    if plan.device == "cuda" and not gpu_offload_supported():
+        raise ConfigError("--verify cannot check a GPU plan: this llama.cpp build has no GPU support "
+                          "(run `make setup GPU=cuda`, or drop --vram to verify the CPU plan)")
+    with Engine(engine_config(choice, plan, flags)) as engine:
+        return compare(plan, engine.reported_buffers)
+
+
+def engine_config(choice: ModelChoice, plan: Plan, flags: ModelFlags) -> EngineConfig:
+    """The engine settings that carry out a plan."""
+    return EngineConfig(choice.model_path, choice.mmproj_path, n_ctx=plan.n_ctx,
+                        n_gpu_layers=plan.n_gpu_layers, n_threads=flags.n_threads,
+                        n_batch=plan.n_ubatch, n_ubatch=plan.n_ubatch,
+                        flash_attn=plan.flash_attn, type_k=plan.type_k, type_v=plan.type_v,
+                        mmproj_on_gpu=plan.mmproj_on_gpu, n_seq=plan.n_seq,
+                        split_mode=flags.placement.split_mode, main_gpu=flags.placement.main_gpu,
+                        tensor_split=plan.tensor_split,
+                        mmproj_device=plan.mmproj_device or None)  # ignored off the GPU
+
+
+def load(flags: ModelFlags, *, on_progress: Callable[[float], None] | None = None) -> Loaded:
+    """Plan, then load; a GPU load that fails is retried once with a smaller plan."""
+    choice, text, projector = inspect(flags)
+    plan = make_plan(flags, text, projector)
+    for note in plan.notes:
+        log.info("plan: %s", note)
+    try:
+        engine = Engine(engine_config(choice, plan, flags), on_load_progress=on_progress)
+    except EdgeVLMError as first:
+        if plan.device != "cuda" or plan.vram_free is None:
+            raise
+        engine, plan = _load_smaller(choice, text, projector, plan, flags, first, on_progress)
+    return Loaded(engine, prompt_format(choice, text), choice, text, projector, plan, layout_for(projector))
+
+
+def _load_smaller(choice: ModelChoice, text: TextModelFacts, projector: ProjectorFacts, plan: Plan,
+                  flags: ModelFlags, first: EdgeVLMError,
+                  on_progress: Callable[[float], None] | None) -> tuple[Engine, Plan]:
+    """The one retry after a failed GPU load: a plan for a share of the free VRAM."""
+    vram = int((plan.vram_free or 0) * RETRY_VRAM_SHARE)
+    smaller = choose(text, projector, MachineMemory(vram, plan.ram_free),
+                     Settings(n_ctx=None, kv_type=flags.kv_type, flash_attn=flags.flash_attn,
+                              answer_tokens=flags.answer_tokens, n_seq=plan.n_seq))
+    log.warning("loading failed (%s); retrying with a smaller plan: %d layers, n_ctx %d",
+                first, smaller.n_gpu_layers, smaller.n_ctx)
+    try:
+        engine = Engine(engine_config(choice, smaller, flags), on_load_progress=on_progress)
+    except EdgeVLMError as second:
+        raise type(second)(
+            f"{second} — even the smaller plan failed: it needed "
+            f"{smaller.breakdown.total_gpu / 2**30:.2f} GiB of the {(plan.vram_free or 0) / 2**30:.2f} GiB "
+            "free; close other GPU programs or pass --n-gpu-layers lower") from None
+    note = "retried with a smaller plan after a failed load"
+    return engine, replace(smaller, notes=smaller.notes + (note,))

@@ -1,0 +1,679 @@
+"""The memory planner: estimate what llama.cpp will allocate, then pick n_gpu_layers and n_ctx.
+
+Pure arithmetic over facts read from the GGUF files; no llama imports. The compute-buffer
+model was fitted to llama.cpp's own reports (see tests/test_plan.py, which checks it against
+the library on shape-faithful GGUFs):
+
+- graph peak without flash attention: 4·u·max(n_ctx·(H+1) + 5E + 2E_kv, 3·ff + 4E, V + 1.5E)
+  on the CPU backend; CUDA fuses the Q/K/V copies, so its attention term is n_ctx·(H+1) + 4E
+  (296 MiB at n_ctx 4096 and 164 MiB at 2048 for a 7B llama, as llama.cpp reports on CUDA);
+- with flash attention the n_ctx·H score matrix never exists: 4·u·max(3·ff + 4E, V + 1.5E)
+  plus the f16 mask, 2·u·n_ctx;
+- CLIP's graph for one view of P positions: 4·P²·heads + 4·P·(ff + 1.6·W), or with flash
+  attention 4·P·(2·ff + 1.6·W); or the projection MLP's 4·P·(2·proj + 1.6·W) if larger;
+- a tied output layer (no output.weight) costs a copy of token_embd only on a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from edgevlm.models.gguf import LLAVA_15_TILES, LLAVA_NEXT, ProjectorFacts, TextModelFacts
+from edgevlm.planning.split import DeviceShare, GpuBudget, LayerCosts, place
+from edgevlm.store.prefix_cache import RAM_BYTES as PREFIX_RAM_BYTES
+from edgevlm.vision.llava_next import fit_next_grid, next_grid
+from edgevlm.vision.tiling import TurnCosts, pooled_tokens
+
+MIB = 1 << 20
+GIB = 1 << 30
+# Bytes per element of the KV cache: exact ggml block sizes (32 values + an f16 scale).
+KV_BYTES_PER_ELEMENT = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
+KV_TYPES = tuple(KV_BYTES_PER_ELEMENT)  # the KV cache types edgevlm offers, by ggml name
+CUDA_CONTEXT_BYTES = 457 * MIB  # what the driver takes per device and no buffer reports
+DEFAULT_MARGIN_BYTES = 512 * MIB
+HOST_COMPUTE_BYTES_FULL_OFFLOAD = 16 * MIB
+CTX_STEP = 256
+TEXT_RESERVE_TOKENS = 100  # system prompt, labels and question around the images
+# The photo `plan` shows a grid for: what a phone or camera takes (and `bench` generates).
+EXAMPLE_PHOTO = (3840, 2160)
+DEFAULT_ANSWER_TOKENS = 512
+MIN_TILES_PER_TURN = 2  # the smallest grid that adds detail: 2x1 or 1x2
+MIN_CTX_FLOOR = 2048
+MIN_UBATCH = 512  # llama.cpp's default
+MAX_UBATCH = 1024
+# On a CPU prefill runs at tens of tokens per second for a 7B: a bigger automatic context
+# would mean minutes before the first word. --n-ctx still raises it.
+CPU_AUTO_CTX_CAP = 4096
+# --parallel auto on a GPU: up to this many sequences, each with up to PARALLEL_CTX positions.
+MAX_AUTO_PARALLEL = 4
+PARALLEL_CTX = 4096
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the planner is asked to honour; None means 'choose for me'."""
+
+    n_ctx: int | None = None
+    n_gpu_layers: int | None = None
+    kv_type: str | None = None
+    flash_attn: bool = True
+    n_ubatch: int | None = None  # None: one image view per ubatch (see ubatch_for)
+    margin_bytes: int = DEFAULT_MARGIN_BYTES
+    overhead_bytes: int = CUDA_CONTEXT_BYTES
+    answer_tokens: int = DEFAULT_ANSWER_TOKENS
+    costs: TurnCosts | None = None  # the model's real token counts; None: estimated (no vocab)
+    n_seq: int | None = 1  # parallel sequences, n_ctx each; None: choose (see choose_parallel)
+    tensor_split: tuple[float, ...] | None = None  # several devices: None splits by room
+    mmproj_device: str | None = None  # several devices: None puts it where most room is left
+
+
+@dataclass(frozen=True)
+class MachineMemory:
+    """Where the model will run: free VRAM (None for no GPU) and free system RAM, in bytes."""
+
+    vram_free: int | None
+    ram_free: int
+    name: str = "cpu"
+    note: str = ""  # why a GPU that seems present is not planned for (NVML failed, …)
+    gpus: tuple[GpuBudget, ...] = ()  # with more than one (or any RPC worker): planned per device
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.vram_free is not None
+
+    @property
+    def is_split(self) -> bool:
+        """Whether the model is spread over several devices (or a worker's)."""
+        return len(self.gpus) > 1 or any(g.kind == "rpc" for g in self.gpus)
+
+
+def several(gpus: tuple[GpuBudget, ...], ram_free: int, note: str = "") -> MachineMemory:
+    """A device to plan for made of several: their free memory summed, each planned on its own."""
+    names = ", ".join(g.name for g in gpus)
+    return MachineMemory(vram_free=sum(g.free_bytes for g in gpus), ram_free=ram_free, name=names,
+                  note=note, gpus=gpus)
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Estimated bytes per component and per side (GPU / host)."""
+
+    weights_gpu: int
+    weights_host: int
+    kv_gpu: int
+    kv_host: int
+    compute_gpu: int
+    compute_host: int
+    mmproj: int
+    mmproj_compute: int
+    mmproj_on_gpu: bool
+    overhead: int
+    margin: int
+
+    @property
+    def total_gpu(self) -> int:
+        clip = self.mmproj + self.mmproj_compute if self.mmproj_on_gpu else 0
+        if self.weights_gpu == 0 and self.kv_gpu == 0 and clip == 0:
+            return 0
+        return self.weights_gpu + self.kv_gpu + self.compute_gpu + clip + self.overhead + self.margin
+
+    @property
+    def total_host(self) -> int:
+        clip = 0 if self.mmproj_on_gpu else self.mmproj + self.mmproj_compute
+        return self.weights_host + self.kv_host + self.compute_host + clip
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The chosen settings, the estimate behind them, and why."""
+
+    device: str
+    n_gpu_layers: int
+    n_layers: int  # including the output layer
+    n_ctx: int
+    n_ctx_train: int
+    type_k: str
+    type_v: str
+    flash_attn: bool
+    mmproj_on_gpu: bool
+    vram_free: int | None
+    ram_free: int
+    max_tiles: int
+    breakdown: Breakdown
+    notes: tuple[str, ...] = field(default=())
+    n_ubatch: int = 512
+    max_pooled_tiles: int = 0
+    photo_grid: tuple[int, int] = (0, 0)  # what describe gives EXAMPLE_PHOTO (--pool auto)
+    photo_pool: int = 1
+    tile_size: int = 336
+    layout: str = LLAVA_15_TILES  # how the model is shown images (see layouts.py)
+    n_seq: int = 1  # parallel sequences (requests decoded together), each with n_ctx positions
+    devices: tuple[DeviceShare, ...] = ()  # per device, when the model is spread over several
+    tensor_split: tuple[float, ...] = ()  # what llama.cpp is told, in its device order
+    mmproj_device: str = ""  # the device that holds the projector (several devices only)
+    photo_prefix_bytes: int = 0  # the 4K photo's image prefix as the prefix cache keeps it
+    prefix_ram_bytes: int = 0  # the prefix cache's RAM tier: its cap, or the RAM the model leaves
+
+    @property
+    def photo_tiles(self) -> int:
+        return self.photo_grid[0] * self.photo_grid[1]
+
+    @property
+    def photo_prefixes_in_ram(self) -> int:
+        """How many 4K-photo prefixes the RAM tier holds."""
+        return self.prefix_ram_bytes // self.photo_prefix_bytes if self.photo_prefix_bytes else 0
+
+    def to_json(self) -> dict[str, Any]:
+        """The plan for `edgevlm plan --json`: all sizes in bytes."""
+        b = self.breakdown
+        return {
+            "device": self.device, "n_gpu_layers": self.n_gpu_layers, "n_layers": self.n_layers,
+            "n_ctx": self.n_ctx, "n_seq": self.n_seq, "n_ctx_train": self.n_ctx_train,
+            "type_k": self.type_k,
+            "type_v": self.type_v, "flash_attn": self.flash_attn,
+            "mmproj_on_gpu": self.mmproj_on_gpu, "vram_free": self.vram_free,
+            "ram_free": self.ram_free, "max_tiles": self.max_tiles,
+            "max_pooled_tiles": self.max_pooled_tiles, "n_ubatch": self.n_ubatch, "layout": self.layout,
+            "example_photo": {"size": list(EXAMPLE_PHOTO), "grid": list(self.photo_grid),
+                              "tiles": self.photo_tiles, "pool": self.photo_pool},
+            "bytes": {
+                "weights_gpu": b.weights_gpu, "weights_host": b.weights_host,
+                "kv": b.kv_gpu + b.kv_host, "kv_gpu": b.kv_gpu, "kv_host": b.kv_host,
+                "compute": b.compute_gpu + b.compute_host, "compute_gpu": b.compute_gpu,
+                "compute_host": b.compute_host, "mmproj": b.mmproj,
+                "mmproj_compute": b.mmproj_compute, "overhead": b.overhead, "margin": b.margin,
+                "total_gpu": b.total_gpu, "total_host": b.total_host,
+            },
+            "notes": list(self.notes),
+            "devices": [d.to_json() for d in self.devices],
+            "tensor_split": list(self.tensor_split), "mmproj_device": self.mmproj_device,
+            "prefix_cache": {"ram_bytes": self.prefix_ram_bytes,
+                             "photo_prefix_bytes": self.photo_prefix_bytes,
+                             "photo_prefixes_in_ram": self.photo_prefixes_in_ram},
+        }
+
+
+# -- the estimate ------------------------------------------------------------------------
+
+
+def weights_on_gpu(text: TextModelFacts, n_gpu_layers: int) -> int:
+    """Bytes llama.cpp puts on the GPU: the output layer first, then blocks from the last.
+
+    A tied output layer (no output.weight) gets its own copy of token_embd on the GPU; on the
+    host it reuses the mapped token_embd, so there it costs nothing.
+    """
+    n_gpu_layers = max(0, min(n_gpu_layers, text.n_layer + 1))
+    if n_gpu_layers == 0:
+        return 0
+    n_blocks = n_gpu_layers - 1
+    blocks = text.layer_bytes[text.n_layer - n_blocks:] if n_blocks else ()
+    return _tied_copy(text) + text.output_bytes + sum(blocks)
+
+
+def weights_on_host(text: TextModelFacts, n_gpu_layers: int) -> int:
+    """Bytes that stay in system memory (token_embd always does)."""
+    offloaded = weights_on_gpu(text, n_gpu_layers)
+    return text.weight_bytes - (offloaded - _tied_copy(text) if offloaded else 0)
+
+
+def _tied_copy(text: TextModelFacts) -> int:
+    return text.token_embd_bytes if text.tied_embeddings else 0
+
+
+def kv_bytes_per_layer(text: TextModelFacts, n_ctx: int, type_k: str = "f16",
+                       type_v: str = "f16") -> int:
+    """K and V for one layer: n_ctx x n_head_kv x head_dim each, at the cache type's size."""
+    k = n_ctx * text.n_head_kv * text.head_dim_k * KV_BYTES_PER_ELEMENT[type_k]
+    v = n_ctx * text.n_head_kv * text.head_dim_v * KV_BYTES_PER_ELEMENT[type_v]
+    return int(k + v)
+
+
+def kv_bytes(text: TextModelFacts, n_ctx: int, type_k: str = "f16", type_v: str = "f16") -> int:
+    """The whole KV cache: 2 x n_layer x n_head_kv x head_dim x n_ctx x bytes (KV heads, not heads)."""
+    return text.n_layer * kv_bytes_per_layer(text, n_ctx, type_k, type_v)
+
+
+def prefix_bytes(text: TextModelFacts, n_tokens: int, kv_type: str) -> int:
+    """An image prefix as the prefix cache keeps it: its KV, and its rows as float32 (an upper
+    bound: text labels keep tokens, not rows)."""
+    return kv_bytes(text, n_tokens, kv_type, kv_type) + n_tokens * text.n_embd * 4
+
+
+def compute_bytes(text: TextModelFacts, n_ctx: int, *, n_ubatch: int = 512, flash_attn: bool,
+                  backend: str = "cuda", output_layer: bool = True) -> int:
+    """llama.cpp's graph reserve for one ubatch (see the module docstring for the fit); without
+    the output layer, for a device that holds only blocks."""
+    u = min(n_ubatch, n_ctx)
+    e, ff, v = text.n_embd, text.n_ff or 4 * text.n_embd, text.n_vocab
+    e_kv = text.n_head_kv * text.head_dim_k
+    ffn_phase = 3 * ff + 4 * e
+    output_phase = v + 1.5 * e if output_layer else 0
+    if flash_attn:
+        floats = max(ffn_phase, output_phase)
+        return int(4 * u * floats + 2 * u * n_ctx)
+    attention_extra = 4 * e if backend == "cuda" else 5 * e + 2 * e_kv
+    attention_phase = n_ctx * (text.n_head + 1) + attention_extra
+    return int(4 * u * max(attention_phase, ffn_phase, output_phase))
+
+
+def clip_compute_bytes(projector: ProjectorFacts, *, flash_attn: bool) -> int:
+    """CLIP's graph for one view, allocated when the projector is initialised.
+
+    The peak is the encoder's (attention and FFN) or the projection MLP's into the text
+    model's width, whichever is larger: for ViT-L into a 7B they tie, but a narrow encoder
+    feeding a wider model peaks in the projection.
+    """
+    positions = projector.tokens_per_image + 1  # patches + the class token
+    width, heads = projector.vision_width, projector.vision_heads
+    ff = projector.vision_ff or 4 * width
+    projection = 4 * positions * (2 * projector.projection_dim + 1.6 * width)
+    if flash_attn:
+        encoder = 4 * positions * (2 * ff + 1.6 * width)
+    else:
+        encoder = 4 * positions * positions * heads + 4 * positions * (ff + 1.6 * width)
+    return int(max(encoder, projection))
+
+
+def estimate(text: TextModelFacts, projector: ProjectorFacts, *, n_ctx: int, n_gpu_layers: int,
+             type_k: str = "f16", type_v: str = "f16", flash_attn: bool = True,
+             mmproj_on_gpu: bool = True, n_ubatch: int = 512, on_gpu: bool = True,
+             overhead_bytes: int = CUDA_CONTEXT_BYTES,
+             margin_bytes: int = DEFAULT_MARGIN_BYTES, n_seq: int = 1) -> Breakdown:
+    """Every component llama.cpp will allocate for these settings.
+
+    n_seq sequences get n_ctx KV cells each; llama.cpp reserves the graph for all of them
+    (measured for 4 sequences of 2048: KV 4x, compute 1.7x without flash attention and
+    unchanged with it), so the cache and the graph's context terms are counted n_seq-fold.
+    """
+    n_ctx *= n_seq
+    n_layers = text.n_layer + 1
+    gpu_layers = max(0, min(n_gpu_layers, n_layers)) if on_gpu else 0
+    gpu_blocks = max(0, gpu_layers - 1)
+    kv_layer = kv_bytes_per_layer(text, n_ctx, type_k, type_v)
+    backend = "cuda" if on_gpu else "cpu"
+    compute = compute_bytes(text, n_ctx, n_ubatch=n_ubatch, flash_attn=flash_attn, backend=backend)
+    clip_on_gpu = mmproj_on_gpu and on_gpu
+    if not on_gpu:
+        compute_gpu, compute_host = 0, compute
+    elif gpu_layers == n_layers:
+        compute_gpu, compute_host = compute, HOST_COMPUTE_BYTES_FULL_OFFLOAD
+    else:  # partial offload: a second graph runs on the host for the CPU layers
+        compute_gpu = compute
+        compute_host = compute_bytes(text, n_ctx, n_ubatch=n_ubatch, flash_attn=flash_attn,
+                                     backend="cpu")
+    return Breakdown(
+        weights_gpu=weights_on_gpu(text, gpu_layers),
+        weights_host=weights_on_host(text, gpu_layers),
+        kv_gpu=kv_layer * gpu_blocks,
+        kv_host=kv_layer * (text.n_layer - gpu_blocks),
+        compute_gpu=compute_gpu,
+        compute_host=compute_host,
+        mmproj=projector.weight_bytes,
+        mmproj_compute=clip_compute_bytes(projector, flash_attn=flash_attn),
+        mmproj_on_gpu=clip_on_gpu,
+        overhead=overhead_bytes if on_gpu else 0,
+        margin=margin_bytes if on_gpu else 0,
+    )
+
+
+# -- the decision ------------------------------------------------------------------------
+
+
+def min_ctx_for_images(projector: ProjectorFacts, *, answer_tokens: int = DEFAULT_ANSWER_TOKENS) -> int:
+    """The smallest context that holds one tiled image turn: global view, two tiles, text, answer."""
+    needed = projector.tokens_per_image * (1 + MIN_TILES_PER_TURN) + TEXT_RESERVE_TOKENS + answer_tokens
+    return max(MIN_CTX_FLOOR, _round_up(needed, CTX_STEP))
+
+
+def estimated_costs(projector: ProjectorFacts) -> TurnCosts:
+    """Token costs for a model whose vocabulary is not at hand (a preset not yet downloaded).
+
+    Measured on LLaVA-1.5's Vicuna prompt: a 40-token system prompt, about 25 tokens of turn
+    text, 5 for "Whole image:" and 30 for the widest tile label.
+    """
+    return TurnCosts(system_tokens=40, text_tokens=25, whole_image_tokens=5, label_tokens=30,
+                     view_tokens=projector.tokens_per_image)
+
+
+@dataclass(frozen=True)
+class TileCounts:
+    """What describe will do at one context size: the most tiles, and a 4K photo's grid."""
+
+    max_tiles: int
+    max_pooled_tiles: int
+    photo_grid: tuple[int, int]
+    photo_pool: int
+    photo_tokens: int = 0  # the 4K photo's image block, labels included
+
+
+def tiles_at(costs: TurnCosts, projector: ProjectorFacts, n_ctx: int, answer_tokens: int) -> TileCounts:
+    """The tiles describe's own arithmetic gives at this context (full and pooled, and EXAMPLE_PHOTO)."""
+    if projector.layout == LLAVA_NEXT:
+        return _next_tiles_at(costs.room(n_ctx, answer_tokens), projector)
+    photo = costs.plan(*EXAMPLE_PHOTO, n_ctx=n_ctx, answer_tokens=answer_tokens,
+                       tile_size=projector.image_size, pool=None)
+    tiles = photo.n_tiles * (pooled_tokens(costs.view_tokens, photo.pool) + costs.label_tokens)
+    return TileCounts(max_tiles=costs.max_tiles(n_ctx=n_ctx, answer_tokens=answer_tokens),
+                      max_pooled_tiles=costs.max_tiles(n_ctx=n_ctx, answer_tokens=answer_tokens, pool=2),
+                      photo_grid=photo.grid, photo_pool=photo.pool,
+                      photo_tokens=costs.whole_image_tokens + costs.view_tokens + tiles)
+
+
+def _next_tiles_at(room: int, projector: ProjectorFacts) -> TileCounts:
+    """LLaVA-NeXT: the largest canvas that fits whatever the image (no padding to crop), and a 4K photo's."""
+    view, size = projector.tokens_per_image, projector.image_size
+
+    def most(pool: int) -> int:
+        side = math.isqrt(view) // pool
+        fitting = [next_grid(c, c, tile_size=size, side=side, pool=pool) for c in projector.grid_pinpoints]
+        return max((g.n_tiles for g in fitting if g.tokens(view) <= room), default=0)
+
+    photo = fit_next_grid(EXAMPLE_PHOTO, projector.grid_pinpoints, room=room, tile_size=size,
+                          view_tokens=view)
+    return TileCounts(max_tiles=most(1), max_pooled_tiles=most(2), photo_grid=photo.grid, photo_pool=1,
+                      photo_tokens=photo.tokens(view))
+
+
+def ubatch_for(projector: ProjectorFacts) -> int:
+    """n_ubatch (= n_batch) so that one image view is decoded in one ubatch.
+
+    LLaVA's 576-token view would otherwise be split 512 + 64, and the small remainder runs at
+    a fraction of the speed on a GPU. Measured on the CPU: 576 vs 512 is within noise (+2%),
+    so the compute buffer's 12% growth buys GPUs the most.
+    """
+    tokens = projector.tokens_per_image
+    if tokens >= MIN_UBATCH:
+        return tokens if tokens <= MAX_UBATCH else MIN_UBATCH
+    return -(-MIN_UBATCH // tokens) * tokens
+
+
+def choose(text: TextModelFacts, projector: ProjectorFacts, device: MachineMemory,
+           settings: Settings = Settings()) -> Plan:
+    """Pick n_gpu_layers, n_ctx and the KV type.
+
+    Order of preference on a GPU: every layer on it at the largest context up to n_ctx_train
+    (q8_0 KV only when it buys a larger context than f16); then fewer layers at the minimum
+    image context; the projector leaves the GPU only when not even it fits (then the whole
+    plan is a CPU plan). More VRAM never yields fewer layers or a smaller context.
+    """
+    if settings.n_seq is None:
+        return choose_parallel(text, projector, device, settings)
+    planner = _Planner(text, projector, device, settings)
+    if not device.is_gpu:
+        return planner.cpu_plan(planner.ctx_cap, [])
+    if settings.n_gpu_layers is not None:
+        return planner.with_layers(settings.n_gpu_layers)
+    return planner.full_offload() or planner.partial_offload()
+
+
+def choose_parallel(text: TextModelFacts, projector: ProjectorFacts, device: MachineMemory,
+                    settings: Settings) -> Plan:
+    """--parallel auto: on a GPU, the most sequences (up to 4) that fit fully offloaded at
+    n_ctx min(single plan's, PARALLEL_CTX) each; on the CPU, one (measured: decode is
+    compute-bound there, so sequences decoded together cost nearly what they cost in turn).
+    """
+    single = choose(text, projector, device, replace(settings, n_seq=1))
+    if not device.is_gpu or single.n_gpu_layers < single.n_layers or settings.n_gpu_layers is not None:
+        return single
+    ctx = min(single.n_ctx, settings.n_ctx or PARALLEL_CTX)
+    for n_seq in range(MAX_AUTO_PARALLEL, 1, -1):
+        planner = _Planner(text, projector, device, replace(settings, n_ctx=ctx, n_seq=n_seq))
+        plan = planner.full_offload()
+        if plan is not None:
+            note = f"{n_seq} requests decode together (--parallel {n_seq}), n_ctx {ctx} each"
+            return replace(plan, notes=(*plan.notes, note))
+    return single
+
+
+class _Planner:
+    """The candidates `choose` weighs, built and checked one way."""
+
+    def __init__(self, text: TextModelFacts, projector: ProjectorFacts, device: MachineMemory,
+                 settings: Settings) -> None:
+        self.text, self.projector, self.device, self.settings = text, projector, device, settings
+        self.n_layers = text.n_layer + 1
+        self.ctx_cap = settings.n_ctx or text.n_ctx_train
+        self.min_ctx = settings.n_ctx or min(
+            min_ctx_for_images(projector, answer_tokens=settings.answer_tokens), self.ctx_cap)
+        self.kv_choices = [settings.kv_type] if settings.kv_type else ["f16", "q8_0"]
+        self.n_ubatch = settings.n_ubatch or ubatch_for(projector)
+        self.costs = settings.costs or estimated_costs(projector)
+        self.n_seq = settings.n_seq or 1
+
+    def build(self, n_ctx: int, layers: int, kv: str, *, on_gpu: bool = True,
+              notes: tuple[str, ...] = ()) -> Plan:
+        """One candidate plan with its estimate."""
+        s, gpu = self.settings, on_gpu and self.device.is_gpu
+        fa = s.flash_attn or kv != "f16"  # a quantized V cache needs flash attention
+        clip_on_gpu = on_gpu and self.projector_device() != "CPU"
+        breakdown = estimate(self.text, self.projector, n_ctx=n_ctx, n_gpu_layers=layers, type_k=kv,
+                             type_v=kv, flash_attn=fa, mmproj_on_gpu=clip_on_gpu, n_ubatch=self.n_ubatch,
+                             on_gpu=gpu, overhead_bytes=s.overhead_bytes, margin_bytes=s.margin_bytes,
+                             n_seq=self.n_seq)
+        tiles = tiles_at(self.costs, self.projector, n_ctx, s.answer_tokens)
+        split = self.split(n_ctx, layers, kv, fa) if gpu and self.device.is_split else None
+        return Plan(
+            device=("split" if split else "cuda") if gpu else "cpu", n_gpu_layers=layers if on_gpu else 0,
+            n_layers=self.n_layers,
+            n_ctx=n_ctx, n_ctx_train=self.text.n_ctx_train, type_k=kv, type_v=kv, flash_attn=fa,
+            mmproj_on_gpu=gpu and clip_on_gpu, vram_free=self.device.vram_free, ram_free=self.device.ram_free,
+            breakdown=breakdown, notes=notes, n_ubatch=self.n_ubatch, max_tiles=tiles.max_tiles,
+            max_pooled_tiles=tiles.max_pooled_tiles, photo_grid=tiles.photo_grid,
+            photo_pool=tiles.photo_pool, tile_size=self.projector.image_size,
+            layout=self.projector.layout, n_seq=self.n_seq,
+            photo_prefix_bytes=prefix_bytes(self.text, self.costs.system_tokens + tiles.photo_tokens, kv),
+            prefix_ram_bytes=self._prefix_ram(breakdown), **(split or {}))
+
+    def _prefix_ram(self, breakdown: Breakdown) -> int:
+        """The prefix cache's RAM tier: its cap, or less where the model leaves less RAM free."""
+        spare = self.device.ram_free - breakdown.total_host - self.settings.margin_bytes
+        return max(0, min(PREFIX_RAM_BYTES, spare))
+
+    def projector_device(self) -> str | None:
+        """--mmproj-device, or CPU when every device is an RPC worker (the projector stays on this
+        machine unless told otherwise); None: the planner picks."""
+        gpus = self.device.gpus
+        if self.settings.mmproj_device is None and gpus and all(g.kind == "rpc" for g in gpus):
+            return "CPU"
+        return self.settings.mmproj_device
+
+    def split(self, n_ctx: int, layers: int, kv: str, fa: bool) -> dict[str, Any]:
+        """The per-device fields of a plan over several devices."""
+        s, total_ctx = self.settings, n_ctx * self.n_seq
+        costs = LayerCosts(
+            kv_per_layer=kv_bytes_per_layer(self.text, total_ctx, kv, kv),
+            compute_layers=compute_bytes(self.text, total_ctx, n_ubatch=self.n_ubatch, flash_attn=fa,
+                                         output_layer=False),
+            compute_output=compute_bytes(self.text, total_ctx, n_ubatch=self.n_ubatch, flash_attn=fa),
+            pipeline_inputs=min(self.n_ubatch, total_ctx) * (4 * self.text.n_embd + 2 * total_ctx),
+            mmproj=self.projector.weight_bytes + clip_compute_bytes(self.projector, flash_attn=fa),
+            driver_overhead=s.overhead_bytes, margin=s.margin_bytes)
+        gpus, wanted = self.device.gpus, self.projector_device()
+        local = [i for i, g in enumerate(gpus) if g.kind != "rpc"]
+        if wanted == "CPU":  # on the host: no device holds it
+            costs = replace(costs, mmproj=0)
+        names = [g.name for g in gpus]
+        shares, split, clip = place(self.text, gpus, layers, costs, weights=s.tensor_split,
+                                    mmproj_device=names.index(wanted) if wanted in names else None,
+                                    candidates=local)
+        holder = "CPU" if wanted == "CPU" else gpus[clip].name
+        return {"devices": shares, "tensor_split": split, "mmproj_device": holder}
+
+    def fits(self, plan: Plan) -> bool:
+        if plan.devices:
+            return all(d.fits for d in plan.devices)
+        vram = self.device.vram_free
+        return vram is not None and plan.breakdown.total_gpu <= vram
+
+    def largest_ctx(self, layers: int) -> Plan | None:
+        """The largest context (either KV type; f16 wins ties) at which `layers` fit."""
+        best: Plan | None = None
+        for kv in self.kv_choices:
+            for ctx in _ctx_candidates(self.ctx_cap, self.min_ctx):
+                candidate = self.build(ctx, layers, kv)
+                if self.fits(candidate):
+                    if best is None or candidate.n_ctx > best.n_ctx:
+                        best = candidate
+                    break
+        return best
+
+    def with_layers(self, requested: int) -> Plan:
+        """--n-gpu-layers given: the largest context that fits them."""
+        layers = max(0, min(requested, self.n_layers))
+        plan = self.largest_ctx(layers)
+        if plan is not None:
+            return plan
+        note = "the requested --n-gpu-layers does not fit the free VRAM at the minimum context"
+        return self.build(self.min_ctx, layers, self.kv_choices[-1], notes=(note,))
+
+    def full_offload(self) -> Plan | None:
+        """Every layer on the GPU, at the largest context either KV type allows."""
+        plan = self.largest_ctx(self.n_layers)
+        if plan is not None and plan.type_k != "f16":
+            note = f"q8_0 KV cache (with flash attention) buys n_ctx {plan.n_ctx}"
+            plan = replace(plan, notes=(note,))
+        return plan
+
+    def partial_offload(self) -> Plan:
+        """Fewer layers at the minimum image context and the smallest KV; else the CPU."""
+        kv = self.kv_choices[-1]
+        for layers in range(self.n_layers - 1, 0, -1):
+            candidate = self.build(self.min_ctx, layers, kv)
+            if self.fits(candidate):
+                note = (f"{self.n_layers - layers} of {self.n_layers} layers stay on the CPU: "
+                        "the full model does not fit the free VRAM")
+                return replace(candidate, notes=(note,))
+        # The minimum context, so that a slightly bigger card (a few layers on it) never gets less.
+        return self.cpu_plan(self.min_ctx, ["not even the projector fits the free VRAM: running on the CPU"])
+
+    def cpu_plan(self, ctx_cap: int, notes: list[str]) -> Plan:
+        """No GPU: the largest context up to the CPU cap that fits the free RAM."""
+        s, ram = self.settings, self.device.ram_free
+        if s.n_ctx is None and ctx_cap > max(CPU_AUTO_CTX_CAP, self.min_ctx):
+            ctx_cap = max(CPU_AUTO_CTX_CAP, self.min_ctx)
+            notes.append(f"n_ctx capped at {ctx_cap} on the CPU to keep prefill short; --n-ctx raises it")
+        kv = s.kv_type or "f16"
+        for ctx in _ctx_candidates(ctx_cap, self.min_ctx):
+            plan = self.build(ctx, 0, kv, on_gpu=False)
+            if plan.breakdown.total_host + s.margin_bytes <= ram:
+                break
+        if plan.breakdown.total_host + s.margin_bytes > ram:
+            notes.append("the model is larger than the free RAM: it will page from disk (slow)")
+        notes.append("llama.cpp's CPU backend may repack quantized weights into an extra buffer "
+                     "(faster matmuls); the file's own pages then become reclaimable cache")
+        return replace(plan, notes=tuple(notes))
+
+
+def _ctx_candidates(cap: int, floor: int) -> list[int]:
+    """cap, then the multiples of CTX_STEP below it, down to floor (largest first)."""
+    steps = range(cap // CTX_STEP * CTX_STEP, floor - 1, -CTX_STEP)
+    return [cap] + [c for c in steps if floor <= c < cap]
+
+
+def _round_up(value: int, step: int) -> int:
+    return -(-value // step) * step
+
+
+# -- checking the estimate against llama.cpp's own report ------------------------------------
+
+
+@dataclass(frozen=True)
+class Check:
+    """One component: what the plan estimated and what llama.cpp reported, in bytes."""
+
+    component: str
+    estimated: int
+    reported: int
+
+    @property
+    def error(self) -> float:
+        """Relative error of the estimate (0.01 is 1 %)."""
+        return (self.estimated - self.reported) / self.reported if self.reported else 0.0
+
+    def to_json(self) -> dict[str, object]:
+        """For `plan --verify --json`."""
+        return {"component": self.component, "estimated": self.estimated, "reported": self.reported}
+
+
+def compare(plan: Plan, reported: tuple[tuple[str, str, float], ...]) -> tuple[Check, ...]:
+    """Estimate vs llama.cpp's buffer report (kind, device, bytes) for every component."""
+    def total(kind: str) -> int:
+        return int(sum(size for k, device, size in reported if k == kind and device != "CPU_REPACK"))
+
+    b = plan.breakdown
+    rows = [
+        Check("weights", b.weights_gpu + b.weights_host, total("weights")),
+        Check("kv", b.kv_gpu + b.kv_host, total("kv")),
+        _compute_check(plan, reported),
+        Check("mmproj", b.mmproj, total("mmproj")),
+        Check("mmproj_compute", b.mmproj_compute, total("mmproj_compute")),
+    ]
+    rows += [check for d in plan.devices for check in _device_checks(d, reported)]
+    return tuple(row for row in rows if row.reported)
+
+
+def _device_checks(share: DeviceShare, reported: tuple[tuple[str, str, float], ...]) -> list[Check]:
+    """Weights and KV on one device. llama.cpp names a worker's buffers after the worker's own
+    device and endpoint (RPC0[host:port]), so workers are told apart by endpoint."""
+    def on_device(kind: str) -> int:
+        return int(sum(size for k, device, size in reported if k == kind and (
+            device == share.name or (share.description and device.endswith(f"[{share.description}]")))))
+
+    return [Check(f"weights {share.name}", share.weights, on_device("weights")),
+            Check(f"kv {share.name}", share.kv, on_device("kv"))]
+
+
+def _compute_check(plan: Plan, reported: tuple[tuple[str, str, float], ...]) -> Check:
+    """Compute buffers: all of them on the CPU; on GPUs, those on the devices (not the host's)."""
+    b = plan.breakdown
+    if plan.device == "cpu":
+        return Check("compute", b.compute_gpu + b.compute_host,
+                     int(sum(size for k, _, size in reported if k == "compute")))
+    on_devices = int(sum(size for k, device, size in reported if k == "compute" and device != "CPU"
+                         and not device.endswith("_Host")))
+    estimated = sum(d.compute for d in plan.devices) if plan.devices else b.compute_gpu
+    return Check("compute", estimated, on_devices)
+
+
+# -- sizes on the command line -------------------------------------------------------------
+
+# Bare K/M/G/T are binary, as GPU makers and nvidia-smi use them; KB/MB/GB are decimal (SI).
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 1000, "m": MIB, "mib": MIB,
+          "mb": 1000**2, "g": GIB, "gib": GIB, "gb": 1000**3, "t": 1 << 40, "tib": 1 << 40,
+          "tb": 1000**4}
+
+
+def parse_parallel(text: str) -> int | None:
+    """--parallel: a count of sequences, or auto (None)."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"must be auto or a number of sequences, not '{text}'") from None
+    if value < 1:
+        raise ValueError(f"must be at least 1, not {value}")
+    return value
+
+
+def parse_size(text: str) -> int:
+    """'8GiB', '8G', '8192MiB', '12gb' or plain bytes to bytes; ValueError with a reason if not."""
+    raw = text.strip().lower().replace(" ", "")
+    number = raw.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = raw[len(number):]
+    if unit not in _UNITS or not number:
+        raise ValueError(f"'{text}' is not a size: use e.g. 8GiB, 8G, 8192MiB or a number of bytes")
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"'{text}' is not a size: use e.g. 8GiB, 8G, 8192MiB or a number of bytes") from None
+    if value <= 0:
+        raise ValueError(f"'{text}' must be larger than zero")
+    return int(value * _UNITS[unit])
+
+
+def format_bytes(n: int) -> str:
+    """Bytes for people: MiB below 1 GiB, else GiB."""
+    return f"{n / GIB:.2f} GiB" if abs(n) >= GIB else f"{n / MIB:.0f} MiB"

@@ -1,0 +1,93 @@
+"""Request options both APIs share, checked with errors that name the field."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+from edgevlm.chat.structured import OutputFormat
+from edgevlm.errors import ConfigError
+from edgevlm.llama.types import Sampling
+from edgevlm.server.http import bad_request
+from edgevlm.vision.tiling import POOL_CHOICES
+
+MAX_STOPS = 8
+
+
+def number(value: object, param: str, *, low: float, high: float) -> float:
+    """A number within [low, high]."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise bad_request(f"expected a number from {low:g} to {high:g}, got {json.dumps(value)}", param)
+    return float(value)
+
+
+def whole(value: object, param: str, *, low: int, high: int) -> int:
+    """A whole number within [low, high]."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise bad_request(f"expected a whole number from {low} to {high}, got {json.dumps(value)}", param)
+    return value
+
+
+def max_tokens(value: object, param: str, cap: int) -> int:
+    """A request's answer length: its own, at most the server's (absent: the server's)."""
+    if value is None:
+        return cap
+    return min(whole(value, param, low=1, high=1 << 20), cap)
+
+
+def stops(value: object, param: str) -> tuple[str, ...]:
+    """`stop`: a string or a list of strings."""
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(s, str) for s in items) or len(items) > MAX_STOPS:
+        raise bad_request(f"expected a string or a list of up to {MAX_STOPS} strings", param)
+    return tuple(s for s in items if s)
+
+
+def pool(value: object, param: str) -> int | None:
+    """edgevlm's own `pool`: absent (None: the server's setting), "auto" (0), 1 or 2."""
+    if value is None:
+        return None
+    if value == "auto":
+        return 0
+    if str(value) in {str(p) for p in POOL_CHOICES} and not isinstance(value, bool | float):
+        return int(str(value))
+    choices = ", ".join(map(str, POOL_CHOICES))
+    raise bad_request(f"expected auto, {choices}, got {json.dumps(value)}", param)
+
+
+# The sampler fields a request may set (both APIs name them as Sampling does), with their ranges.
+_NUMBERS = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "min_p": (0.0, 1.0),
+            "frequency_penalty": (-2.0, 2.0), "presence_penalty": (-2.0, 2.0), "repeat_penalty": (0.0, 10.0)}
+_WHOLES = {"seed": (-(2**63), 2**64 - 1), "top_k": (1, 1 << 20), "repeat_last_n": (-1, 1 << 20)}
+OPENAI_SAMPLING = ("temperature", "top_p", "seed", "frequency_penalty", "presence_penalty")
+OLLAMA_SAMPLING = (*OPENAI_SAMPLING, "top_k", "min_p", "repeat_penalty", "repeat_last_n")
+
+
+def sampling(body: dict[str, object], *, fields: tuple[str, ...], grammar: str | None,
+             where: str = "") -> Sampling:
+    """Sampler settings from the fields of a request (each may be absent)."""
+    chosen: dict[str, object] = {"grammar": grammar}
+    for name in fields:
+        value = body.get(name)
+        if value is None:
+            continue
+        if name in _NUMBERS:
+            low, high = _NUMBERS[name]
+            chosen[name] = number(value, where + name, low=low, high=high)
+        else:
+            low_whole, high_whole = _WHOLES[name]
+            chosen[name] = whole(value, where + name, low=low_whole, high=high_whole)
+    return replace(Sampling(), **chosen)  # type: ignore[arg-type]
+
+
+def grammar_for(schema: object, param: str) -> str:
+    """GBNF for a JSON Schema (a dict), or for any JSON object (None)."""
+    if schema is not None and not isinstance(schema, dict):
+        raise bad_request("the schema must be a JSON object", param)
+    output = OutputFormat("json") if schema is None else OutputFormat("schema", schema)
+    try:
+        return output.grammar() or ""
+    except ConfigError as exc:
+        raise bad_request(str(exc), param, code="invalid_schema") from None

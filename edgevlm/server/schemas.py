@@ -1,0 +1,173 @@
+"""The request and response bodies as `/openapi.json` declares them, so the schema documents the
+API and a fuzzer can use it. The routes parse bodies themselves (errors in each API's shape,
+naming the field); these models describe what they accept."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ImageUrl(_Open):
+    url: str = Field(description="a data:image/…;base64 URL, or file:// inside --media-dir")
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ContentPart(_Open):
+    type: Literal["text", "image_url"]
+    text: str | None = None
+    image_url: ImageUrl | None = None
+
+
+class FunctionSpec(_Open):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ToolDefinition(_Open):
+    type: Literal["function"] = "function"
+    function: FunctionSpec
+
+
+class CalledFunction(_Open):
+    name: str
+    arguments: str | dict[str, Any]
+
+
+class ToolCallEntry(_Open):
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: CalledFunction
+
+
+class ChatMessage(_Open):
+    role: Role
+    content: str | list[ContentPart] | None = None
+    tool_calls: list[ToolCallEntry] | None = None
+    tool_call_id: str | None = None
+
+
+class EdgevlmOptions(_Open):
+    pool: Literal["auto", 1, 2] | None = None
+
+
+class ChatCompletionRequest(_Open):
+    """`POST /v1/chat/completions`."""
+
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    stream: bool | None = None
+    max_tokens: int | None = Field(None, ge=1, le=1 << 20)
+    max_completion_tokens: int | None = Field(None, ge=1, le=1 << 20)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, ge=0, le=1)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    response_format: dict[str, Any] | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    edgevlm: EdgevlmOptions | None = None
+
+
+class OllamaMessage(_Open):
+    role: Role
+    content: str | None = None
+    images: list[str] | None = Field(None, description="base64-encoded images")
+    tool_calls: list[ToolCallEntry] | None = None
+    tool_name: str | None = None
+
+
+class OllamaChatRequest(_Open):
+    """`POST /api/chat` (no messages: load the model, or unload it with keep_alive 0)."""
+
+    model: str | None = None
+    messages: list[OllamaMessage] | None = None
+    stream: bool | None = None
+    format: str | dict[str, Any] | None = None
+    options: dict[str, Any] | None = None
+    tools: list[ToolDefinition] | None = None
+    keep_alive: int | str | None = None
+
+
+class OllamaGenerateRequest(_Open):
+    """`POST /api/generate` (no prompt: load the model, or unload it with keep_alive 0)."""
+
+    model: str | None = None
+    prompt: str | None = None
+    system: str | None = None
+    images: list[str] | None = None
+    stream: bool | None = None
+    format: str | dict[str, Any] | None = None
+    options: dict[str, Any] | None = None
+    keep_alive: int | str | None = None
+
+
+class OllamaModelRequest(_Open):
+    """`POST /api/show`, `/api/pull`, `/api/embed`: a model's name."""
+
+    model: str | None = None
+    name: str | None = None
+    stream: bool | None = None
+
+
+class OpenAIErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class OpenAIError(BaseModel):
+    error: OpenAIErrorDetail
+
+
+class OllamaError(BaseModel):
+    error: str
+
+
+BODIES = (ChatCompletionRequest, OllamaChatRequest, OllamaGenerateRequest, OllamaModelRequest)
+
+
+# A request that works as written, for /docs readers (and the fuzzer's explicit phase).
+EXAMPLES: dict[str, dict[str, Any]] = {
+    "ChatCompletionRequest": {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8},
+}
+
+
+def body(model: type[BaseModel]) -> dict[str, Any]:
+    """A route's `openapi_extra` that declares its JSON request body (with an example, if any)."""
+    media: dict[str, Any] = {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}
+    if model.__name__ in EXAMPLES:
+        media["example"] = EXAMPLES[model.__name__]
+    return {"requestBody": {"required": True, "content": {"application/json": media}}}
+
+
+def errors(model: type[BaseModel], *statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The error responses a route may give, in its API's shape."""
+    return {status: {"model": model, "description": "an error in the API's shape"} for status in statuses}
+
+
+def streamed(media_type: str) -> dict[int | str, dict[str, Any]]:
+    """A 200 that is JSON, or a stream when the request asks for one."""
+    return {200: {"description": "the answer; a stream when `stream` is true",
+                  "content": {"application/json": {}, media_type: {"schema": {"type": "string"}}}}}
+
+
+def add_bodies(openapi: dict[str, Any]) -> dict[str, Any]:
+    """Put the request bodies' schemas (and those they use) into the OpenAPI components."""
+    schemas = openapi.setdefault("components", {}).setdefault("schemas", {})
+    for model in BODIES:
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        schemas.update(schema.pop("$defs", {}))
+        schemas[model.__name__] = schema
+    return openapi

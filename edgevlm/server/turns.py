@@ -1,0 +1,187 @@
+"""What every route shares: the server's state, and a turn run to its first event or its end."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from starlette.requests import Request
+
+from edgevlm.chat.records import TurnStats
+from edgevlm.chat.resent import ChatTurn
+from edgevlm.errors import ContextOverflowError, EngineError, Interrupted, UserError, in_words, one_line
+from edgevlm.server.http import ApiError
+from edgevlm.server.scheduler import Answered, Failed, JobEvent, Piece, QueueFull, Scheduler, TurnJob
+from edgevlm.store.caches import SummaryStore
+
+RETRY_AFTER_S = 5
+RUNNING_GRACE_S = 3.0  # how long a running answer may go on after a stop signal
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """The one loaded model, as the listing endpoints describe it."""
+
+    id: str
+    path: Path
+    size_bytes: int
+    family: str
+    parameter_size: str
+    quantization: str
+    n_ctx: int
+    visual_tokens: int
+
+
+@dataclass
+class ServerState:
+    """The loaded model's worker and the server's settings."""
+
+    scheduler: Scheduler
+    model: ModelInfo
+    api_key: str | None = None
+    media_dir: Path | None = None
+    max_body_bytes: int = 50 << 20
+    max_tokens: int = 512
+    max_tiles: int | None = None
+    useful_pixels: int | None = None
+    pool: int | None = None  # the server's --pool (None: auto)
+    temperature: float = 0.0
+    summaries: SummaryStore | None = None
+    plan: dict[str, object] = field(default_factory=dict)  # the memory plan, as `plan --json`
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def model_matches(self, name: object) -> bool:
+        """Whether a request's model name means the loaded model (empty means it too)."""
+        if name in (None, ""):
+            return True
+        text = str(name)
+        return text in (self.model.id, f"{self.model.id}:latest", self.model.path.name)
+
+
+def state_of(request: Request) -> ServerState:
+    """The server state the app was built with."""
+    return request.app.state.edgevlm
+
+
+async def start(turn: ChatTurn, state: ServerState, request: Request) -> tuple[TurnJob, JobEvent]:
+    """Queue the turn and wait for its first event; an early failure is an ApiError."""
+    job = TurnJob(turn, started=request.scope.get("state", {}).get("received"))
+    try:
+        state.scheduler.submit(job)
+    except QueueFull as exc:
+        raise ApiError(503, f"the server is busy ({exc}); retry shortly", code="queue_full",
+                       kind="server_error", headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+    events = job.events()
+    try:
+        first = await anext(events)
+    except BaseException:
+        job.cancel()
+        raise
+    if isinstance(first, Failed):
+        raise error_for(first.error)
+    return job, first
+
+
+async def collect(job: TurnJob, first: JobEvent, request: Request) -> tuple[str, Answered]:
+    """Run a started job to its end: the whole answer and its numbers. A client that hangs up
+    meanwhile cancels the job (within one decode step)."""
+    pieces: list[str] = []
+    watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
+    try:
+        async for event in stream_events(job, first):
+            if isinstance(event, Piece):
+                pieces.append(event.text)
+            elif isinstance(event, Answered):
+                return "".join(pieces), event
+            elif isinstance(event, Failed):
+                raise error_for(event.error)
+    finally:
+        watcher.cancel()
+        job.cancel()  # a no-op once answered; stops the worker if this request was abandoned
+    raise ApiError(500, "the turn ended without an answer", kind="server_error")
+
+
+async def _cancel_on_disconnect(request: Request, job: TurnJob) -> None:
+    """Wait for the client to hang up (the body has been read, so the next message is the
+    disconnect), then cancel its job."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    job.cancel()
+
+
+async def stream_events(job: TurnJob, first: JobEvent) -> AsyncIterator[JobEvent]:
+    """The started job's events, the first included."""
+    yield first
+    if isinstance(first, Answered | Failed):
+        return
+    async for event in job.events():
+        yield event
+
+
+def api_word(setting: str) -> str:
+    """A core setting as a request names it (the context is the server's own n_ctx)."""
+    return {"pool": "edgevlm.pool", "n_ctx": "the server's n_ctx"}.get(setting, setting)
+
+
+def error_for(exc: BaseException) -> ApiError:
+    """A core error as the HTTP error a client expects."""
+    if isinstance(exc, ContextOverflowError):
+        return ApiError(400, in_words(exc, api_word), code="context_length_exceeded")
+    if isinstance(exc, UserError):
+        return ApiError(400, in_words(exc, api_word))
+    if isinstance(exc, Interrupted):
+        return ApiError(503, f"the request was stopped: {exc}", kind="server_error",
+                        headers={"Retry-After": str(RETRY_AFTER_S)})
+    if isinstance(exc, EngineError):
+        return ApiError(500, f"llama.cpp failed: {one_line(exc)}", kind="server_error")
+    return ApiError(500, f"internal error: {one_line(exc)}", kind="server_error")
+
+
+def finish_reason(stats: TurnStats, max_tokens: int) -> str:
+    """'length' when the answer ran into max_tokens, else 'stop'."""
+    return "length" if stats.completion_tokens >= max_tokens else "stop"
+
+
+def edgevlm_numbers(answered: Answered, n_ctx: int) -> dict[str, object]:
+    """What the turn cost, in edgevlm's own words: prefill, CLIP, the two speeds, how the image
+    was shown (grid, pooling, where it sat on the tiles' canvas) and the cache it left."""
+    s = answered.stats
+    return {"prefill_tokens": s.prefill_tokens, "cached_tokens": s.cached_tokens,
+            "visual_tokens": s.visual_tokens, "visual_tokens_live": s.visual_tokens_live,
+            "clip_encodes": s.clip_encodes, "grid": list(s.grid), "n_tiles": s.n_tiles,
+            "pool": s.pool, "canvas": list(s.canvas_size), "image_box": list(s.image_box),
+            "layout": s.layout, "prefix_cache": s.prefix_cache, "restore_s": round(s.restore_s, 4),
+            "dropped_turns": s.dropped_turns, "queue_s": round(answered.queue_s, 4),
+            "summary_wait_s": round(s.summary_wait_s, 4), "ttft_s": round(s.ttft_s, 4),
+            "decode_tok_s": round(s.decode_tok_s, 2),
+            "kv": _kv_split(s, n_ctx)}
+
+
+def _kv_split(stats: TurnStats, n_ctx: int) -> dict[str, int]:
+    """The cache when the answer ended, by what holds it."""
+    images, summaries = stats.visual_tokens_live, stats.summary_tokens_live
+    return {"n_ctx": n_ctx, "text": stats.kv_tokens - images - summaries, "summaries": summaries,
+            "images": images}
+
+
+def past_summaries(turn: ChatTurn, store: SummaryStore | None) -> list[dict[str, object]]:
+    """The summaries that stood in for the request's earlier images, in message order (None for
+    an image still live in the cache: its summary is made in idle time, after a follow-up)."""
+    found = []
+    for number, past in enumerate(turn.past, start=1):
+        if past.image is not None:
+            summary = store.get(past.image.sha256) if store is not None else None
+            found.append({"turn": number, "image": past.image.image.path.name,
+                          "sha256": past.image.sha256, "summary": summary})
+    return found
+
+
+def note_for_log(request: Request, answered: Answered) -> None:
+    """Put the turn's numbers where the request log line finds them."""
+    s = answered.stats
+    request.scope.setdefault("state", {})["log_note"] = (
+        f"prompt={s.prompt_tokens} cached={s.cached_tokens} completion={s.completion_tokens} "
+        f"clip={s.clip_encodes} ttft={s.ttft_s:.2f}s decode={s.decode_tok_s:.1f}tok/s")

@@ -1,0 +1,196 @@
+"""What an image cost once, kept so that showing it again skips CLIP.
+
+Projector rows are kept per view, in RAM (an LRU capped in bytes) and on disk under the
+user's cache directory, keyed by the model and projector files and the view's own pixels
+(so its geometry, tile or global view, is part of the key). Summaries of answered images are
+kept by model and the SHA-256 of the image's bytes. Every entry can be rebuilt: a corrupt
+one is ignored and written again, never an error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from edgevlm.llama.types import ImageEmbedding
+from edgevlm.paths import cache_dir
+from edgevlm.store.files import folder_bytes, trim_folder, write_atomically
+
+log = logging.getLogger("edgevlm")
+RAM_BYTES = 1 << 30  # 1 GiB of projector rows: ~100 LLaVA-1.5-7B views, thousands for small models
+DISK_BYTES = 4 << 30
+ENTRIES = "*/*.npy"  # one file per view, in folders by the key's first two hex digits
+
+Encode = Callable[[Image.Image], ImageEmbedding]
+
+
+def file_identity(path: Path | None) -> str:
+    """A model file as the cache knows it: name, size and modification time (no hashing of GBs)."""
+    if path is None:
+        return "-"
+    stat = path.stat()
+    return f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}"
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """How the cache has served so far."""
+
+    hits: int
+    misses: int
+    ram_bytes: int
+
+
+class EmbeddingCache:
+    """Projector rows per view: RAM first, then disk, then CLIP (whose rows are kept)."""
+
+    def __init__(self, encode: Encode, identity: str, *, folder: Path | None = None,
+                 ram_bytes: int = RAM_BYTES, disk_bytes: int = DISK_BYTES) -> None:
+        self._encode, self._identity = encode, identity
+        self._folder = folder if folder is not None else cache_dir() / "embeddings"
+        self._ram_cap, self._disk_cap = ram_bytes, disk_bytes
+        self._ram: OrderedDict[str, ImageEmbedding] = OrderedDict()
+        self._ram_bytes = self.hits = self.misses = 0
+        self._disk_used: int | None = None  # bytes on disk, counted at the first save
+        self._lock = threading.Lock()
+
+    def __call__(self, view: Image.Image) -> ImageEmbedding:
+        """The view's projector rows, from the cache when it has them."""
+        return self._lookup(view, self._encode)
+
+    def using(self, encode: Encode) -> Encode:
+        """This cache in front of another encoder (a parallel sequence's, which times its own CLIP)."""
+        return lambda view: self._lookup(view, encode)
+
+    def _lookup(self, view: Image.Image, encode: Encode) -> ImageEmbedding:
+        pixels = np.ascontiguousarray(np.asarray(view, dtype=np.uint8))
+        key = self._key(pixels)
+        found = self._from_ram(key) or self._from_disk(key)
+        if found is not None:
+            self.hits += 1
+            return found
+        self.misses += 1
+        embedding = encode(view)
+        self._remember(key, embedding)
+        self._save(key, embedding)
+        return embedding
+
+    def stats(self) -> CacheStats:
+        """Hits, misses and the RAM in use."""
+        return CacheStats(self.hits, self.misses, self._ram_bytes)
+
+    def _key(self, pixels: np.ndarray) -> str:
+        digest = hashlib.sha256(self._identity.encode())
+        digest.update(repr(pixels.shape).encode())
+        digest.update(pixels.tobytes())
+        return digest.hexdigest()
+
+    def _from_ram(self, key: str) -> ImageEmbedding | None:
+        with self._lock:
+            found = self._ram.get(key)
+            if found is not None:
+                self._ram.move_to_end(key)
+            return found
+
+    def _remember(self, key: str, embedding: ImageEmbedding) -> None:
+        with self._lock:
+            if key in self._ram or embedding.rows.nbytes > self._ram_cap:
+                return
+            self._ram[key] = embedding
+            self._ram_bytes += embedding.rows.nbytes
+            while self._ram_bytes > self._ram_cap:
+                _, old = self._ram.popitem(last=False)
+                self._ram_bytes -= old.rows.nbytes
+
+    def _path(self, key: str) -> Path:
+        return self._folder / key[:2] / f"{key}.npy"
+
+    def _from_disk(self, key: str) -> ImageEmbedding | None:
+        path = self._path(key)
+        if not path.exists():
+            return None
+        try:
+            rows = np.load(path, allow_pickle=False)
+            if rows.ndim != 2 or rows.dtype != np.float32:
+                raise ValueError(f"rows of shape {rows.shape} and type {rows.dtype}")
+        except (OSError, ValueError, EOFError) as exc:
+            log.debug("ignoring a corrupt cache entry %s (%s)", path, exc)
+            path.unlink(missing_ok=True)
+            return None
+        embedding = ImageEmbedding(rows)
+        self._remember(key, embedding)
+        return embedding
+
+    def _save(self, key: str, embedding: ImageEmbedding) -> None:
+        if self._disk_cap <= 0:
+            return
+        path = self._path(key)
+        try:
+            rows = io.BytesIO()
+            np.save(rows, np.ascontiguousarray(embedding.rows, dtype=np.float32))
+            write_atomically(path, rows.getvalue(), durable=False)
+            self._note_disk_use(path.stat().st_size)
+        except OSError as exc:  # a full or read-only disk costs speed, not the answer
+            log.debug("could not keep %s on disk (%s)", path, exc)
+
+    def _note_disk_use(self, added_bytes: int) -> None:
+        """Keep a running total; the folder is listed only at first and when it is over its cap."""
+        if self._disk_used is None:
+            self._disk_used = folder_bytes(self._folder, ENTRIES)
+        else:
+            self._disk_used += added_bytes
+        if self._disk_used > self._disk_cap:
+            self._disk_used = trim_folder(self._folder, self._disk_cap, ENTRIES)
+
+
+class SummaryStore:
+    """Summaries of answered images by model and image SHA-256: one small text file each."""
+
+    def __init__(self, identity: str, *, folder: Path | None = None, persist: bool = True) -> None:
+        model_key = hashlib.sha256(identity.encode()).hexdigest()[:16]
+        self._folder = (folder if folder is not None else cache_dir() / "summaries") / model_key
+        self._persist = persist
+        self._known: dict[str, str] = {}
+
+    def get(self, image_sha256: str) -> str | None:
+        """The summary kept for this image, if any."""
+        if image_sha256 in self._known:
+            return self._known[image_sha256]
+        if not self._persist:
+            return None
+        try:
+            text = (self._folder / f"{image_sha256}.txt").read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError):
+            return None
+        self._known[image_sha256] = text  # "" too: the image was summarised, with nothing to say
+        return text
+
+    def put(self, image_sha256: str, summary: str) -> None:
+        """Keep a summary (in memory, and on disk unless caching is off)."""
+        self._known[image_sha256] = summary
+        if not self._persist:
+            return
+        path = self._folder / f"{image_sha256}.txt"
+        try:
+            write_atomically(path, summary, durable=False)
+        except OSError as exc:
+            log.debug("could not keep the summary %s (%s)", path, exc)
+
+
+def pair_identity(model_path: Path, mmproj_path: Path | None) -> str:
+    """A model/projector pair as the caches key it."""
+    return f"{file_identity(model_path)}|{file_identity(mmproj_path)}"
+
+
+def for_files(encode: Encode, model_path: Path, mmproj_path: Path | None) -> EmbeddingCache:
+    """The cache for one model/projector pair, in the user's cache directory."""
+    return EmbeddingCache(encode, pair_identity(model_path, mmproj_path))

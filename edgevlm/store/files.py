@@ -1,0 +1,91 @@
+"""Writing files safely: whole or absent (atomic), and JSON lines appended one write at a time."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+
+def write_atomically(path: Path, data: str | bytes | list[bytes | memoryview], *,
+                     durable: bool = True) -> None:
+    """Write a file so that it is either absent or complete: a temporary file beside it, then a
+    rename. `durable` also fsyncs it (captions, logs); caches skip that, a lost one costs time.
+    A list of parts is written in order, without joining them first (hundreds of MB of KV)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            for part in data if isinstance(data, list) else [data]:
+                handle.write(part.encode("utf-8") if isinstance(part, str) else part)
+            if durable:
+                handle.flush()
+                os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def append_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
+    """Append rows as JSON lines in one write, fsynced: a crash leaves at most a torn last line."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class JsonlAppender:
+    """Append JSON lines from any thread; a failing disk warns once, and never stops the work.
+
+    A header line, if given, is written before the first line when the file is new, so a
+    run that records nothing leaves no file behind.
+    """
+
+    def __init__(self, path: Path, *, warn: Callable[[str], None],
+                 header: dict[str, Any] | None = None, what: str = "this session") -> None:
+        self.path = path
+        self.what = what  # what is lost when the disk refuses
+        self._warn = warn
+        self._warned = False
+        self._header = header
+        self._lock = threading.Lock()  # turns come from the REPL, summaries from the engine thread
+
+    def append(self, data: dict[str, Any]) -> bool:
+        """Write one line; False (after one warning) when the disk refuses."""
+        with self._lock:
+            try:
+                new = not (self.path.exists() and self.path.stat().st_size)
+                append_jsonl(self.path, [self._header, data] if new and self._header else [data])
+                return True
+            except OSError as exc:
+                if not self._warned:
+                    self._warn(f"cannot write {self.path} ({exc.strerror or exc}); "
+                               f"the chat goes on, but {self.what} is not being saved")
+                    self._warned = True
+                return False
+
+
+def folder_bytes(folder: Path, pattern: str) -> int:
+    """Bytes held by the files under `folder` that match `pattern` (a cache's entries)."""
+    return sum(p.stat().st_size for p in folder.glob(pattern))
+
+
+def trim_folder(folder: Path, cap_bytes: int, pattern: str) -> int:
+    """Remove the least recently written entries until the folder fits its cap; returns its size."""
+    entries = [(p.stat().st_mtime_ns, p.stat().st_size, p) for p in folder.glob(pattern)]
+    total = sum(size for _, size, _ in entries)
+    for _, size, path in sorted(entries):
+        if total <= cap_bytes:
+            break
+        path.unlink(missing_ok=True)
+        total -= size
+    return total

@@ -1,0 +1,90 @@
+"""One interface for how a model family is shown an image, whatever the family.
+
+For an image and a token budget a layout answers: the views to encode, the steps that put
+them in the cache (labels and views in order, or all views packed into one block of rows),
+the visual tokens, and the plan (grid, canvas, pooling) that describe and serve report.
+Adding a family is adding a file here with one class that has these methods.
+
+Pure: nothing here imports llama_cpp.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+from PIL import Image
+
+
+@dataclass(frozen=True)
+class ViewBudget:
+    """What a layout may spend on one image, in tokens, and the settings that shape it."""
+
+    room: int  # tokens the whole image block may take
+    tile_size: int  # the projector's view side, in pixels
+    view_tokens: int  # tokens one view costs
+    label_tokens: int = 0  # the widest text label between views (labelled layouts)
+    whole_label_tokens: int = 0  # the label before the whole-image view
+    pool: int | None = 1  # 1 or 2; None: pool only when it buys a larger grid
+    max_tiles: int | None = None  # None: as many as fit; 0: the global view only
+
+
+class ImagePlan(Protocol):
+    """One image's plan, as describe and serve report it."""
+
+    @property
+    def layout(self) -> str: ...
+    @property
+    def grid(self) -> tuple[int, int]: ...
+    @property
+    def n_tiles(self) -> int: ...
+    @property
+    def pool(self) -> int: ...
+    @property
+    def canvas_size(self) -> tuple[int, int]: ...
+    @property
+    def image_box(self) -> tuple[int, int, int, int]: ...
+
+
+@dataclass(frozen=True)
+class BlockStep:
+    """One step of an image block: a text label, or a view's rows (pooled pool x pool)."""
+
+    label: str | None = None
+    view: int | None = None  # index into the layout's views
+    pool: int = 1
+    tile: bool = False  # a tile (counted apart from the global view in the stats)
+
+
+class ImageLayout(Protocol):
+    """How one model family is shown an image."""
+
+    name: str  # models.gguf's layout name (llava-1.5-tiles, llava-next)
+    packed: bool  # True: every view's rows are packed into one block (pack); False: step by step
+
+    def label_texts(self) -> tuple[str, str]:
+        """The label before the whole-image view and the widest label between views ("" for none):
+        what the budget counts for labels, in the model's own tokens."""
+        ...
+
+    def plan(self, image_size: tuple[int, int], budget: ViewBudget) -> ImagePlan:
+        """The largest plan for this image that fits the budget."""
+        ...
+
+    def views(self, image: Image.Image, plan: ImagePlan) -> list[Image.Image]:
+        """The views to encode, in the order the steps name them."""
+        ...
+
+    def steps(self, plan: ImagePlan) -> list[BlockStep]:
+        """Labels and views in the order they go into the cache."""
+        ...
+
+    def pack(self, rows: Sequence[np.ndarray], plan: ImagePlan) -> np.ndarray:
+        """A packed layout's one block of rows, from every view's (pooled) rows."""
+        ...
+
+    def block_tokens(self, plan: ImagePlan, budget: ViewBudget) -> int:
+        """The image block's tokens (an upper bound where labels are counted at their widest)."""
+        ...

@@ -1,0 +1,220 @@
+"""LLaVA-1.6 (LLaVA-NeXT) image input, as the model was trained to see it.
+
+Pure: Pillow and numpy only. The arithmetic follows LLaVA-NeXT's own code (`select_best_resolution`,
+`resize_and_pad_image`, `unpad_image` and the `spatial_unpad` packing in its model): the overview
+is the whole image stretched to one view and comes first; the tiles' features are put back into
+one (rows·side)×(cols·side) map, the padding rows or columns are cropped off, and the learned
+newline vector follows each row of the map. No text labels.
+
+llama.cpp's mtmd slices a 1.6 image into separate chunks instead (overview last, no unpad, no
+newline), so edgevlm sends mtmd exact single views and packs the rows itself.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+from edgevlm.models.gguf import LLAVA_NEXT
+from edgevlm.vision.images import resize_view
+from edgevlm.vision.layout import BlockStep, ImagePlan, ViewBudget
+
+# LLaVA-NeXT pads the refined image in black, not in LLaVA-1.5's mean colour.
+PAD_RGB = (0, 0, 0)
+
+
+@dataclass(frozen=True)
+class NextGrid:
+    """One image's LLaVA-NeXT plan: the canvas, its grid of views and the unpadded feature map."""
+
+    image_size: tuple[int, int]  # (width, height), upright
+    canvas: tuple[int, int]  # the chosen pinpoint (width, height); (0, 0): overview only
+    tile_size: int
+    side: int  # feature rows (and columns) per view: 24 for ViT-L/14 at 336 px, less if pooled
+    rows_kept: tuple[int, int]  # [start, stop) of the map's rows after unpadding
+    cols_kept: tuple[int, int]
+    pool: int = 1  # tiles' features averaged pool x pool before packing (only when asked for)
+
+    @property
+    def layout(self) -> str:
+        return LLAVA_NEXT
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """(cols, rows) of tiles; (0, 0) for the overview alone."""
+        return (self.canvas[0] // self.tile_size, self.canvas[1] // self.tile_size)
+
+    @property
+    def n_tiles(self) -> int:
+        return self.grid[0] * self.grid[1]
+
+    @property
+    def canvas_size(self) -> tuple[int, int]:
+        return self.canvas
+
+    @property
+    def image_box(self) -> tuple[int, int, int, int]:
+        """Where the resized image sits on the canvas: (x, y, width, height)."""
+        return fitted_box(self.image_size, self.canvas) if self.n_tiles else (0, 0, *self.canvas)
+
+    @property
+    def map_shape(self) -> tuple[int, int]:
+        """(height, width) of the unpadded feature map, in tokens, before the newlines."""
+        return (self.rows_kept[1] - self.rows_kept[0], self.cols_kept[1] - self.cols_kept[0])
+
+    def tokens(self, overview_tokens: int) -> int:
+        """Visual tokens: the overview, then each kept row and its newline."""
+        height, width = self.map_shape
+        return overview_tokens + (height * (width + 1) if self.n_tiles else 0)
+
+
+def select_best_resolution(size: tuple[int, int], pinpoints: tuple[tuple[int, int], ...]) -> tuple[int, int]:
+    """The canvas that keeps the most of the image's own pixels, then wastes the least."""
+    width, height = size
+    best, best_key = pinpoints[0], (-1, 0)
+    for canvas in pinpoints:
+        scale = min(canvas[0] / width, canvas[1] / height)
+        effective = min(int(width * scale) * int(height * scale), width * height)
+        key = (effective, -(canvas[0] * canvas[1] - effective))
+        if key > best_key:
+            best, best_key = canvas, key
+    return best
+
+
+def unpad_bounds(size: tuple[int, int], map_hw: tuple[int, int]) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The rows and columns of a padded feature map that show the image (LLaVA-NeXT's unpad rule)."""
+    width, height = size
+    map_h, map_w = map_hw
+    if width / height > map_w / map_h:  # wider than the canvas: padding above and below
+        padding = (map_h - int(height * (map_w / width))) // 2
+        return (padding, map_h - padding), (0, map_w)
+    padding = (map_w - int(width * (map_h / height))) // 2
+    return (0, map_h), (padding, map_w - padding)
+
+
+def next_grid(size: tuple[int, int], canvas: tuple[int, int], *, tile_size: int, side: int,
+              pool: int = 1) -> NextGrid:
+    """The plan for one image on one canvas."""
+    if canvas == (0, 0):
+        return NextGrid(size, canvas, tile_size, side, (0, 0), (0, 0), pool)
+    map_hw = (canvas[1] // tile_size * side, canvas[0] // tile_size * side)
+    rows, cols = unpad_bounds(size, map_hw)
+    return NextGrid(size, canvas, tile_size, side, rows, cols, pool)
+
+
+def fit_next_grid(size: tuple[int, int], pinpoints: tuple[tuple[int, int], ...], *, room: int,
+                  tile_size: int, view_tokens: int, pool: int = 1, max_tiles: int | None = None) -> NextGrid:
+    """The best canvas whose exact token count fits `room`; the overview alone if none does.
+
+    The model's own choice (select_best_resolution) comes first; smaller canvases are the
+    fallback when the context is short, and `max_tiles` caps the grid (0: overview only).
+    """
+    side = math.isqrt(view_tokens) // pool
+    allowed = [c for c in pinpoints
+               if max_tiles is None or (c[0] // tile_size) * (c[1] // tile_size) <= max_tiles]
+    while allowed:
+        canvas = select_best_resolution(size, tuple(allowed))
+        plan = next_grid(size, canvas, tile_size=tile_size, side=side, pool=pool)
+        if plan.tokens(view_tokens) <= room:
+            return plan
+        allowed.remove(canvas)
+    return next_grid(size, (0, 0), tile_size=tile_size, side=side, pool=pool)
+
+
+def next_views(image: Image.Image, plan: NextGrid) -> list[Image.Image]:
+    """The views to encode: the overview (the whole image stretched), then the tiles in row-major order."""
+    views = [resize_view(image, (plan.tile_size, plan.tile_size))]
+    if not plan.n_tiles:
+        return views
+    canvas = _resize_and_pad(image, plan.canvas)
+    cols, rows = plan.grid
+    size = plan.tile_size
+    views += [canvas.crop((c * size, r * size, (c + 1) * size, (r + 1) * size))
+              for r in range(rows) for c in range(cols)]
+    return views
+
+
+def pack_next(overview: np.ndarray, tiles: list[np.ndarray], plan: NextGrid,
+              newline: np.ndarray) -> np.ndarray:
+    """The rows the model reads: the overview, then the unpadded map with a newline after each row."""
+    if not plan.n_tiles:
+        return overview
+    cols, rows = plan.grid
+    side, width = plan.side, overview.shape[1]
+    grid = np.stack(tiles).reshape(rows, cols, side, side, width)
+    feature_map = grid.transpose(0, 2, 1, 3, 4).reshape(rows * side, cols * side, width)
+    (r0, r1), (c0, c1) = plan.rows_kept, plan.cols_kept
+    kept = feature_map[r0:r1, c0:c1]
+    newlines = np.broadcast_to(newline.astype(overview.dtype), (kept.shape[0], 1, width))
+    packed = np.concatenate([kept, newlines], axis=1).reshape(-1, width)
+    return np.concatenate([overview, packed])
+
+
+def fitted_box(size: tuple[int, int], canvas: tuple[int, int]) -> tuple[int, int, int, int]:
+    """Where an image of `size` lands when fitted inside the canvas, aspect kept and centred:
+    (x, y, width, height), as LLaVA-NeXT's refinement places it."""
+    width, height = size
+    target_w, target_h = canvas
+    if target_w / width < target_h / height:
+        new_w, new_h = target_w, min(math.ceil(height * target_w / width), target_h)
+    else:
+        new_w, new_h = min(math.ceil(width * target_h / height), target_w), target_h
+    return ((target_w - new_w) // 2, (target_h - new_h) // 2, new_w, new_h)
+
+
+def _resize_and_pad(image: Image.Image, canvas: tuple[int, int]) -> Image.Image:
+    """Fit the image inside the canvas, aspect kept, centred on black (LLaVA-NeXT's refinement)."""
+    x, y, new_w, new_h = fitted_box(image.size, canvas)
+    padded = Image.new("RGB", canvas, PAD_RGB)
+    padded.paste(resize_view(image, (new_w, new_h)), (x, y))
+    return padded
+
+
+
+class LlavaNextLayout:
+    """LLaVA-1.6: the overview, then the tiles' unpadded feature map with a newline per row."""
+
+    name = LLAVA_NEXT
+    packed = True
+
+    def __init__(self, pinpoints: tuple[tuple[int, int], ...], newline: np.ndarray) -> None:
+        self.pinpoints = pinpoints  # (width, height) canvases, multiples of a view
+        self.newline = newline  # the learned vector appended after each row of the map
+
+    def label_texts(self) -> tuple[str, str]:
+        """No text labels: the newline vector marks the rows."""
+        return "", ""
+
+    def plan(self, image_size: tuple[int, int], budget: ViewBudget) -> NextGrid:
+        """The model's own canvas for this image, or the largest smaller one that fits."""
+        return fit_next_grid(image_size, self.pinpoints, room=budget.room, tile_size=budget.tile_size,
+                             view_tokens=budget.view_tokens, pool=budget.pool or 1,
+                             max_tiles=budget.max_tiles)
+
+    def views(self, image: Image.Image, plan: ImagePlan) -> list[Image.Image]:
+        """The overview, then the tiles in row-major order."""
+        return next_views(image, _next(plan))
+
+    def steps(self, plan: ImagePlan) -> list[BlockStep]:
+        """Every view, packed afterwards: the tiles pooled as planned."""
+        grid = _next(plan)
+        return [BlockStep(view=0), *(BlockStep(view=i, pool=grid.pool, tile=True)
+                                     for i in range(1, grid.n_tiles + 1))]
+
+    def pack(self, rows: Sequence[np.ndarray], plan: ImagePlan) -> np.ndarray:
+        """The overview's rows, then the map with its newlines."""
+        return pack_next(rows[0], list(rows[1:]), _next(plan), self.newline)
+
+    def block_tokens(self, plan: ImagePlan, budget: ViewBudget) -> int:
+        """The packed block's exact tokens."""
+        return _next(plan).tokens(budget.view_tokens)
+
+
+def _next(plan: ImagePlan) -> NextGrid:
+    if not isinstance(plan, NextGrid):
+        raise TypeError("a LLaVA-NeXT layout plans with NextGrid")
+    return plan

@@ -1,0 +1,248 @@
+"""AnyRes tiling: a global view plus labelled local tiles, sized to the context budget.
+
+Pure: Pillow and numpy only, no llama imports.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from PIL import Image
+
+from edgevlm.models.gguf import LLAVA_15_TILES
+from edgevlm.vision.images import MEAN_RGB, resize_view
+
+# Past about a dozen tiles a frozen LLaVA-1.5 gains little and the prompt outgrows its training.
+MAX_AUTO_TILES = 12
+# Pooled tiles cost a quarter of the tokens, so a few more fit the same prompt length (5x3).
+MAX_POOLED_TILES = 15
+POOL_CHOICES = (1, 2)
+# LLaVA's eye: what the catalog's projectors see (ViT-L/14 at 336 px).
+DEFAULT_TILE_SIZE = 336
+
+
+@dataclass(frozen=True)
+class Tile:
+    """One local tile: 1-based row and column, and its box on the tiling canvas."""
+
+    row: int
+    col: int
+    box: tuple[int, int, int, int]
+
+
+@dataclass(frozen=True)
+class TilePlan:
+    """How one image is shown: the grid, the canvas it is resized onto, and the tiles."""
+
+    image_size: tuple[int, int]
+    tile_size: int
+    grid: tuple[int, int]  # (cols, rows); (0, 0) means global view only
+    scale: float
+    resized_size: tuple[int, int]
+    offset: tuple[int, int]
+    tiles: tuple[Tile, ...]
+    pool: int = 1  # local tiles' tokens are average-pooled pool x pool; the global view never is
+
+    @property
+    def n_tiles(self) -> int:
+        return len(self.tiles)
+
+    @property
+    def layout(self) -> str:
+        return LLAVA_15_TILES
+
+    @property
+    def canvas_size(self) -> tuple[int, int]:
+        cols, rows = self.grid
+        return (cols * self.tile_size, rows * self.tile_size)
+
+    @property
+    def image_box(self) -> tuple[int, int, int, int]:
+        """Where the resized image sits on the canvas: (x, y, width, height)."""
+        return (*self.offset, *self.resized_size)
+
+
+def effective_resolution(width: int, height: int, cols: int, rows: int, tile_size: int) -> int:
+    """LLaVA-NeXT's score: image pixels kept when fitted into a cols x rows canvas, capped at W*H."""
+    scale = min(cols * tile_size / width, rows * tile_size / height)
+    return min(int(width * scale) * int(height * scale), width * height)
+
+
+def select_grid(width: int, height: int, *, max_tiles: int, tile_size: int) -> tuple[int, int]:
+    """Best (cols, rows) with cols*rows <= max_tiles, or (0, 0) when tiles would add nothing."""
+    if max_tiles < 2 or (width <= tile_size and height <= tile_size):
+        return (0, 0)
+    global_score = effective_resolution(width, height, 1, 1, tile_size)
+    best: tuple[int, int, float] | None = None  # (score, -waste, -aspect error)
+    best_grid = (0, 0)
+    for cols in range(1, max_tiles + 1):
+        for rows in range(1, max_tiles // cols + 1):
+            if cols * rows < 2:
+                continue
+            score = effective_resolution(width, height, cols, rows, tile_size)
+            waste = cols * rows * tile_size * tile_size - score
+            aspect_error = abs((cols / rows) - (width / height))
+            key = (score, -waste, -aspect_error)
+            if best is None or key > best:
+                best, best_grid = key, (cols, rows)
+    if best is None or best[0] <= global_score:
+        return (0, 0)
+    return best_grid
+
+
+def plan_tiles(width: int, height: int, *, max_tiles: int, tile_size: int, pool: int = 1) -> TilePlan:
+    """Choose the grid and lay out its tiles in row-major order; never upscales the image."""
+    cols, rows = select_grid(width, height, max_tiles=max_tiles, tile_size=tile_size)
+    if cols == 0:
+        return TilePlan((width, height), tile_size, (0, 0), 1.0, (width, height), (0, 0), ())
+    canvas_w, canvas_h = cols * tile_size, rows * tile_size
+    scale = min(canvas_w / width, canvas_h / height, 1.0)
+    resized = (max(1, min(canvas_w, round(width * scale))), max(1, min(canvas_h, round(height * scale))))
+    offset = ((canvas_w - resized[0]) // 2, (canvas_h - resized[1]) // 2)
+    tiles = tuple(
+        Tile(row=r + 1, col=c + 1,
+             box=(c * tile_size, r * tile_size, (c + 1) * tile_size, (r + 1) * tile_size))
+        for r in range(rows)
+        for c in range(cols)
+    )
+    return TilePlan((width, height), tile_size, (cols, rows), scale, resized, offset, tiles, pool)
+
+
+def max_tiles_for_budget(
+    *, n_ctx: int, reserved_tokens: int, global_tokens: int, tokens_per_tile: int,
+    cap: int = MAX_AUTO_TILES,
+) -> int:
+    """How many tiles fit: (n_ctx - reserved - global) // tokens per tile, capped at `cap`."""
+    free = n_ctx - reserved_tokens - global_tokens
+    if free <= 0 or tokens_per_tile <= 0:
+        return 0
+    return min(cap, free // tokens_per_tile)
+
+
+def pooled_tokens(view_tokens: int, pool: int) -> int:
+    """Tokens of one view after pool x pool averaging of its square grid; 0 if it cannot be pooled."""
+    if pool == 1:
+        return view_tokens
+    side = math.isqrt(view_tokens)
+    if pool < 1 or side * side != view_tokens or side % pool:
+        return 0
+    return (side // pool) ** 2
+
+
+def plan_image(width: int, height: int, *, room: int, tile_size: int, view_tokens: int,
+               label_tokens: int, reserved_tokens: int = 0, pool: int | None = 1,
+               max_tiles: int | None = None) -> TilePlan:
+    """The grid and pooling for one image in `room` tokens; pool None is auto.
+
+    Auto shows full tiles while they fit and pooled tiles only when pooling buys a larger grid:
+    detail per tile is worth more than tiles, so pooling is the fallback, not the rule.
+    """
+    if pool is not None and pool not in POOL_CHOICES:
+        raise ValueError(f"pool must be one of {POOL_CHOICES} or None (auto)")
+    factors = (1, 2) if pool is None else (pool,)
+    best: TilePlan | None = None
+    for factor in factors:
+        per_tile = pooled_tokens(view_tokens, factor)
+        if per_tile == 0:
+            if pool is None:
+                continue  # auto: this projector's grid does not pool
+            raise ValueError(f"{view_tokens} tokens per view cannot be pooled {factor}x{factor}")
+        budget = max_tiles_for_budget(
+            n_ctx=room, reserved_tokens=reserved_tokens, global_tokens=view_tokens,
+            tokens_per_tile=per_tile + label_tokens,
+            cap=MAX_AUTO_TILES if factor == 1 else MAX_POOLED_TILES)
+        limit = budget if max_tiles is None else min(max_tiles, budget)
+        candidate = plan_tiles(width, height, max_tiles=limit, tile_size=tile_size, pool=factor)
+        if not candidate.tiles:
+            candidate = replace(candidate, pool=1)  # nothing to pool without tiles
+        if best is None or candidate.n_tiles > best.n_tiles:
+            best = candidate
+    assert best is not None  # factor 1 always plans
+    return best
+
+
+@dataclass(frozen=True)
+class TurnCosts:
+    """The tokens of one image turn around its views, as the model's tokenizer counts them.
+
+    `describe` and `plan` both size grids from this, so the plan reports the grid that
+    describe will really use.
+    """
+
+    system_tokens: int  # the system prompt, decoded once and shared by every image
+    text_tokens: int  # user prefix, question, assistant suffix (and a caption request, if any)
+    whole_image_tokens: int  # the "Whole image:" label before the global view
+    label_tokens: int  # one tile's label (the widest one, so every label fits)
+    view_tokens: int  # one 336² view from the projector
+
+    def room(self, n_ctx: int, answer_tokens: int) -> int:
+        """Tokens an image block may use in a turn that starts from just the system prompt."""
+        return n_ctx - self.system_tokens - self.text_tokens - answer_tokens
+
+    def plan(self, width: int, height: int, *, n_ctx: int, answer_tokens: int, tile_size: int,
+             pool: int | None = 1, max_tiles: int | None = None) -> TilePlan:
+        """The grid for a width x height image in a fresh turn at this context size."""
+        return plan_image(width, height, room=self.room(n_ctx, answer_tokens), tile_size=tile_size,
+                          view_tokens=self.view_tokens, label_tokens=self.label_tokens,
+                          reserved_tokens=self.whole_image_tokens, pool=pool, max_tiles=max_tiles)
+
+    def max_tiles(self, *, n_ctx: int, answer_tokens: int, pool: int = 1) -> int:
+        """The most tiles any image can get at this context size, at one pooling factor."""
+        if pooled_tokens(self.view_tokens, pool) == 0:
+            return 0  # this projector's grid cannot be pooled that way
+        return max_tiles_for_budget(
+            n_ctx=self.room(n_ctx, answer_tokens), reserved_tokens=self.whole_image_tokens,
+            global_tokens=self.view_tokens,
+            tokens_per_tile=pooled_tokens(self.view_tokens, pool) + self.label_tokens,
+            cap=MAX_AUTO_TILES if pool == 1 else MAX_POOLED_TILES)
+
+
+def parse_tiles(value: str) -> int | None:
+    """'auto' (None), '0' or a positive number of tiles; ValueError says what is accepted."""
+    if value.strip() == "auto":
+        return None
+    if not value.strip().isdigit():
+        raise ValueError(f"must be auto, 0 or a positive number, not '{value}'")
+    return int(value)
+
+
+def parse_pool(value: str) -> int | None:
+    """'auto' (None), '1' or '2'; ValueError says what is accepted."""
+    if value.strip() == "auto":
+        return None
+    if value.strip() not in {str(p) for p in POOL_CHOICES}:
+        raise ValueError(f"must be {', '.join(map(str, POOL_CHOICES))} or auto, not '{value}'")
+    return int(value)
+
+
+def useful_pixels(tile_size: int) -> int:
+    """The most source pixels any plan can show (the largest canvas): decoding more is wasted."""
+    return max(MAX_AUTO_TILES, MAX_POOLED_TILES) * tile_size * tile_size
+
+
+def letterbox(image: Image.Image, tile_size: int) -> Image.Image:
+    """The global view: the whole image padded to a square in LLaVA's mean colour, at tile_size."""
+    width, height = image.size
+    scale = tile_size / max(width, height)
+    new_size = (max(1, round(width * scale)), max(1, round(height * scale)))
+    resized = resize_view(image, new_size)
+    canvas = Image.new("RGB", (tile_size, tile_size), MEAN_RGB)
+    canvas.paste(resized, ((tile_size - new_size[0]) // 2, (tile_size - new_size[1]) // 2))
+    return canvas
+
+
+def cut_tiles(image: Image.Image, plan: TilePlan) -> list[Image.Image]:
+    """The local tiles of a plan, in row-major order."""
+    if not plan.tiles:
+        return []
+    resized = resize_view(image, plan.resized_size)
+    canvas = Image.new("RGB", plan.canvas_size, MEAN_RGB)
+    canvas.paste(resized, plan.offset)
+    return [canvas.crop(tile.box) for tile in plan.tiles]
+
+
+def tile_label(tile: Tile, grid: tuple[int, int]) -> str:
+    """The text shown to the model just before a tile."""
+    cols, rows = grid
+    return f"Tile row {tile.row}, col {tile.col} of {cols}x{rows} (cols x rows):"

@@ -1,0 +1,305 @@
+"""The `edgevlm` command end to end, as a subprocess, on the test models."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from ..conftest import run_cli
+
+JSON_KEYS = {"image", "text", "grid", "n_tiles", "visual_tokens", "prompt_tokens",
+             "completion_tokens", "ttft_s", "prefill_tok_s", "decode_tok_s", "n_ctx", "n_gpu_layers"}
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("photos")
+    rng = np.random.default_rng(0)
+    noise = Image.fromarray(rng.integers(0, 255, (1080, 1920, 3), dtype=np.uint8))
+    noise.save(folder / "photo.jpg", quality=80)
+    rgba = Image.new("RGBA", (640, 480), (200, 10, 10, 128))
+    rgba.save(folder / "alpha.png")
+    Image.fromarray(np.linspace(0, 65535, 300 * 200, dtype=np.uint16).reshape(200, 300)).save(
+        folder / "deep16.png")
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    noise.resize((800, 600)).save(folder / "rotated.jpg", exif=exif)
+    Image.new("RGB", (1, 5000), (5, 5, 5)).save(folder / "strip.png")
+    (folder / "broken.jpg").write_bytes(b"definitely not a jpeg")
+    return {p.stem: p for p in folder.iterdir()}
+
+
+def _model_args(models: dict[str, Path]) -> list[str]:
+    return ["--model", str(models["text"]), "--mmproj", str(models["mmproj_112"]),
+            "--n-ctx", "1024", "--max-tokens", "6"]
+
+
+def test_describe_json_for_every_kind_of_image(test_models: dict[str, Path],
+                                               photos: dict[str, Path]) -> None:
+    names = ["photo", "alpha", "deep16", "rotated", "strip"]
+    result = run_cli("describe", *[str(photos[n]) for n in names], *_model_args(test_models), "--json")
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [Path(r["image"]).stem for r in rows] == names
+    for row in rows:
+        assert JSON_KEYS <= row.keys()
+        per_tile = 64 if row["pool"] == 1 else 16  # --pool auto: 2x2 pooling when it buys tiles
+        assert row["visual_tokens"] == 64 + per_tile * row["n_tiles"] == 64 + row["tile_tokens"]
+        assert row["prompt_tokens"] + 6 <= row["n_ctx"] == 1024
+        assert row["layout"] == "llava-1.5-tiles"  # a 1.5 projector: labelled tiles, as before
+        assert row["ttft_s"] >= row["prefill_s"] + row["clip_encode_s"]  # TTFT holds all before the answer
+    by_name = {Path(r["image"]).stem: r for r in rows}
+    assert by_name["photo"]["grid"][0] > by_name["photo"]["grid"][1]  # landscape: wide grid
+    assert by_name["rotated"]["grid"][1] > by_name["rotated"]["grid"][0]  # EXIF 6: now portrait
+    assert by_name["strip"]["n_tiles"] == 0
+
+
+def test_streams_text_and_reports_stats_on_stderr(test_models: dict[str, Path],
+                                                  photos: dict[str, Path]) -> None:
+    result = run_cli("describe", str(photos["photo"]), *_model_args(test_models))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip()
+    assert "TTFT" in result.stderr and "visual tokens" in result.stderr and "decode" in result.stderr
+
+
+def test_pool_1_and_2_on_the_same_grid(test_models: dict[str, Path], photos: dict[str, Path]) -> None:
+    rows = {}
+    for pool in ("1", "2"):
+        result = run_cli("describe", str(photos["photo"]), *_model_args(test_models), "--tiles", "4",
+                         "--pool", pool, "--json")
+        assert result.returncode == 0, result.stderr
+        rows[pool] = json.loads(result.stdout)
+    assert rows["1"]["grid"] == rows["2"]["grid"] == [2, 2]
+    assert rows["1"]["tile_tokens"] == 4 * 64 and rows["2"]["tile_tokens"] == 4 * 16
+    assert rows["2"]["prompt_tokens"] == rows["1"]["prompt_tokens"] - 4 * 48
+    result = run_cli("describe", str(photos["photo"]), *_model_args(test_models), "--tiles", "4",
+                     "--pool", "2")
+    assert "pooled 2x2" in result.stderr
+
+
+def test_one_bad_image_among_good_ones(test_models: dict[str, Path], photos: dict[str, Path]) -> None:
+    result = run_cli("describe", str(photos["broken"]), str(photos["alpha"]),
+                     str(photos["broken"].with_name("absent.jpg")), *_model_args(test_models), "--json")
+    assert result.returncode == 2
+    rows = [json.loads(line) for line in result.stdout.splitlines()]  # one per image named
+    assert [Path(r["image"]).name for r in rows] == ["broken.jpg", "alpha.png", "absent.jpg"]
+    assert "error" in rows[0] and "text" in rows[1] and rows[2]["error"].endswith("no such file")
+    assert "broken.jpg: not an image" in result.stderr and "absent.jpg: no such file" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "llava-1.5-7b"], "edgevlm fetch llava-1.5-7b"),
+        (["--model", "no-such-preset"], "known presets: llava-1.5-7b"),
+        (["--tiles", "many"], "--tiles must be auto, 0 or a positive number"),
+        (["--pool", "3"], "--pool must be 1, 2 or auto"),
+        (["--mmproj", "MODEL"], "pass it as --model"),
+    ],
+)
+def test_user_errors_are_one_line_with_exit_2(test_models: dict[str, Path], photos: dict[str, Path],
+                                              tmp_path: Path, args: list[str], message: str) -> None:
+    base = ["--model", str(test_models["text"]), "--mmproj", str(test_models["mmproj_112"])]
+    extra = [str(test_models["text"]) if a == "MODEL" else a for a in args]
+    result = run_cli("describe", str(photos["alpha"]), *base, *extra,
+                     env={"EDGEVLM_MODELS_DIR": str(tmp_path)})
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_help_teaches() -> None:
+    result = run_cli("describe", "--help")
+    assert result.returncode == 0
+    for flag in ("--prompt", "--tiles", "--pool", "--json", "--n-ctx", "--n-gpu-layers", "--model"):
+        assert flag in result.stdout
+
+
+def test_ctrl_c_during_describe_exits_130_cleanly(test_models: dict[str, Path],
+                                                  photos: dict[str, Path]) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    # The 576-token projector at n_ctx 4096 tiles a 1080p photo 5x3 pooled: ~25 s of prefill to
+    # interrupt. The child gets SIGINT's default action, as a terminal gives it: a job started
+    # with `&` inherits SIGINT ignored (and so would edgevlm, as every Unix program does).
+    process = subprocess.Popen(
+        [sys.executable, "-m", "edgevlm.cli", "describe", str(photos["photo"]), "--model",
+         str(test_models["text"]), "--mmproj", str(test_models["mmproj_336"]), "--n-ctx", "4096"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(4)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr[-2000:]
+    assert "interrupted" in stderr and "Traceback" not in stderr
+    assert "message" not in stderr  # describe sends no message; that wording is the chat's
+
+
+def test_a_prompt_longer_than_the_context_is_refused(test_models: dict[str, Path],
+                                                     photos: dict[str, Path]) -> None:
+    result = run_cli("describe", str(photos["alpha"]), *_model_args(test_models),
+                     "--prompt", "word " * 20000)
+    assert result.returncode == 2
+    assert "shorten it" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_llama_log_only_with_verbose_and_tracebacks_only_with_debug(
+        test_models: dict[str, Path], photos: dict[str, Path], tmp_path: Path) -> None:
+    quiet = run_cli("describe", str(photos["alpha"]), *_model_args(test_models))
+    assert "load_tensors" not in quiet.stderr and "llama_" not in quiet.stderr
+    loud = run_cli("describe", str(photos["alpha"]), *_model_args(test_models), "--verbose")
+    assert "load_tensors" in loud.stderr
+    debug = run_cli("describe", str(photos["alpha"]), "--model", str(tmp_path / "absent.gguf"),
+                    "--mmproj", str(test_models["mmproj_112"]), "--debug")
+    assert debug.returncode != 0 and "Traceback" in debug.stderr
+
+
+def test_several_images_are_told_apart_on_stdout(test_models: dict[str, Path], photos: dict[str, Path],
+                                                 tmp_path: Path) -> None:
+    result = run_cli("describe", str(photos["photo"]), str(photos["alpha"]), *_model_args(test_models),
+                     "--tiles", "0")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"==> {photos['photo']} <==\n")  # head(1)'s convention
+    assert f"\n\n==> {photos['alpha']} <==\n" in result.stdout
+    assert result.stderr.count("TTFT") == 2  # a stats line per image
+    folder = tmp_path / "two"
+    folder.mkdir()
+    for name in ("photo", "alpha"):
+        (folder / photos[name].name).write_bytes(photos[name].read_bytes())
+    in_folder = run_cli("describe", str(folder), *_model_args(test_models), "--tiles", "0")
+    assert in_folder.returncode == 0, in_folder.stderr
+    assert in_folder.stdout.count("==> ") == 2 and in_folder.stderr.count("TTFT") == 2
+    assert "2 captioned, 0 skipped (already done), 0 failed" in in_folder.stderr
+
+
+def test_live_progress_in_a_terminal(test_models: dict[str, Path], photos: dict[str, Path]) -> None:
+    import os
+    import sys
+
+    import pexpect
+
+    from ..conftest import ROOT
+
+    child = pexpect.spawn(sys.executable, ["-m", "edgevlm.cli", "describe", str(photos["photo"]),
+                                           *_model_args(test_models)], cwd=str(ROOT),
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "TERM": "xterm"},
+                          encoding="utf-8", timeout=120, dimensions=(30, 160))
+    try:
+        child.expect(r"views 0/\d+ · prefill 0/\d+ tokens")  # shown while the image is read
+        child.expect("TTFT")  # then the answer and its stats line
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
+
+
+def test_a_missing_file_still_gets_the_others_a_header(test_models: dict[str, Path],
+                                                      photos: dict[str, Path]) -> None:
+    result = run_cli("describe", str(photos["alpha"]), str(photos["alpha"].with_name("nosuch.jpg")),
+                     *_model_args(test_models))
+    assert result.returncode == 2
+    assert result.stdout.startswith(f"==> {photos['alpha']} <==\n")  # head(1)-style: two were named
+    assert "nosuch.jpg: no such file" in result.stderr
+
+
+@pytest.mark.skipif(shutil.which("exiftool") is None, reason="needs ExifTool")
+def test_embed_prints_the_answer_too(test_models: dict[str, Path], photos: dict[str, Path],
+                                     tmp_path: Path) -> None:
+    target = tmp_path / "embed.jpg"
+    shutil.copy(photos["photo"], target)
+    result = run_cli("describe", str(target), "--embed", *_model_args(test_models))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip()  # the answer, as without --embed
+
+
+def test_an_exiftool_failing_mid_run_keeps_and_counts_the_captions(test_models: dict[str, Path],
+                                                                   photos: dict[str, Path],
+                                                                   tmp_path: Path) -> None:
+    tool = tmp_path / "exiftool"  # answers -ver, then fails every write (a full disk, say)
+    tool.write_text('#!/bin/sh\n[ "$1" = "-ver" ] && { echo 12.76; exit 0; }\n'
+                    'echo "Error: disk full" >&2\nexit 1\n')
+    tool.chmod(0o755)
+    folder = tmp_path / "new"
+    folder.mkdir()
+    shutil.copy(photos["alpha"], folder / "a.png")
+    result = run_cli("describe", str(folder), "--write-captions", "--write-xmp", *_model_args(test_models),
+                     env={"EDGEVLM_EXIFTOOL": str(tool)})
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert (folder / "a.png.txt").read_text().strip()  # the caption was kept
+    assert "1 captioned (1 without their XMP), 0 skipped (already done), 0 failed" in result.stderr
+    assert "a.png: captioned, but ExifTool could not write" in result.stderr
+
+
+@pytest.mark.parametrize("after_s", [0.15, 0.3])
+def test_ctrl_c_while_starting_is_one_line(test_models: dict[str, Path], photos: dict[str, Path],
+                                           after_s: float) -> None:
+    command = Path(sys.executable).with_name("edgevlm")  # the console script, as a user starts it
+    process = subprocess.Popen([str(command), "describe", str(photos["alpha"]), *_model_args(test_models)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    time.sleep(after_s)  # while Python imports the CLI, or llama.cpp loads
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130 and "Traceback" not in stderr, stderr
+
+
+def test_several_questions_share_one_prefill(test_models: dict[str, Path], photos: dict[str, Path]) -> None:
+    questions = ["What is it?", "Which colours?", "Any text?"]
+    asked = run_cli("describe", str(photos["photo"]), *_model_args(test_models), "--json",
+                    *[arg for q in questions for arg in ("--ask", q)])
+    assert asked.returncode == 0, asked.stderr
+    rows = [json.loads(line) for line in asked.stdout.splitlines()]
+    assert [r["question"] for r in rows] == questions
+    assert rows[0]["prefix_cache"] == "none" and rows[0]["visual_tokens"] > 0
+    for row in rows[1:]:  # the image was prefilled once: later questions decode only themselves
+        assert row["prefix_cache"] == "context" and row["grid"] == rows[0]["grid"]
+        assert row["prompt_tokens"] - row["cached_tokens"] < 20 < row["visual_tokens"]
+    alone = run_cli("describe", str(photos["photo"]), *_model_args(test_models), "--json", "-p", questions[1])
+    assert json.loads(alone.stdout)["text"] == rows[1]["text"]
+    text = run_cli("describe", str(photos["photo"]), *_model_args(test_models), "--ask", questions[0],
+                   "--ask", questions[2])
+    assert f"==> {photos['photo']} · {questions[2]} <==" in text.stdout
+
+
+def test_a_second_run_restores_the_image_prefix_from_disk(test_models: dict[str, Path],
+                                                         photos: dict[str, Path], tmp_path: Path) -> None:
+    env = {"EDGEVLM_NO_CACHE": "0", "XDG_CACHE_HOME": str(tmp_path)}
+    runs = [run_cli("describe", str(photos["photo"]), *_model_args(test_models), "--json", env=env)
+            for _ in range(2)]
+    first, second = (json.loads(r.stdout) for r in runs)
+    assert (first["prefix_cache"], second["prefix_cache"]) == ("none", "disk")
+    assert first["n_tiles"] > 0 and second["visual_tokens"] == first["visual_tokens"]
+    # Prefilled: the system prompt (decoded at start, before any photo) and the question; no image.
+    assert second["prompt_tokens"] - second["cached_tokens"] < 40 < second["visual_tokens"]
+    assert second["text"] == first["text"]
+    shown = json.loads(run_cli("cache", "--json", env=env).stdout)
+    assert shown["bytes"]["prefixes"] > 0
+    cleared = json.loads(run_cli("cache", "--clear", "--json", env=env).stdout)
+    assert cleared["freed_bytes"] >= shown["bytes"]["prefixes"] and cleared["bytes"]["prefixes"] == 0
+
+
+def test_several_questions_are_not_written_as_captions(test_models: dict[str, Path], photos: dict[str, Path],
+                                                       tmp_path: Path) -> None:
+    result = run_cli("describe", str(photos["alpha"]), *_model_args(test_models), "--ask", "What?",
+                     "--write-captions")
+    assert result.returncode == 2 and "--ask" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    empty = tmp_path / "none.txt"
+    empty.write_text("\n\n")
+    result = run_cli("describe", str(photos["alpha"]), *_model_args(test_models), "--prompts", str(empty))
+    assert result.returncode == 2 and "no questions" in result.stderr

@@ -1,0 +1,279 @@
+"""`edgevlm chat` end to end: piped turns, the transcript, resume after kill -9, and a real pty."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pexpect
+import pytest
+from PIL import Image
+
+from edgevlm.cli.repl import load_transcript
+
+from ..conftest import ROOT, run_cli
+
+
+def _args(models: dict[str, Path], tmp_path: Path, *extra: str) -> list[str]:
+    return ["chat", "--model", str(models["text"]), "--mmproj", str(models["mmproj_112"]),
+            "--n-ctx", "2048", "--max-tokens", "12", "--temperature", "0",
+            "--session", str(tmp_path / "session.jsonl"), *extra]
+
+
+def _turns(path: Path) -> list[dict]:
+    return [row for row in map(json.loads, path.read_text().splitlines()) if row["type"] == "turn"]
+
+
+@pytest.fixture()
+def photo(tmp_path: Path) -> Path:
+    path = tmp_path / "red square.jpg"
+    Image.new("RGB", (900, 600), (220, 30, 30)).save(path)
+    return path
+
+
+def test_piped_turns_with_transcript_and_stats(test_models: dict[str, Path], tmp_path: Path,
+                                               photo: Path) -> None:
+    script = (f"/image '{photo}' what is this?\n"
+              "what colour was it?\n"
+              "/tiles 0\n"
+              f"{str(photo).replace(' ', chr(92) + ' ')} and with no tiles?\n"
+              "/quit\n"
+              "this line is never read\n")
+    stats = tmp_path / "stats.jsonl"
+    result = run_cli(*_args(test_models, tmp_path, "--stats-json", str(stats)), stdin=script)
+    assert result.returncode == 0, result.stderr
+    turns = _turns(tmp_path / "session.jsonl")
+    assert [t["user"] for t in turns] == ["what is this?", "what colour was it?", "and with no tiles?"]
+    assert turns[0]["image"].endswith("red square.jpg")
+    # The summary was made after its turn was written, and appended as a line of its own.
+    assert load_transcript(tmp_path / "session.jsonl").records[0].summary is not None
+    rows = [json.loads(line) for line in stats.read_text().splitlines()]
+    assert [r["clip_encodes"] for r in rows][:2] == [1 + rows[0]["n_tiles"], 0]
+    assert rows[1]["prefill_tokens"] < 40  # the follow-up decoded only its own tokens
+    assert rows[1]["summary_wait_s"] == 0  # and did not wait for the photo's summary
+    assert rows[2]["n_tiles"] == 0 and rows[2]["visual_tokens"] == 64
+    assert rows[2]["visual_tokens_live"] == 64  # the first photo is a summary by the new one
+    assert all(r["ttft_s"] >= r["prefill_s"] + r["clip_encode_s"] for r in rows)
+    assert "session:" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_pool_command_switches_pooling_between_turns(test_models: dict[str, Path], tmp_path: Path,
+                                                     photo: Path) -> None:
+    script = (f"/pool 2\n/image '{photo}' what is this?\n/pool 1\n/image '{photo}' again?\n"
+              "/pool 9\n")
+    stats = tmp_path / "stats.jsonl"
+    result = run_cli(*_args(test_models, tmp_path, "--stats-json", str(stats), "--tiles", "2"),
+                     stdin=script)
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in stats.read_text().splitlines()]
+    assert [(r["pool"], r["n_tiles"], r["tile_tokens"]) for r in rows] == [(2, 2, 32), (1, 2, 128)]
+    assert "usage: /pool auto|1|2" in result.stderr
+
+
+def test_bad_images_never_end_the_chat(test_models: dict[str, Path], tmp_path: Path, photo: Path) -> None:
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes(b"\xff\xd8\xff\xe0 not really")
+    empty = tmp_path / "empty.png"
+    empty.write_bytes(b"")
+    script = "\n".join([f"/image {photo} first", f"/image {broken} second", f"/image {empty} third",
+                        f"/image {tmp_path} fourth", f"/image {tmp_path / 'gone.jpg'} fifth",
+                        "/image", "/nonsense", "still here?"]) + "\n"
+    result = run_cli(*_args(test_models, tmp_path), stdin=script)
+    assert result.returncode == 0
+    turns = _turns(tmp_path / "session.jsonl")
+    assert [t["user"] for t in turns] == ["first", "still here?"]
+    for needle in ("broken.jpg: corrupt", "empty.png: file is empty", "is a directory",
+                   "gone.jpg: no such file", "usage: /image PATH", "unknown command /nonsense"):
+        assert needle in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_resume_after_kill_9(test_models: dict[str, Path], tmp_path: Path, photo: Path) -> None:
+    session = tmp_path / "session.jsonl"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    process = subprocess.Popen([sys.executable, "-m", "edgevlm.cli", *_args(test_models, tmp_path)],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env=env)
+    assert process.stdin is not None
+    process.stdin.write(f"/image {photo} what is it?\nand its colour?\n")
+    process.stdin.flush()
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and (not session.exists() or len(_turns(session)) < 2):
+        time.sleep(0.2)
+    process.send_signal(signal.SIGKILL)
+    process.communicate()
+    before = _turns(session)
+    assert len(before) == 2  # both finished turns survived the kill
+
+    result = run_cli(*_args(test_models, tmp_path, "--resume", str(session)), stdin="one more?\n")
+    assert result.returncode == 0, result.stderr
+    assert "resumed 2 turns" in result.stderr
+    after = _turns(session)
+    assert after[:2] == before
+    assert after[2]["turn"] == 3 and after[2]["user"] == "one more?"
+    assert after[2]["stats"]["clip_encodes"] == 0  # no image was read again
+
+
+def test_repl_in_a_terminal(test_models: dict[str, Path], tmp_path: Path) -> None:
+    args = _args(test_models, tmp_path)
+    args[args.index("--max-tokens") + 1] = "1500"
+    env = {**os.environ, "PROMPT_TOOLKIT_NO_CPR": "1", "TERM": "xterm", "HF_HUB_OFFLINE": "1",
+           "COLUMNS": "120"}
+    child = pexpect.spawn(sys.executable, ["-m", "edgevlm.cli", *args], cwd=str(ROOT), env=env,
+                          encoding="utf-8", timeout=120, dimensions=(40, 120))
+    try:
+        child.expect(">>>")
+        child.send("/help\r")
+        child.expect("/image PATH")
+        child.expect(">>>")
+        child.send("Count from 1 to 400, one number per line.\r")  # Enter is CR in a terminal
+        child.expect(r"5\. 5")  # the answer is streaming
+        child.sendintr()  # Ctrl-C stops the answer, not the program
+        child.expect("answer stopped")
+        child.expect(">>>")
+        child.send("/stats\r")
+        child.expect("turns 1")
+        child.expect(">>>")
+        child.send("word " * 1000 + "\r")  # 5,000 pasted characters: refused, and the chat goes on
+        child.expect("shorten it")
+        child.expect(">>>")
+        child.send("/reset\r")
+        child.expect("conversation cleared")
+        child.send("/stats\r")
+        child.expect("turns 0 · images 0")
+        child.expect(">>>")
+        child.sendeof()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
+    rows = [json.loads(line) for line in (tmp_path / "session.jsonl").read_text().splitlines()]
+    assert [r["type"] for r in rows] == ["session", "turn", "reset"]
+    turns = [r for r in rows if r["type"] == "turn"]
+    assert len(turns) == 1 and turns[0]["interrupted"]
+    assert turns[0]["stats"]["completion_tokens"] < 1500
+
+
+def test_an_unwritable_session_file_warns_once_and_chats_on(test_models: dict[str, Path],
+                                                           tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where a folder should be")
+    args = _args(test_models, tmp_path)
+    args[args.index("--session") + 1] = str(blocker / "session.jsonl")
+    result = run_cli(*args, stdin="hello?\nstill there?\n")
+    assert result.returncode == 0
+    assert result.stderr.count("not being saved") == 1
+    assert len([line for line in result.stdout.splitlines() if line.strip()]) >= 2
+
+
+def test_long_lines_home_paths_and_reset_when_piped(test_models: dict[str, Path], tmp_path: Path,
+                                                   photo: Path) -> None:
+    home = photo.parent
+    lines = ["x" * 5000,  # over 4 KB and no path: a message, not a traceback
+             "y " * 200,  # over 255 bytes with no slash
+             f"/image ~/{photo.name} what is this?",  # ~ is the user's home, as in a shell
+             "/reset", "/stats", "after the reset"]
+    result = run_cli(*_args(test_models, tmp_path), stdin="\n".join(lines) + "\n",
+                     env={"HOME": str(home)})
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr and "File name too long" not in result.stderr
+    assert "error" not in result.stderr
+    assert "turns 0 · images 0" in result.stderr  # /stats after /reset
+    session = tmp_path / "session.jsonl"
+    rows = [json.loads(line) for line in session.read_text().splitlines()]
+    assert [r["type"] for r in rows] == ["session", "turn", "turn", "turn", "reset", "turn"]
+    assert rows[1]["user"] == "x" * 5000 and rows[3]["image"] == str(photo)
+    resumed = run_cli("chat", "--resume", str(session), "--max-tokens", "4", stdin="")
+    assert resumed.returncode == 0, resumed.stderr  # with the recorded model, not the default preset
+    assert "resumed 1 turns" in resumed.stderr  # only what followed the /reset
+
+
+def test_a_chat_that_says_nothing_leaves_no_session_file(test_models: dict[str, Path],
+                                                        tmp_path: Path) -> None:
+    result = run_cli(*_args(test_models, tmp_path), stdin="/help\n/stats\n")
+    assert result.returncode == 0, result.stderr
+    assert not (tmp_path / "session.jsonl").exists()
+
+
+def _rows(path: Path, kind: str | None = None) -> list[dict]:
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if kind is None or r.get("type") == kind]
+
+
+@pytest.mark.slow
+def test_a_piped_chat_waits_only_for_the_summaries_it_needs(test_models: dict[str, Path], tmp_path: Path,
+                                                            photo: Path) -> None:
+    stats, session = tmp_path / "stats.jsonl", tmp_path / "session.jsonl"
+    other = tmp_path / "blue.jpg"
+    Image.new("RGB", (900, 600), (30, 30, 220)).save(other)
+    args = _args(test_models, tmp_path, "--stats-json", str(stats), "--tiles", "4")
+    process = subprocess.Popen([sys.executable, "-m", "edgevlm.cli", *args], stdin=subprocess.PIPE,
+                               stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                               env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert process.stdin is not None
+
+    def wait_for(done: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 120
+        while not done() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert done(), "the chat did not get there in 120 s"
+
+    def say(line: str) -> None:
+        count = len(_rows(stats))
+        process.stdin.write(line + "\n")
+        process.stdin.flush()
+        wait_for(lambda: len(_rows(stats)) > count)
+
+    say(f"/image {photo} what is it?")
+    wait_for(lambda: len(_rows(session, "summary")) == 1)  # made while "the user types"
+    say("what colour is it?")  # comes after the summary
+    say(f"/image {other} and this one?")
+    say("and its colour?")  # at once: beside the live photo
+    say("anything else?")  # a second follow-up: this one waits
+    say("thanks")
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 0 and "Traceback" not in stderr, stderr
+    rows = _rows(stats)
+    assert rows[1]["summary_wait_s"] == 0 and rows[1]["visual_tokens_live"] == 0
+    assert rows[3]["summary_wait_s"] == 0 and rows[3]["visual_tokens_live"] == rows[2]["visual_tokens"] > 0
+    assert rows[4]["summary_wait_s"] > 0 and rows[4]["visual_tokens_live"] == 0  # swapped by the turn after
+    for row in (rows[1], rows[3], rows[4], rows[5]):  # the follow-ups: TTFT is their own work only
+        assert row["prefill_s"] <= row["ttft_s"], row
+    # the wait (a 120-token caption) is not in the TTFT: no timing bound, which CI's load would break
+    assert rows[4]["ttft_s"] < rows[4]["prefill_s"] + rows[4]["summary_wait_s"]
+    made = [r.summary is not None for r in load_transcript(session).records]
+    assert made == [True, False, True, False, False, False]  # each photo's summary is in the transcript
+
+
+def test_ctrl_c_after_an_answer_stops_the_summary_and_keeps_the_photo(test_models: dict[str, Path],
+                                                                      tmp_path: Path, photo: Path) -> None:
+    args = _args(test_models, tmp_path)
+    args[args.index("--mmproj") + 1] = str(test_models["mmproj_336"])  # 576 tokens a view: a slow summary
+    env = {**os.environ, "PROMPT_TOOLKIT_NO_CPR": "1", "TERM": "xterm", "HF_HUB_OFFLINE": "1",
+           "COLUMNS": "200"}
+    child = pexpect.spawn(sys.executable, ["-m", "edgevlm.cli", *args], cwd=str(ROOT), env=env,
+                          encoding="utf-8", timeout=120, dimensions=(40, 200))
+    try:
+        child.expect(">>>")
+        child.send(f"/image '{photo}' what is it?\r")
+        child.expect("TTFT")  # the answer's stats line, then the prompt at once: no summary first
+        child.expect(">>>")
+        child.sendintr()  # Ctrl-C at the prompt stops the summary being made behind it
+        child.send("/stats\r")
+        child.expect(r"images 1 \(0 summarised, 1 waiting for a summary\)")
+        child.expect(r"visual tokens live (\d+)")
+        assert int(child.match.group(1)) > 0  # the photo is still live for the next turn
+        child.expect(">>>")
+        child.sendeof()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0

@@ -1,0 +1,61 @@
+"""GGUF facts from the generated test models, and the pairing checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from edgevlm.errors import ModelError
+from edgevlm.models.gguf import check_pair, read_projector, read_text_model
+
+from ..conftest import load_script
+
+
+def test_text_model_facts(test_models: dict[str, Path]) -> None:
+    facts = read_text_model(test_models["text"])
+    assert (facts.architecture, facts.n_layer, facts.n_embd) == ("llama", 30, 576)
+    assert (facts.n_head, facts.n_head_kv, facts.head_dim_k) == (9, 3, 64)  # GQA
+    assert facts.n_ctx_train == 8192 and facts.n_vocab == 49152
+    assert "<|im_start|>" in (facts.chat_template or "")
+    assert len(facts.layer_bytes) == 30 and all(b == facts.layer_bytes[0] for b in facts.layer_bytes)
+    # SmolLM2 ties its output to token_embd: the output layer carries a copy of it.
+    # SmolLM ties its output layer to token_embd: the output layer's own bytes are its norm only.
+    assert facts.tied_embeddings and 0 < facts.output_bytes < facts.token_embd_bytes
+    assert facts.weight_bytes <= facts.file_bytes + facts.token_embd_bytes
+
+
+def test_projector_facts(test_models: dict[str, Path]) -> None:
+    big, small = read_projector(test_models["mmproj_336"]), read_projector(test_models["mmproj_112"])
+    assert (big.image_size, big.patch_size, big.tokens_per_image) == (336, 14, 576)
+    assert small.tokens_per_image == 64
+    assert big.projection_dim == 576 and big.projector_type == "mlp"
+    check_pair(read_text_model(test_models["text"]), big)
+
+
+def test_swapped_files_are_named(test_models: dict[str, Path]) -> None:
+    with pytest.raises(ModelError, match="pass it as --mmproj"):
+        read_text_model(test_models["mmproj_336"])
+    with pytest.raises(ModelError, match="pass it as --model"):
+        read_projector(test_models["text"])
+
+
+def test_width_mismatch_is_caught_before_loading(test_models: dict[str, Path], tmp_path: Path) -> None:
+    writers = load_script("make_test_models")
+    wide = writers.write_projector(tmp_path / "wide.gguf", image_size=112, text_width=640)
+    with pytest.raises(ModelError, match="width 640 .* embedding width 576"):
+        check_pair(read_text_model(test_models["text"]), read_projector(wide))
+
+
+def test_not_gguf_and_truncated(tmp_path: Path, test_models: dict[str, Path]) -> None:
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"not a gguf at all")
+    with pytest.raises(ModelError, match="not a GGUF"):
+        read_text_model(junk)
+    cut = tmp_path / "cut.gguf"
+    with test_models["text"].open("rb") as src, cut.open("wb") as dst:
+        dst.write(src.read(20_000_000))
+    with pytest.raises(ModelError, match="truncated"):
+        read_text_model(cut)
+    with pytest.raises(ModelError, match="no such file"):
+        read_text_model(tmp_path / "absent.gguf")

@@ -1,0 +1,80 @@
+"""From flags to a loaded engine: pairing checks, the plan, and the retry after a failed load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgevlm.errors import EngineError, ModelError
+from edgevlm.models import loading as runtime
+from edgevlm.models.loading import ModelFlags, load
+
+
+def _flags(models: dict[str, Path], **extra: object) -> ModelFlags:
+    return ModelFlags(str(models["text"]), str(models["mmproj_112"]), **extra)  # type: ignore[arg-type]
+
+
+def test_defaults_come_from_the_plan(test_models: dict[str, Path]) -> None:
+    loaded = load(_flags(test_models, answer_tokens=64))
+    try:
+        assert loaded.engine.n_ctx == loaded.plan.n_ctx == 4096  # CPU plan, capped
+        assert loaded.n_gpu_layers == 0 and loaded.prompt_format.name == "chatml"
+    finally:
+        loaded.engine.close()
+
+
+def test_explicit_n_ctx_overrides_the_plan(test_models: dict[str, Path]) -> None:
+    loaded = load(_flags(test_models, n_ctx=1024))
+    try:
+        assert loaded.engine.n_ctx == 1024
+    finally:
+        loaded.engine.close()
+
+
+def test_a_failed_gpu_load_is_retried_once_with_a_smaller_plan(
+        test_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    real_engine = runtime.Engine
+    calls: list[int] = []
+
+    def engine_that_runs_out_of_memory_once(config, **kwargs):  # noqa: ANN001, ANN202
+        calls.append(config.n_ctx)
+        if len(calls) == 1:
+            raise EngineError("could not create a context (out of memory)")
+        return real_engine(config, **kwargs)
+
+    monkeypatch.setattr(runtime, "Engine", engine_that_runs_out_of_memory_once)
+    monkeypatch.setattr(runtime, "gpu_offload_supported", lambda: True)
+    loaded = load(_flags(test_models, vram=(2 * 2**30,)))
+    try:
+        assert len(calls) == 2
+        assert any("retried with a smaller plan" in note for note in loaded.plan.notes)
+        assert loaded.plan.vram_free == int(2 * 2**30 * runtime.RETRY_VRAM_SHARE)
+    finally:
+        loaded.engine.close()
+
+
+def test_when_the_retry_fails_too_the_message_has_the_numbers(
+        test_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    def never(config, **kwargs):  # noqa: ANN001, ANN202
+        raise EngineError("out of memory")
+
+    monkeypatch.setattr(runtime, "Engine", never)
+    with pytest.raises(EngineError, match=r"needed \d+\.\d\d GiB of the 2\.00 GiB free"):
+        load(_flags(test_models, vram=(2 * 2**30,)))
+
+
+def test_unsupported_architecture_is_named_before_loading(tmp_path: Path,
+                                                          test_models: dict[str, Path]) -> None:
+    import gguf
+
+    path = tmp_path / "bert.gguf"
+    writer = gguf.GGUFWriter(str(path), "bert")
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ModelError, match="architecture 'bert' is not supported"):
+        load(ModelFlags(str(path), str(test_models["mmproj_112"])))

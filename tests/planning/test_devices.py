@@ -1,0 +1,90 @@
+"""What the planner is told about this machine's GPUs (NVML is faked: no GPU here)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+
+import pytest
+
+from edgevlm.planning import devices
+
+
+class _NvmlError(Exception):
+    pass
+
+
+def _fake_nvml(*, init_error: type[Exception] | None = None, read_error: bool = False,
+               count: int = 1) -> types.ModuleType:
+    nvml = types.ModuleType("pynvml")
+
+    def init() -> None:
+        if init_error is not None:
+            raise init_error("no NVML")
+
+    def handle(index: int) -> object:
+        if read_error:
+            raise _NvmlError("GPU is lost")
+        return index
+
+    def memory(index: int, version: object = None) -> types.SimpleNamespace:
+        return types.SimpleNamespace(total=8 << 30, free=(6 - index) << 30, used=(2 + index) << 30)
+
+    nvml.nvmlInit, nvml.nvmlShutdown = init, lambda: None
+    nvml.nvmlDeviceGetHandleByIndex = handle
+    nvml.nvmlDeviceGetCount = lambda: count
+    nvml.nvmlDeviceGetMemoryInfo = memory
+    nvml.nvmlMemory_v2 = 2
+    nvml.nvmlDeviceGetName = lambda h: b"RTX Test"
+    nvml.nvmlDeviceGetIndex = lambda h: h
+    return nvml
+
+
+def test_a_gpu_is_planned_for_without_touching_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml())
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    device = devices.detect()
+    assert device.vram_free == 6 << 30 and "RTX Test" in device.name and not device.note
+    assert "CUDA_DEVICE_ORDER" not in os.environ
+
+
+def test_no_driver_is_a_quiet_cpu_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    class NVMLError_LibraryNotFound(Exception):  # noqa: N801 - NVML's own name
+        pass
+
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml(init_error=NVMLError_LibraryNotFound))
+    device = devices.detect()
+    assert device.vram_free is None and device.note == ""
+
+
+def test_an_nvml_failure_says_why_the_plan_is_for_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml(read_error=True))
+    device = devices.detect()
+    assert device.vram_free is None
+    assert device.note == "planning for the CPU: NVML could not read the GPUs (GPU is lost)"
+
+
+def test_every_visible_gpu_in_cuda_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml(count=3))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert [g.free_bytes >> 30 for g in devices.detect().gpus] == [6, 5, 4]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")  # CUDA renumbers them: CUDA0 is NVML's 2
+    device = devices.detect()
+    assert [(g.name, g.free_bytes >> 30) for g in device.gpus] == [("CUDA0", 4), ("CUDA1", 6)]
+    assert device.is_split and device.vram_free == 10 << 30
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert devices.detect().vram_free is None  # CUDA sees no GPU
+
+
+def test_vram_cards_and_workers_are_planned_per_device() -> None:
+    from edgevlm.planning.split import GpuBudget
+
+    two = devices.detect((8 << 30, 8 << 30))
+    assert [g.name for g in two.gpus] == ["CUDA0", "CUDA1"] and two.is_split
+    one = devices.detect((8 << 30,))
+    assert one.vram_free == 8 << 30 and not one.is_split
+    worker = GpuBudget("RPC0", 4 << 30, kind="rpc", description="127.0.0.1:50052")
+    mixed = devices.detect((8 << 30,), workers=(worker,))
+    assert [g.name for g in mixed.gpus] == ["RPC0", "CUDA0"]  # llama.cpp puts workers first

@@ -1,0 +1,284 @@
+"""The client libraries people point at a local server, each against a real `edgevlm serve`:
+openai, ollama, langchain-openai, langchain-ollama, instructor, litellm and simonw's llm.
+
+For every client: a text turn, an image turn, a stream, structured output parsed strictly into
+a pydantic model, and a tool call whose result is sent back. The test models' words mean
+nothing; the shapes, the grammar and the round trips are real.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Literal
+
+import pytest
+from pydantic import BaseModel, Field
+
+from edgevlm.server.launch import ServeSettings, build_state
+from edgevlm.server.turns import ServerState
+
+from .test_app import data_url, photo_bytes, serving
+
+MAX_TOKENS = 96  # enough for a tool call or a small JSON object, and the server's cap
+
+
+class Photo(BaseModel):
+    """What the structured-output requests ask for: bounded, so the grammar ends it in time."""
+
+    colour: Literal["red", "green", "blue"]
+    count: int
+    caption: str = Field(max_length=24)
+
+
+class Weather(BaseModel):
+    """get_weather's parameters."""
+
+    city: Literal["Paris", "Rome", "Oslo"]
+    days: int
+
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The forecast for a city.",
+    "parameters": {"type": "object", "additionalProperties": False, "required": ["city", "days"],
+                   "properties": {"city": {"enum": ["Paris", "Rome", "Oslo"]}, "days": {"type": "integer"}}}}}
+
+
+# With `auto` (all that Ollama's API and llm offer), this prompt makes the tiny test model call
+# the tool under greedy decoding; what it writes then is held to the tool's schema by the grammar.
+CALLING_SYSTEM = "You are a JSON API. Every reply is a JSON object."
+CALLING_QUESTION = "Reply with JSON: weather in Oslo."
+
+
+def get_weather(city: str, days: int) -> str:
+    """The forecast for a city."""
+    return f"sunny in {city} for {days} days"
+
+
+@pytest.fixture(scope="module")
+def server(test_models: dict[str, Path],
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, ServerState]]:
+    from edgevlm.models.loading import ModelFlags, load
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("clients-cache")))
+        loaded = load(ModelFlags(model=str(test_models["text"]), mmproj=str(test_models["mmproj_112"]),
+                                 n_ctx=2048, n_gpu_layers=0, answer_tokens=MAX_TOKENS))
+        state = build_state(loaded, ServeSettings(max_tokens=MAX_TOKENS, max_queue=8, cache=True))
+        with serving(state) as url:
+            yield url, state
+        loaded.engine.close()
+
+
+@pytest.fixture(scope="module")
+def photo_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("photos") / "photo.jpg"
+    path.write_bytes(photo_bytes(31, fmt="JPEG"))
+    return path
+
+
+def _strict(text: str) -> dict[str, object]:
+    """JSON as a strict parser reads it (no raw control characters in strings)."""
+    return json.loads(text, strict=True)
+
+
+def _image_content(text: str) -> list[dict[str, object]]:
+    return [{"type": "text", "text": text}, {"type": "image_url", "image_url": {"url": data_url(32)}}]
+
+
+# -- openai ----------------------------------------------------------------------------------
+
+def test_openai(server: tuple[str, ServerState]) -> None:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{server[0]}/v1", api_key="unused", max_retries=0, timeout=120)
+    text = client.chat.completions.create(model="", messages=[{"role": "user", "content": "Hi"}])
+    assert text.choices[0].message.content
+    image = client.chat.completions.create(
+        model="", messages=[{"role": "user", "content": _image_content("What?")}])
+    assert image.model_extra["edgevlm"]["visual_tokens"] > 0
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model="", messages=[{"role": "user", "content": "Hi"}], stream=True) if c.choices)
+    assert streamed == text.choices[0].message.content  # the same answer, trimmed the same way
+    parsed = client.chat.completions.parse(model="", messages=[{"role": "user", "content": "Describe."}],
+                                           response_format=Photo)
+    assert isinstance(parsed.choices[0].message.parsed, Photo)
+    _strict(parsed.choices[0].message.content)
+    messages: list[dict[str, object]] = [{"role": "user", "content": "Weather in Rome?"}]
+    called = client.chat.completions.create(model="", messages=messages, tools=[WEATHER_TOOL],
+                                            tool_choice="required")
+    assert called.choices[0].finish_reason == "tool_calls"
+    call = called.choices[0].message.tool_calls[0]
+    args = Weather.model_validate(_strict(call.function.arguments))
+    messages += [called.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": get_weather(args.city, args.days)}]
+    after = client.chat.completions.create(model="", messages=messages, tools=[WEATHER_TOOL],
+                                           tool_choice="none")
+    assert after.choices[0].message.content and after.usage.prompt_tokens_details.cached_tokens > 0
+
+
+def test_openai_streams_a_named_tool_call(server: tuple[str, ServerState]) -> None:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{server[0]}/v1", api_key="unused", max_retries=0, timeout=120)
+    chunks = list(client.chat.completions.create(
+        model="", messages=[{"role": "user", "content": "Oslo?"}], tools=[WEATHER_TOOL], stream=True,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}}))
+    calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert len(calls) == 1 and calls[0].function.name == "get_weather"
+    Weather.model_validate(_strict(calls[0].function.arguments))
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert not any(c.choices[0].delta.content for c in chunks if c.choices)  # the call is not text
+
+
+# -- ollama ----------------------------------------------------------------------------------
+
+def test_ollama(server: tuple[str, ServerState]) -> None:
+    import ollama
+
+    client, name = ollama.Client(host=server[0], timeout=120), server[1].model.id
+    text = client.chat(model=name, messages=[{"role": "user", "content": "Hi"}])
+    assert text.message.content
+    image = client.chat(model=name,
+                        messages=[{"role": "user", "content": "What?", "images": [photo_bytes(33)]}])
+    assert image.done and image.prompt_eval_count > 64  # the image's 64 tokens and the question
+    parts = list(client.chat(model=name, messages=[{"role": "user", "content": "Hi"}], stream=True))
+    assert "".join(p.message.content for p in parts) == text.message.content
+    shaped = client.chat(model=name, messages=[{"role": "user", "content": "Describe."}],
+                         format=Photo.model_json_schema())
+    Photo.model_validate(_strict(shaped.message.content))
+    messages: list[object] = [{"role": "system", "content": CALLING_SYSTEM},
+                              {"role": "user", "content": CALLING_QUESTION}]
+    called = client.chat(model=name, messages=messages, tools=[WEATHER_TOOL], options={"temperature": 0})
+    call = called.message.tool_calls[0]
+    assert call.function.name == "get_weather" and not called.message.content
+    Weather.model_validate(call.function.arguments)
+    messages += [called.message, {"role": "tool", "tool_name": "get_weather", "content": "sunny"}]
+    after = client.chat(model=name, messages=messages)
+    assert after.done and after.message.content and after.prompt_eval_count > 0
+
+
+# -- langchain -------------------------------------------------------------------------------
+
+def _langchain_round(chat: object, image: dict[str, object], *, forced: bool) -> None:
+    from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage
+
+    assert chat.invoke("Hi").content  # type: ignore[attr-defined]
+    assert chat.invoke([HumanMessage(content=[{"type": "text", "text": "What?"}, image])]).content  # type: ignore[attr-defined]
+    assert "".join(c.content for c in chat.stream("Hi"))  # type: ignore[attr-defined]
+    photo = chat.with_structured_output(Photo, method="json_schema").invoke("Describe.")  # type: ignore[attr-defined]
+    assert isinstance(photo, Photo)
+    # Ollama's API has no tool_choice: there the question itself leads to the call.
+    bound = chat.bind_tools([WEATHER_TOOL], **({"tool_choice": "get_weather"} if forced else {}))  # type: ignore[attr-defined]
+    question = [SystemMessage(content=CALLING_SYSTEM), HumanMessage(content=CALLING_QUESTION)]
+    called = bound.invoke(question)
+    assert called.tool_calls and called.tool_calls[0]["name"] == "get_weather"
+    Weather.model_validate(called.tool_calls[0]["args"])
+    result = ToolMessage(content="sunny", tool_call_id=called.tool_calls[0]["id"])
+    after = chat.invoke([*question, called, result])  # type: ignore[attr-defined]
+    assert after.content
+
+
+def test_langchain_openai(server: tuple[str, ServerState]) -> None:
+    from langchain_openai import ChatOpenAI
+
+    chat = ChatOpenAI(base_url=f"{server[0]}/v1", api_key="unused", model=server[1].model.id, temperature=0,
+                      max_retries=0, timeout=120)
+    _langchain_round(chat, {"type": "image_url", "image_url": {"url": data_url(34)}}, forced=True)
+    via_tools = chat.with_structured_output(Photo, method="function_calling").invoke("Describe.")
+    assert isinstance(via_tools, Photo)
+
+
+def test_langchain_ollama(server: tuple[str, ServerState]) -> None:
+    from langchain_ollama import ChatOllama
+
+    chat = ChatOllama(base_url=server[0], model=server[1].model.id, temperature=0)
+    _langchain_round(chat, {"type": "image_url", "image_url": {"url": data_url(35)}}, forced=False)
+
+
+# -- instructor ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["TOOLS", "JSON_SCHEMA"])
+def test_instructor(server: tuple[str, ServerState], mode: str) -> None:
+    import instructor
+    from openai import OpenAI
+
+    client = instructor.from_openai(OpenAI(base_url=f"{server[0]}/v1", api_key="unused", max_retries=0),
+                                    mode=getattr(instructor.Mode, mode))
+    photo = client.chat.completions.create(model=server[1].model.id, response_model=Photo, max_retries=0,
+                                           messages=[{"role": "user",
+                                                      "content": _image_content("Describe.")}])
+    assert isinstance(photo, Photo)
+
+
+# -- litellm ---------------------------------------------------------------------------------
+
+def test_litellm(server: tuple[str, ServerState]) -> None:
+    import litellm
+
+    common = {"model": f"openai/{server[1].model.id}", "api_base": f"{server[0]}/v1", "api_key": "unused",
+              "timeout": 120}
+    text = litellm.completion(messages=[{"role": "user", "content": "Hi"}], **common)
+    assert text.choices[0].message.content
+    image = litellm.completion(messages=[{"role": "user", "content": _image_content("What?")}], **common)
+    assert image.usage.prompt_tokens > 64
+    streamed = "".join(c.choices[0].delta.content or "" for c in litellm.completion(
+        messages=[{"role": "user", "content": "Hi"}], stream=True, **common))
+    assert streamed == text.choices[0].message.content
+    shaped = litellm.completion(messages=[{"role": "user", "content": "Describe."}], response_format=Photo,
+                                **common)
+    Photo.model_validate(_strict(shaped.choices[0].message.content))
+    messages: list[object] = [{"role": "user", "content": "Weather in Rome?"}]
+    called = litellm.completion(messages=messages, tools=[WEATHER_TOOL], tool_choice="required", **common)
+    call = called.choices[0].message.tool_calls[0]
+    Weather.model_validate(_strict(call.function.arguments))
+    messages += [called.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": "sunny"}]
+    after = litellm.completion(messages=messages, **common)
+    assert after.choices[0].message.content
+
+
+# -- llm -------------------------------------------------------------------------------------
+
+@pytest.fixture()
+def llm_model(server: tuple[str, ServerState], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> object:
+    """llm's own way to reach an OpenAI-compatible server: extra-openai-models.yaml."""
+    import llm
+
+    monkeypatch.setenv("LLM_USER_PATH", str(tmp_path))
+    (tmp_path / "extra-openai-models.yaml").write_text(
+        f"- model_id: edgevlm\n  model_name: {server[1].model.id}\n  api_base: {server[0]}/v1\n"
+        "  vision: true\n  supports_schema: true\n  supports_tools: true\n")
+    return llm.get_model("edgevlm")
+
+
+def test_llm(llm_model: object, photo_file: Path) -> None:
+    import llm
+
+    model = llm_model
+    assert model.prompt("Hi", stream=False).text()  # type: ignore[attr-defined]
+    assert model.prompt("What?", attachments=[llm.Attachment(path=str(photo_file))]).text()  # type: ignore[attr-defined]
+    assert "".join(model.prompt("Hi"))  # type: ignore[attr-defined]
+    shaped = model.prompt("Describe.", schema=Photo, attachments=[llm.Attachment(path=str(photo_file))])  # type: ignore[attr-defined]
+    Photo.model_validate(_strict(shaped.text()))
+    seen: list[tuple[str, int]] = []
+
+    def weather(city: str, days: int) -> str:
+        """The forecast for a city."""
+        seen.append((city, days))
+        return "sunny"
+
+    # llm cannot ask for tool_choice "required", and under "auto" whether the small model calls
+    # or answers in text turns on its logits, which differ between CPU builds: two prompts give
+    # it its chances (each has made the call on one of the builds tried).
+    for system in (CALLING_SYSTEM, "Use tools."):
+        conversation = model.conversation(tools=[weather])  # type: ignore[attr-defined]
+        called = conversation.prompt(CALLING_QUESTION, system=system)
+        if called.tool_calls():
+            break
+    assert [call.name for call in called.tool_calls()] == ["weather"]
+    results = called.execute_tool_calls()
+    assert seen and isinstance(seen[0][1], int)  # llm ran the tool with the call's arguments
+    answered = conversation.prompt(tool_results=results, system=system)
+    assert answered.text() or answered.tool_calls()  # the result went back and was answered

@@ -1,0 +1,59 @@
+"""schemathesis against the server's own /openapi.json: no input gives a 500, and every
+response keeps to the declared statuses, content types and schemas. Bounded: 60 cases
+an operation, each answered by the real model (8 tokens at most), about two minutes in all."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, Phase, given, settings
+from schemathesis import checks
+
+from edgevlm.server.launch import ServeSettings, build_state
+
+from .test_app import serving
+
+CHECKS = [checks.not_a_server_error, checks.status_code_conformance, checks.content_type_conformance,
+          checks.response_schema_conformance]
+
+
+@pytest.fixture(scope="module")
+def api_schema(test_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    from edgevlm.models.loading import ModelFlags, load
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("fuzz-cache")))
+        loaded = load(ModelFlags(model=str(test_models["text"]), mmproj=str(test_models["mmproj_112"]),
+                                 n_ctx=1024, n_gpu_layers=0, answer_tokens=8))
+        state = build_state(loaded, ServeSettings(max_tokens=8, max_queue=8, cache=False))
+        with serving(state) as url:
+            yield schemathesis.openapi.from_url(f"{url}/openapi.json")
+        loaded.engine.close()
+
+
+def test_no_input_breaks_the_api(api_schema: schemathesis.BaseSchema) -> None:
+    operations = [result.ok() for result in api_schema.get_all_operations()]
+    # /api/pull downloads from the hub: tested against a fake hub in test_serve_cli, not fuzzed here.
+    fuzzed = [op for op in operations if op.path != "/api/pull"]
+    assert {"/v1/chat/completions", "/api/chat", "/api/generate"} <= {op.path for op in fuzzed}
+    statuses: Counter[tuple[str, int]] = Counter()
+    for operation in fuzzed:
+        _fuzz(operation, statuses)
+    print(sorted(statuses.items()))
+    # The fuzz reaches the model, not only the checks in front of it.
+    assert statuses["/v1/chat/completions", 200] > 0 and statuses["/api/chat", 200] > 0
+
+
+def _fuzz(operation: schemathesis.APIOperation, statuses: Counter[tuple[str, int]]) -> None:
+    @given(case=operation.as_strategy())
+    @settings(max_examples=60, deadline=None, phases=[Phase.explicit, Phase.generate],
+              suppress_health_check=list(HealthCheck), database=None)
+    def one(case: schemathesis.Case) -> None:
+        response = case.call_and_validate(checks=CHECKS, timeout=60)
+        statuses[operation.path, response.status_code] += 1
+
+    one()

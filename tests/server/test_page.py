@@ -1,0 +1,216 @@
+"""The chat page in a real headless Chromium (Debian's, driven by its chromedriver), against a
+real `edgevlm serve` process on 127.0.0.1 with the test models.
+
+One conversation is driven the way a person would: attach a photo, send with Enter, watch the
+answer stream, follow up, reload, send a broken file, stop a long answer. A screenshot taken
+mid-conversation is saved under build/test-artifacts/.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from PIL import Image
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.support.ui import WebDriverWait
+
+from .test_app import free_port
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / "build" / "test-artifacts"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+WAIT_S = 120
+
+SAMPLE_PHOTO = Path(__file__).resolve().parents[2] / "scripts" / "sample-photo.jpg"
+
+
+@pytest.fixture(scope="module")
+def server(test_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`edgevlm serve` as a user starts it, on a free loopback port."""
+    port = free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1",
+           "XDG_CACHE_HOME": str(tmp_path_factory.mktemp("page-cache"))}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "edgevlm.cli", "serve", "--model", str(test_models["text"]),
+         "--mmproj", str(test_models["mmproj_112"]), "--n-ctx", "2048", "--max-tokens", "8",
+         "--host", "127.0.0.1", "--port", str(port)], stderr=subprocess.PIPE, text=True, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_until_up(url, process)
+        yield url
+    finally:
+        process.terminate()
+        _, stderr = process.communicate(timeout=60)
+        assert "Traceback" not in stderr, stderr
+
+
+def _wait_until_up(url: str, process: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            time.sleep(0.2)
+    process.kill()
+    raise AssertionError(f"serve did not come up: {process.stderr.read() if process.stderr else ''}")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[webdriver.Chrome]:
+    if not (CHROMIUM and CHROMEDRIVER):
+        reason = "needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)"
+        if os.environ.get("EDGEVLM_REQUIRE_BROWSER"):
+            pytest.fail(reason)  # CI installs them: a missing browser must not pass quietly
+        pytest.skip(reason)
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                 "--window-size=1100,1000", "--disable-extensions", "--no-first-run"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_script_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _photo(path: Path, width: int = 384) -> Path:
+    """The sample photo, made small: the test projector's tiles are 112 px, so this gives a grid."""
+    with Image.open(SAMPLE_PHOTO) as photo:
+        small = photo.resize((width, round(width * photo.height / photo.width)))
+    buf = io.BytesIO()
+    small.save(buf, "JPEG", quality=90)
+    path.write_bytes(buf.getvalue())
+    return path
+
+
+def _stored(driver: webdriver.Chrome) -> dict:
+    return json.loads(driver.execute_script("return localStorage.getItem('edgevlm.chat.v1')"))
+
+
+def _wait_for_states(driver: webdriver.Chrome, *states: str) -> None:
+    """Until the page shows exactly these turn states, in order."""
+    def shown(d: webdriver.Chrome) -> bool:
+        found = [s.get_attribute("data-state") for s in d.find_elements(By.CSS_SELECTOR, "#chat .turn")]
+        return found == list(states)
+    WebDriverWait(driver, WAIT_S, poll_frequency=0.1).until(shown)
+
+
+def _send(driver: webdriver.Chrome, text: str, *, attach: Path | None = None) -> None:
+    if attach is not None:
+        driver.find_element(By.ID, "file-input").send_keys(str(attach))
+        WebDriverWait(driver, 10).until(lambda d: d.find_element(By.ID, "attachment").is_displayed())
+    box = driver.find_element(By.ID, "prompt")
+    box.send_keys(text)
+    box.send_keys(Keys.ENTER)  # the keyboard sends; Shift+Enter would be a newline
+
+
+def _turns(driver: webdriver.Chrome) -> list:
+    return driver.find_elements(By.CSS_SELECTOR, "#chat .turn")
+
+
+def test_the_page_its_files_and_facts(server: str) -> None:
+    page = httpx.get(server, headers={"Accept": "text/html"})
+    assert page.status_code == 200 and "/static/app.js" in page.text
+    assert httpx.get(server).text == "edgevlm is running"  # what clients probing "/" expect
+    assert httpx.get(f"{server}/static/app.js").headers["content-type"].startswith("text/javascript")
+    for missing in ("nope.js", "index.html", ".hidden.css"):
+        reply = httpx.get(f"{server}/static/{missing}")
+        assert reply.status_code == 404 and reply.json()["error"]["code"] == "not_found"
+    facts = httpx.get(f"{server}/edgevlm/info").json()
+    assert facts["model"]["n_ctx"] == 2048 and facts["plan"]["n_ctx"] == 2048
+    assert facts["defaults"]["max_tokens"] == 8 and facts["defaults"]["useful_pixels"] > 0
+
+
+@pytest.mark.slow
+def test_a_conversation_with_photos_in_the_page(server: str, browser: webdriver.Chrome,
+                                               tmp_path: Path) -> None:
+    browser.get(server)
+    WebDriverWait(browser, 30).until(
+        lambda d: d.find_element(By.ID, "model-name").text.startswith("SmolLM2"))
+
+    _send(browser, "What is in this photo?", attach=_photo(tmp_path / "photo.jpg"))
+    _wait_for_states(browser, "done")
+    first = _stored(browser)["turns"][0]
+    cols, rows = first["numbers"]["grid"]
+    tiles = _turns(browser)[0].find_elements(By.CSS_SELECTOR, ".tile")
+    assert cols * rows > 1 and len(tiles) == cols * rows  # the overlay is the grid the server chose
+    assert first["answer"] and _turns(browser)[0].find_element(By.CSS_SELECTOR, ".answer").text
+    numbers = _turns(browser)[0].find_element(By.CSS_SELECTOR, ".numbers").text
+    assert "TTFT" in numbers and "tok/s" in numbers
+
+    _send(browser, "And what colour is it?")
+    _wait_for_states(browser, "done", "done")
+    summary = _turns(browser)[0].find_element(By.CSS_SELECTOR, ".summary")
+    assert not summary.is_displayed() and _stored(browser)["kv"]["images"] > 0  # live for one follow-up
+    _send(browser, "Is it old?")
+    _wait_for_states(browser, "done", "done", "done")
+    assert summary.is_displayed()  # the first image now stands as its summary
+    kv = _stored(browser)["kv"]
+    assert kv["summaries"] > 0 and kv["images"] == 0
+    assert f"/ {kv['n_ctx']}" in browser.find_element(By.ID, "kv-label").text
+    summary.click()  # open it, for the screenshot
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    browser.save_screenshot(str(ARTIFACTS / "page.png"))
+
+    browser.refresh()
+    _wait_for_states(browser, "done", "done", "done")
+    again = _turns(browser)
+    assert again[0].find_element(By.CSS_SELECTOR, ".user-text").text == "What is in this photo?"
+    assert len(again[0].find_elements(By.CSS_SELECTOR, ".tile")) == cols * rows
+    assert again[0].find_element(By.CSS_SELECTOR, ".summary").is_displayed()
+
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes(b"\xff\xd8\xff\xe0 this is not really a JPEG")
+    _send(browser, "What about this one?", attach=broken)
+    _wait_for_states(browser, "done", "done", "done", "error")
+    error = _turns(browser)[3].find_element(By.CSS_SELECTOR, ".image-error")
+    assert error.is_displayed() and "image" in error.text.lower()
+
+    _send(browser, "Still there?")  # the refused image is left out; the chat goes on
+    _wait_for_states(browser, "done", "done", "done", "error", "done")
+
+
+@pytest.mark.slow
+def test_stop_settings_and_a_phone_screen(server: str, browser: webdriver.Chrome) -> None:
+    browser.get(server)
+    browser.execute_script("localStorage.clear()")
+    browser.refresh()
+    browser.find_element(By.ID, "open-settings").click()
+    limit = browser.find_element(By.ID, "set-max-tokens")
+    limit.send_keys("2000")
+    browser.find_element(By.ID, "close-settings").click()
+
+    _send(browser, "Write a very long story.")
+    WebDriverWait(browser, WAIT_S, poll_frequency=0.05).until(
+        lambda d: d.find_element(By.CSS_SELECTOR, "#chat .turn").get_attribute("data-state") == "streaming")
+    browser.find_element(By.ID, "stop").click()
+    _wait_for_states(browser, "stopped")
+    stopped = _stored(browser)["turns"][0]
+    assert stopped["answer"] and stopped.get("numbers") is None  # cut before the last chunk
+    assert _stored(browser)["settings"]["maxTokens"] == "2000"
+
+    _send(browser, "A short one now.")  # the server freed the stopped work and answers
+    _wait_for_states(browser, "stopped", "done")
+
+    browser.set_window_size(390, 844)
+    overflow = browser.execute_script(
+        "return document.documentElement.scrollWidth - document.documentElement.clientWidth")
+    assert overflow <= 0
+    assert browser.find_element(By.ID, "send").is_displayed()
+    browser.set_window_size(1100, 1000)

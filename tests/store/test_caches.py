@@ -1,0 +1,102 @@
+"""The embedding cache (RAM LRU, disk, corrupt entries) and the summary store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from edgevlm.llama.types import ImageEmbedding
+from edgevlm.store.caches import EmbeddingCache, SummaryStore
+
+
+class CountingEncoder:
+    """Rows made from the view's pixels (a stand-in for CLIP), counting the calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, view: Image.Image) -> ImageEmbedding:
+        self.calls += 1
+        pixels = np.asarray(view, dtype=np.float32)
+        return ImageEmbedding(pixels.reshape(-1, 3)[:16].copy())
+
+
+def _view(seed: int) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8))
+
+
+def test_a_view_seen_before_skips_the_encoder(tmp_path: Path) -> None:
+    encode = CountingEncoder()
+    cache = EmbeddingCache(encode, "model-a", folder=tmp_path)
+    first = cache(_view(1))
+    again = cache(_view(1))
+    assert encode.calls == 1 and cache.stats().hits == 1
+    assert np.array_equal(first.rows, again.rows)
+    cache(_view(2))
+    assert encode.calls == 2
+
+
+def test_the_key_includes_the_model(tmp_path: Path) -> None:
+    encode = CountingEncoder()
+    EmbeddingCache(encode, "model-a", folder=tmp_path)(_view(1))
+    EmbeddingCache(encode, "model-b", folder=tmp_path)(_view(1))
+    assert encode.calls == 2
+
+
+def test_rows_survive_a_restart_on_disk(tmp_path: Path) -> None:
+    encode = CountingEncoder()
+    rows = EmbeddingCache(encode, "m", folder=tmp_path)(_view(3)).rows
+    fresh = EmbeddingCache(encode, "m", folder=tmp_path)  # a new process: empty RAM
+    assert np.array_equal(fresh(_view(3)).rows, rows)
+    assert encode.calls == 1 and fresh.stats().hits == 1
+
+
+def test_a_corrupt_entry_is_ignored_and_rewritten(tmp_path: Path) -> None:
+    encode = CountingEncoder()
+    EmbeddingCache(encode, "m", folder=tmp_path)(_view(4))
+    [entry] = tmp_path.glob("*/*.npy")
+    entry.write_bytes(b"not numpy at all")
+    fresh = EmbeddingCache(encode, "m", folder=tmp_path)
+    assert fresh(_view(4)).n_tokens == 16
+    assert encode.calls == 2
+    assert np.load(entry).shape == (16, 3)  # written again, whole
+
+
+def test_ram_is_capped_and_least_recent_goes_first(tmp_path: Path) -> None:
+    encode = CountingEncoder()
+    one_view = 16 * 3 * 4
+    cache = EmbeddingCache(encode, "m", folder=tmp_path, ram_bytes=2 * one_view, disk_bytes=0)
+    for seed in (1, 2, 3):
+        cache(_view(seed))
+    assert cache.stats().ram_bytes == 2 * one_view
+    cache(_view(3))
+    assert encode.calls == 3  # still in RAM
+    cache(_view(1))
+    assert encode.calls == 4  # evicted, and nothing on disk (disk_bytes=0)
+
+
+def test_disk_is_trimmed_to_its_cap(tmp_path: Path) -> None:
+    encode = CountingEncoder()
+    cache = EmbeddingCache(encode, "m", folder=tmp_path, disk_bytes=1)
+    cache(_view(1))
+    cache(_view(2))
+    assert len(list(tmp_path.glob("*/*.npy"))) <= 1
+
+
+def test_summaries_are_kept_by_model_and_digest(tmp_path: Path) -> None:
+    SummaryStore("m1", folder=tmp_path).put("abc", "a red square")
+    assert SummaryStore("m1", folder=tmp_path).get("abc") == "a red square"
+    assert SummaryStore("m2", folder=tmp_path).get("abc") is None
+    memory_only = SummaryStore("m3", folder=tmp_path, persist=False)
+    memory_only.put("abc", "kept in RAM")
+    assert memory_only.get("abc") == "kept in RAM"
+    assert SummaryStore("m3", folder=tmp_path).get("abc") is None
+
+
+def test_an_empty_summary_still_counts_as_summarised(tmp_path: Path) -> None:
+    SummaryStore("m", folder=tmp_path).put("abc", "")
+    assert SummaryStore("m", folder=tmp_path).get("abc") == ""
+    assert SummaryStore("m", folder=tmp_path).get("other") is None
