@@ -234,8 +234,9 @@ def render_plan(p: Plan, model_name: str, checks: tuple[Check, ...]) -> None:
               f"layout {p.layout}")
     out.print(_devices_table(p) if p.devices else _plan_table(p))
     if p.photo_prefix_bytes:
-        out.print(f"  image-prefix cache: {format_bytes(p.prefix_ram_bytes)} of RAM holds "
-                  f"{p.photo_prefixes_in_ram} prefixes of that photo ({format_bytes(p.photo_prefix_bytes)} "
+        count = p.photo_prefixes_in_ram
+        out.print(f"  image-prefix cache: {format_bytes(p.prefix_ram_bytes)} of RAM holds {count} "
+                  f"prefix{'' if count == 1 else 'es'} of that photo ({format_bytes(p.photo_prefix_bytes)} "
                   "each); more on disk")
     for note in p.notes:
         out.print(f"[yellow]note:[/] {escape(note)}")
