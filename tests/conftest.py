@@ -19,6 +19,8 @@ TEXT_MODEL = TEST_MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
 MMPROJ_336 = TEST_MODELS / "mmproj-test-336.gguf"  # 576 tokens per image, like LLaVA-1.5
 MMPROJ_112 = TEST_MODELS / "mmproj-test-112.gguf"  # 64 tokens per image, for fast CLI runs
 MMPROJ_NEXT = TEST_MODELS / "mmproj-test-next-112.gguf"  # LLaVA-1.6-style: pinpoints, newline
+QWEN_TEXT = TEST_MODELS / "qwen2vl-test.gguf"  # Qwen2.5-VL-style: M-RoPE text model, 8 MB
+QWEN_MMPROJ = TEST_MODELS / "mmproj-qwen2.5vl-test.gguf"  # its dynamic-resolution merger
 
 
 def load_script(name: str) -> ModuleType:
@@ -34,7 +36,8 @@ def load_script(name: str) -> ModuleType:
 
 
 def _ensure_test_models() -> None:
-    if not all(p.exists() for p in (TEXT_MODEL, MMPROJ_336, MMPROJ_112, MMPROJ_NEXT)):
+    if not all(p.exists() for p in (TEXT_MODEL, MMPROJ_336, MMPROJ_112, MMPROJ_NEXT, QWEN_TEXT,
+                                    QWEN_MMPROJ)):
         subprocess.run([sys.executable, str(ROOT / "scripts" / "make_test_models.py")], check=True)
 
 
@@ -43,7 +46,7 @@ def test_models() -> dict[str, Path]:
     """Paths of the generated test models."""
     _ensure_test_models()
     return {"text": TEXT_MODEL, "mmproj_336": MMPROJ_336, "mmproj_112": MMPROJ_112,
-            "mmproj_next": MMPROJ_NEXT}
+            "mmproj_next": MMPROJ_NEXT, "qwen_text": QWEN_TEXT, "qwen_mmproj": QWEN_MMPROJ}
 
 
 def make_engine(mmproj: Path, *, n_ctx: int = 2048, n_batch: int = 512):  # noqa: ANN201

@@ -27,6 +27,10 @@ _CACHE_VERSION = 3
 # The image layouts edgevlm knows: LLaVA-1.5 with labelled AnyRes tiles, and LLaVA-NeXT's own.
 LLAVA_15_TILES = "llava-1.5-tiles"
 LLAVA_NEXT = "llava-next"
+# Projectors whose images edgevlm lays out itself (LLaVA-1.5 labelled tiles, LLaVA-NeXT's
+# packing). Every other type needs mtmd's own slicing, positions (M-RoPE) and attention masks;
+# fed LLaVA tiles, it would answer wrongly without an error.
+LLAVA_PROJECTORS = ("mlp", "mlp_norm")
 IMAGE_NEWLINE_TENSOR = "model.image_newline"
 _Facts = TypeVar("_Facts", "TextModelFacts", "ProjectorFacts")
 
@@ -227,7 +231,13 @@ def read_image_newline(path: Path) -> np.ndarray:
 
 
 def check_pair(text: TextModelFacts, projector: ProjectorFacts) -> None:
-    """The projector must emit vectors as wide as the text model's embeddings."""
+    """The projector must be one edgevlm lays images out for, emitting vectors as wide as the
+    text model's embeddings."""
+    if projector.projector_type not in LLAVA_PROJECTORS:
+        raise ModelError(
+            f"{projector.path.name}: projector type '{projector.projector_type}' is not supported yet: "
+            "edgevlm runs the LLaVA family's MLP projectors (LLaVA-1.5 and 1.6, BakLLaVA, Granite "
+            "Vision); llama-server runs this model meanwhile")
     if projector.projection_dim != text.n_embd:
         raise ModelError(
             f"{projector.path.name} projects to width {projector.projection_dim} but "

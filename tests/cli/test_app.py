@@ -105,12 +105,16 @@ def test_one_bad_image_among_good_ones(test_models: dict[str, Path], photos: dic
         (["--tiles", "many"], "--tiles must be auto, 0 or a positive number"),
         (["--pool", "3"], "--pool must be 1, 2 or auto"),
         (["--mmproj", "MODEL"], "pass it as --model"),
+        (["--mmproj", "QWEN_MMPROJ"], "projector type 'qwen2.5vl_merger' is not supported yet"),
+        (["--model", "QWEN_TEXT", "--mmproj", "QWEN_MMPROJ"], "architecture 'qwen2vl' is not supported"),
     ],
 )
 def test_user_errors_are_one_line_with_exit_2(test_models: dict[str, Path], photos: dict[str, Path],
                                               tmp_path: Path, args: list[str], message: str) -> None:
     base = ["--model", str(test_models["text"]), "--mmproj", str(test_models["mmproj_112"])]
-    extra = [str(test_models["text"]) if a == "MODEL" else a for a in args]
+    named = {"MODEL": test_models["text"], "QWEN_MMPROJ": test_models["qwen_mmproj"],
+             "QWEN_TEXT": test_models["qwen_text"]}
+    extra = [str(named[a]) if a in named else a for a in args]
     result = run_cli("describe", str(photos["alpha"]), *base, *extra,
                      env={"EDGEVLM_MODELS_DIR": str(tmp_path)})
     assert result.returncode == 2, result.stderr

@@ -47,6 +47,13 @@ def test_width_mismatch_is_caught_before_loading(test_models: dict[str, Path], t
         check_pair(read_text_model(test_models["text"]), read_projector(wide))
 
 
+def test_another_familys_projector_is_refused_by_its_type(test_models: dict[str, Path]) -> None:
+    qwen = read_projector(test_models["qwen_mmproj"])
+    assert qwen.projector_type == "qwen2.5vl_merger" and qwen.projection_dim == 64
+    with pytest.raises(ModelError, match="projector type 'qwen2.5vl_merger' is not supported yet"):
+        check_pair(read_text_model(test_models["text"]), qwen)
+
+
 def test_not_gguf_and_truncated(tmp_path: Path, test_models: dict[str, Path]) -> None:
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"not a gguf at all")

@@ -1,0 +1,64 @@
+"""The generated Qwen2.5-VL test pair on llama.cpp's own multimodal path (mtmd's helpers, the
+reference the families work is measured against): it loads, and its image positions follow the
+image's grid, not its token count (M-RoPE)."""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+import pytest
+from llama_cpp import mtmd_cpp as mtmd
+
+QUESTION = "<|im_start|>user\n{marker}What is it?<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.fixture(scope="module")
+def qwen(test_models: dict[str, Path]):  # noqa: ANN201
+    """The text model, a context and the projector, freed after the module."""
+    llama_cpp.llama_backend_init()
+    model = llama_cpp.llama_model_load_from_file(str(test_models["qwen_text"]).encode(),
+                                                 llama_cpp.llama_model_default_params())
+    assert model, "the qwen2vl test model did not load"
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx, params.n_batch, params.n_ubatch = 1024, 512, 512
+    ctx = llama_cpp.llama_init_from_model(model, params)
+    options = mtmd.mtmd_context_params_default()
+    options.use_gpu, options.n_threads, options.print_timings, options.warmup = False, 2, False, False
+    projector = mtmd.mtmd_init_from_file(str(test_models["qwen_mmproj"]).encode(), model, options)
+    assert projector, "the qwen2.5vl_merger test projector did not load"
+    yield model, ctx, projector
+    mtmd.mtmd_free(projector)
+    llama_cpp.llama_free(ctx)
+    llama_cpp.llama_model_free(model)
+
+
+def _chunks(projector: object, width: int, height: int) -> object:
+    pixels = np.random.default_rng(0).integers(0, 255, (height, width, 3), dtype=np.uint8)
+    raw = (ctypes.c_uint8 * pixels.size).from_buffer_copy(pixels.tobytes())
+    bitmap = mtmd.mtmd_bitmap_init(width, height, raw)
+    prompt = QUESTION.format(marker=mtmd.mtmd_default_marker().decode()).encode()
+    text = mtmd.mtmd_input_text()
+    text.text, text.text_len, text.add_special, text.parse_special = prompt, len(prompt), True, True
+    chunks = mtmd.mtmd_input_chunks_init()
+    bitmaps = (mtmd.mtmd_bitmap_p_ctypes * 1)(bitmap)
+    assert mtmd.mtmd_tokenize(projector, chunks, ctypes.byref(text), bitmaps, 1) == 0
+    mtmd.mtmd_bitmap_free(bitmap)
+    return chunks
+
+
+def test_the_qwen_pair_loads_and_its_image_advances_by_its_grid(qwen: tuple[object, object, object]) -> None:
+    _, ctx, projector = qwen
+    assert mtmd.mtmd_support_vision(projector) and mtmd.mtmd_decode_use_mrope(projector)
+    chunks = _chunks(projector, 300, 200)  # resized to 308x196: 22x14 patches, merged 2x2 to 11x7
+    every = [mtmd.mtmd_input_chunks_get(chunks, i) for i in range(mtmd.mtmd_input_chunks_size(chunks))]
+    shape = [(mtmd.mtmd_input_chunk_get_type(c), mtmd.mtmd_input_chunk_get_n_tokens(c),
+              mtmd.mtmd_input_chunk_get_n_pos(c)) for c in every]
+    image = [s for s in shape if s[0] == mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE]
+    assert image == [(mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE, 77, 11)]  # 77 tokens, 11 positions
+    n_past = llama_cpp.llama_pos(0)
+    assert mtmd.mtmd_helper_eval_chunks(projector, ctx, chunks, 0, 0, 512, True, ctypes.byref(n_past)) == 0
+    assert n_past.value == sum(n_pos for _, _, n_pos in shape)
+    mtmd.mtmd_input_chunks_free(chunks)
