@@ -45,6 +45,27 @@ def copy_text_model(out_dir: Path) -> Path:
     return target
 
 
+def _clip_header(writer: object, name: str, projector_type: str, flags: dict[str, bool], *,
+                 eps: float, **sizes: int) -> None:
+    """An mmproj's header: names, the projector type, its flags, the vision tower's sizes
+    (image_size, patch_size, embedding_length, …, head_count, block_count) and CLIP's mean and std."""
+    w = writer
+    w.add_string("general.name", name)  # type: ignore[attr-defined]
+    w.add_string("general.description", GENERATOR_TAG)  # type: ignore[attr-defined]
+    w.add_uint32("general.file_type", 1)  # type: ignore[attr-defined]
+    w.add_string("clip.projector_type", projector_type)  # type: ignore[attr-defined]
+    w.add_bool("clip.has_vision_encoder", True)  # type: ignore[attr-defined]
+    for flag, value in flags.items():
+        w.add_bool(f"clip.{flag}", value)  # type: ignore[attr-defined]
+    for key, value in sizes.items():
+        where = "attention." if key == "head_count" else ""
+        w.add_uint32(f"clip.vision.{where}{key}", value)  # type: ignore[attr-defined]
+        if key == "head_count":
+            w.add_float32("clip.vision.attention.layer_norm_epsilon", eps)  # type: ignore[attr-defined]
+    w.add_array("clip.vision.image_mean", CLIP_MEAN)  # type: ignore[attr-defined]
+    w.add_array("clip.vision.image_std", CLIP_STD)  # type: ignore[attr-defined]
+
+
 # LLaVA-NeXT's released canvases (336 px views), scaled here to the view size of a test projector.
 NEXT_PINPOINTS = ((336, 672), (672, 336), (672, 672), (1008, 336), (336, 1008))
 
@@ -74,23 +95,10 @@ def write_projector(path: Path, *, image_size: int, patch_size: int = 14, width:
     n_pos = (image_size // patch_size) ** 2 + 1
     tmp = path.with_suffix(".part")
     writer = gguf.GGUFWriter(str(tmp), "clip")
-    writer.add_string("general.name", f"edgevlm-test-mmproj-{image_size}")
-    writer.add_string("general.description", GENERATOR_TAG)
-    writer.add_uint32("general.file_type", 1)
-    writer.add_string("clip.projector_type", "mlp")
-    writer.add_bool("clip.has_vision_encoder", True)
-    writer.add_bool("clip.has_text_encoder", False)
-    writer.add_bool("clip.use_gelu", False)
-    writer.add_uint32("clip.vision.image_size", image_size)
-    writer.add_uint32("clip.vision.patch_size", patch_size)
-    writer.add_uint32("clip.vision.embedding_length", width)
-    writer.add_uint32("clip.vision.feed_forward_length", ff)
-    writer.add_uint32("clip.vision.projection_dim", text_width)
-    writer.add_uint32("clip.vision.attention.head_count", heads)
-    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-5)
-    writer.add_uint32("clip.vision.block_count", blocks)
-    writer.add_array("clip.vision.image_mean", CLIP_MEAN)
-    writer.add_array("clip.vision.image_std", CLIP_STD)
+    _clip_header(writer, f"edgevlm-test-mmproj-{image_size}", "mlp",
+                 {"has_text_encoder": False, "use_gelu": False}, eps=1e-5, image_size=image_size,
+                 patch_size=patch_size, embedding_length=width, feed_forward_length=ff,
+                 projection_dim=text_width, head_count=heads, block_count=blocks)
 
     writer.add_tensor("v.class_embd", vec(width))
     patch = (rng.standard_normal((width, 3, patch_size, patch_size)) * 0.02).astype(np.float16)
@@ -384,24 +392,11 @@ def write_qwen25vl_projector(path: Path, *, text_width: int = 64, width: int = 3
 
     tmp = path.with_suffix(".part")
     writer = gguf.GGUFWriter(str(tmp), "clip")
-    writer.add_string("general.name", "edgevlm-test-qwen2.5vl-mmproj")
-    writer.add_string("general.description", GENERATOR_TAG)
-    writer.add_uint32("general.file_type", 1)
-    writer.add_string("clip.projector_type", "qwen2.5vl_merger")
-    writer.add_bool("clip.has_vision_encoder", True)
-    writer.add_bool("clip.use_silu", True)
-    writer.add_uint32("clip.vision.image_size", 560)
-    writer.add_uint32("clip.vision.patch_size", patch)
-    writer.add_uint32("clip.vision.embedding_length", width)
-    writer.add_uint32("clip.vision.feed_forward_length", ff)
-    writer.add_uint32("clip.vision.projection_dim", text_width)
-    writer.add_uint32("clip.vision.attention.head_count", heads)
-    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
-    writer.add_uint32("clip.vision.block_count", blocks)
+    _clip_header(writer, "edgevlm-test-qwen2.5vl-mmproj", "qwen2.5vl_merger", {"use_silu": True},
+                 eps=1e-6, image_size=560, patch_size=patch, embedding_length=width,
+                 feed_forward_length=ff, projection_dim=text_width, head_count=heads, block_count=blocks)
     writer.add_uint32("clip.vision.n_wa_pattern", 2)
     writer.add_uint32("clip.vision.spatial_merge_size", 2)
-    writer.add_array("clip.vision.image_mean", CLIP_MEAN)
-    writer.add_array("clip.vision.image_std", CLIP_STD)
     kernel = (width, 3, patch, patch)
     writer.add_tensor("v.patch_embd.weight", (rng.standard_normal(kernel) * 0.02).astype(np.float16))
     writer.add_tensor("v.patch_embd.weight.1", (rng.standard_normal(kernel) * 0.02).astype(np.float16))

@@ -23,7 +23,7 @@ from PIL import Image
 
 from edgevlm.llama.types import ImageEmbedding
 from edgevlm.paths import cache_dir
-from edgevlm.store.files import folder_bytes, trim_folder, write_atomically
+from edgevlm.store.files import CappedFolder, write_atomically
 
 log = logging.getLogger("edgevlm")
 RAM_BYTES = 1 << 30  # 1 GiB of projector rows: ~100 LLaVA-1.5-7B views, thousands for small models
@@ -60,7 +60,7 @@ class EmbeddingCache:
         self._ram_cap, self._disk_cap = ram_bytes, disk_bytes
         self._ram: OrderedDict[str, ImageEmbedding] = OrderedDict()
         self._ram_bytes = self.hits = self.misses = 0
-        self._disk_used: int | None = None  # bytes on disk, counted at the first save
+        self._disk = CappedFolder(self._folder, disk_bytes, ENTRIES)
         self._lock = threading.Lock()
 
     def __call__(self, view: Image.Image) -> ImageEmbedding:
@@ -133,23 +133,9 @@ class EmbeddingCache:
     def _save(self, key: str, embedding: ImageEmbedding) -> None:
         if self._disk_cap <= 0:
             return
-        path = self._path(key)
-        try:
-            rows = io.BytesIO()
-            np.save(rows, np.ascontiguousarray(embedding.rows, dtype=np.float32))
-            write_atomically(path, rows.getvalue(), durable=False)
-            self._note_disk_use(path.stat().st_size)
-        except OSError as exc:  # a full or read-only disk costs speed, not the answer
-            log.debug("could not keep %s on disk (%s)", path, exc)
-
-    def _note_disk_use(self, added_bytes: int) -> None:
-        """Keep a running total; the folder is listed only at first and when it is over its cap."""
-        if self._disk_used is None:
-            self._disk_used = folder_bytes(self._folder, ENTRIES)
-        else:
-            self._disk_used += added_bytes
-        if self._disk_used > self._disk_cap:
-            self._disk_used = trim_folder(self._folder, self._disk_cap, ENTRIES)
+        rows = io.BytesIO()
+        np.save(rows, np.ascontiguousarray(embedding.rows, dtype=np.float32))
+        self._disk.write(self._path(key), rows.getvalue())
 
 
 class SummaryStore:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 import threading
@@ -89,3 +90,29 @@ def trim_folder(folder: Path, cap_bytes: int, pattern: str) -> int:
         path.unlink(missing_ok=True)
         total -= size
     return total
+
+
+class CappedFolder:
+    """A cache folder kept under a cap in bytes: entries are written atomically, a running total
+    is kept (the folder is listed only at first and when over the cap), and the least recently
+    written go first. A full or read-only disk costs speed, never the answer: writes that fail
+    are logged and dropped."""
+
+    def __init__(self, folder: Path, cap_bytes: int, pattern: str) -> None:
+        self.folder, self.cap_bytes, self.pattern = folder, cap_bytes, pattern
+        self._used_bytes: int | None = None
+
+    def write(self, path: Path, data: str | bytes | list[bytes | memoryview]) -> None:
+        """Keep one entry (a path under the folder), then trim the folder to its cap."""
+        try:
+            write_atomically(path, data, durable=False)
+            added = path.stat().st_size
+        except OSError as exc:
+            logging.getLogger("edgevlm").debug("could not keep %s on disk (%s)", path, exc)
+            return
+        if self._used_bytes is None:
+            self._used_bytes = folder_bytes(self.folder, self.pattern)
+        else:
+            self._used_bytes += added
+        if self._used_bytes > self.cap_bytes:
+            self._used_bytes = trim_folder(self.folder, self.cap_bytes, self.pattern)

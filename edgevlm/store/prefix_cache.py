@@ -26,7 +26,7 @@ import numpy as np
 
 from edgevlm.paths import cache_dir
 from edgevlm.store.caches import ENTRIES as EMBEDDING_ENTRIES
-from edgevlm.store.files import folder_bytes, trim_folder, write_atomically
+from edgevlm.store.files import CappedFolder, folder_bytes, trim_folder
 
 log = logging.getLogger("edgevlm")
 RAM_BYTES = 2 << 30  # ~6 LLaVA-1.5-7B prefixes at f16 KV (~0.3 GiB each), hundreds for small models
@@ -120,7 +120,7 @@ class PrefixCache:
         self._ram_cap, self._disk_cap = ram_bytes, disk_bytes
         self._ram: OrderedDict[str, PrefixEntry] = OrderedDict()
         self._ram_bytes = self.ram_hits = self.disk_hits = self.misses = self.skipped = 0
-        self._disk_used: int | None = None
+        self._disk = CappedFolder(self.folder, disk_bytes, ENTRIES)
         self._lock = threading.Lock()
         self._writes: queue.Queue[tuple[str, PrefixEntry]] = queue.Queue()
         self._writer: threading.Thread | None = None
@@ -214,20 +214,7 @@ class PrefixCache:
                 self._writes.task_done()
 
     def _save(self, key: str, entry: PrefixEntry) -> None:
-        path = self._path(key)
-        try:
-            write_atomically(path, encode_entry(entry), durable=False)
-            self._note_disk_use(path.stat().st_size)
-        except OSError as exc:  # a full or read-only disk costs speed, not the answer
-            log.debug("could not keep %s on disk (%s)", path, exc)
-
-    def _note_disk_use(self, added_bytes: int) -> None:
-        if self._disk_used is None:
-            self._disk_used = folder_bytes(self.folder, ENTRIES)
-        else:
-            self._disk_used += added_bytes
-        if self._disk_used > self._disk_cap:
-            self._disk_used = trim_folder(self.folder, self._disk_cap, ENTRIES)
+        self._disk.write(self._path(key), encode_entry(entry))
 
 
 # -- the file format ------------------------------------------------------------------------
