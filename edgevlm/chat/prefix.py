@@ -88,30 +88,36 @@ class ImagePrefixes:
         head = Segment("user", parts.turn, parts.head)
         cache = self.prefix_cache
         if cache is None or [s.kind for s in self.segments] != ["system"]:
-            self._append(head)
-            self._eval_block(prepared, parts.turn, on_progress)
+            self._prefill_block(head, prepared, on_progress)
             return NO_PREFIX
         key = cache.key(self._prefix_key_parts(prepared, parts.head))
         found = cache.get(key)
         if found is None:
             cache.misses += 1
+        elif not cache.clock.restore_wins(found[1], found[0].block_tokens, found[0].nbytes):
+            cache.skipped += 1  # recomputing is faster here; the entry stays as it is
+            self._prefill_block(head, prepared, on_progress)
+            return NO_PREFIX
         elif self._restored(cache, key, *found, head, prepared, on_progress):
             return found[1]
-        self._append(head)
-        started = time.perf_counter()
-        self._eval_block(prepared, parts.turn, on_progress)
+        block_s = self._prefill_block(head, prepared, on_progress)
         block = self.segments[2:]
-        cache.clock.note_prefill(sum(s.n_tokens for s in block), time.perf_counter() - started)
+        cache.clock.note_prefill(sum(s.n_tokens for s in block), block_s)
         cache.put(key, PrefixEntry(self.sequence.n_past, tuple(_part(s) for s in block),
                                    self.sequence.save_state()))
         return NO_PREFIX
 
+    def _prefill_block(self, head: Segment, prepared: PreparedImage,
+                       on_progress: Callable[[PrefillProgress], None] | None) -> float:
+        """Decode the turn's opening and its image block; returns the block's seconds (CLIP too)."""
+        self._append(head)
+        started = time.perf_counter()
+        self._eval_block(prepared, head.turn, on_progress)
+        return time.perf_counter() - started
+
     def _restored(self, cache: PrefixCache, key: str, entry: PrefixEntry, tier: str, head: Segment,
                   prepared: PreparedImage, on_progress: Callable[[PrefillProgress], None] | None) -> bool:
-        """Restore a found entry when that is expected to beat prefilling it."""
-        if not cache.clock.restore_wins(tier, entry.block_tokens, entry.nbytes):
-            cache.skipped += 1
-            return False
+        """Restore a found entry; False (the entry dropped) when llama.cpp refuses it."""
         system = self.segments[0]
         started = time.perf_counter()
         try:

@@ -129,3 +129,18 @@ def test_a_saved_state_is_the_size_the_planner_counts(small_sequence: EngineSequ
     state = small_sequence.save_state()
     expected = kv_bytes(read_text_model(test_models["text"]), small_sequence.n_past)
     assert abs(state.nbytes - expected) / expected < 0.02, (state.nbytes, expected)
+
+
+def test_a_restore_expected_to_lose_is_skipped(small_sequence: EngineSequence, tmp_path: Path) -> None:
+    cache = PrefixCache("test model", folder=tmp_path)
+    chat = _chat(small_sequence, cache)
+    first, _ = _ask(chat)
+    cache.flush()
+    (path,) = tmp_path.glob(ENTRIES)
+    written = path.stat().st_mtime_ns
+    cache.clock.prefill_s_per_token = 1e-9  # a machine where prefilling is all but free
+    cache.clock.restore_s_per_byte["ram"] = 1.0
+    again, stats = _ask(chat)
+    cache.flush()
+    assert stats.prefix_cache == "none" and stats.visual_tokens > 0 and cache.stats().skipped == 1
+    assert again == first and path.stat().st_mtime_ns == written  # prefilled; the entry left as it was
