@@ -302,7 +302,7 @@ def serve(
     debug: opt.Debug = False,
 ) -> None:
     """The OpenAI- and Ollama-compatible API (see SERVE_HELP)."""
-    from edgevlm.llama.types import Sampling
+    from edgevlm.llama.types import Sampling, serving_threads
     from edgevlm.server.launch import ServeSettings, check
     from edgevlm.server.launch import serve as run_server
 
@@ -321,6 +321,9 @@ def serve(
         flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, max_tokens, fetch_missing,
                              parallel=n_seq,
                              placement=_placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device))
+        if threads is None:  # a core for the event loop while decoding, on small machines
+            decode_threads, prefill_threads = serving_threads()
+            flags = replace(flags, n_threads=decode_threads, n_threads_batch=prefill_threads)
         with _loaded(flags, quiet=False) as loaded:
             run_server(loaded, settings, on_ready=lambda url: err.print(
                 f"edgevlm serving [bold]{escape(loaded.choice.model_path.name)}[/] at {url} "

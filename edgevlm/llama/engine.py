@@ -106,7 +106,8 @@ class Engine:
         cparams.n_batch = cfg.n_batch
         cparams.n_ubatch = min(cfg.n_ubatch, cfg.n_batch)
         self.n_threads = cfg.n_threads or default_threads()
-        cparams.n_threads = cparams.n_threads_batch = self.n_threads
+        cparams.n_threads = self.n_threads
+        cparams.n_threads_batch = cfg.n_threads_batch or self.n_threads
         cparams.no_perf = False
         cparams.type_k, cparams.type_v = _ggml_type(cfg.type_k), _ggml_type(cfg.type_v)
         if cfg.flash_attn is not None:

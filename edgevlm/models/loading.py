@@ -61,6 +61,7 @@ class ModelFlags:
     n_ctx: int | None = None
     n_gpu_layers: int | None = None
     n_threads: int | None = None
+    n_threads_batch: int | None = None  # prefill's threads (None: n_threads)
     answer_tokens: int = 512
     vram: tuple[int, ...] | None = None  # plan for cards with this much free VRAM, not this machine's
     kv_type: str | None = None
@@ -258,6 +259,7 @@ def engine_config(choice: ModelChoice, plan: Plan, flags: ModelFlags) -> EngineC
     """The engine settings that carry out a plan."""
     return EngineConfig(choice.model_path, choice.mmproj_path, n_ctx=plan.n_ctx,
                         n_gpu_layers=plan.n_gpu_layers, n_threads=flags.n_threads,
+                        n_threads_batch=flags.n_threads_batch,
                         n_batch=plan.n_ubatch, n_ubatch=plan.n_ubatch,
                         flash_attn=plan.flash_attn, type_k=plan.type_k, type_v=plan.type_v,
                         mmproj_on_gpu=plan.mmproj_on_gpu, n_seq=plan.n_seq,
