@@ -61,6 +61,10 @@ Examples:
   edgevlm describe ~/Pictures -r --write-captions --jsonl captions.jsonl --tiles 0
   edgevlm describe ~/Pictures -r --tags --write-xmp    # XMP sidecars for darktable, digiKam, Immich
   edgevlm describe receipt.jpg --schema receipt.schema.json --json
+  edgevlm describe photo.jpg --ask "Caption?" --ask "Any text?"   # one prefill, two answers
+
+A photo seen before (this run or an earlier one) restores its image prefix from RAM or disk
+instead of prefilling it; --no-cache turns that off, `edgevlm cache` shows and clears it.
 """
 CHAT_HELP = """Chat about images in the terminal; answered images turn into text, so the chat never
 fills up.
@@ -474,7 +478,8 @@ def models() -> None:
 
 @app.command(short_help="Show or clear what edgevlm keeps to go faster (image prefixes, projector rows).")
 def cache(clear: Annotated[bool, typer.Option("--clear", help="Delete every cached entry.")] = False,
-          json_out: opt.JsonOut = False) -> None:
+          json_out: Annotated[bool, typer.Option(
+              "--json", help="The folder and each cache's bytes as one JSON object.")] = False) -> None:
     """Show the disk caches under the user's cache directory, or clear them.
 
     Image prefixes (the KV of [system, question opening, image]) let a photo seen before skip
