@@ -66,7 +66,6 @@ class ImagePrefixes:
         self._prefix_tier = IN_CONTEXT
         stats = self._turn_stats(parts.turn, plan, generated, wait_s=0.0, dropped=0,
                                  completion_tokens=len(answer_tokens), prompt_tokens=prompt_tokens)
-        self._block_end = (block_end, plan)
         return answer, stats
 
     if TYPE_CHECKING:  # the conversation's own, from ImageBlocks and KvLedger
