@@ -128,12 +128,7 @@ def write_projector(path: Path, *, image_size: int, patch_size: int = 14, width:
         writer.add_array("clip.vision.image_grid_pinpoints", pinpoints)
         writer.add_string("clip.vision.mm_patch_merge_type", "spatial_unpad")
         writer.add_tensor("model.image_newline", vec(text_width))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    tmp.replace(path)
-    return path
+    return _finish(writer, tmp, path)
 
 
 @dataclass(frozen=True)
@@ -254,6 +249,16 @@ def write_sparse_vit_projector(path: Path, *, text_width: int = 4096) -> Path:
     return _finish_sparse(writer, path)
 
 
+def _finish(writer: object, tmp: Path, path: Path) -> Path:
+    """Write a GGUF out to its temporary name, then move it into place (never half a file)."""
+    writer.write_header_to_file()  # type: ignore[attr-defined]
+    writer.write_kv_data_to_file()  # type: ignore[attr-defined]
+    writer.write_tensors_to_file()  # type: ignore[attr-defined]
+    writer.close()  # type: ignore[attr-defined]
+    tmp.replace(path)
+    return path
+
+
 def _finish_sparse(writer: object, path: Path) -> Path:
     writer.write_header_to_file()  # type: ignore[attr-defined]
     writer.write_kv_data_to_file()  # type: ignore[attr-defined]
@@ -364,12 +369,7 @@ def write_qwen2vl_text(path: Path, vocab_source: Path, *, n_embd: int = 64, n_la
         writer.add_tensor(f"{p}.ffn_gate.weight", mat(n_ff, n_embd))
         writer.add_tensor(f"{p}.ffn_up.weight", mat(n_ff, n_embd))
         writer.add_tensor(f"{p}.ffn_down.weight", mat(n_embd, n_ff))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    tmp.replace(path)
-    return path
+    return _finish(writer, tmp, path)
 
 
 def write_qwen25vl_projector(path: Path, *, text_width: int = 64, width: int = 32, blocks: int = 2,
@@ -419,12 +419,7 @@ def write_qwen25vl_projector(path: Path, *, text_width: int = 64, width: int = 3
     writer.add_tensor("mm.0.bias", vec(merged))
     writer.add_tensor("mm.2.weight", mat(text_width, merged))
     writer.add_tensor("mm.2.bias", vec(text_width))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    tmp.replace(path)
-    return path
+    return _finish(writer, tmp, path)
 
 
 def _is_current(path: Path) -> bool:

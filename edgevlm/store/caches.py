@@ -12,8 +12,6 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
-import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,11 +22,13 @@ from PIL import Image
 from edgevlm.llama.types import ImageEmbedding
 from edgevlm.paths import cache_dir
 from edgevlm.store.files import CappedFolder, write_atomically
+from edgevlm.store.lru import BytesLru
 
 log = logging.getLogger("edgevlm")
 RAM_BYTES = 1 << 30  # 1 GiB of projector rows: ~100 LLaVA-1.5-7B views, thousands for small models
 DISK_BYTES = 4 << 30
 ENTRIES = "*/*.npy"  # one file per view, in folders by the key's first two hex digits
+SUMMARY_ENTRIES = "*/*.txt"  # one file per image, in a folder per model
 
 Encode = Callable[[Image.Image], ImageEmbedding]
 
@@ -57,11 +57,10 @@ class EmbeddingCache:
                  ram_bytes: int = RAM_BYTES, disk_bytes: int = DISK_BYTES) -> None:
         self._encode, self._identity = encode, identity
         self._folder = folder if folder is not None else cache_dir() / "embeddings"
-        self._ram_cap, self._disk_cap = ram_bytes, disk_bytes
-        self._ram: OrderedDict[str, ImageEmbedding] = OrderedDict()
-        self._ram_bytes = self.hits = self.misses = 0
+        self._disk_cap = disk_bytes
+        self._ram: BytesLru[ImageEmbedding] = BytesLru(ram_bytes, lambda e: e.rows.nbytes)
+        self.hits = self.misses = 0
         self._disk = CappedFolder(self._folder, disk_bytes, ENTRIES)
-        self._lock = threading.Lock()
 
     def __call__(self, view: Image.Image) -> ImageEmbedding:
         """The view's projector rows, from the cache when it has them."""
@@ -74,42 +73,25 @@ class EmbeddingCache:
     def _lookup(self, view: Image.Image, encode: Encode) -> ImageEmbedding:
         pixels = np.ascontiguousarray(np.asarray(view, dtype=np.uint8))
         key = self._key(pixels)
-        found = self._from_ram(key) or self._from_disk(key)
+        found = self._ram.get(key) or self._from_disk(key)
         if found is not None:
             self.hits += 1
             return found
         self.misses += 1
         embedding = encode(view)
-        self._remember(key, embedding)
+        self._ram.put(key, embedding)
         self._save(key, embedding)
         return embedding
 
     def stats(self) -> CacheStats:
         """Hits, misses and the RAM in use."""
-        return CacheStats(self.hits, self.misses, self._ram_bytes)
+        return CacheStats(self.hits, self.misses, self._ram.used_bytes)
 
     def _key(self, pixels: np.ndarray) -> str:
         digest = hashlib.sha256(self._identity.encode())
         digest.update(repr(pixels.shape).encode())
         digest.update(pixels.tobytes())
         return digest.hexdigest()
-
-    def _from_ram(self, key: str) -> ImageEmbedding | None:
-        with self._lock:
-            found = self._ram.get(key)
-            if found is not None:
-                self._ram.move_to_end(key)
-            return found
-
-    def _remember(self, key: str, embedding: ImageEmbedding) -> None:
-        with self._lock:
-            if key in self._ram or embedding.rows.nbytes > self._ram_cap:
-                return
-            self._ram[key] = embedding
-            self._ram_bytes += embedding.rows.nbytes
-            while self._ram_bytes > self._ram_cap:
-                _, old = self._ram.popitem(last=False)
-                self._ram_bytes -= old.rows.nbytes
 
     def _path(self, key: str) -> Path:
         return self._folder / key[:2] / f"{key}.npy"
@@ -127,7 +109,7 @@ class EmbeddingCache:
             path.unlink(missing_ok=True)
             return None
         embedding = ImageEmbedding(rows)
-        self._remember(key, embedding)
+        self._ram.put(key, embedding)
         return embedding
 
     def _save(self, key: str, embedding: ImageEmbedding) -> None:

@@ -18,7 +18,6 @@ import queue
 import struct
 import threading
 import zlib
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,7 +25,9 @@ import numpy as np
 
 from edgevlm.paths import cache_dir
 from edgevlm.store.caches import ENTRIES as EMBEDDING_ENTRIES
+from edgevlm.store.caches import SUMMARY_ENTRIES
 from edgevlm.store.files import CappedFolder, folder_bytes, trim_folder
+from edgevlm.store.lru import BytesLru
 
 log = logging.getLogger("edgevlm")
 RAM_BYTES = 2 << 30  # ~6 LLaVA-1.5-7B prefixes at f16 KV (~0.3 GiB each), hundreds for small models
@@ -117,11 +118,10 @@ class PrefixCache:
                  disk_bytes: int = DISK_BYTES) -> None:
         self._identity = identity
         self.folder = folder if folder is not None else cache_dir() / "prefixes"
-        self._ram_cap, self._disk_cap = ram_bytes, disk_bytes
-        self._ram: OrderedDict[str, PrefixEntry] = OrderedDict()
-        self._ram_bytes = self.ram_hits = self.disk_hits = self.misses = self.skipped = 0
+        self._disk_cap = disk_bytes
+        self._ram: BytesLru[PrefixEntry] = BytesLru(ram_bytes, lambda entry: entry.nbytes)
+        self.ram_hits = self.disk_hits = self.misses = self.skipped = 0
         self._disk = CappedFolder(self.folder, disk_bytes, ENTRIES)
-        self._lock = threading.Lock()
         self._writes: queue.Queue[tuple[str, PrefixEntry]] = queue.Queue()
         self._writer: threading.Thread | None = None
         self.clock = RestoreClock()
@@ -136,20 +136,18 @@ class PrefixCache:
 
     def get(self, key: str) -> tuple[PrefixEntry, str] | None:
         """The entry and its tier ("ram" or "disk"), or None; a disk hit is kept in RAM too."""
-        with self._lock:
-            found = self._ram.get(key)
-            if found is not None:
-                self._ram.move_to_end(key)
-                return found, "ram"
+        found = self._ram.get(key)
+        if found is not None:
+            return found, "ram"
         entry = self._read(self._path(key))
         if entry is None:
             return None
-        self._remember(key, entry)
+        self._ram.put(key, entry)
         return entry, "disk"
 
     def put(self, key: str, entry: PrefixEntry) -> None:
         """Keep an entry in RAM now, and on disk from a writer thread (off the request's clock)."""
-        self._remember(key, entry)
+        self._ram.put(key, entry)
         if self._disk_cap <= 0 or entry.nbytes > self._disk_cap:
             return
         if self._writer is None:
@@ -166,29 +164,13 @@ class PrefixCache:
 
     def forget(self, key: str) -> None:
         """Drop an entry from both tiers (one llama.cpp refused to restore)."""
-        with self._lock:
-            old = self._ram.pop(key, None)
-            if old is not None:
-                self._ram_bytes -= old.nbytes
+        self._ram.pop(key)
         self._path(key).unlink(missing_ok=True)
 
     def stats(self) -> PrefixCacheStats:
         """Entries and bytes in RAM, and the hits, misses and skipped restores so far."""
-        with self._lock:
-            return PrefixCacheStats(len(self._ram), self._ram_bytes, self.ram_hits, self.disk_hits,
-                                    self.misses, self.skipped)
-
-    # -- RAM ------------------------------------------------------------------------------
-
-    def _remember(self, key: str, entry: PrefixEntry) -> None:
-        with self._lock:
-            if key in self._ram or entry.nbytes > self._ram_cap:
-                return
-            self._ram[key] = entry
-            self._ram_bytes += entry.nbytes
-            while self._ram_bytes > self._ram_cap:
-                _, old = self._ram.popitem(last=False)
-                self._ram_bytes -= old.nbytes
+        return PrefixCacheStats(len(self._ram), self._ram.used_bytes, self.ram_hits, self.disk_hits,
+                                self.misses, self.skipped)
 
     # -- disk -----------------------------------------------------------------------------
 
@@ -268,7 +250,7 @@ def decode_entry(data: np.ndarray) -> PrefixEntry:
 
 
 # The rebuildable caches under the user's cache directory, and their entries' file patterns.
-CACHE_KINDS = {"prefixes": ENTRIES, "embeddings": EMBEDDING_ENTRIES, "summaries": "*/*.txt"}
+CACHE_KINDS = {"prefixes": ENTRIES, "embeddings": EMBEDDING_ENTRIES, "summaries": SUMMARY_ENTRIES}
 
 
 def folder_sizes(root: Path | None = None) -> dict[str, int]:
