@@ -285,7 +285,7 @@ class Conversation(ImagePrefixes, ImageBlocks, SummarySwap, HistoryReplay, KvLed
         sequence.interrupt_requested = False
         # An interrupt can land between a decode and its bookkeeping: trust the ledger.
         sequence.resync()
-        sequence.truncate(min(sequence.n_past, self.kv_tokens + len(answer_tokens)))
+        sequence.truncate(min(sequence.n_past, self.kv_positions + len(answer_tokens)))
         self.segments.append(Segment("answer", parts.turn, tuple(answer_tokens)))  # already decoded
         return "".join(pieces).strip(), answer_tokens, interrupted
 

@@ -52,6 +52,9 @@ class ImageBlocks:
         steps = layout.steps(plan)
         progress = ProgressCounter(on_progress, views=len(views),
                                     tokens=layout.block_tokens(plan, self._budget(prepared.room)))
+        if layout.native:
+            self._eval_native(views[0], turn, progress)
+            return
         if layout.packed:
             rows = []
             for step in steps:  # every view is a step of a packed layout
@@ -74,6 +77,19 @@ class ImageBlocks:
                 self._tile_prefill_s += decode_s
             progress.add(tokens + labelled)
             labelled = 0
+
+    def _eval_native(self, view: Image.Image, turn: int, progress: ProgressCounter) -> None:
+        """mtmd's block for the view: the family's marker tokens as labels, each image chunk's
+        rows (with their positions and attention) as an image segment."""
+        block = self.sequence.encode_block(view)
+        progress.add(0)
+        for piece in block.pieces:
+            if isinstance(piece, ImageEmbedding):
+                tokens, _ = self._decode_image(piece, turn)
+            else:
+                self._append(Segment("label", turn, piece))
+                tokens = len(piece)
+            progress.add(tokens, views=0)
 
     def _append_image(self, view: Image.Image, turn: int, *, pool: int = 1) -> tuple[int, float]:
         """Encode a view, pool its rows, decode them; returns (tokens, seconds decoding)."""

@@ -1,5 +1,9 @@
-"""The KV ledger: every cached position belongs to one segment, and the ledger's total equals
-the sequence's position and llama.cpp's KV cells after every operation."""
+"""The KV ledger: every cached cell belongs to one segment, and the ledger's positions equal the
+sequence's and llama.cpp's after every operation.
+
+Cells and positions are kept apart: an M-RoPE image (Qwen-VL) holds one cell per row but moves
+the position by its grid's longer side only.
+"""
 
 from __future__ import annotations
 
@@ -26,6 +30,11 @@ class KvLedger:
         return sum(s.n_tokens for s in self.segments)
 
     @property
+    def kv_positions(self) -> int:
+        """The next position: how far the segments have moved it."""
+        return sum(s.n_positions for s in self.segments)
+
+    @property
     def visual_tokens_live(self) -> int:
         """Image positions still in the cache."""
         return sum(s.n_tokens for s in self.segments if s.visual)
@@ -36,15 +45,21 @@ class KvLedger:
         return sum(s.n_tokens for s in self.segments if s.kind == "summary")
 
     def check(self) -> None:
-        """The invariant: ledger total == engine position == KV cells in use."""
-        cells = self.sequence.kv_cells()
-        if not self.kv_tokens == self.sequence.n_past == cells:
-            raise EngineError(f"ledger out of step: segments {self.kv_tokens}, "
-                              f"engine {self.sequence.n_past}, KV cells {cells}")
+        """The invariant: the ledger's next position == the engine's, and the last position
+        llama.cpp holds == the one the ledger's last segment ends at (for text and most images
+        that is every cell: cells == positions)."""
+        held = self.sequence.kv_cells()  # llama.cpp's last position + 1
+        last = self.segments[-1] if self.segments else None
+        expected = (self.kv_positions - last.n_positions + last.last_position_offset + 1
+                    if last is not None else 0)
+        if not (self.kv_positions == self.sequence.n_past and held == expected):
+            raise EngineError(f"ledger out of step: segments end at position {self.kv_positions} "
+                              f"(last {expected - 1}), engine {self.sequence.n_past}, "
+                              f"llama.cpp's last {held - 1}")
 
     def position_of(self, index: int) -> int:
         """The first KV position of segment `index`."""
-        return sum(s.n_tokens for s in self.segments[:index])
+        return sum(s.n_positions for s in self.segments[:index])
 
     def _drop(self, first: int, end: int) -> None:
         p0, p1 = self.position_of(first), self.position_of(end)
@@ -70,7 +85,7 @@ class KvLedger:
         self.sequence.interrupt_requested = False
         self.sequence.resync()  # an interrupt can land between a decode and its bookkeeping
         del self.segments[index:]
-        self.sequence.truncate(self.kv_tokens)
+        self.sequence.truncate(self.kv_positions)
 
     def _truncate_to(self, index: int) -> None:
         self.sequence.truncate(self.position_of(index))

@@ -154,12 +154,16 @@ class ImagePrefixes:
 
 
 def _part(segment: Segment) -> PrefixPart:
-    if segment.embedding is not None:
-        return PrefixPart(segment.kind, rows=segment.embedding.rows)
+    view = segment.embedding
+    if view is not None:
+        return PrefixPart(segment.kind, rows=view.rows, positions=view.positions, n_pos=view.n_pos,
+                          non_causal=view.non_causal)
     return PrefixPart(segment.kind, segment.tokens)
 
 
 def _segment(part: PrefixPart, turn: int) -> Segment:
     if part.rows is not None:
-        return Segment(part.kind, turn, embedding=ImageEmbedding(part.rows))
+        view = ImageEmbedding(part.rows, positions=part.positions, n_pos=part.n_pos,
+                              non_causal=part.non_causal)
+        return Segment(part.kind, turn, embedding=view)
     return Segment(part.kind, turn, part.tokens)

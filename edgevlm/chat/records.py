@@ -26,7 +26,19 @@ class Segment:
 
     @property
     def n_tokens(self) -> int:
+        """KV cells the segment holds."""
         return self.embedding.n_tokens if self.embedding is not None else len(self.tokens)
+
+    @property
+    def n_positions(self) -> int:
+        """How far the segment moves the position (fewer than its cells for an M-RoPE image)."""
+        return self.embedding.n_positions if self.embedding is not None else len(self.tokens)
+
+    @property
+    def last_position_offset(self) -> int:
+        """The segment's highest position, from its first: what llama.cpp reports as the
+        sequence's last position when the segment ends the cache."""
+        return self.embedding.last_position_offset if self.embedding is not None else len(self.tokens) - 1
 
     @property
     def visual(self) -> bool:

@@ -161,7 +161,7 @@ class SummarySwap:
             except (Interrupted, KeyboardInterrupt):
                 self.sequence.interrupt_requested = False
                 self.sequence.resync()
-                self.sequence.truncate(self.kv_tokens)  # a part-decoded segment goes again
+                self.sequence.truncate(self.kv_positions)  # a part-decoded segment goes again
 
     def _caption_reserve(self) -> int:
         """The caption request and its answer, made while the image is still live (turn_costs

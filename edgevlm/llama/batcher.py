@@ -12,7 +12,7 @@ import numpy as np
 
 from edgevlm.errors import EngineError, Interrupted
 from edgevlm.llama.logs import NATIVE_LOG
-from edgevlm.llama.sequence import EngineSequence
+from edgevlm.llama.sequence import EngineSequence, RowPlacement
 
 # The longest a batcher step waits for the streams that just got a token to come back.
 GATHER_S = 0.05
@@ -25,14 +25,26 @@ class BatchHost(Protocol):
     n_batch: int
     n_embd_model: int
     n_vocab: int
+    n_pos_per_row: int
 
 
 class TokenBatch:
-    """A llama_batch of token ids or embedding rows, filled per sequence."""
+    """A llama_batch of token ids or embedding rows, filled per sequence.
 
-    def __init__(self, capacity: int, n_embd: int = 0) -> None:
+    For M-RoPE models (n_pos_per_row 4) a batch of rows carries four positions per row, laid out
+    section by section (every row's t, then every y, x, z), as llama.cpp reads an embedding batch;
+    llama_batch_init allocates one per row, so the batch gets a position array of its own.
+    """
+
+    def __init__(self, capacity: int, n_embd: int = 0, n_pos_per_row: int = 1) -> None:
         self.raw = llama_cpp.llama_batch_init(capacity, n_embd, 1)
         self.n_embd = n_embd
+        self._given_pos = None
+        if n_pos_per_row > 1:
+            self._own_pos = np.zeros(capacity * n_pos_per_row, dtype=np.int32)
+            # The address, not the field: a ctypes field object would follow the reassignment.
+            self._given_pos = ctypes.cast(self.raw.pos, ctypes.c_void_p).value
+            self.raw.pos = self._own_pos.ctypes.data_as(type(self.raw.pos))
 
     def clear(self) -> None:
         self.raw.n_tokens = 0
@@ -47,13 +59,19 @@ class TokenBatch:
         b.n_tokens = n + len(tokens)
         return b.n_tokens - 1
 
-    def add_rows(self, sequence: EngineSequence, rows: np.ndarray) -> None:
-        """Append embedding rows at the sequence's next positions (a batch holds rows or tokens)."""
+    def add_rows(self, sequence: EngineSequence, rows: np.ndarray,
+                 positions: np.ndarray | None = None) -> None:
+        """Append embedding rows at the sequence's next positions (a batch holds rows or tokens);
+        rows with M-RoPE `positions` (absolute, one (t, y, x, z) each) fill an empty batch."""
         b, n = self.raw, self.raw.n_tokens
         ctypes.memmove(ctypes.addressof(b.embd.contents) + n * self.n_embd * 4, rows.ctypes.data, rows.nbytes)
         for i in range(len(rows)):
             self._place(n + i, sequence, i)
         b.n_tokens = n + len(rows)
+        if positions is not None:
+            if n or self._given_pos is None:
+                raise EngineError("M-RoPE rows need an empty batch with four positions per row")
+            self._own_pos[:positions.size] = positions.T.reshape(-1)
 
     def _place(self, index: int, sequence: EngineSequence, offset: int) -> None:
         b = self.raw
@@ -63,6 +81,8 @@ class TokenBatch:
         b.logits[index] = False
 
     def free(self) -> None:
+        if self._given_pos is not None:  # llama.cpp frees the array it allocated, not ours
+            self.raw.pos = ctypes.cast(self._given_pos, type(self.raw.pos))
         llama_cpp.llama_batch_free(self.raw)
 
 
@@ -73,6 +93,7 @@ class _Work:
     sequence: EngineSequence
     tokens: list[int] | None
     rows: np.ndarray | None
+    image: RowPlacement | None = None
     done_items: int = 0
     finished: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
@@ -103,13 +124,14 @@ class Batcher:
         self._expected: set[int] = set()  # sequences generating last step: back soon with a token
         self._closed = False
         self._tokens = TokenBatch(host.n_batch)
-        self._rows = TokenBatch(host.n_batch, host.n_embd_model)
+        self._rows = TokenBatch(host.n_batch, host.n_embd_model, host.n_pos_per_row)
         self._thread = threading.Thread(target=self._loop, name="edgevlm-batcher", daemon=True)
         self._thread.start()
 
-    def run(self, sequence: EngineSequence, tokens: list[int] | None, rows: np.ndarray | None) -> None:
+    def run(self, sequence: EngineSequence, tokens: list[int] | None, rows: np.ndarray | None,
+            image: RowPlacement | None = None) -> None:
         """Queue a sequence's input and wait until it is decoded (or the sequence is interrupted)."""
-        work = _Work(sequence, tokens, rows)
+        work = _Work(sequence, tokens, rows, image)
         with self._cond:
             if self._closed:
                 raise EngineError("the engine is closed")
@@ -191,10 +213,15 @@ class Batcher:
         return max(chunk, 0)
 
     def _step_rows(self, work: _Work) -> None:
-        chunk = min(work.n_items - work.done_items, self._host.n_batch)
+        start = work.done_items
+        chunk = min(work.n_items - start, self._host.n_batch)
+        place = work.image or RowPlacement()
         self._rows.clear()
-        self._rows.add_rows(work.sequence, work.rows[work.done_items:work.done_items + chunk])  # type: ignore[index]
-        if self._decode(self._rows, [work]):
+        self._rows.add_rows(work.sequence, work.rows[start:start + chunk],  # type: ignore[index]
+                            place.positions_of(start, chunk))
+        with place.attention(self._host.ctx):
+            decoded = self._decode(self._rows, [work])
+        if decoded:
             self._advance(work, chunk, None)
 
     def _decode(self, batch: TokenBatch, works: list[_Work]) -> bool:
@@ -208,7 +235,7 @@ class Batcher:
 
     def _advance(self, work: _Work, n_items: int, logits_at: int | None) -> None:
         sequence = work.sequence
-        sequence.decoded(n_items)
+        sequence.decoded(n_items, advance=work.image is None or work.image.positions is None)
         work.done_items += n_items
         if work.done_items < work.n_items:
             return

@@ -22,8 +22,8 @@ from edgevlm.llama.backends import device_by_name
 from edgevlm.llama.batcher import Batcher, TokenBatch
 from edgevlm.llama.logs import NATIVE_LOG
 from edgevlm.llama.meter import RequestMeter
-from edgevlm.llama.sequence import EngineSequence, interrupt_on_sigint
-from edgevlm.llama.types import SPLIT_MODES, EngineConfig, ImageEmbedding, default_threads
+from edgevlm.llama.sequence import EngineSequence, RowPlacement, interrupt_on_sigint
+from edgevlm.llama.types import SPLIT_MODES, EngineConfig, ImageBlock, ImageEmbedding, default_threads
 from edgevlm.llama.vision import Projector
 
 
@@ -62,6 +62,8 @@ class Engine:
         self._create_context()
         if self.config.mmproj_path is not None:
             self._load_projector(str(self.config.mmproj_path))
+        # M-RoPE models take four positions per image row (see batcher.TokenBatch).
+        self.n_pos_per_row = 4 if self.projector is not None and self.projector.uses_mrope else 1
         self._sequences = [EngineSequence(self, i) for i in range(self.config.n_seq)]
         if self.config.n_seq > 1:
             self.batcher = Batcher(self)
@@ -91,7 +93,9 @@ class Engine:
             raise ModelError(f"{cfg.model_path}: llama.cpp could not load it ({NATIVE_LOG.error_hint()})")
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
-        self.n_embd_model = llama_cpp.llama_model_n_embd(self.model)
+        # Image rows are as wide as the model's input embedding: wider than n_embd where the
+        # projector feeds deepstack layers too (Qwen3-VL).
+        self.n_embd_model = llama_cpp.llama_model_n_embd_inp(self.model)
 
     def _create_context(self) -> None:
         cfg = self.config
@@ -122,6 +126,7 @@ class Engine:
         self.mem = llama_cpp.llama_get_memory(self.ctx)
         self.n_ctx_seq = llama_cpp.llama_n_ctx_seq(self.ctx)
         self.n_batch = llama_cpp.llama_n_batch(self.ctx)
+        self.n_ubatch = llama_cpp.llama_n_ubatch(self.ctx)
 
     def _load_projector(self, path: str) -> None:
         cfg = self.config
@@ -188,13 +193,18 @@ class Engine:
         """Hold this while touching the KV cache: no batcher step runs meanwhile."""
         return self.batcher.lock if self.batcher is not None else contextlib.nullcontext()
 
-    def decode(self, sequence: EngineSequence, tokens: list[int] | None, rows: np.ndarray | None) -> None:
+    def decode(self, sequence: EngineSequence, tokens: list[int] | None, rows: np.ndarray | None,
+               image: RowPlacement | None = None) -> None:
         """Token ids (logits for the last one) or embedding rows, at the end of a sequence:
         through the batcher when there are several sequences, directly otherwise."""
+        one_batch = min(self.n_batch, self.n_ubatch)
+        if image is not None and image.non_causal and rows is not None and len(rows) > one_batch:
+            raise EngineError(f"this model reads an image's {len(rows)} tokens in one batch, but a batch "
+                              f"holds {one_batch}; raise n_batch and n_ubatch to {len(rows)}")
         if self.batcher is not None:
-            self.batcher.run(sequence, tokens, rows)
+            self.batcher.run(sequence, tokens, rows, image)
         else:
-            self._decode_direct(sequence, tokens, rows)
+            self._decode_direct(sequence, tokens, rows, image or RowPlacement())
 
     def generation_ended(self, sequence: EngineSequence) -> None:
         """The sequence stopped generating: the batcher's next step need not wait for it."""
@@ -202,9 +212,10 @@ class Engine:
             self.batcher.leave(sequence)
 
     def _decode_direct(self, sequence: EngineSequence, tokens: list[int] | None,
-                       rows: np.ndarray | None) -> None:
+                       rows: np.ndarray | None, image: RowPlacement) -> None:
         n_items = len(tokens) if tokens is not None else len(rows)  # type: ignore[arg-type]
-        batch = TokenBatch(min(n_items, self.n_batch), self.n_embd_model if rows is not None else 0)
+        batch = TokenBatch(min(n_items, self.n_batch), self.n_embd_model if rows is not None else 0,
+                           self.n_pos_per_row if rows is not None else 1)
         try:
             for start in range(0, n_items, self.n_batch):
                 sequence.check_interrupt("decode text" if tokens is not None else "decode image")
@@ -213,9 +224,11 @@ class Engine:
                 if tokens is not None:
                     batch.add_tokens(sequence, tokens[start:end], logits_last=end == n_items)
                 else:
-                    batch.add_rows(sequence, rows[start:end])  # type: ignore[index]
-                self._check_rc(llama_cpp.llama_decode(self.ctx, batch.raw), sequence)
-                sequence.decoded(end - start)
+                    batch.add_rows(sequence, rows[start:end], image.positions_of(start, end - start))  # type: ignore[index]
+                with image.attention(self.ctx):
+                    rc = llama_cpp.llama_decode(self.ctx, batch.raw)
+                self._check_rc(rc, sequence)
+                sequence.decoded(end - start, advance=image.positions is None)
         finally:
             batch.free()
 
@@ -235,6 +248,14 @@ class Engine:
     def encode_view(self, image: Image.Image | np.ndarray, meter: RequestMeter) -> ImageEmbedding:
         """Run the projector on one RGB view, charging the time to `meter`."""
         return self._projector().encode(image, meter)
+
+    def encode_block(self, image: Image.Image | np.ndarray, meter: RequestMeter) -> ImageBlock:
+        """One image through mtmd's own layout for the projector's family (see Projector)."""
+        return self._projector().encode_block(image, meter)
+
+    def count_block(self, image: Image.Image | np.ndarray) -> ImageBlock:
+        """An image's tokens and positions under the projector's own layout, without encoding."""
+        return self._projector().count_block(image)
 
     def _projector(self) -> Projector:
         if self.projector is None:

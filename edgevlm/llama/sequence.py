@@ -9,6 +9,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Protocol
 
 import llama_cpp
@@ -19,8 +20,33 @@ from edgevlm.errors import ContextOverflowError, EngineError, Interrupted
 from edgevlm.llama.logs import NATIVE_LOG
 from edgevlm.llama.meter import RequestMeter
 from edgevlm.llama.sampling import TokenPicker
-from edgevlm.llama.types import ImageEmbedding, RequestStats, Sampling
+from edgevlm.llama.types import ImageBlock, ImageEmbedding, RequestStats, Sampling
 from edgevlm.llama.vocab import is_end_of_generation, token_bytes, tokenize
+
+
+@dataclass(frozen=True, eq=False)
+class RowPlacement:
+    """Where an image block's rows go beyond 'the next positions': M-RoPE positions (absolute,
+    one (t, y, x, z) per row) and whether the rows attend to each other both ways."""
+
+    positions: np.ndarray | None = None
+    non_causal: bool = False
+
+    def positions_of(self, start: int, n_rows: int) -> np.ndarray | None:
+        """The positions of rows [start, start + n_rows), or None for one position per row."""
+        return None if self.positions is None else self.positions[start:start + n_rows]
+
+    @contextlib.contextmanager
+    def attention(self, ctx: ctypes.c_void_p) -> Iterator[None]:
+        """Non-causal attention for these rows' decode (as mtmd's helper does), causal after."""
+        if not self.non_causal:
+            yield
+            return
+        llama_cpp.llama_set_causal_attn(ctx, False)
+        try:
+            yield
+        finally:
+            llama_cpp.llama_set_causal_attn(ctx, True)
 
 
 class SequenceHost(Protocol):
@@ -34,10 +60,13 @@ class SequenceHost(Protocol):
     n_embd_model: int
 
     def kv_guard(self) -> contextlib.AbstractContextManager[object]: ...
-    def decode(self, sequence: EngineSequence, tokens: list[int] | None, rows: np.ndarray | None) -> None: ...
+    def decode(self, sequence: EngineSequence, tokens: list[int] | None, rows: np.ndarray | None,
+               image: RowPlacement | None = None) -> None: ...
     def generation_ended(self, sequence: EngineSequence) -> None: ...
     def image_tokens_per_view(self) -> int: ...
     def encode_view(self, image: Image.Image | np.ndarray, meter: RequestMeter) -> ImageEmbedding: ...
+    def encode_block(self, image: Image.Image | np.ndarray, meter: RequestMeter) -> ImageBlock: ...
+    def count_block(self, image: Image.Image | np.ndarray) -> ImageBlock: ...
 
 
 class EngineSequence:
@@ -72,13 +101,16 @@ class EngineSequence:
         return self._n_past
 
     def kv_cells(self) -> int:
-        """KV cells in use, as llama.cpp counts them (pos_max + 1)."""
+        """llama.cpp's last position of this sequence + 1: its cells in use where every cell has
+        the next position (text, and the images of most families)."""
         with self._host.kv_guard():
             return llama_cpp.llama_memory_seq_pos_max(self._host.mem, self.seq_id) + 1
 
-    def decoded(self, n_items: int) -> None:
-        """A decode path put n_items more positions of this sequence in the cache."""
-        self._n_past += n_items
+    def decoded(self, n_items: int, *, advance: bool = True) -> None:
+        """A decode path put n_items more cells of this sequence in the cache; with advance False
+        they are M-RoPE rows, whose block moves the position once it is whole (eval_embedding)."""
+        if advance:
+            self._n_past += n_items
 
     def keep_logits(self, logits: np.ndarray | None) -> None:
         """The logits of the sequence's last token, copied out of a shared batch (None: read
@@ -118,8 +150,10 @@ class EngineSequence:
             read = llama_cpp.llama_state_seq_set_data(self._host.ctx, _bytes_at(state), state.size,
                                                       self.seq_id)
         self._logits_ready = False
-        self._n_past = self.kv_cells()
-        if read == 0 or self._n_past != n_positions:
+        # An M-RoPE image at the end keeps llama.cpp's last position below n_positions - 1.
+        self._n_past = n_positions
+        if read == 0 or not 0 < self.kv_cells() <= n_positions:
+            self._n_past = self.kv_cells()
             self.truncate(0)
             raise EngineError(f"llama.cpp could not restore a saved state of {n_positions} positions")
 
@@ -220,6 +254,14 @@ class EngineSequence:
         """Run the projector on one RGB image (raw pixels, no re-encoding); nothing is decoded."""
         return self._host.encode_view(image, self._meter)
 
+    def encode_block(self, image: Image.Image | np.ndarray) -> ImageBlock:
+        """One image as its family's model was trained to see it (mtmd's layout); nothing decoded."""
+        return self._host.encode_block(image, self._meter)
+
+    def count_block(self, image: Image.Image | np.ndarray) -> ImageBlock:
+        """The tokens and positions encode_block would give this image, without encoding it."""
+        return self._host.count_block(image)
+
     def eval_embedding(self, embedding: ImageEmbedding) -> int:
         """Decode projector rows at the end of the cache, in n_batch pieces; returns tokens."""
         rows = np.ascontiguousarray(embedding.rows, dtype=np.float32)
@@ -228,7 +270,10 @@ class EngineSequence:
             raise EngineError(f"embedding width {width} does not match the model's {self.n_embd}")
         self._ensure_room(n_tokens)
         started = time.perf_counter()
-        self._host.decode(self, None, rows)
+        pos_0 = self._n_past
+        place = RowPlacement(embedding.absolute_positions(pos_0), embedding.non_causal)
+        self._host.decode(self, None, rows, place)
+        self._n_past = pos_0 + embedding.n_positions
         self._logits_ready = False
         m = self._meter
         m.prefill_s += time.perf_counter() - started

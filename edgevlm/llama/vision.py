@@ -15,7 +15,7 @@ from PIL import Image
 from edgevlm.errors import EngineError, ModelError
 from edgevlm.llama.logs import NATIVE_LOG
 from edgevlm.llama.meter import RequestMeter
-from edgevlm.llama.types import ImageEmbedding
+from edgevlm.llama.types import ImageBlock, ImageEmbedding
 
 T = TypeVar("T")
 
@@ -34,6 +34,7 @@ class Projector:
         self._n_embd = n_embd
         self._lock = threading.Lock()  # one mtmd context: one image at a time
         self._tokens_per_view = 0
+        self.uses_mrope = bool(mtmd_cpp.mtmd_decode_use_mrope(self._mctx))
 
     def tokens_per_view(self) -> int:
         """Tokens one image (or tile) costs with this projector (measured once, on a probe)."""
@@ -45,6 +46,17 @@ class Projector:
     def encode(self, image: Image.Image | np.ndarray, meter: RequestMeter) -> ImageEmbedding:
         """Run the projector on one RGB view, charging the time to `meter`."""
         return self._with_chunks(image, meter, lambda chunks: self._encode_chunks(chunks, meter))
+
+    def encode_block(self, image: Image.Image | np.ndarray, meter: RequestMeter) -> ImageBlock:
+        """One image as this family's model was trained to see it: mtmd's own resizing and slicing,
+        its marker tokens, and rows with their positions and attention (every family mtmd runs)."""
+        return self._with_chunks(image, meter, lambda chunks: self._block_of(chunks, meter, encode=True))
+
+    def count_block(self, image: Image.Image | np.ndarray) -> ImageBlock:
+        """What encode_block would give, without running the encoder: tokens and positions, with
+        empty rows (mtmd's preprocessing only: cheap enough for planning an image's size)."""
+        return self._with_chunks(image, RequestMeter(),
+                                 lambda chunks: self._block_of(chunks, None, encode=False))
 
     def close(self) -> None:
         """Free the mtmd context (idempotent)."""
@@ -94,8 +106,43 @@ class Projector:
             raise EngineError("mtmd produced no image chunk")
         return found
 
-    def _count_tokens(self, chunks: ctypes.c_void_p) -> int:
-        return sum(mtmd_cpp.mtmd_input_chunk_get_n_tokens(c) for c in self._image_chunks(chunks))
+    def _block_of(self, chunks: ctypes.c_void_p, meter: RequestMeter | None, *, encode: bool) -> ImageBlock:
+        pieces: list[tuple[int, ...] | ImageEmbedding] = []
+        for i in range(mtmd_cpp.mtmd_input_chunks_size(chunks)):
+            chunk = mtmd_cpp.mtmd_input_chunks_get(chunks, i)
+            if mtmd_cpp.mtmd_input_chunk_get_type(chunk) == mtmd_cpp.MTMD_INPUT_CHUNK_TYPE_TEXT:
+                n = ctypes.c_size_t(0)
+                tokens = mtmd_cpp.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
+                if n.value:
+                    pieces.append(tuple(tokens[j] for j in range(n.value)))
+                continue
+            if mtmd_cpp.mtmd_input_chunk_get_type(chunk) != mtmd_cpp.MTMD_INPUT_CHUNK_TYPE_IMAGE:
+                raise EngineError("mtmd made a chunk that is not an image of this bitmap")
+            n_tokens = mtmd_cpp.mtmd_input_chunk_get_n_tokens(chunk)
+            rows = (self._encode_chunk(chunk, meter) if encode and meter is not None
+                    else np.zeros((n_tokens, 0), dtype=np.float32))
+            both_ways = bool(mtmd_cpp.mtmd_decode_use_non_causal(self._mctx, chunk))
+            pieces.append(ImageEmbedding(rows, positions=self._positions(chunk, n_tokens),
+                                         n_pos=int(mtmd_cpp.mtmd_input_chunk_get_n_pos(chunk)),
+                                         non_causal=both_ways))
+        return ImageBlock(tuple(pieces))
+
+    def _positions(self, chunk: ctypes.c_void_p, n_tokens: int) -> np.ndarray | None:
+        """An M-RoPE image's (t, y, x, z) per row, relative to its first position (mtmd's own)."""
+        if not self.uses_mrope:
+            return None
+        image = mtmd_cpp.mtmd_input_chunk_get_tokens_image(chunk)
+        out = np.empty((n_tokens, 4), dtype=np.int32)
+        for i in range(n_tokens):
+            pos = mtmd_cpp.mtmd_image_tokens_get_decoder_pos(image, 0, i)
+            out[i] = (pos.t, pos.y, pos.x, pos.z)
+        return out
+
+    @staticmethod
+    def _count_tokens(chunks: ctypes.c_void_p) -> int:
+        """Every cell mtmd's chunks take: image rows, and an mtmd family's marker tokens."""
+        return sum(mtmd_cpp.mtmd_input_chunk_get_n_tokens(mtmd_cpp.mtmd_input_chunks_get(chunks, i))
+                   for i in range(mtmd_cpp.mtmd_input_chunks_size(chunks)))
 
     def _encode_chunks(self, chunks: ctypes.c_void_p, meter: RequestMeter) -> ImageEmbedding:
         parts = [self._encode_chunk(chunk, meter) for chunk in self._image_chunks(chunks)]

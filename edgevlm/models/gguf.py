@@ -20,10 +20,11 @@ if TYPE_CHECKING:  # gguf and numpy are imported when a file is read, not at sta
 GGUF_MAGIC = b"GGUF"
 PROJECTOR_ARCH = "clip"
 # Decoder architectures edgevlm has prompt formats and memory rules for.
-SUPPORTED_TEXT_ARCHS = frozenset({"llama", "mistral", "qwen2", "gemma", "phi3", "granite"})
+SUPPORTED_TEXT_ARCHS = frozenset({"llama", "mistral", "qwen2", "gemma", "phi3", "granite",
+                                  "qwen2vl", "qwen3vl", "qwen3", "gemma3"})
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.")
 # Bump when the facts' fields change, so stale cache entries are ignored.
-_CACHE_VERSION = 3
+_CACHE_VERSION = 4
 # The image layouts edgevlm knows: LLaVA-1.5 with labelled AnyRes tiles, and LLaVA-NeXT's own.
 LLAVA_15_TILES = "llava-1.5-tiles"
 LLAVA_NEXT = "llava-next"
@@ -31,6 +32,17 @@ LLAVA_NEXT = "llava-next"
 # packing). Every other type needs mtmd's own slicing, positions (M-RoPE) and attention masks;
 # fed LLaVA tiles, it would answer wrongly without an error.
 LLAVA_PROJECTORS = ("mlp", "mlp_norm")
+# The vision projectors of the llama.cpp edgevlm builds (tools/mtmd/clip-impl.h, names of the
+# PROJECTOR_TYPE_* that take images), shown images through mtmd's own layout for each.
+MTMD_VISION_PROJECTORS = frozenset({
+    "ldp", "ldpv2", "resampler", "adapter", "qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger",
+    "ling3vl", "step3vl", "gemma3", "gemma3nv", "gemma4v", "gemma4uv", "phi4", "idefics3", "pixtral",
+    "internvl", "llama4", "qwen2.5o", "lfm2", "kimivl", "paddleocr", "lightonocr", "cogvlm",
+    "janus_pro", "dots_ocr", "dots3note_v", "deepseekocr", "deepseekocr2", "deepseek4v", "glm4v",
+    "glm5v", "youtuvl", "yasa2", "kimik25", "nemotron_v2_vl", "exaone4_5", "hunyuanvl",
+    "minicpmv4_6", "mimovl", "minimax_m3", "granite4_vision", "muse-glimmer"})
+# Projectors whose rows feed extra (deepstack) layers: wider than the text model's embedding.
+DEEPSTACK_PROJECTORS = frozenset({"qwen3vl_merger"})
 IMAGE_NEWLINE_TENSOR = "model.image_newline"
 _Facts = TypeVar("_Facts", "TextModelFacts", "ProjectorFacts")
 
@@ -83,10 +95,12 @@ class ProjectorFacts:
     grid_pinpoints: tuple[tuple[int, int], ...] = ()
     merge_type: str = "flat"
     has_image_newline: bool = False
+    merge: int = 1  # patches merged per side into one token (Qwen-VL 2, Gemma 3 4)
 
     @property
     def tokens_per_image(self) -> int:
-        return (self.image_size // self.patch_size) ** 2
+        """Tokens of one image at the projector's own size (a fixed-size family's every image)."""
+        return (self.image_size // self.patch_size // self.merge) ** 2
 
     @property
     def layout(self) -> str:
@@ -205,7 +219,19 @@ def _read_projector(path: Path) -> ProjectorFacts:
         grid_pinpoints=_pinpoints(fields.get("clip.vision.image_grid_pinpoints")),
         merge_type=str(fields.get("clip.vision.mm_patch_merge_type", "flat")),
         has_image_newline=IMAGE_NEWLINE_TENSOR in tensors,
+        merge=_merge(fields),
     )
+
+
+# mtmd's own merge for projectors whose GGUF may leave it out (clip.cpp's defaults).
+_DEFAULT_MERGE = {"qwen2vl_merger": 2, "qwen2.5vl_merger": 2, "qwen3vl_merger": 2, "gemma3": 4}
+
+
+def _merge(fields: dict[str, Any]) -> int:
+    for key in ("clip.vision.spatial_merge_size", "clip.vision.projector.scale_factor"):
+        if key in fields:
+            return int(fields[key])
+    return _DEFAULT_MERGE.get(str(fields.get("clip.projector_type", "mlp")), 1)
 
 
 def _frozen(value: object) -> object:
@@ -233,12 +259,12 @@ def read_image_newline(path: Path) -> np.ndarray:
 def check_pair(text: TextModelFacts, projector: ProjectorFacts) -> None:
     """The projector must be one edgevlm lays images out for, emitting vectors as wide as the
     text model's embeddings."""
-    if projector.projector_type not in LLAVA_PROJECTORS:
-        raise ModelError(
-            f"{projector.path.name}: projector type '{projector.projector_type}' is not supported yet: "
-            "edgevlm runs the LLaVA family's MLP projectors (LLaVA-1.5 and 1.6, BakLLaVA, Granite "
-            "Vision); llama-server runs this model meanwhile")
-    if projector.projection_dim != text.n_embd:
+    kind = projector.projector_type
+    if kind not in LLAVA_PROJECTORS and kind not in MTMD_VISION_PROJECTORS:
+        raise ModelError(f"{projector.path.name}: projector type '{kind}' takes no images in the "
+                         "llama.cpp edgevlm builds; pass a vision projector (mmproj) for this model")
+    wide = kind in DEEPSTACK_PROJECTORS and projector.projection_dim % text.n_embd == 0
+    if projector.projection_dim != text.n_embd and not wide:
         raise ModelError(
             f"{projector.path.name} projects to width {projector.projection_dim} but "
             f"{text.path.name} has embedding width {text.n_embd}: they are not a pair"

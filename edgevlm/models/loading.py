@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+
+from PIL import Image
 
 from edgevlm.chat.conversation import DEFAULT_QUESTION, turn_costs
 from edgevlm.chat.prompts import PromptFormat, detect_format
@@ -31,6 +34,7 @@ from edgevlm.store.caches import EmbeddingCache, Encode, for_files, pair_identit
 from edgevlm.store.prefix_cache import PrefixCache
 from edgevlm.vision.layout import ImageLayout
 from edgevlm.vision.llava15 import LabelledTiles
+from edgevlm.vision.native import BlockCounter
 from edgevlm.vision.registry import layout_for
 from edgevlm.vision.tiling import TurnCosts
 
@@ -280,7 +284,17 @@ def load(flags: ModelFlags, *, on_progress: Callable[[float], None] | None = Non
         if plan.device != "cuda" or plan.vram_free is None:
             raise
         engine, plan = _load_smaller(choice, text, projector, plan, flags, first, on_progress)
-    return Loaded(engine, prompt_format(choice, text), choice, text, projector, plan, layout_for(projector))
+    layout = layout_for(projector, measure=_mtmd_counter(engine))
+    return Loaded(engine, prompt_format(choice, text), choice, text, projector, plan, layout)
+
+
+def _mtmd_counter(engine: Engine) -> BlockCounter:
+    """mtmd's own count of an image's block, by size (its preprocessing only, no encoder)."""
+    @functools.lru_cache(maxsize=256)
+    def count(size: tuple[int, int]) -> tuple[int, int]:
+        block = engine.sequence().count_block(Image.new("RGB", size))
+        return block.n_tokens, block.visual_tokens
+    return count
 
 
 def _load_smaller(choice: ModelChoice, text: TextModelFacts, projector: ProjectorFacts, plan: Plan,

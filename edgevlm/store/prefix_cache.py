@@ -45,6 +45,9 @@ class PrefixPart:
     kind: str
     tokens: tuple[int, ...] = ()
     rows: np.ndarray | None = None
+    positions: np.ndarray | None = None  # an M-RoPE view's relative (t, y, x, z) per row
+    n_pos: int | None = None  # positions the view takes (None: one per row)
+    non_causal: bool = False
 
     @property
     def n_tokens(self) -> int:
@@ -218,9 +221,13 @@ def encode_entry(entry: PrefixEntry) -> list[bytes | memoryview]:
 
 
 def _part_header(part: PrefixPart) -> dict[str, object]:
-    if part.rows is not None:
-        return {"kind": part.kind, "rows": list(part.rows.shape)}
-    return {"kind": part.kind, "tokens": list(part.tokens)}
+    if part.rows is None:
+        return {"kind": part.kind, "tokens": list(part.tokens)}
+    header: dict[str, object] = {"kind": part.kind, "rows": list(part.rows.shape),
+                                 "n_pos": part.n_pos, "non_causal": part.non_causal}
+    if part.positions is not None:
+        header["positions"] = part.positions.reshape(-1).tolist()
+    return header
 
 
 def decode_entry(data: np.ndarray) -> PrefixEntry:
@@ -241,7 +248,10 @@ def decode_entry(data: np.ndarray) -> PrefixEntry:
         n_rows, width = (int(v) for v in item["rows"])
         end = offset + n_rows * width * 4
         rows = data[offset:end].view(np.float32).reshape(n_rows, width)
-        parts.append(PrefixPart(str(item["kind"]), rows=rows))
+        positions = (np.asarray(item["positions"], dtype=np.int32).reshape(n_rows, 4)
+                     if item.get("positions") is not None else None)
+        parts.append(PrefixPart(str(item["kind"]), rows=rows, positions=positions,
+                                n_pos=item.get("n_pos"), non_causal=bool(item.get("non_causal"))))
         offset = end
     state = data[offset:]
     if state.size != header["state_bytes"]:

@@ -63,6 +63,7 @@ class ImageLayout(Protocol):
 
     name: str  # models.gguf's layout name (llava-1.5-tiles, llava-next)
     packed: bool  # True: every view's rows are packed into one block (pack); False: step by step
+    native: bool  # True: mtmd lays each view out for its family (markers, slices, positions)
 
     def label_texts(self) -> tuple[str, str]:
         """The label before the whole-image view and the widest label between views ("" for none):

@@ -46,6 +46,7 @@ class LabelledTiles:
 
     name = LLAVA_15_TILES
     packed = False
+    native = False  # mtmd lays the image out itself (vision/native.py)
 
     def label_texts(self) -> tuple[str, str]:
         """"Whole image:" and the widest tile label."""

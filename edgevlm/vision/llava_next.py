@@ -180,6 +180,7 @@ class LlavaNextLayout:
 
     name = LLAVA_NEXT
     packed = True
+    native = False
 
     def __init__(self, pinpoints: tuple[tuple[int, int], ...], newline: np.ndarray) -> None:
         self.pinpoints = pinpoints  # (width, height) canvases, multiples of a view

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -47,10 +48,14 @@ def test_width_mismatch_is_caught_before_loading(test_models: dict[str, Path], t
         check_pair(read_text_model(test_models["text"]), read_projector(wide))
 
 
-def test_another_familys_projector_is_refused_by_its_type(test_models: dict[str, Path]) -> None:
+def test_a_qwen_pair_is_accepted_an_audio_projector_refused(test_models: dict[str, Path]) -> None:
     qwen = read_projector(test_models["qwen_mmproj"])
-    assert qwen.projector_type == "qwen2.5vl_merger" and qwen.projection_dim == 64
-    with pytest.raises(ModelError, match="projector type 'qwen2.5vl_merger' is not supported yet"):
+    assert qwen.projector_type == "qwen2.5vl_merger" and qwen.projection_dim == 64 and qwen.merge == 2
+    text = read_text_model(test_models["qwen_text"])
+    check_pair(text, qwen)  # no error: mtmd runs this family
+    with pytest.raises(ModelError, match="projector type 'ultravox' takes no images"):
+        check_pair(text, dataclasses.replace(qwen, projector_type="ultravox"))
+    with pytest.raises(ModelError, match="projects to width 64 but"):
         check_pair(read_text_model(test_models["text"]), qwen)
 
 
