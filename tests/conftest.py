@@ -49,12 +49,13 @@ def test_models() -> dict[str, Path]:
             "mmproj_next": MMPROJ_NEXT, "qwen_text": QWEN_TEXT, "qwen_mmproj": QWEN_MMPROJ}
 
 
-def make_engine(mmproj: Path, *, n_ctx: int = 2048, n_batch: int = 512):  # noqa: ANN201
-    """A CPU engine on the test text model and the given projector."""
+def make_engine(mmproj: Path, *, n_ctx: int = 2048, n_batch: int = 512,  # noqa: ANN201
+                text: Path = TEXT_MODEL):
+    """A CPU engine on the test text model (or `text`) and the given projector."""
     from edgevlm.llama.engine import Engine
     from edgevlm.llama.types import EngineConfig
 
-    return Engine(EngineConfig(TEXT_MODEL, mmproj, n_ctx=n_ctx, n_gpu_layers=0, n_batch=n_batch,
+    return Engine(EngineConfig(text, mmproj, n_ctx=n_ctx, n_gpu_layers=0, n_batch=n_batch,
                                n_ubatch=n_batch))
 
 

@@ -62,3 +62,40 @@ def test_the_qwen_pair_loads_and_its_image_advances_by_its_grid(qwen: tuple[obje
     assert mtmd.mtmd_helper_eval_chunks(projector, ctx, chunks, 0, 0, 512, True, ctypes.byref(n_past)) == 0
     assert n_past.value == sum(n_pos for _, _, n_pos in shape)
     mtmd.mtmd_input_chunks_free(chunks)
+
+
+def test_first_answer_logits_equal_mtmds_own_path(qwen: tuple[object, object, object],
+                                                  test_models: dict[str, Path]) -> None:
+    """edgevlm's decode of mtmd's block (its rows, M-RoPE positions, marker tokens) gives the same
+    next-token logits as llama.cpp's reference, mtmd_helper_eval_chunks, on the same prompt."""
+    from edgevlm.llama.engine import Engine
+    from edgevlm.llama.types import EngineConfig
+
+    model, ctx, projector = qwen
+    llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
+    chunks = _chunks(projector, 300, 200)
+    n_past = llama_cpp.llama_pos(0)
+    assert mtmd.mtmd_helper_eval_chunks(projector, ctx, chunks, 0, 0, 512, True, ctypes.byref(n_past)) == 0
+    n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
+    reference = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(n_vocab,)).copy()
+    mtmd.mtmd_input_chunks_free(chunks)
+
+    config = EngineConfig(test_models["qwen_text"], test_models["qwen_mmproj"], n_ctx=1024, n_gpu_layers=0)
+    with Engine(config) as engine:
+        sequence = engine.sequence()
+        head, tail = QUESTION.split("{marker}")
+        sequence.eval_text(sequence.tokenize(head))
+        pixels = np.random.default_rng(0).integers(0, 255, (200, 300, 3), dtype=np.uint8)
+        block = sequence.encode_block(pixels)
+        for piece in block.pieces:
+            if isinstance(piece, tuple):
+                sequence.eval_text(list(piece))
+            else:
+                start = sequence.n_past
+                sequence.eval_embedding(piece)
+                assert sequence.n_past == start + piece.n_positions == start + 11  # mtmd's n_pos
+        sequence.eval_text(sequence.tokenize(tail))
+        assert sequence.n_past == n_past.value
+        ours = sequence._current_logits().copy()
+    assert np.abs(ours - reference).max() < 1e-3
+    assert int(np.argmax(ours)) == int(np.argmax(reference))

@@ -1,0 +1,88 @@
+"""Conversations on another family than LLaVA: the Qwen2.5-VL test pair, shown images through
+mtmd's own layout (M-RoPE positions, marker tokens), with the same ledger and summary swap."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from edgevlm.chat.conversation import Conversation
+from edgevlm.chat.prompts import CHATML
+from edgevlm.llama.engine import Engine
+from edgevlm.llama.types import Sampling
+from edgevlm.models.gguf import read_projector
+from edgevlm.vision.images import LoadedImage
+from edgevlm.vision.native import NativeLayout, qwen_vl_grid
+from edgevlm.vision.registry import layout_for
+
+from ..conftest import make_engine
+
+SIZES = [(64, 48), (300, 200), (1024, 768), (2000, 1500)]
+
+
+@pytest.fixture(scope="module", params=[2048, 4096], ids=["2k", "4k"])
+def qwen_engine(request: pytest.FixtureRequest, test_models: dict[str, Path]) -> Iterator[Engine]:
+    engine = make_engine(test_models["qwen_mmproj"], text=test_models["qwen_text"], n_ctx=request.param)
+    yield engine
+    engine.close()
+
+
+def _image(seed: int, size: tuple[int, int]) -> LoadedImage:
+    pixels = np.random.default_rng(seed).integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)
+    return LoadedImage(Path(f"img{seed}.jpg"), Image.fromarray(pixels), size)
+
+
+def _chat(engine: Engine, test_models: dict[str, Path], **options: object) -> Conversation:
+    layout = layout_for(read_projector(test_models["qwen_mmproj"]))
+    assert isinstance(layout, NativeLayout) and layout.name == "mtmd-qwen2.5vl_merger"
+    settings: dict[str, object] = {"tile_size": 560, "max_tokens": 8, "caption_tokens": 12,
+                                   "sampling": Sampling(temperature=0.0), "layout": layout}
+    settings.update(options)
+    return Conversation(engine.sequence(), CHATML, **settings)  # type: ignore[arg-type]
+
+
+def test_the_grid_rule_is_mtmds_count(qwen_engine: Engine) -> None:
+    sequence = qwen_engine.sequence()
+    for size in [*SIZES, (4000, 3000), (28, 900), (1597, 1203)]:
+        block = sequence.count_block(Image.new("RGB", size))
+        columns, rows = qwen_vl_grid(size, patch_size=14)
+        assert block.visual_tokens == columns * rows, size
+        assert block.n_positions == max(columns, rows) + 2, size  # + <|vision_start|>, <|vision_end|>
+
+
+def test_describe_at_four_sizes_reports_mtmds_tokens_and_fits(qwen_engine: Engine,
+                                                              test_models: dict[str, Path]) -> None:
+    chat = _chat(qwen_engine, test_models, summary="none")
+    sequence = qwen_engine.sequence()
+    for seed, size in enumerate(SIZES):
+        chat.rewind()
+        _, stats = chat.ask("What is it?", image=_image(seed, size))
+        chat.check()
+        shown = stats.canvas_size  # the size handed to mtmd: the photo's own or smaller to fit
+        assert shown[0] <= size[0] and shown[1] <= size[1]
+        expected = sequence.count_block(Image.new("RGB", shown)).visual_tokens
+        assert stats.visual_tokens == expected == stats.visual_tokens_live
+        assert stats.kv_tokens <= sequence.n_ctx
+        image = next(s for s in chat.segments if s.kind == "image")
+        assert image.n_positions < image.n_tokens or image.n_tokens <= 4  # positions follow the grid
+
+
+@pytest.mark.slow
+def test_eight_image_turns_swap_to_summaries_and_the_ledger_holds(qwen_engine: Engine,
+                                                                  test_models: dict[str, Path]) -> None:
+    chat = _chat(qwen_engine, test_models)
+    live = []
+    for turn in range(1, 9):
+        _, stats = chat.ask(f"What is in picture {turn}?", image=_image(turn, (448, 336)))
+        chat.check()
+        live.append(stats.visual_tokens_live)
+        assert stats.visual_tokens_live == stats.visual_tokens  # only this turn's image is live
+    chat.summarise_pending()
+    chat.check()
+    assert "image" not in [s.kind for s in chat.segments]
+    assert max(live) == min(live) == 192  # 448x336: a 16x12 grid of merged patches
+    assert chat.kv_tokens < 192 + 8 * 80  # summaries and text, never eight images
