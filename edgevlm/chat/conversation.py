@@ -70,8 +70,8 @@ def turn_costs(tokenizer: Tokenizer, fmt: PromptFormat, question: str, *, view_t
 
 
 def _tail_text(question: str, fmt: PromptFormat, *, with_image: bool) -> str:
-    """The question that closes a user turn (after a newline when an image precedes it)."""
-    lead = "\n" if with_image else ""
+    """The question that closes a user turn (after the format's separator when an image precedes it)."""
+    lead = fmt.after_image if with_image else ""
     return f"{lead}{question}{fmt.user_suffix}"
 
 
@@ -207,7 +207,9 @@ class Conversation(ImagePrefixes, ImageBlocks, SummarySwap, HistoryReplay, KvLed
     def _parts(self, turn: int, question: str, *, with_image: bool) -> TurnParts:
         """Tokenize the text of a turn and count what it needs beside its image views."""
         tok = self.sequence.tokenize
-        head, suffix = tok(self.fmt.user_prefix), tok(self.fmt.assistant_suffix)
+        first = [s.kind for s in self.segments] == ["system"]
+        head = tok(self.fmt.head(first=first, has_system=bool(self.fmt.system(self.system))))
+        suffix = tok(self.fmt.assistant_suffix)
         tail = tok(_tail_text(question, self.fmt, with_image=with_image))
         # The caption is asked for at the end of the cache, after any follow-up that comes first.
         caption = self._caption_reserve() if with_image or self._due() else 0

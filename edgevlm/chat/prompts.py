@@ -17,13 +17,21 @@ class PromptFormat:
     assistant_suffix: str  # closes an answer before the next user turn
     default_system: str
     add_bos: bool = True
+    # The system text opens the first user turn (Gemma): that turn's own opening is left out.
+    system_opens_turn: bool = False
+    after_image: str = "\n"  # between an image and the question after it
+    system_optional: bool = False  # no system text: no system block at all (templates)
 
     def system(self, text: str | None = None) -> str:
         """The rendered system block (empty when the format has none)."""
         body = self.default_system if text is None else text
-        if not body and not self.system_prefix:
+        if not body and (not self.system_prefix or self.system_optional or self.system_opens_turn):
             return ""
         return f"{self.system_prefix}{body}{self.system_suffix}"
+
+    def head(self, *, first: bool, has_system: bool) -> str:
+        """What opens a user turn: nothing for the first one where the system block opened it."""
+        return "" if first and has_system and self.system_opens_turn else self.user_prefix
 
 
 VICUNA = PromptFormat(

@@ -69,6 +69,8 @@ class TextModelFacts:
     token_embd_bytes: int
     file_bytes: int
     tied_embeddings: bool = False  # no output.weight: the output layer reuses token_embd
+    bos_text: str = ""  # the BOS and EOS tokens' text, as the chat template names them
+    eos_text: str = ""
 
     @property
     def weight_bytes(self) -> int:
@@ -160,7 +162,21 @@ def _read_text_model(path: Path) -> TextModelFacts:
         token_embd_bytes=sizes.token_embd_bytes,
         file_bytes=path.stat().st_size,
         tied_embeddings=not sizes.has_output_weight,
+        bos_text=_token_text(reader, "bos"),
+        eos_text=_token_text(reader, "eos"),
     )
+
+
+def _token_text(reader: GGUFReader, which: str) -> str:
+    """The text of the vocabulary's BOS or EOS token ("" where the GGUF names none)."""
+    id_field = reader.fields.get(f"tokenizer.ggml.{which}_token_id")
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    if id_field is None or tokens is None:
+        return ""
+    token_id = int(id_field.contents())
+    if not 0 <= token_id < len(tokens.data):
+        return ""
+    return bytes(tokens.parts[tokens.data[token_id]]).decode("utf-8", "replace")
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from PIL import Image
 
 from edgevlm.chat.conversation import DEFAULT_QUESTION, turn_costs
 from edgevlm.chat.prompts import PromptFormat, detect_format
+from edgevlm.chat.templates import format_from_template
 from edgevlm.errors import ConfigError, EdgeVLMError, ModelError
 from edgevlm.llama.backends import add_rpc_servers, gpu_offload_supported, on_backend_abort, rpc_supported
 from edgevlm.llama.engine import Engine
@@ -20,6 +21,7 @@ from edgevlm.llama.types import SPLIT_MODES, EngineConfig
 from edgevlm.llama.vocab import Vocab
 from edgevlm.models.catalog import ModelChoice, Preset, facts_from_shape, find_preset, resolve
 from edgevlm.models.gguf import (
+    LLAVA_PROJECTORS,
     ProjectorFacts,
     TextModelFacts,
     check_pair,
@@ -238,14 +240,23 @@ def describe_costs(choice: ModelChoice, text: TextModelFacts, projector: Project
         return None
     vocab = Vocab(choice.model_path)
     try:
-        return turn_costs(vocab, prompt_format(choice, text), question,
+        return turn_costs(vocab, prompt_format(choice, text, projector), question,
                           view_tokens=projector.tokens_per_image, layout=layout_for(projector))
     finally:
         vocab.close()
 
 
-def prompt_format(choice: ModelChoice, text: TextModelFacts) -> PromptFormat:
-    """The model's prompt format: the preset's, else what its chat template looks like."""
+def prompt_format(choice: ModelChoice, text: TextModelFacts, projector: ProjectorFacts) -> PromptFormat:
+    """The model's prompt format. mtmd families: their own chat template, rendered. The LLaVA
+    family: the preset's format, else the hand-written one its template resembles (the LLaVA
+    conversions mostly carry none, and were tuned on Vicuna's)."""
+    if projector.projector_type not in LLAVA_PROJECTORS and text.chat_template:
+        own = format_from_template(text.chat_template, bos=text.bos_text, eos=text.eos_text,
+                                   name=f"{text.architecture} template")
+        if own is not None:
+            return own
+        log.warning("%s: its chat template could not be followed turn by turn; using a built-in "
+                    "format that resembles it", text.path.name)
     return detect_format(text.chat_template,
                          preset_format=choice.preset.prompt_format if choice.preset else None)
 
@@ -285,7 +296,7 @@ def load(flags: ModelFlags, *, on_progress: Callable[[float], None] | None = Non
             raise
         engine, plan = _load_smaller(choice, text, projector, plan, flags, first, on_progress)
     layout = layout_for(projector, measure=_mtmd_counter(engine))
-    return Loaded(engine, prompt_format(choice, text), choice, text, projector, plan, layout)
+    return Loaded(engine, prompt_format(choice, text, projector), choice, text, projector, plan, layout)
 
 
 def _mtmd_counter(engine: Engine) -> BlockCounter:
