@@ -1,0 +1,60 @@
+"""`edgevlm serve` on another family than LLaVA: the Qwen2.5-VL test pair answers the openai and
+ollama clients with images, prompted by its own chat template, the images through mtmd's layout."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from edgevlm.server.launch import ServeSettings, build_state
+from edgevlm.server.turns import ServerState
+
+from .test_app import data_url, photo_bytes, serving
+
+
+@pytest.fixture(scope="module")
+def qwen_server(test_models: dict[str, Path],
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, ServerState]]:
+    from edgevlm.models.loading import ModelFlags, load
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("qwen-cache")))
+        loaded = load(ModelFlags(model=str(test_models["qwen_text"]), mmproj=str(test_models["qwen_mmproj"]),
+                                 n_ctx=2048, n_gpu_layers=0, answer_tokens=16))
+        assert loaded.prompt_format.name == "qwen2vl template"
+        state = build_state(loaded, ServeSettings(max_tokens=16, max_queue=4, cache=True))
+        with serving(state) as url:
+            yield url, state
+        loaded.engine.close()
+
+
+def test_openai_with_images_on_the_qwen_pair(qwen_server: tuple[str, ServerState]) -> None:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{qwen_server[0]}/v1", api_key="unused", max_retries=0, timeout=120)
+    content = [{"type": "text", "text": "What is it?"},
+               {"type": "image_url", "image_url": {"url": data_url(41)}}]
+    first = client.chat.completions.create(model="", messages=[{"role": "user", "content": content}])
+    extra = first.model_extra["edgevlm"]
+    assert first.choices[0].message.content and extra["layout"] == "mtmd-qwen2.5vl_merger"
+    assert extra["visual_tokens"] > 0 and first.usage.prompt_tokens > extra["visual_tokens"]
+    # The same history resent with a follow-up: the image's block is reused, not decoded again.
+    follow = client.chat.completions.create(model="", messages=[
+        {"role": "user", "content": content},
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "And the colours?"}])
+    assert follow.choices[0].message.content
+    assert follow.usage.prompt_tokens_details.cached_tokens > extra["visual_tokens"]
+
+
+def test_ollama_with_images_on_the_qwen_pair(qwen_server: tuple[str, ServerState]) -> None:
+    import ollama
+
+    client, name = ollama.Client(host=qwen_server[0], timeout=120), qwen_server[1].model.id
+    asked = [{"role": "user", "content": "What?", "images": [photo_bytes(42)]}]
+    reply = client.chat(model=name, messages=asked)
+    assert reply.done and reply.message.content and reply.prompt_eval_count > 8
+    parts = list(client.chat(model=name, stream=True, messages=asked))
+    assert "".join(p.message.content for p in parts) == reply.message.content
