@@ -39,6 +39,7 @@ from edgevlm.store.prefix_cache import PrefixCache
 from edgevlm.vision.images import LoadedImage
 from edgevlm.vision.layout import ImageLayout, ImagePlan
 from edgevlm.vision.llava15 import LabelledTiles
+from edgevlm.vision.registry import check_image_settings
 from edgevlm.vision.tiling import TurnCosts, useful_pixels
 
 if TYPE_CHECKING:  # a type only: importing it would load libllama
@@ -105,6 +106,7 @@ class Conversation(ImagePrefixes, ImageBlocks, SummarySwap, HistoryReplay, KvLed
         self.system = system
         self.caption_tokens = caption_tokens
         self.layout = layout or LabelledTiles()
+        check_image_settings(self.layout.name, native=self.layout.native, pool=pool, max_tiles=max_tiles)
         self.stop: tuple[str, ...] = ()  # the answer ends before the first of these
         self.on_summary: Callable[[TurnRecord], None] | None = None  # a summary is made
         # CLIP, or a cache in front of it (cache.EmbeddingCache): views seen before skip CLIP.

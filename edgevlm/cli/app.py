@@ -172,6 +172,7 @@ def describe(
         if needs_work(targets, jsonl=log, overwrite=overwrite, xmp=xmp):
             flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, max_tokens, fetch_missing,
                                  parallel=n_seq if len(targets) > 1 else 1, placement=placement)
+            _check_family(flags, max_tiles=max_tiles, pool=pool_factor)
             with _loaded(flags, quiet=quiet or json_out) as loaded, view:
                 describers = Describer.for_sequences(
                     loaded, max_tokens=max_tokens, max_tiles=max_tiles, sampling=_sampling(temperature, seed),
@@ -281,6 +282,7 @@ def chat(
             model, mmproj = saved.model, mmproj or (Path(saved.mmproj) if saved.mmproj else None)
         flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, max_tokens, fetch_missing,
                              placement=_placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device))
+        _check_family(flags, max_tiles=max_tiles, pool=pool_factor)
         with _loaded(flags, quiet=False) as loaded:
             conversation = Conversation(
                 loaded.engine.sequence(), loaded.prompt_format, tile_size=loaded.projector_facts.image_size,
@@ -545,6 +547,16 @@ def _loaded(flags: ModelFlags, *, quiet: bool) -> Iterator[Loaded]:
         yield loaded
     finally:
         loaded.engine.close()
+
+
+def _check_family(flags: ModelFlags, *, max_tiles: int | None, pool: int | None) -> None:
+    """--pool and --tiles against the model's family, before it loads (GGUF facts only)."""
+    if pool != 2 and max_tiles is None:
+        return
+    from edgevlm.models.loading import inspect
+    from edgevlm.vision.registry import check_projector_settings
+
+    check_projector_settings(inspect(flags)[2], pool=pool, max_tiles=max_tiles)
 
 
 def _sampling(temperature: float, seed: int | None) -> Sampling:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from edgevlm.errors import ConfigError
 from edgevlm.models.gguf import LLAVA_NEXT, LLAVA_PROJECTORS, ProjectorFacts, read_image_newline
 from edgevlm.vision.layout import ImageLayout
 from edgevlm.vision.llava15 import LabelledTiles
@@ -21,6 +22,21 @@ def layout_for(projector: ProjectorFacts, measure: BlockCounter | None = None) -
     if projector.layout == LLAVA_NEXT:
         return LlavaNextLayout(projector.grid_pinpoints, read_image_newline(projector.path))
     return LabelledTiles()
+
+
+def check_image_settings(layout_name: str, *, native: bool, pool: int | None,
+                         max_tiles: int | None) -> None:
+    """Refuse pooling and tile counts for a family whose images mtmd lays out (ConfigError)."""
+    if native and (pool == 2 or max_tiles is not None):
+        raise ConfigError(f"{layout_name}: this family's images are laid out by mtmd as the model was "
+                          "trained, so pool and tiles do not apply; leave them at their defaults",
+                          settings=("pool", "tiles"))
+
+
+def check_projector_settings(projector: ProjectorFacts, *, pool: int | None, max_tiles: int | None) -> None:
+    """check_image_settings for a projector, before anything is loaded."""
+    native = projector.projector_type not in LLAVA_PROJECTORS
+    check_image_settings(f"mtmd-{projector.projector_type}", native=native, pool=pool, max_tiles=max_tiles)
 
 
 def predicted_counter(projector: ProjectorFacts, measure: BlockCounter | None = None) -> BlockCounter:
