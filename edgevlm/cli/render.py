@@ -225,13 +225,15 @@ def render_plan(p: Plan, model_name: str, checks: tuple[Check, ...]) -> None:
     out.print(f"[bold]Plan for {escape(model_name)} on {where}[/]")
     photo = (f"{p.photo_grid[0]}x{p.photo_grid[1]} grid" + (" pooled 2x2" if p.photo_pool > 1 else "")
              if p.photo_tiles else "global view only")
+    tiles = f"up to {p.max_tiles} tiles per image ({p.max_pooled_tiles} pooled) · "
+    if p.photo_visual_tokens:  # an mtmd family: no tiles of edgevlm's own
+        photo, tiles = f"{p.photo_visual_tokens} visual tokens at {p.photo_shown[0]}x{p.photo_shown[1]}", ""
     parallel = f" × {p.n_seq} sequences (--parallel {p.n_seq})" if p.n_seq > 1 else ""
     out.print(f"  n_gpu_layers {p.n_gpu_layers}/{p.n_layers} · n_ctx {p.n_ctx}{parallel} "
               f"(trained {p.n_ctx_train}) "
               f"· KV {p.type_k} · flash attention {'on' if p.flash_attn else 'off'} · projector on "
-              f"{'GPU' if p.mmproj_on_gpu else 'CPU'} · ubatch {p.n_ubatch} · up to {p.max_tiles} "
-              f"tiles per image ({p.max_pooled_tiles} pooled) · a 3840x2160 photo: {photo} · "
-              f"layout {p.layout}")
+              f"{'GPU' if p.mmproj_on_gpu else 'CPU'} · ubatch {p.n_ubatch} · {tiles}"
+              f"a 3840x2160 photo: {photo} · layout {p.layout}")
     out.print(_devices_table(p) if p.devices else _plan_table(p))
     if p.photo_prefix_bytes:
         count = p.photo_prefixes_in_ram

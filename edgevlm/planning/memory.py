@@ -20,10 +20,13 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from edgevlm.models.gguf import LLAVA_15_TILES, LLAVA_NEXT, ProjectorFacts, TextModelFacts
+from edgevlm.models.gguf import LLAVA_15_TILES, LLAVA_NEXT, LLAVA_PROJECTORS, ProjectorFacts, TextModelFacts
 from edgevlm.planning.split import DeviceShare, GpuBudget, LayerCosts, place
 from edgevlm.store.prefix_cache import RAM_BYTES as PREFIX_RAM_BYTES
+from edgevlm.vision.layout import ViewBudget
 from edgevlm.vision.llava_next import fit_next_grid, next_grid
+from edgevlm.vision.native import NativeLayout
+from edgevlm.vision.registry import predicted_counter
 from edgevlm.vision.tiling import TurnCosts, pooled_tokens
 
 MIB = 1 << 20
@@ -154,6 +157,8 @@ class Plan:
     tensor_split: tuple[float, ...] = ()  # what llama.cpp is told, in its device order
     mmproj_device: str = ""  # the device that holds the projector (several devices only)
     photo_prefix_bytes: int = 0  # the 4K photo's image prefix as the prefix cache keeps it
+    photo_visual_tokens: int = 0  # an mtmd family's 4K photo: its visual tokens, as mtmd counts them
+    photo_shown: tuple[int, int] = (0, 0)  # … and the size it is handed to mtmd at
     prefix_ram_bytes: int = 0  # the prefix cache's RAM tier: its cap, or the RAM the model leaves
 
     @property
@@ -177,7 +182,8 @@ class Plan:
             "ram_free": self.ram_free, "max_tiles": self.max_tiles,
             "max_pooled_tiles": self.max_pooled_tiles, "n_ubatch": self.n_ubatch, "layout": self.layout,
             "example_photo": {"size": list(EXAMPLE_PHOTO), "grid": list(self.photo_grid),
-                              "tiles": self.photo_tiles, "pool": self.photo_pool},
+                              "tiles": self.photo_tiles, "pool": self.photo_pool,
+                              "visual_tokens": self.photo_visual_tokens, "shown": list(self.photo_shown)},
             "bytes": {
                 "weights_gpu": b.weights_gpu, "weights_host": b.weights_host,
                 "kv": b.kv_gpu + b.kv_host, "kv_gpu": b.kv_gpu, "kv_host": b.kv_host,
@@ -346,10 +352,14 @@ class TileCounts:
     photo_grid: tuple[int, int]
     photo_pool: int
     photo_tokens: int = 0  # the 4K photo's image block, labels included
+    photo_visual_tokens: int = 0  # mtmd families: the photo's visual tokens, and its shown size
+    photo_shown: tuple[int, int] = (0, 0)
 
 
 def tiles_at(costs: TurnCosts, projector: ProjectorFacts, n_ctx: int, answer_tokens: int) -> TileCounts:
     """The tiles describe's own arithmetic gives at this context (full and pooled, and EXAMPLE_PHOTO)."""
+    if projector.projector_type not in LLAVA_PROJECTORS:
+        return _native_at(costs.room(n_ctx, answer_tokens), projector)
     if projector.layout == LLAVA_NEXT:
         return _next_tiles_at(costs.room(n_ctx, answer_tokens), projector)
     photo = costs.plan(*EXAMPLE_PHOTO, n_ctx=n_ctx, answer_tokens=answer_tokens,
@@ -359,6 +369,18 @@ def tiles_at(costs: TurnCosts, projector: ProjectorFacts, n_ctx: int, answer_tok
                       max_pooled_tiles=costs.max_tiles(n_ctx=n_ctx, answer_tokens=answer_tokens, pool=2),
                       photo_grid=photo.grid, photo_pool=photo.pool,
                       photo_tokens=costs.whole_image_tokens + costs.view_tokens + tiles)
+
+
+def _native_at(room: int, projector: ProjectorFacts) -> TileCounts:
+    """An mtmd family: the 4K photo at the largest size whose block fits, counted by the family's rule."""
+    layout = NativeLayout(projector.projector_type, predicted_counter(projector))
+    try:
+        photo = layout.plan(EXAMPLE_PHOTO, ViewBudget(room=room, tile_size=projector.image_size,
+                                                      view_tokens=projector.tokens_per_image))
+    except ValueError:
+        return TileCounts(0, 0, (0, 0), 1)
+    return TileCounts(0, 0, (0, 0), 1, photo_tokens=photo.tokens, photo_visual_tokens=photo.visual_tokens,
+                      photo_shown=photo.size)
 
 
 def _next_tiles_at(room: int, projector: ProjectorFacts) -> TileCounts:
@@ -374,6 +396,11 @@ def _next_tiles_at(room: int, projector: ProjectorFacts) -> TileCounts:
                           view_tokens=view)
     return TileCounts(max_tiles=most(1), max_pooled_tiles=most(2), photo_grid=photo.grid, photo_pool=1,
                       photo_tokens=photo.tokens(view))
+
+
+def _layout_name(projector: ProjectorFacts) -> str:
+    native = projector.projector_type not in LLAVA_PROJECTORS
+    return f"mtmd-{projector.projector_type}" if native else projector.layout
 
 
 def ubatch_for(projector: ProjectorFacts) -> int:
@@ -462,7 +489,8 @@ class _Planner:
             breakdown=breakdown, notes=notes, n_ubatch=self.n_ubatch, max_tiles=tiles.max_tiles,
             max_pooled_tiles=tiles.max_pooled_tiles, photo_grid=tiles.photo_grid,
             photo_pool=tiles.photo_pool, tile_size=self.projector.image_size,
-            layout=self.projector.layout, n_seq=self.n_seq,
+            layout=_layout_name(self.projector), n_seq=self.n_seq,
+            photo_visual_tokens=tiles.photo_visual_tokens, photo_shown=tiles.photo_shown,
             photo_prefix_bytes=prefix_bytes(self.text, self.costs.system_tokens + tiles.photo_tokens, kv),
             prefix_ram_bytes=self._prefix_ram(breakdown), **(split or {}))
 

@@ -86,3 +86,25 @@ def test_eight_image_turns_swap_to_summaries_and_the_ledger_holds(qwen_engine: E
     assert "image" not in [s.kind for s in chat.segments]
     assert max(live) == min(live) == 192  # 448x336: a 16x12 grid of merged patches
     assert chat.kv_tokens < 192 + 8 * 80  # summaries and text, never eight images
+
+
+@pytest.mark.slow
+def test_plan_predicts_the_visual_tokens_describe_reports(test_models: dict[str, Path],
+                                                          tmp_path: Path) -> None:
+    import json
+
+    from ..conftest import run_cli
+
+    photo = tmp_path / "photo4k.png"
+    Image.fromarray(np.random.default_rng(5).integers(0, 255, (2160, 3840, 3), dtype=np.uint8)).save(photo)
+    pair = ["--model", str(test_models["qwen_text"]), "--mmproj", str(test_models["qwen_mmproj"]),
+            "--n-ctx", "2048"]
+    planned = run_cli("plan", *pair, "--json")
+    assert planned.returncode == 0, planned.stderr
+    example = json.loads(planned.stdout)["example_photo"]
+    described = run_cli("describe", str(photo), *pair, "--json", "--max-tokens", "512")
+    assert described.returncode == 0, described.stderr
+    result = json.loads(described.stdout.splitlines()[0])
+    assert result["layout"] == "mtmd-qwen2.5vl_merger"
+    assert result["visual_tokens"] == example["visual_tokens"] > 0
+    assert result["prompt_tokens"] + 512 <= 2048

@@ -108,7 +108,8 @@ def test_one_bad_image_among_good_ones(test_models: dict[str, Path], photos: dic
         (["--mmproj", "QWEN_MMPROJ"], "projects to width 64 but"),
         (["--model", "QWEN_TEXT", "--mmproj", "QWEN_MMPROJ", "--pool", "2"],
          "mtmd-qwen2.5vl_merger: this family's images are laid out by mtmd"),
-        (["--model", "QWEN_TEXT", "--mmproj", "QWEN_MMPROJ", "--tiles", "4"], "--pool and --tiles do not apply"),
+        (["--model", "QWEN_TEXT", "--mmproj", "QWEN_MMPROJ", "--tiles", "4"],
+         "--pool and --tiles do not apply"),
     ],
 )
 def test_user_errors_are_one_line_with_exit_2(test_models: dict[str, Path], photos: dict[str, Path],
