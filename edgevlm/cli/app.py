@@ -172,8 +172,7 @@ def describe(
         if needs_work(targets, jsonl=log, overwrite=overwrite, xmp=xmp):
             flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, max_tokens, fetch_missing,
                                  parallel=n_seq if len(targets) > 1 else 1, placement=placement)
-            _check_family(flags, max_tiles=max_tiles, pool=pool_factor)
-            with _loaded(flags, quiet=quiet or json_out) as loaded, view:
+            with _loaded(flags, quiet=quiet or json_out, tiles=(max_tiles, pool_factor)) as loaded, view:
                 describers = Describer.for_sequences(
                     loaded, max_tokens=max_tokens, max_tiles=max_tiles, sampling=_sampling(temperature, seed),
                     pool=pool_factor, cache=not no_cache, output=output)
@@ -282,8 +281,7 @@ def chat(
             model, mmproj = saved.model, mmproj or (Path(saved.mmproj) if saved.mmproj else None)
         flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, max_tokens, fetch_missing,
                              placement=_placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device))
-        _check_family(flags, max_tiles=max_tiles, pool=pool_factor)
-        with _loaded(flags, quiet=False) as loaded:
+        with _loaded(flags, quiet=False, tiles=(max_tiles, pool_factor)) as loaded:
             conversation = Conversation(
                 loaded.engine.sequence(), loaded.prompt_format, tile_size=loaded.projector_facts.image_size,
                 max_tokens=max_tokens, sampling=_sampling(temperature, seed), max_tiles=max_tiles,
@@ -537,10 +535,14 @@ def _placement(rpc: str | None, tensor_split: str | None, split_mode: str, main_
 
 
 @contextlib.contextmanager
-def _loaded(flags: ModelFlags, *, quiet: bool) -> Iterator[Loaded]:
-    """The model loaded (with a progress bar on a terminal), and closed however the block ends."""
+def _loaded(flags: ModelFlags, *, quiet: bool,
+            tiles: tuple[int | None, int | None] = (None, 1)) -> Iterator[Loaded]:
+    """The model loaded (with a progress bar on a terminal), and closed however the block ends;
+    `tiles` (max tiles, pool) is checked against the model's family first."""
     from edgevlm.cli.render import load_with_progress
     from edgevlm.models.loading import load
+
+    _check_family(flags, max_tiles=tiles[0], pool=tiles[1])
 
     loaded = load_with_progress(load, flags, quiet=quiet)
     try:

@@ -39,13 +39,24 @@ SAMPLE_PHOTO = Path(__file__).resolve().parents[2] / "scripts" / "sample-photo.j
 
 @pytest.fixture(scope="module")
 def server(test_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """`edgevlm serve` as a user starts it, on a free loopback port."""
+    """`edgevlm serve` as a user starts it, on a free loopback port (answers capped at 8 tokens)."""
+    yield from _serve(test_models, tmp_path_factory, max_tokens=8)
+
+
+@pytest.fixture(scope="module")
+def long_server(test_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The same with room for long answers: a stream to stop has to last longer than a click."""
+    yield from _serve(test_models, tmp_path_factory, max_tokens=2000)
+
+
+def _serve(test_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory, *,
+           max_tokens: int) -> Iterator[str]:
     port = free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1",
            "XDG_CACHE_HOME": str(tmp_path_factory.mktemp("page-cache"))}
     process = subprocess.Popen(
         [sys.executable, "-m", "edgevlm.cli", "serve", "--model", str(test_models["text"]),
-         "--mmproj", str(test_models["mmproj_112"]), "--n-ctx", "2048", "--max-tokens", "8",
+         "--mmproj", str(test_models["mmproj_112"]), "--n-ctx", "2048", "--max-tokens", str(max_tokens),
          "--host", "127.0.0.1", "--port", str(port)], stderr=subprocess.PIPE, text=True, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -187,8 +198,8 @@ def test_a_conversation_with_photos_in_the_page(server: str, browser: webdriver.
 
 
 @pytest.mark.slow
-def test_stop_settings_and_a_phone_screen(server: str, browser: webdriver.Chrome) -> None:
-    browser.get(server)
+def test_stop_settings_and_a_phone_screen(long_server: str, browser: webdriver.Chrome) -> None:
+    browser.get(long_server)
     browser.execute_script("localStorage.clear()")
     browser.refresh()
     browser.find_element(By.ID, "open-settings").click()
@@ -205,6 +216,11 @@ def test_stop_settings_and_a_phone_screen(server: str, browser: webdriver.Chrome
     assert stopped["answer"] and stopped.get("numbers") is None  # cut before the last chunk
     assert _stored(browser)["settings"]["maxTokens"] == "2000"
 
+    browser.find_element(By.ID, "open-settings").click()
+    limit = browser.find_element(By.ID, "set-max-tokens")
+    limit.clear()
+    limit.send_keys("8")
+    browser.find_element(By.ID, "close-settings").click()
     _send(browser, "A short one now.")  # the server freed the stopped work and answers
     _wait_for_states(browser, "stopped", "done")
 
