@@ -6,7 +6,9 @@
 - random-weight LLaVA-1.5-style projectors written with gguf.GGUFWriter: a 336 px one
   (576 tokens per image, like the real thing) and a 112 px one (64 tokens) for fast CLI tests;
 - a random-weight Qwen2.5-VL pair: a `qwen2vl` text model (M-RoPE, 8 MB) on SmolLM2's vocabulary,
-  and a `qwen2.5vl_merger` projector (dynamic resolution: an image's tokens follow its size).
+  and a `qwen2.5vl_merger` projector (dynamic resolution: an image's tokens follow its size);
+- a random-weight Gemma 3 pair: a `gemma3` text model (sliding-window attention, 8 MB) and a
+  `gemma3` projector (16 tokens per image, attended non-causally).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -307,6 +310,44 @@ def _vocab(source: Path) -> tuple[list[str], list[int], list[str], dict[str, int
     return strings("tokenizer.ggml.tokens"), types, strings("tokenizer.ggml.merges"), ids
 
 
+def _text_header(writer: object, name: str, vocab: tuple[list[str], list[int], list[str], dict[str, int]],
+                 template: str, *, n_embd: int, n_layer: int, n_ff: int, n_head: int, n_head_kv: int,
+                 add_bos: bool, rope_sections: int = 0, head_dim: int = 0, sliding_window: int = 0) -> None:
+    """A random text model's header: sizes, RoPE (M-RoPE sections over rope_sections dims where
+    given), an optional sliding window, and SmolLM2's BPE vocabulary with the family's tokens."""
+    w: Any = writer
+    tokens, types, merges, ids = vocab
+    w.add_name(name)
+    w.add_description(GENERATOR_TAG)
+    w.add_context_length(4096)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    if head_dim:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(1000000.0)
+    if rope_sections:
+        quarter = rope_sections // 4
+        w.add_rope_dimension_sections([rope_sections - 3 * quarter, quarter, quarter * 2, 0])
+    if sliding_window:
+        w.add_sliding_window(sliding_window)
+    w.add_file_type(1)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(ids["bos_token_id"])
+    w.add_eos_token_id(ids["eos_token_id"])
+    w.add_pad_token_id(ids["padding_token_id"])
+    w.add_add_bos_token(add_bos)
+    w.add_chat_template(template)
+
+
 def write_qwen2vl_text(path: Path, vocab_source: Path, *, n_embd: int = 64, n_layer: int = 2,
                        n_head: int = 4, n_head_kv: int = 2, n_ff: int = 128, seed: int = 1) -> Path:
     """A random-weight `qwen2vl` text model (M-RoPE) on SmolLM2's vocabulary and BPE merges, with
@@ -330,29 +371,9 @@ def write_qwen2vl_text(path: Path, vocab_source: Path, *, n_embd: int = 64, n_la
 
     tmp = path.with_suffix(".part")
     writer = gguf.GGUFWriter(str(tmp), "qwen2vl")
-    writer.add_name("edgevlm-test-qwen2vl")
-    writer.add_description(GENERATOR_TAG)
-    writer.add_context_length(4096)
-    writer.add_embedding_length(n_embd)
-    writer.add_block_count(n_layer)
-    writer.add_feed_forward_length(n_ff)
-    writer.add_head_count(n_head)
-    writer.add_head_count_kv(n_head_kv)
-    writer.add_layer_norm_rms_eps(1e-6)
-    writer.add_rope_freq_base(1000000.0)
-    quarter = head_dim // 2 // 4
-    writer.add_rope_dimension_sections([head_dim // 2 - 3 * quarter, quarter, quarter * 2, 0])
-    writer.add_file_type(1)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("smollm")
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    writer.add_token_merges(merges)
-    writer.add_bos_token_id(ids["bos_token_id"])
-    writer.add_eos_token_id(ids["eos_token_id"])
-    writer.add_pad_token_id(ids["padding_token_id"])
-    writer.add_add_bos_token(False)
-    writer.add_chat_template(QWEN_TEMPLATE)
+    _text_header(writer, "edgevlm-test-qwen2vl", (tokens, types, merges, ids), QWEN_TEMPLATE,
+                 n_embd=n_embd, n_layer=n_layer, n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv,
+                 add_bos=False, rope_sections=head_dim // 2)
     writer.add_tensor("token_embd.weight", mat(n_vocab, n_embd))
     writer.add_tensor("output_norm.weight", ones(n_embd))
     for i in range(n_layer):
@@ -422,6 +443,122 @@ def write_qwen25vl_projector(path: Path, *, text_width: int = 64, width: int = 3
     return _finish(writer, tmp, path)
 
 
+def _siglip_tower(writer: object, rng: np.random.Generator, *, width: int, blocks: int, ff: int,
+                  image_size: int, patch: int) -> None:
+    """A SigLIP-style ViT (Gemma 3, SmolVLM): a biased patch kernel, learned positions (f32: ggml
+    adds them to f32 activations), pre-norm blocks with biases, and a final norm."""
+    w: Any = writer
+
+    def mat(rows: int, cols: int, scale: float = 0.05) -> np.ndarray:
+        return (rng.standard_normal((rows, cols)) * scale).astype(np.float16)
+
+    def vec(n: int, value: float | None = None) -> np.ndarray:
+        if value is not None:
+            return np.full(n, value, np.float32)
+        return (rng.standard_normal(n) * 0.02).astype(np.float32)
+
+    kernel = rng.standard_normal((width, 3, patch, patch)) * 0.02
+    w.add_tensor("v.patch_embd.weight", kernel.astype(np.float16))
+    w.add_tensor("v.patch_embd.bias", vec(width))
+    w.add_tensor("v.position_embd.weight", mat((image_size // patch) ** 2, width).astype(np.float32))
+    for b in range(blocks):
+        p = f"v.blk.{b}"
+        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            w.add_tensor(f"{p}.{name}.weight", mat(width, width))
+            w.add_tensor(f"{p}.{name}.bias", vec(width))
+        for name in ("ln1", "ln2"):
+            w.add_tensor(f"{p}.{name}.weight", vec(width, 1.0))
+            w.add_tensor(f"{p}.{name}.bias", vec(width, 0.0))
+        w.add_tensor(f"{p}.ffn_up.weight", mat(ff, width))
+        w.add_tensor(f"{p}.ffn_up.bias", vec(ff))
+        w.add_tensor(f"{p}.ffn_down.weight", mat(width, ff))
+        w.add_tensor(f"{p}.ffn_down.bias", vec(width))
+    w.add_tensor("v.post_ln.weight", vec(width, 1.0))
+    w.add_tensor("v.post_ln.bias", vec(width, 0.0))
+
+
+# Gemma 3's turn and image markers, appended to SmolLM2's vocabulary.
+GEMMA_TOKENS = ("<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>")
+# Gemma 3's chat template in shape: the system text opens the first user turn, images render as
+# <start_of_image> (servers put mtmd's marker there).
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{%- if messages[0]['role'] == 'system' -%}"
+    "{%- set lead = messages[0]['content'] + '\\n\\n' -%}{%- set rest = messages[1:] -%}"
+    "{%- else -%}{%- set lead = '' -%}{%- set rest = messages -%}{%- endif -%}"
+    "{%- for message in rest -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{ '<start_of_turn>' + role + '\\n' + (lead if loop.first else '') }}"
+    "{%- if message['content'] is string -%}{{ message['content'] | trim }}{%- else -%}"
+    "{%- for part in message['content'] -%}{%- if part['type'] == 'image' -%}{{ '<start_of_image>' }}"
+    "{%- elif part['type'] == 'text' -%}{{ part['text'] | trim }}{%- endif -%}{%- endfor -%}{%- endif -%}"
+    "{{ '<end_of_turn>\\n' }}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\\n' }}{%- endif -%}")
+
+
+def write_gemma3_text(path: Path, vocab_source: Path, *, n_embd: int = 64, n_layer: int = 2,
+                      n_head: int = 4, n_head_kv: int = 2, head_dim: int = 16, n_ff: int = 128,
+                      sliding_window: int = 64, seed: int = 3) -> Path:
+    """A random-weight `gemma3` text model: sliding-window attention on layer 0 (a window of 64,
+    so a short chat passes it) and global on layer 1, q/k norms and post-norms, on SmolLM2's
+    vocabulary with Gemma's markers and a template in the shape of Gemma 3's."""
+    import gguf
+
+    if _is_current(path):
+        return path
+    tokens, types, merges, ids = _vocab(vocab_source)
+    vocab = (tokens + list(GEMMA_TOKENS), types + [3] * len(GEMMA_TOKENS), merges, ids)
+    rng = np.random.default_rng(seed)
+
+    def mat(rows: int, cols: int) -> np.ndarray:
+        return (rng.standard_normal((rows, cols)) * 0.05).astype(np.float16)
+
+    def ones(n: int) -> np.ndarray:  # Gemma's norms scale by 1 + w; the conversion stores 1 + w
+        return np.ones(n, dtype=np.float32)
+
+    tmp = path.with_suffix(".part")
+    writer = gguf.GGUFWriter(str(tmp), "gemma3")
+    _text_header(writer, "edgevlm-test-gemma3", vocab, GEMMA_TEMPLATE, n_embd=n_embd, n_layer=n_layer,
+                 n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv, add_bos=True, head_dim=head_dim,
+                 sliding_window=sliding_window)
+    writer.add_uint32("gemma3.attention.sliding_window_pattern", 2)  # every 2nd layer is global
+    writer.add_tensor("token_embd.weight", mat(len(vocab[0]), n_embd))
+    writer.add_tensor("output_norm.weight", ones(n_embd))
+    q, kv = n_head * head_dim, n_head_kv * head_dim
+    for i in range(n_layer):
+        p = f"blk.{i}"
+        for name, shape in (("attn_q", (q, n_embd)), ("attn_k", (kv, n_embd)), ("attn_v", (kv, n_embd)),
+                            ("attn_output", (n_embd, q)), ("ffn_gate", (n_ff, n_embd)),
+                            ("ffn_up", (n_ff, n_embd)), ("ffn_down", (n_embd, n_ff))):
+            writer.add_tensor(f"{p}.{name}.weight", mat(*shape))
+        for name, n in (("attn_norm", n_embd), ("attn_q_norm", head_dim), ("attn_k_norm", head_dim),
+                        ("post_attention_norm", n_embd), ("ffn_norm", n_embd), ("post_ffw_norm", n_embd)):
+            writer.add_tensor(f"{p}.{name}.weight", ones(n))
+    return _finish(writer, tmp, path)
+
+
+def write_gemma3_projector(path: Path, *, text_width: int = 64, width: int = 32, blocks: int = 2,
+                           heads: int = 2, ff: int = 64, image_size: int = 112, patch: int = 14,
+                           merge: int = 2, seed: int = 4) -> Path:
+    """A random-weight Gemma 3 vision tower and projector (`gemma3`): 8x8 patches average-pooled
+    2x2 into 16 tokens per image, an RMS norm and one projection; its image attends both ways."""
+    import gguf
+
+    if _is_current(path):
+        return path
+    rng = np.random.default_rng(seed)
+    tmp = path.with_suffix(".part")
+    writer = gguf.GGUFWriter(str(tmp), "clip")
+    _clip_header(writer, "edgevlm-test-gemma3-mmproj", "gemma3", {"use_gelu": True}, eps=1e-6,
+                 image_size=image_size, patch_size=patch, embedding_length=width,
+                 feed_forward_length=ff, projection_dim=text_width, head_count=heads, block_count=blocks)
+    writer.add_uint32("clip.vision.projector.scale_factor", merge)
+    _siglip_tower(writer, rng, width=width, blocks=blocks, ff=ff, image_size=image_size, patch=patch)
+    writer.add_tensor("mm.soft_emb_norm.weight", np.ones(width, np.float32))
+    projection = rng.standard_normal((width, text_width)) * 0.2
+    writer.add_tensor("mm.input_projection.weight", projection.astype(np.float16))
+    return _finish(writer, tmp, path)
+
+
 def _is_current(path: Path) -> bool:
     if not path.exists():
         return False
@@ -446,6 +583,8 @@ def main() -> None:
         write_projector(args.out_dir / "mmproj-test-next-112.gguf", image_size=112, seed=2, next_style=True),
         write_qwen2vl_text(args.out_dir / "qwen2vl-test.gguf", args.out_dir / TEXT_MODEL_NAME),
         write_qwen25vl_projector(args.out_dir / "mmproj-qwen2.5vl-test.gguf"),
+        write_gemma3_text(args.out_dir / "gemma3-test.gguf", args.out_dir / TEXT_MODEL_NAME),
+        write_gemma3_projector(args.out_dir / "mmproj-gemma3-test.gguf"),
     ]
     for path in made:
         print(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}"

@@ -116,6 +116,10 @@ class Engine:
         cparams.type_k, cparams.type_v = _ggml_type(cfg.type_k), _ggml_type(cfg.type_v)
         if cfg.flash_attn is not None:
             cparams.flash_attn_type = _flash_attn_type(cfg.flash_attn)
+        # A sliding-window model keeps its whole window cache: the ledger cuts the cache at old
+        # positions (the summary swap, rewinds), which a pruned window cache no longer holds.
+        self.n_swa = llama_cpp.llama_model_n_swa(self.model)
+        cparams.swa_full = self.n_swa > 0
         # No abort_callback: ggml would call it from its worker threads for every graph node,
         # and each call must take Python's GIL (seconds per token when another thread holds it).
         # Interrupts are honoured between batches and between tokens instead.

@@ -108,3 +108,52 @@ def test_plan_predicts_the_visual_tokens_describe_reports(test_models: dict[str,
     assert result["layout"] == "mtmd-qwen2.5vl_merger"
     assert result["visual_tokens"] == example["visual_tokens"] > 0
     assert result["prompt_tokens"] + 512 <= 2048
+
+
+@pytest.fixture(scope="module")
+def gemma_engine(test_models: dict[str, Path]) -> Iterator[Engine]:
+    # A small batch keeps llama.cpp's window cache small (window + ubatch): the chat outgrows it.
+    engine = make_engine(test_models["gemma_mmproj"], text=test_models["gemma_text"], n_ctx=2048,
+                         n_batch=64)
+    yield engine
+    engine.close()
+
+
+def _gemma_chat(engine: Engine, test_models: dict[str, Path]) -> Conversation:
+    from edgevlm.chat.templates import format_from_template
+    from edgevlm.models.gguf import read_text_model
+
+    text = read_text_model(test_models["gemma_text"])
+    fmt = format_from_template(text.chat_template or "", bos=text.bos_text, eos=text.eos_text)
+    assert fmt is not None and fmt.system_opens_turn
+    layout = layout_for(read_projector(test_models["gemma_mmproj"]))
+    return Conversation(engine.sequence(), fmt, tile_size=112, max_tokens=8, caption_tokens=12,
+                        sampling=Sampling(temperature=0.0), layout=layout, system="Be brief.")
+
+
+@pytest.mark.slow
+def test_gemma_chat_passes_its_window_and_the_swap_equals_a_fresh_prefill(
+        gemma_engine: Engine, test_models: dict[str, Path]) -> None:
+    """Ten image turns on the sliding-window test model (window 64): images swapped for summaries,
+    the ledger checked every turn, and the cache afterwards gives the same next-token logits as
+    a fresh context prefilled with the same segments."""
+    chat = _gemma_chat(gemma_engine, test_models)
+    for turn in range(1, 11):
+        _, stats = chat.ask(f"What is in picture {turn}?", image=_image(turn, (300, 200)))
+        chat.check()
+        assert stats.visual_tokens == stats.visual_tokens_live == 16
+    chat.summarise_pending()
+    chat.check()
+    assert chat.kv_positions > 4 * 64 and "image" not in [s.kind for s in chat.segments]
+    probe = chat.sequence.tokenize("<start_of_turn>user\nAnd now?")
+    chat.sequence.eval_text(probe)
+    swapped = chat.sequence._current_logits().copy()
+    with make_engine(test_models["gemma_mmproj"], text=test_models["gemma_text"], n_ctx=2048) as fresh:
+        sequence = fresh.sequence()
+        for segment in chat.segments:
+            if segment.embedding is not None:
+                sequence.eval_embedding(segment.embedding)
+            else:
+                sequence.eval_text(list(segment.tokens))
+        sequence.eval_text(probe)
+        assert np.abs(sequence._current_logits() - swapped).max() < 1e-3
