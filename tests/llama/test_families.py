@@ -106,7 +106,8 @@ GEMMA_QUESTION = "<start_of_turn>user\n{marker}What is it?<end_of_turn>\n<start_
 
 def _reference_logits(model_path: Path, mmproj_path: Path, prompt: str, pixels: np.ndarray) -> np.ndarray:
     """The next-token logits of llama.cpp's own path: mtmd_tokenize, then mtmd_helper_eval_chunks."""
-    model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), llama_cpp.llama_model_default_params())
+    defaults = llama_cpp.llama_model_default_params()
+    model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), defaults)
     params = llama_cpp.llama_context_default_params()
     params.n_ctx, params.n_batch, params.n_ubatch, params.swa_full = 1024, 512, 512, True
     ctx = llama_cpp.llama_init_from_model(model, params)
@@ -114,7 +115,8 @@ def _reference_logits(model_path: Path, mmproj_path: Path, prompt: str, pixels: 
     options.use_gpu, options.n_threads, options.print_timings, options.warmup = False, 2, False, False
     projector = mtmd.mtmd_init_from_file(str(mmproj_path).encode(), model, options)
     height, width = pixels.shape[:2]
-    bitmap = mtmd.mtmd_bitmap_init(width, height, (ctypes.c_uint8 * pixels.size).from_buffer_copy(pixels.tobytes()))
+    raw = (ctypes.c_uint8 * pixels.size).from_buffer_copy(pixels.tobytes())
+    bitmap = mtmd.mtmd_bitmap_init(width, height, raw)
     text = prompt.format(marker=mtmd.mtmd_default_marker().decode()).encode()
     request = mtmd.mtmd_input_text()
     request.text, request.text_len, request.add_special, request.parse_special = text, len(text), True, True
@@ -123,7 +125,8 @@ def _reference_logits(model_path: Path, mmproj_path: Path, prompt: str, pixels: 
         assert mtmd.mtmd_tokenize(projector, chunks, ctypes.byref(request),
                                   (mtmd.mtmd_bitmap_p_ctypes * 1)(bitmap), 1) == 0
         n_past = llama_cpp.llama_pos(0)
-        assert mtmd.mtmd_helper_eval_chunks(projector, ctx, chunks, 0, 0, 512, True, ctypes.byref(n_past)) == 0
+        assert mtmd.mtmd_helper_eval_chunks(projector, ctx, chunks, 0, 0, 512, True,
+                                            ctypes.byref(n_past)) == 0
         n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
         return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(n_vocab,)).copy()
     finally:
@@ -141,7 +144,8 @@ def test_gemma_images_attend_both_ways_as_in_mtmds_own_path(test_models: dict[st
     from edgevlm.llama.types import EngineConfig
 
     pixels = np.random.default_rng(3).integers(0, 255, (200, 300, 3), dtype=np.uint8)
-    reference = _reference_logits(test_models["gemma_text"], test_models["gemma_mmproj"], GEMMA_QUESTION, pixels)
+    reference = _reference_logits(test_models["gemma_text"], test_models["gemma_mmproj"],
+                                  GEMMA_QUESTION, pixels)
     config = EngineConfig(test_models["gemma_text"], test_models["gemma_mmproj"], n_ctx=1024, n_gpu_layers=0)
     with Engine(config) as engine:
         assert engine.n_swa == 64  # the sliding window, kept whole (swa_full) for the ledger's cuts
