@@ -39,6 +39,8 @@ def stats_line(r: DescribeResult) -> str:
     """One image's grid, tokens, time to first token (with prefill) and decode speed."""
     pooled = f", pooled {r.pool}x{r.pool}" if r.pool > 1 else ""
     grid = f"{r.grid[0]}x{r.grid[1]} grid ({r.n_tiles} tiles{pooled})" if r.n_tiles else "global view only"
+    if r.layout.startswith("mtmd-"):  # laid out by mtmd for its family: no tiles of edgevlm's own
+        grid = f"{r.layout} layout"
     reused = {"ram": f", image prefix from RAM in {r.restore_s:.2f} s",
               "disk": f", image prefix from disk in {r.restore_s:.2f} s",
               "context": ", image block reused"}.get(r.prefix_cache, "")
