@@ -8,7 +8,9 @@
 - a random-weight Qwen2.5-VL pair: a `qwen2vl` text model (M-RoPE, 8 MB) on SmolLM2's vocabulary,
   and a `qwen2.5vl_merger` projector (dynamic resolution: an image's tokens follow its size);
 - a random-weight Gemma 3 pair: a `gemma3` text model (sliding-window attention, 8 MB) and a
-  `gemma3` projector (16 tokens per image, attended non-causally).
+  `gemma3` projector (16 tokens per image, attended non-causally);
+- a random-weight SmolVLM2 pair: a `llama` text model (8 MB) with SmolVLM's markers and an
+  `idefics3` projector (images split into labelled tiles and an overview).
 """
 
 from __future__ import annotations
@@ -559,6 +561,78 @@ def write_gemma3_projector(path: Path, *, text_width: int = 64, width: int = 32,
     return _finish(writer, tmp, path)
 
 
+# SmolVLM's image markers (mtmd looks them up as single tokens) and its end of turn.
+SMOLVLM_TOKENS = ("<fake_token_around_image>", "<global-img>", "<end_of_utterance>",
+                  *(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)))
+# SmolVLM's chat template in shape: "User:" / "Assistant:" turns ended by <end_of_utterance>.
+SMOLVLM_TEMPLATE = (
+    "<|im_start|>{%- for message in messages -%}"
+    "{{ message['role'] | capitalize }}{%- if message['content'] is string -%}: {{ message['content'] }}"
+    "{%- else -%}:{%- for part in message['content'] -%}{%- if part['type'] == 'text' -%}"
+    "{{ ' ' + part['text'] }}{%- else -%}{{ '<image>' }}{%- endif -%}{%- endfor -%}{%- endif -%}"
+    "{{ '<end_of_utterance>\\n' }}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ 'Assistant:' }}{%- endif -%}")
+
+
+def write_smolvlm_text(path: Path, vocab_source: Path, *, n_embd: int = 64, n_layer: int = 2,
+                       n_head: int = 4, n_head_kv: int = 2, n_ff: int = 128, seed: int = 5) -> Path:
+    """A random-weight `llama` text model as SmolVLM's (SmolLM2 itself), 64 wide, on SmolLM2's
+    vocabulary with SmolVLM's image markers and a template in the shape of SmolVLM's."""
+    import gguf
+
+    if _is_current(path):
+        return path
+    tokens, types, merges, ids = _vocab(vocab_source)
+    vocab = (tokens + list(SMOLVLM_TOKENS), types + [3] * len(SMOLVLM_TOKENS), merges, ids)
+    rng = np.random.default_rng(seed)
+    head_dim = n_embd // n_head
+
+    def mat(rows: int, cols: int) -> np.ndarray:
+        return (rng.standard_normal((rows, cols)) * 0.05).astype(np.float16)
+
+    tmp = path.with_suffix(".part")
+    writer = gguf.GGUFWriter(str(tmp), "llama")
+    _text_header(writer, "edgevlm-test-smolvlm", vocab, SMOLVLM_TEMPLATE, n_embd=n_embd, n_layer=n_layer,
+                 n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv, add_bos=False)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_tensor("token_embd.weight", mat(len(vocab[0]), n_embd))
+    writer.add_tensor("output_norm.weight", np.ones(n_embd, np.float32))
+    kv = n_head_kv * head_dim
+    for i in range(n_layer):
+        p = f"blk.{i}"
+        for name, shape in (("attn_q", (n_embd, n_embd)), ("attn_k", (kv, n_embd)), ("attn_v", (kv, n_embd)),
+                            ("attn_output", (n_embd, n_embd)), ("ffn_gate", (n_ff, n_embd)),
+                            ("ffn_up", (n_ff, n_embd)), ("ffn_down", (n_embd, n_ff))):
+            writer.add_tensor(f"{p}.{name}.weight", mat(*shape))
+        writer.add_tensor(f"{p}.attn_norm.weight", np.ones(n_embd, np.float32))
+        writer.add_tensor(f"{p}.ffn_norm.weight", np.ones(n_embd, np.float32))
+    return _finish(writer, tmp, path)
+
+
+def write_idefics3_projector(path: Path, *, text_width: int = 64, width: int = 32, blocks: int = 2,
+                             heads: int = 2, ff: int = 64, image_size: int = 56, patch: int = 14,
+                             merge: int = 2, longest_edge: int = 112, seed: int = 6) -> Path:
+    """A random-weight SmolVLM vision tower and projector (`idefics3`): 56 px tiles of 4x4 patches
+    shuffled 2x2 into 4 tokens each; an image is split into tiles up to 112 px on its long side,
+    each labelled <row_r_col_c>, and an overview."""
+    import gguf
+
+    if _is_current(path):
+        return path
+    rng = np.random.default_rng(seed)
+    tmp = path.with_suffix(".part")
+    writer = gguf.GGUFWriter(str(tmp), "clip")
+    _clip_header(writer, "edgevlm-test-idefics3-mmproj", "idefics3", {"use_gelu": True}, eps=1e-6,
+                 image_size=image_size, patch_size=patch, embedding_length=width,
+                 feed_forward_length=ff, projection_dim=text_width, head_count=heads, block_count=blocks)
+    writer.add_uint32("clip.vision.projector.scale_factor", merge)
+    writer.add_uint32("clip.vision.preproc_image_size", longest_edge)
+    _siglip_tower(writer, rng, width=width, blocks=blocks, ff=ff, image_size=image_size, patch=patch)
+    projection = rng.standard_normal((text_width, width * merge * merge)) * 0.1
+    writer.add_tensor("mm.model.fc.weight", projection.astype(np.float16))
+    return _finish(writer, tmp, path)
+
+
 def _is_current(path: Path) -> bool:
     if not path.exists():
         return False
@@ -585,6 +659,8 @@ def main() -> None:
         write_qwen25vl_projector(args.out_dir / "mmproj-qwen2.5vl-test.gguf"),
         write_gemma3_text(args.out_dir / "gemma3-test.gguf", args.out_dir / TEXT_MODEL_NAME),
         write_gemma3_projector(args.out_dir / "mmproj-gemma3-test.gguf"),
+        write_smolvlm_text(args.out_dir / "smolvlm-test.gguf", args.out_dir / TEXT_MODEL_NAME),
+        write_idefics3_projector(args.out_dir / "mmproj-idefics3-test.gguf"),
     ]
     for path in made:
         print(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}"

@@ -23,6 +23,8 @@ QWEN_TEXT = TEST_MODELS / "qwen2vl-test.gguf"  # Qwen2.5-VL-style: M-RoPE text m
 QWEN_MMPROJ = TEST_MODELS / "mmproj-qwen2.5vl-test.gguf"  # its dynamic-resolution merger
 GEMMA_TEXT = TEST_MODELS / "gemma3-test.gguf"  # Gemma-3-style: sliding-window attention, 8 MB
 GEMMA_MMPROJ = TEST_MODELS / "mmproj-gemma3-test.gguf"  # 16 tokens per image, attended both ways
+SMOLVLM_TEXT = TEST_MODELS / "smolvlm-test.gguf"  # SmolVLM-style: llama with SmolVLM's markers
+SMOLVLM_MMPROJ = TEST_MODELS / "mmproj-idefics3-test.gguf"  # images split into labelled tiles
 
 
 def load_script(name: str) -> ModuleType:
@@ -39,7 +41,7 @@ def load_script(name: str) -> ModuleType:
 
 def _ensure_test_models() -> None:
     if not all(p.exists() for p in (TEXT_MODEL, MMPROJ_336, MMPROJ_112, MMPROJ_NEXT, QWEN_TEXT,
-                                    QWEN_MMPROJ, GEMMA_TEXT, GEMMA_MMPROJ)):
+                                    QWEN_MMPROJ, GEMMA_TEXT, GEMMA_MMPROJ, SMOLVLM_TEXT, SMOLVLM_MMPROJ)):
         subprocess.run([sys.executable, str(ROOT / "scripts" / "make_test_models.py")], check=True)
 
 
@@ -49,7 +51,8 @@ def test_models() -> dict[str, Path]:
     _ensure_test_models()
     return {"text": TEXT_MODEL, "mmproj_336": MMPROJ_336, "mmproj_112": MMPROJ_112,
             "mmproj_next": MMPROJ_NEXT, "qwen_text": QWEN_TEXT, "qwen_mmproj": QWEN_MMPROJ,
-            "gemma_text": GEMMA_TEXT, "gemma_mmproj": GEMMA_MMPROJ}
+            "gemma_text": GEMMA_TEXT, "gemma_mmproj": GEMMA_MMPROJ,
+            "smolvlm_text": SMOLVLM_TEXT, "smolvlm_mmproj": SMOLVLM_MMPROJ}
 
 
 def make_engine(mmproj: Path, *, n_ctx: int = 2048, n_batch: int = 512,  # noqa: ANN201

@@ -107,12 +107,16 @@ def _after_image(render: Render) -> str:
 
 
 def _adds_up(fmt: PromptFormat, render: Render, bos: str) -> bool:
-    """The pieces, put together turn by turn, equal the template's render of three turns."""
+    """The pieces, put together turn by turn, equal the template's render of three turns. What
+    a template puts before an answer's text (SmolVLM's space after "Assistant:") is the model's
+    to generate, so it counts as part of the answer."""
     answers = (ANSWER_1, "answerprobeqe")
     full = render(_conversation(SYSTEM, USER_1, USER_2, USER_3, answers=answers), True)
+    first_answer = full.index(ANSWER_1)
+    lead = full[full.index(USER_1) + len(USER_1) + len(fmt.user_suffix):first_answer]
     pieces = [bos if fmt.add_bos else "", fmt.system(SYSTEM)]
     for i, user in enumerate((USER_1, USER_2, USER_3)):
         pieces += [fmt.head(first=i == 0, has_system=True), user, fmt.user_suffix]
         if i < len(answers):
-            pieces += [answers[i], fmt.assistant_suffix]
+            pieces += [lead + answers[i], fmt.assistant_suffix]
     return "".join(pieces) == full

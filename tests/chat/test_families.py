@@ -157,3 +157,55 @@ def test_gemma_chat_passes_its_window_and_the_swap_equals_a_fresh_prefill(
                 sequence.eval_text(list(segment.tokens))
         sequence.eval_text(probe)
         assert np.abs(sequence._current_logits() - swapped).max() < 1e-3
+
+
+@pytest.fixture(scope="module", params=["gemma", "smolvlm"])
+def family_engine(request: pytest.FixtureRequest,
+                  test_models: dict[str, Path]) -> Iterator[tuple[str, Engine]]:
+    family = request.param
+    engine = make_engine(test_models[f"{family}_mmproj"], text=test_models[f"{family}_text"], n_ctx=2048)
+    yield family, engine
+    engine.close()
+
+
+def _family_chat(family: str, engine: Engine, test_models: dict[str, Path],
+                 **options: object) -> Conversation:
+    from edgevlm.models.catalog import resolve
+    from edgevlm.models.gguf import read_text_model
+    from edgevlm.models.loading import prompt_format
+
+    text, mmproj = test_models[f"{family}_text"], test_models[f"{family}_mmproj"]
+    projector = read_projector(mmproj)
+    fmt = prompt_format(resolve(str(text), str(mmproj)), read_text_model(text), projector)
+    assert fmt.name.endswith("template")  # the model's own, cut into turns
+    settings: dict[str, object] = {"tile_size": projector.image_size, "max_tokens": 8, "caption_tokens": 12,
+                                   "sampling": Sampling(temperature=0.0), "layout": layout_for(projector)}
+    settings.update(options)
+    return Conversation(engine.sequence(), fmt, **settings)  # type: ignore[arg-type]
+
+
+def test_every_family_describes_four_sizes_with_mtmds_count(family_engine: tuple[str, Engine],
+                                                            test_models: dict[str, Path]) -> None:
+    family, engine = family_engine
+    chat = _family_chat(family, engine, test_models, summary="none")
+    for seed, size in enumerate(SIZES):
+        chat.rewind()
+        _, stats = chat.ask("What is it?", image=_image(seed, size))
+        chat.check()
+        block = engine.sequence().count_block(Image.new("RGB", stats.canvas_size))
+        assert stats.visual_tokens == block.visual_tokens == stats.visual_tokens_live > 0
+        assert stats.layout == f"mtmd-{read_projector(test_models[f'{family}_mmproj']).projector_type}"
+
+
+@pytest.mark.slow
+def test_every_family_chats_over_eight_images_with_the_swap(family_engine: tuple[str, Engine],
+                                                            test_models: dict[str, Path]) -> None:
+    family, engine = family_engine
+    chat = _family_chat(family, engine, test_models)
+    for turn in range(1, 9):
+        _, stats = chat.ask(f"What is in picture {turn}?", image=_image(turn, (300, 200)))
+        chat.check()
+        assert stats.visual_tokens_live == stats.visual_tokens > 0  # only this turn's image
+    chat.summarise_pending()
+    chat.check()
+    assert "image" not in [s.kind for s in chat.segments]

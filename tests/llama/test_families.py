@@ -137,24 +137,29 @@ def _reference_logits(model_path: Path, mmproj_path: Path, prompt: str, pixels: 
         llama_cpp.llama_model_free(model)
 
 
-def test_gemma_images_attend_both_ways_as_in_mtmds_own_path(test_models: dict[str, Path]) -> None:
-    """Gemma 3's image rows are decoded with non-causal attention (mtmd_decode_use_non_causal):
-    the first answer token's logits equal the reference's within 1e-3."""
+SMOLVLM_QUESTION = "<|im_start|>User:{marker} What is it?<end_of_utterance>\nAssistant:"
+
+
+@pytest.mark.parametrize(("family", "prompt", "add_bos", "n_images"), [
+    ("gemma", GEMMA_QUESTION, True, 1), ("smolvlm", SMOLVLM_QUESTION, False, 5)])
+def test_other_families_equal_mtmds_own_path(test_models: dict[str, Path], family: str, prompt: str,
+                                             add_bos: bool, n_images: int) -> None:
+    """Gemma 3: one image decoded non-causally (mtmd_decode_use_non_causal). SmolVLM: the image split
+    into four labelled tiles and an overview. The first answer token's logits equal the reference's."""
     from edgevlm.llama.engine import Engine
     from edgevlm.llama.types import EngineConfig
 
+    text, mmproj = test_models[f"{family}_text"], test_models[f"{family}_mmproj"]
     pixels = np.random.default_rng(3).integers(0, 255, (200, 300, 3), dtype=np.uint8)
-    reference = _reference_logits(test_models["gemma_text"], test_models["gemma_mmproj"],
-                                  GEMMA_QUESTION, pixels)
-    config = EngineConfig(test_models["gemma_text"], test_models["gemma_mmproj"], n_ctx=1024, n_gpu_layers=0)
-    with Engine(config) as engine:
-        assert engine.n_swa == 64  # the sliding window, kept whole (swa_full) for the ledger's cuts
+    reference = _reference_logits(text, mmproj, prompt, pixels)
+    with Engine(EngineConfig(text, mmproj, n_ctx=1024, n_gpu_layers=0)) as engine:
+        assert engine.n_swa == (64 if family == "gemma" else 0)  # a window kept whole (swa_full)
         sequence = engine.sequence()
-        head, tail = GEMMA_QUESTION.split("{marker}")
-        sequence.eval_text(sequence.tokenize(head, add_bos=True))
+        head, tail = prompt.split("{marker}")
+        sequence.eval_text(sequence.tokenize(head, add_bos=add_bos))
         block = sequence.encode_block(pixels)
         images = [p for p in block.pieces if not isinstance(p, tuple)]
-        assert len(images) == 1 and images[0].non_causal and images[0].n_tokens == 16
+        assert len(images) == n_images and all(p.non_causal == (family == "gemma") for p in images)
         for piece in block.pieces:
             sequence.eval_text(list(piece)) if isinstance(piece, tuple) else sequence.eval_embedding(piece)
         sequence.eval_text(sequence.tokenize(tail))
