@@ -24,7 +24,7 @@ SUPPORTED_TEXT_ARCHS = frozenset({"llama", "mistral", "qwen2", "gemma", "phi3", 
                                   "qwen2vl", "qwen3vl", "qwen3", "gemma3"})
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.")
 # Bump when the facts' fields change, so stale cache entries are ignored.
-_CACHE_VERSION = 4
+_CACHE_VERSION = 5
 # The image layouts edgevlm knows: LLaVA-1.5 with labelled AnyRes tiles, and LLaVA-NeXT's own.
 LLAVA_15_TILES = "llava-1.5-tiles"
 LLAVA_NEXT = "llava-next"
@@ -98,6 +98,7 @@ class ProjectorFacts:
     merge_type: str = "flat"
     has_image_newline: bool = False
     merge: int = 1  # patches merged per side into one token (Qwen-VL 2, Gemma 3 4)
+    window_attention: bool = False  # Qwen2.5-VL's windowed blocks: a full patch-by-patch mask
 
     @property
     def tokens_per_image(self) -> int:
@@ -236,6 +237,7 @@ def _read_projector(path: Path) -> ProjectorFacts:
         merge_type=str(fields.get("clip.vision.mm_patch_merge_type", "flat")),
         has_image_newline=IMAGE_NEWLINE_TENSOR in tensors,
         merge=_merge(fields),
+        window_attention=int(fields.get("clip.vision.n_wa_pattern", 0)) > 0,
     )
 
 

@@ -320,3 +320,25 @@ def test_the_prefix_cache_is_counted_in_ram(llava: tuple[TextModelFacts, Project
     assert roomy.to_json()["prefix_cache"]["photo_prefixes_in_ram"] == roomy.photo_prefixes_in_ram
     tight = choose(*llava, MachineMemory(vram_free=None, ram_free=roomy.breakdown.total_host + GIB))
     assert 0 <= tight.prefix_ram_bytes < GIB  # only what the model leaves free, less the margin
+
+
+@pytest.mark.parametrize("family", ["qwen", "gemma", "smolvlm"])
+@pytest.mark.parametrize("flash_attn", [True, False])
+def test_the_estimate_holds_for_every_family(test_models: dict[str, Path], family: str,
+                                            flash_attn: bool) -> None:
+    """mtmd families: the projector's compute reserved at mtmd's warmup size (Qwen2.5-VL's
+    windowed attention: a patch-by-patch mask over 8464 patches) within 10 %, the rest as ever."""
+    text_path, mmproj_path = test_models[f"{family}_text"], test_models[f"{family}_mmproj"]
+    text, projector = read_text_model(text_path), read_projector(mmproj_path)
+    plan = choose(text, projector, MachineMemory(vram_free=None, ram_free=16 * GIB),
+                  Settings(n_ctx=2048, flash_attn=flash_attn))
+    with Engine(EngineConfig(text_path, mmproj_path, n_ctx=2048, n_gpu_layers=0, n_batch=plan.n_ubatch,
+                             n_ubatch=plan.n_ubatch, flash_attn=flash_attn)) as engine:
+        checks = {c.component: c for c in compare(plan, engine.reported_buffers)}
+    for name in ("weights", "kv", "mmproj"):  # 1 %, or a few KiB of alignment on a 0.1 MB projector
+        check = checks[name]
+        assert abs(check.error) <= 0.01 or abs(check.estimated - check.reported) < 4096, check
+    for name in ("compute", "mmproj_compute"):
+        assert abs(checks[name].error) <= 0.10, checks[name]
+    if family == "qwen":
+        assert checks["mmproj_compute"].reported > 400 * 2**20  # the mask is real and counted
