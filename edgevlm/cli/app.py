@@ -466,14 +466,18 @@ def fetch(presets: opt.Presets = None, debug: opt.Debug = False) -> None:
 
 @app.command()
 def models() -> None:
-    """List the model presets and whether their files are here."""
+    """List the model presets: download size, whether it fits this machine, and its files."""
     from edgevlm.models.catalog import all_presets
     from edgevlm.models.fetch import preset_state
+    from edgevlm.planning.devices import detect, fits_machine
 
+    machine = detect()
+    typer.echo(f"{'preset':<22} {'download':>9}  {'on ' + machine.name[:28]:<32} {'files':<10} folder")
     for preset in all_presets().values():
         state, folder = preset_state(preset)
         size = f"~{preset.approx_bytes / 1e9:.1f} GB" if preset.approx_bytes else "local"
-        typer.echo(f"{preset.name:<22} {size:>9}  {state:<10} {folder}")
+        fits = fits_machine(preset.approx_bytes, machine)
+        typer.echo(f"{preset.name:<22} {size:>9}  {fits:<32} {state:<10} {folder}")
 
 
 @app.command(short_help="Show or clear what edgevlm keeps to go faster (image prefixes, projector rows).")

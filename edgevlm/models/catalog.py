@@ -85,6 +85,31 @@ PRESETS: dict[str, Preset] = {
         Preset("granite-vision-3.2-2b", "ibm-research/granite-vision-3.2-2b-GGUF",
                "granite-vision-3.2-2b-Q4_K_M.gguf", "mmproj-model-f16.gguf", "granite-vision",
                approx_bytes=1_550_000_000 + 893_000_000, aliases=("granite-vision",)),
+        # Families mtmd lays out (vision/native.py), from the conversions llama.cpp's own
+        # docs/multimodal.md points to (ggml-org's, and Qwen's own for Qwen3-VL): q4_k_m and the
+        # projector the repository ships. Prompted with their own chat templates; planned once
+        # downloaded. Sizes are as listed on the hub (model + projector).
+        Preset("qwen2.5-vl-3b", "ggml-org/Qwen2.5-VL-3B-Instruct-GGUF", "Qwen2.5-VL-3B-Instruct-Q4_K_M.gguf",
+               "mmproj-Qwen2.5-VL-3B-Instruct-f16.gguf", None, approx_bytes=1_930_000_000 + 1_340_000_000),
+        Preset("qwen2.5-vl-7b", "ggml-org/Qwen2.5-VL-7B-Instruct-GGUF", "Qwen2.5-VL-7B-Instruct-Q4_K_M.gguf",
+               "mmproj-Qwen2.5-VL-7B-Instruct-f16.gguf", None, approx_bytes=4_680_000_000 + 1_350_000_000,
+               aliases=("qwen2.5-vl",)),
+        Preset("qwen3-vl-4b", "Qwen/Qwen3-VL-4B-Instruct-GGUF", "Qwen3-VL-4B-Instruct-Q4_K_M.gguf",
+               "mmproj-Qwen3-VL-4B-Instruct-F16.gguf", None, approx_bytes=2_500_000_000 + 840_000_000),
+        Preset("qwen3-vl-8b", "Qwen/Qwen3-VL-8B-Instruct-GGUF", "Qwen3-VL-8B-Instruct-Q4_K_M.gguf",
+               "mmproj-Qwen3-VL-8B-Instruct-F16.gguf", None, approx_bytes=5_030_000_000 + 1_160_000_000,
+               aliases=("qwen3-vl",)),
+        Preset("gemma-3-4b", "ggml-org/gemma-3-4b-it-GGUF", "gemma-3-4b-it-Q4_K_M.gguf",
+               "mmproj-model-f16.gguf", None, approx_bytes=2_490_000_000 + 851_000_000, aliases=("gemma3",)),
+        Preset("gemma-3-12b", "ggml-org/gemma-3-12b-it-GGUF", "gemma-3-12b-it-Q4_K_M.gguf",
+               "mmproj-model-f16.gguf", None, approx_bytes=7_300_000_000 + 854_000_000),
+        Preset("smolvlm2-2.2b", "ggml-org/SmolVLM2-2.2B-Instruct-GGUF", "SmolVLM2-2.2B-Instruct-Q4_K_M.gguf",
+               "mmproj-SmolVLM2-2.2B-Instruct-Q8_0.gguf", None, approx_bytes=1_112_602_656 + 592_523_200,
+               aliases=("smolvlm2",)),
+        Preset("internvl3-2b", "ggml-org/InternVL3-2B-Instruct-GGUF", "InternVL3-2B-Instruct-Q4_K_M.gguf",
+               "mmproj-InternVL3-2B-Instruct-Q8_0.gguf", None, approx_bytes=1_116_758_816 + 337_012_000),
+        Preset("internvl3-8b", "ggml-org/InternVL3-8B-Instruct-GGUF", "InternVL3-8B-Instruct-Q4_K_M.gguf",
+               "mmproj-InternVL3-8B-Instruct-Q8_0.gguf", None, approx_bytes=4_680_000_000 + 340_000_000),
         Preset("test", None, "SmolLM2-135M-Instruct.Q4_1.gguf", "mmproj-test-336.gguf", None,
                note="SmolLM2-135M + a random projector, made by `make test-models`; "
                     "structure only, meaningless words"),

@@ -110,3 +110,20 @@ def detect(vram: tuple[int, ...] | None = None, *, workers: tuple[GpuBudget, ...
         return MachineMemory(vram_free=None, ram_free=ram, name="CPU", note=note)
     return MachineMemory(vram_free=gpus[0].free_bytes, ram_free=ram,
                          name=f"GPU {gpus[0].index}: {gpus[0].name}")
+
+
+# Beyond the files: a context's KV cache and compute buffers at n_ctx 4096, roughly.
+RUNTIME_BYTES = 1_200_000_000
+
+
+def fits_machine(download_bytes: int, machine: MachineMemory) -> str:
+    """Whether a model of this download size, plus a working context, fits the card (or, without
+    one, RAM): a first look for `edgevlm models`; `edgevlm plan` gives the exact answer."""
+    if not download_bytes:
+        return "-"
+    need = download_bytes + RUNTIME_BYTES
+    if machine.vram_free is None:
+        return "fits in RAM" if need <= machine.ram_free else "too big for RAM"
+    if need <= machine.vram_free:
+        return "fits on the GPU"
+    return "partly on the GPU" if need <= machine.vram_free + machine.ram_free else "too big"

@@ -88,3 +88,27 @@ def test_vram_cards_and_workers_are_planned_per_device() -> None:
     worker = GpuBudget("RPC0", 4 << 30, kind="rpc", description="127.0.0.1:50052")
     mixed = devices.detect((8 << 30,), workers=(worker,))
     assert [g.name for g in mixed.gpus] == ["RPC0", "CUDA0"]  # llama.cpp puts workers first
+
+
+def test_a_presets_fit_is_told_per_card_and_for_ram() -> None:
+    from edgevlm.planning.devices import RUNTIME_BYTES, fits_machine
+    from edgevlm.planning.memory import MachineMemory
+
+    gib = 1 << 30
+    download = 6 * gib - RUNTIME_BYTES  # with a working context: 6 GiB
+    assert fits_machine(download, MachineMemory(vram_free=8 * gib, ram_free=16 * gib)) == "fits on the GPU"
+    assert fits_machine(download, MachineMemory(vram_free=4 * gib, ram_free=16 * gib)) == "partly on the GPU"
+    assert fits_machine(download, MachineMemory(vram_free=2 * gib, ram_free=2 * gib)) == "too big"
+    assert fits_machine(download, MachineMemory(vram_free=None, ram_free=8 * gib)) == "fits in RAM"
+    assert fits_machine(download, MachineMemory(vram_free=None, ram_free=4 * gib)) == "too big for RAM"
+    assert fits_machine(0, MachineMemory(vram_free=None, ram_free=4 * gib)) == "-"
+
+
+def test_models_lists_every_family_with_its_size_and_fit() -> None:
+    from ..conftest import run_cli
+
+    result = run_cli("models")
+    assert result.returncode == 0, result.stderr
+    rows = {line.split()[0]: line for line in result.stdout.splitlines()[1:]}
+    for name in ("qwen2.5-vl-7b", "qwen3-vl-8b", "gemma-3-12b", "smolvlm2-2.2b", "internvl3-8b"):
+        assert "GB" in rows[name] and ("RAM" in rows[name] or "GPU" in rows[name] or "too big" in rows[name])
