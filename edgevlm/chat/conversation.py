@@ -35,6 +35,7 @@ from edgevlm.chat.stops import StopScanner
 from edgevlm.chat.swap import CAPTION_TOKENS, SummarySwap, caption_request
 from edgevlm.errors import ContextOverflowError, EmptyMessageError, Interrupted
 from edgevlm.llama.types import ImageEmbedding, RequestStats, Sampling
+from edgevlm.store.caches import CacheView, EmbeddingCache
 from edgevlm.store.prefix_cache import PrefixCache
 from edgevlm.vision.images import LoadedImage
 from edgevlm.vision.layout import ImageLayout, ImagePlan
@@ -90,7 +91,7 @@ class Conversation(ImagePrefixes, ImageBlocks, SummarySwap, HistoryReplay, KvLed
                  summary: str = "caption", keep_images: int = 0, system: str | None = None,
                  caption_tokens: int = CAPTION_TOKENS, pool: int | None = 1,
                  layout: ImageLayout | None = None,
-                 encoder: Callable[[Image.Image], ImageEmbedding] | None = None,
+                 encoder: Callable[[Image.Image], ImageEmbedding] | EmbeddingCache | CacheView | None = None,
                  prefix_cache: PrefixCache | None = None) -> None:
         if summary not in SUMMARY_MODES:
             raise ValueError(f"summary must be one of {SUMMARY_MODES}")
@@ -111,6 +112,9 @@ class Conversation(ImagePrefixes, ImageBlocks, SummarySwap, HistoryReplay, KvLed
         self.on_summary: Callable[[TurnRecord], None] | None = None  # a summary is made
         # CLIP, or a cache in front of it (cache.EmbeddingCache): views seen before skip CLIP.
         self.encode = encoder or sequence.encode_image
+        # An mtmd family's blocks go through the same cache where there is one.
+        cached = isinstance(encoder, (EmbeddingCache, CacheView))
+        self.encode_block = encoder.block if cached else sequence.encode_block  # type: ignore[union-attr]
         self.prefix_cache = prefix_cache  # image prefixes kept across conversations (None: off)
         self._prefix_tier = NO_PREFIX  # where the current turn's image block came from
         self._block_end: tuple[int, ImagePlan] | None = None  # the last image block's end, for ask_again

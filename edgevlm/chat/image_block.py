@@ -81,7 +81,7 @@ class ImageBlocks:
     def _eval_native(self, view: Image.Image, turn: int, progress: ProgressCounter) -> None:
         """mtmd's block for the view: the family's marker tokens as labels, each image chunk's
         rows (with their positions and attention) as an image segment."""
-        block = self.sequence.encode_block(view)
+        block = self.encode_block(view)
         progress.add(0)
         for piece in block.pieces:
             if isinstance(piece, ImageEmbedding):

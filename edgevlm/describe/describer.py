@@ -17,14 +17,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from PIL import Image
-
 from edgevlm.chat.conversation import DEFAULT_QUESTION, Conversation
 from edgevlm.chat.prompts import PromptFormat
 from edgevlm.chat.records import PrefillProgress, PreparedImage, TurnStats, to_plain
 from edgevlm.chat.structured import TEXT, OutputFormat
 from edgevlm.errors import ImageError, Interrupted
-from edgevlm.llama.types import ImageEmbedding, Sampling
+from edgevlm.llama.types import Sampling
+from edgevlm.store.caches import CacheView, EmbeddingCache
 from edgevlm.store.prefix_cache import PrefixCache
 from edgevlm.vision.images import LoadedImage, load_image
 from edgevlm.vision.layout import ImageLayout
@@ -143,7 +142,7 @@ class Describer:
     def __init__(self, engine: EngineSequence, fmt: PromptFormat, *, tile_size: int, max_tokens: int = 512,
                  sampling: Sampling | None = None, max_tiles: int | None = None,
                  n_gpu_layers: int = 0, pool: int | None = 1, layout: ImageLayout | None = None,
-                 encoder: Callable[[Image.Image], ImageEmbedding] | None = None,
+                 encoder: EmbeddingCache | CacheView | None = None,
                  output: OutputFormat = TEXT, prefix_cache: PrefixCache | None = None) -> None:
         self.engine = engine
         self.output = output
@@ -184,7 +183,7 @@ class Describer:
 
     @classmethod
     def _on(cls, loaded: Loaded, sequence: EngineSequence,
-            encoder: Callable[[Image.Image], ImageEmbedding] | None, *, max_tokens: int,
+            encoder: EmbeddingCache | CacheView | None, *, max_tokens: int,
             sampling: Sampling | None, max_tiles: int | None, pool: int | None,
             output: OutputFormat, prefix_cache: PrefixCache | None) -> Describer:
         return cls(sequence, loaded.prompt_format, tile_size=loaded.projector_facts.image_size,

@@ -32,7 +32,7 @@ from edgevlm.planning import devices
 from edgevlm.planning.memory import KV_TYPES, Check, MachineMemory, Plan, Settings, choose, compare
 from edgevlm.planning.split import GpuBudget
 from edgevlm.rpc import endpoints as rpc
-from edgevlm.store.caches import EmbeddingCache, Encode, for_files, pair_identity
+from edgevlm.store.caches import CacheView, EmbeddingCache, for_files, pair_identity
 from edgevlm.store.prefix_cache import PrefixCache
 from edgevlm.vision.layout import ImageLayout
 from edgevlm.vision.llava15 import LabelledTiles
@@ -95,15 +95,17 @@ class Loaded:
 
     def image_cache(self) -> EmbeddingCache:
         """Projector rows kept for this model/projector pair (RAM and the user's cache folder)."""
-        return for_files(self.engine.sequence().encode_image, self.choice.model_path, self.choice.mmproj_path)
+        first = self.engine.sequence()
+        return for_files(first.encode_image, self.choice.model_path, self.choice.mmproj_path,
+                         encode_block=first.encode_block)
 
-    def encoders(self, *, cache: bool) -> list[Encode | None]:
+    def encoders(self, *, cache: bool) -> list[EmbeddingCache | CacheView | None]:
         """One image encoder per sequence (None: CLIP directly): a single shared cache in front
-        of each sequence's own encoder, so every sequence times its own CLIP work."""
+        of each sequence's own encoders, so every sequence times its own CLIP work."""
         if not cache:
             return [None] * len(self.engine.sequences())
         shared = self.image_cache()
-        return [shared if seq.seq_id == 0 else shared.using(seq.encode_image)
+        return [shared if seq.seq_id == 0 else shared.using(seq.encode_image, seq.encode_block)
                 for seq in self.engine.sequences()]
 
     def prefix_cache(self) -> PrefixCache:

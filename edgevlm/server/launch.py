@@ -18,7 +18,7 @@ from edgevlm.network import check_port, is_loopback
 from edgevlm.server.app import create_app, run
 from edgevlm.server.scheduler import Scheduler
 from edgevlm.server.turns import ModelInfo, ServerState
-from edgevlm.store.caches import Encode, SummaryStore
+from edgevlm.store.caches import CacheView, EmbeddingCache, SummaryStore
 from edgevlm.store.prefix_cache import PrefixCache
 
 if TYPE_CHECKING:  # a type only: importing it would load libllama
@@ -72,7 +72,7 @@ def build_state(loaded: Loaded, settings: ServeSettings) -> ServerState:
 
 
 def _conversation(loaded: Loaded, sequence: EngineSequence, settings: ServeSettings,
-                  encoder: Encode | None, prefixes: PrefixCache | None) -> Conversation:
+                  encoder: EmbeddingCache | CacheView | None, prefixes: PrefixCache | None) -> Conversation:
     """One slot's conversation, on its own sequence."""
     return Conversation(
         sequence, loaded.prompt_format, tile_size=loaded.projector_facts.image_size,

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from edgevlm.llama.types import ImageEmbedding
+from edgevlm.llama.types import ImageBlock, ImageEmbedding
 from edgevlm.paths import cache_dir
 from edgevlm.store.files import CappedFolder, write_atomically
 from edgevlm.store.lru import BytesLru
@@ -28,9 +28,11 @@ log = logging.getLogger("edgevlm")
 RAM_BYTES = 1 << 30  # 1 GiB of projector rows: ~100 LLaVA-1.5-7B views, thousands for small models
 DISK_BYTES = 4 << 30
 ENTRIES = "*/*.npy"  # one file per view, in folders by the key's first two hex digits
+BLOCK_ENTRIES = "*/*.npz"  # an mtmd family's whole block for a view (markers, rows, positions)
 SUMMARY_ENTRIES = "*/*.txt"  # one file per image, in a folder per model
 
 Encode = Callable[[Image.Image], ImageEmbedding]
+EncodeBlock = Callable[[Image.Image], ImageBlock]
 
 
 def file_identity(path: Path | None) -> str:
@@ -54,21 +56,30 @@ class EmbeddingCache:
     """Projector rows per view: RAM first, then disk, then CLIP (whose rows are kept)."""
 
     def __init__(self, encode: Encode, identity: str, *, folder: Path | None = None,
-                 ram_bytes: int = RAM_BYTES, disk_bytes: int = DISK_BYTES) -> None:
-        self._encode, self._identity = encode, identity
+                 ram_bytes: int = RAM_BYTES, disk_bytes: int = DISK_BYTES,
+                 encode_block: EncodeBlock | None = None) -> None:
+        self._encode, self._encode_block, self._identity = encode, encode_block, identity
         self._folder = folder if folder is not None else cache_dir() / "embeddings"
         self._disk_cap = disk_bytes
         self._ram: BytesLru[ImageEmbedding] = BytesLru(ram_bytes, lambda e: e.rows.nbytes)
+        self._blocks: BytesLru[ImageBlock] = BytesLru(ram_bytes, _block_bytes)
         self.hits = self.misses = 0
         self._disk = CappedFolder(self._folder, disk_bytes, ENTRIES)
+        self._block_disk = CappedFolder(self._folder, disk_bytes, BLOCK_ENTRIES)
 
     def __call__(self, view: Image.Image) -> ImageEmbedding:
         """The view's projector rows, from the cache when it has them."""
         return self._lookup(view, self._encode)
 
-    def using(self, encode: Encode) -> Encode:
-        """This cache in front of another encoder (a parallel sequence's, which times its own CLIP)."""
-        return lambda view: self._lookup(view, encode)
+    def block(self, view: Image.Image) -> ImageBlock:
+        """An mtmd family's block for the view (see Projector.encode_block), from the cache when it has it."""
+        if self._encode_block is None:
+            raise ValueError("this cache was made without a block encoder")
+        return self._lookup_block(view, self._encode_block)
+
+    def using(self, encode: Encode, encode_block: EncodeBlock | None = None) -> CacheView:
+        """This cache in front of another sequence's encoders (each times its own CLIP work)."""
+        return CacheView(self, encode, encode_block or self._encode_block)
 
     def _lookup(self, view: Image.Image, encode: Encode) -> ImageEmbedding:
         pixels = np.ascontiguousarray(np.asarray(view, dtype=np.uint8))
@@ -82,6 +93,33 @@ class EmbeddingCache:
         self._ram.put(key, embedding)
         self._save(key, embedding)
         return embedding
+
+    def _lookup_block(self, view: Image.Image, encode: EncodeBlock) -> ImageBlock:
+        pixels = np.ascontiguousarray(np.asarray(view, dtype=np.uint8))
+        key = "b" + self._key(pixels)[1:]  # apart from the same view's rows
+        found = self._blocks.get(key) or self._block_from_disk(key)
+        if found is not None:
+            self.hits += 1
+            return found
+        self.misses += 1
+        block = encode(view)
+        self._blocks.put(key, block)
+        if self._disk_cap > 0:
+            self._block_disk.write(self._path(key).with_suffix(".npz"), block_to_bytes(block))
+        return block
+
+    def _block_from_disk(self, key: str) -> ImageBlock | None:
+        path = self._path(key).with_suffix(".npz")
+        if not path.exists():
+            return None
+        try:
+            block = block_from_bytes(path.read_bytes())
+        except (OSError, ValueError, KeyError, EOFError) as exc:
+            log.debug("ignoring a corrupt cache entry %s (%s)", path, exc)
+            path.unlink(missing_ok=True)
+            return None
+        self._blocks.put(key, block)
+        return block
 
     def stats(self) -> CacheStats:
         """Hits, misses and the RAM in use."""
@@ -118,6 +156,62 @@ class EmbeddingCache:
         rows = io.BytesIO()
         np.save(rows, np.ascontiguousarray(embedding.rows, dtype=np.float32))
         self._disk.write(self._path(key), rows.getvalue())
+
+
+@dataclass(frozen=True, eq=False)
+class CacheView:
+    """An EmbeddingCache in front of one sequence's own encoders."""
+
+    cache: EmbeddingCache
+    encode: Encode
+    encode_block: EncodeBlock | None
+
+    def __call__(self, view: Image.Image) -> ImageEmbedding:
+        """The view's projector rows, through the shared cache."""
+        return self.cache._lookup(view, self.encode)
+
+    def block(self, view: Image.Image) -> ImageBlock:
+        """The view's mtmd block, through the shared cache."""
+        if self.encode_block is None:
+            raise ValueError("this cache view has no block encoder")
+        return self.cache._lookup_block(view, self.encode_block)
+
+
+def _block_bytes(block: ImageBlock) -> int:
+    return sum(p.rows.nbytes for p in block.pieces if isinstance(p, ImageEmbedding))
+
+
+def block_to_bytes(block: ImageBlock) -> bytes:
+    """A block as one .npz: per piece its tokens, or its rows with positions, n_pos and attention."""
+    arrays: dict[str, np.ndarray] = {}
+    meta = []
+    for i, piece in enumerate(block.pieces):
+        if isinstance(piece, ImageEmbedding):
+            arrays[f"r{i}"] = np.ascontiguousarray(piece.rows, dtype=np.float32)
+            if piece.positions is not None:
+                arrays[f"p{i}"] = piece.positions.astype(np.int32)
+            meta.append((1, -1 if piece.n_pos is None else piece.n_pos, int(piece.non_causal)))
+        else:
+            arrays[f"t{i}"] = np.asarray(piece, dtype=np.int32)
+            meta.append((0, -1, 0))
+    arrays["meta"] = np.asarray(meta, dtype=np.int64).reshape(-1, 3)
+    out = io.BytesIO()
+    np.savez(out, **arrays)
+    return out.getvalue()
+
+
+def block_from_bytes(data: bytes) -> ImageBlock:
+    """block_to_bytes's inverse; ValueError or KeyError for anything malformed."""
+    with np.load(io.BytesIO(data), allow_pickle=False) as found:
+        pieces: list[tuple[int, ...] | ImageEmbedding] = []
+        for i, (kind, n_pos, both_ways) in enumerate(found["meta"].tolist()):
+            if not kind:
+                pieces.append(tuple(int(t) for t in found[f"t{i}"]))
+                continue
+            positions = found[f"p{i}"] if f"p{i}" in found.files else None
+            pieces.append(ImageEmbedding(found[f"r{i}"], positions=positions,
+                                         n_pos=None if n_pos < 0 else n_pos, non_causal=bool(both_ways)))
+    return ImageBlock(tuple(pieces))
 
 
 class SummaryStore:
@@ -159,6 +253,7 @@ def pair_identity(model_path: Path, mmproj_path: Path | None) -> str:
     return f"{file_identity(model_path)}|{file_identity(mmproj_path)}"
 
 
-def for_files(encode: Encode, model_path: Path, mmproj_path: Path | None) -> EmbeddingCache:
+def for_files(encode: Encode, model_path: Path, mmproj_path: Path | None, *,
+              encode_block: EncodeBlock | None = None) -> EmbeddingCache:
     """The cache for one model/projector pair, in the user's cache directory."""
-    return EmbeddingCache(encode, pair_identity(model_path, mmproj_path))
+    return EmbeddingCache(encode, pair_identity(model_path, mmproj_path), encode_block=encode_block)

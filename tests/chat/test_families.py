@@ -209,3 +209,30 @@ def test_every_family_chats_over_eight_images_with_the_swap(family_engine: tuple
     chat.summarise_pending()
     chat.check()
     assert "image" not in [s.kind for s in chat.segments]
+
+
+def test_an_mtmd_block_seen_before_skips_the_encoder_from_ram_and_disk(
+        qwen_engine: Engine, test_models: dict[str, Path], tmp_path: Path) -> None:
+    """The projector-row cache keeps an mtmd family's whole block (markers, rows, M-RoPE positions):
+    the same photo again runs no encoder, and the answer is the same, from RAM and from disk."""
+    from edgevlm.store.caches import EmbeddingCache
+
+    sequence = qwen_engine.sequence()
+
+    def chat_with(cache: EmbeddingCache) -> Conversation:
+        return _chat(qwen_engine, test_models, summary="none", encoder=cache)
+
+    cache = EmbeddingCache(sequence.encode_image, "qwen-pair", folder=tmp_path,
+                           encode_block=sequence.encode_block)
+    chat = chat_with(cache)
+    first, stats = chat.ask("What is it?", image=_image(7, (448, 336)))
+    chat.rewind()
+    again, cached = chat.ask("What is it?", image=_image(7, (448, 336)))
+    assert stats.clip_encodes == 1 and cached.clip_encodes == 0 and cache.stats().hits == 1
+    assert again == first and cached.visual_tokens == stats.visual_tokens == 192
+    reopened = EmbeddingCache(sequence.encode_image, "qwen-pair", folder=tmp_path,
+                              encode_block=sequence.encode_block)  # a new process: empty RAM
+    chat = chat_with(reopened)
+    from_disk, restored = chat.ask("What is it?", image=_image(7, (448, 336)))
+    chat.check()
+    assert restored.clip_encodes == 0 and reopened.stats().hits == 1 and from_disk == first
