@@ -129,6 +129,11 @@ class BenchReport:
             out["preprocess_share_of_ttft"] = full.preprocess_s / full.ttft_s
         if glob and self.peer and self.peer.ttft_s:
             out["global_ttft_vs_mtmd_cli"] = glob.ttft_s / self.peer.ttft_s
+        native = self.run("mtmd layout")
+        if native and self.peer and self.peer.ttft_s:
+            out["mtmd_layout_ttft_vs_mtmd_cli"] = native.ttft_s / self.peer.ttft_s
+            if self.peer.decode_tok_s:
+                out["mtmd_layout_decode_vs_mtmd_cli"] = native.decode_tok_s / self.peer.decode_tok_s
         return out
 
     def verdicts(self) -> tuple[Verdict, ...]:
@@ -166,6 +171,8 @@ TARGETS = (
     ("preprocess_share_of_ttft", "preprocessing share of TTFT (tiles, pool 1)",
      TARGET_PREPROCESS_SHARE, "%"),
     ("global_ttft_vs_mtmd_cli", "global-view TTFT vs llama-mtmd-cli", 1 + TARGET_PEER_OVERHEAD, "x"),
+    ("mtmd_layout_ttft_vs_mtmd_cli", "an mtmd family's TTFT vs llama-mtmd-cli (same image budget)",
+     1 + TARGET_PEER_OVERHEAD, "x"),
 )
 
 
@@ -196,13 +203,19 @@ def run_bench(loaded: Loaded, image_path: Path, *, turns: int = 4, max_tokens: i
     run a short chat, and the peer if given."""
     step = on_step or (lambda _label: None)
     engine = loaded.engine
-    d = Describer.for_model(loaded, max_tokens=max_tokens, sampling=Sampling(temperature=0.0), max_tiles=0)
+    native = loaded.layout.native  # an mtmd family: one layout, mtmd's own, no tiles to compare
+    d = Describer.for_model(loaded, max_tokens=max_tokens, sampling=Sampling(temperature=0.0),
+                            max_tiles=None if native else 0)
     step("warm-up")
     size = _describe_repeatedly(d, image_path, 1)[0].result.image_size  # upright, as shown
-    runs = _describe_runs(d, image_path, repeats, step)
+    runs = ([_native_run(d, image_path, repeats, step)] if native
+            else _describe_runs(d, image_path, repeats, step))
     step("chat")
     chat = _chat_scenario(loaded, image_path, turns=turns, max_tokens=max_tokens)
-    peer_run, peer_error = _peer(peer, loaded, image_path, max_tokens=max_tokens, repeats=repeats, step=step)
+    # The peer gets the same image budget where mtmd's own default would give it more tokens.
+    cap = runs[0].visual_tokens if native else None
+    peer_run, peer_error = _peer(peer, loaded, image_path, max_tokens=max_tokens, repeats=repeats, step=step,
+                                 image_max_tokens=cap)
     cfg = engine.config
     return BenchReport(
         model=str(loaded.choice.model_path), mmproj=str(loaded.choice.mmproj_path),
@@ -243,13 +256,19 @@ def _describe_runs(d: Describer, image_path: Path, repeats: int,
     return runs
 
 
+def _native_run(d: Describer, image_path: Path, repeats: int, step: Callable[[str], None]) -> DescribeRun:
+    step("mtmd layout")
+    return _median_run("mtmd layout", [e.result for e in _describe_repeatedly(d, image_path, repeats)])
+
+
 def _peer(peer: Path | None, loaded: Loaded, image_path: Path, *, max_tokens: int, repeats: int,
-          step: Callable[[str], None]) -> tuple[PeerRun | None, str]:
+          step: Callable[[str], None], image_max_tokens: int | None = None) -> tuple[PeerRun | None, str]:
     if peer is None:
         return None, ""
     step("llama-mtmd-cli")
     try:
-        return run_peer(peer, loaded, image_path, max_tokens=max_tokens, repeats=repeats), ""
+        return run_peer(peer, loaded, image_path, max_tokens=max_tokens, repeats=repeats,
+                        image_max_tokens=image_max_tokens), ""
     except (OSError, ValueError, subprocess.SubprocessError) as exc:
         return None, one_line(exc)
 
@@ -305,7 +324,7 @@ _STAMP_RE = re.compile(r"^(\d+)\.(\d{2})\.(\d{3})\.(\d{3}) ", re.MULTILINE)
 
 
 def run_peer(binary: Path, loaded: Loaded, image_path: Path, *, max_tokens: int,
-             repeats: int = 1) -> PeerRun:
+             repeats: int = 1, image_max_tokens: int | None = None) -> PeerRun:
     """Run llama-mtmd-cli as a user would (same model, image, threads, context) and read its timings."""
     engine = loaded.engine
     command = [str(binary), "-m", str(loaded.choice.model_path), "--mmproj", str(loaded.choice.mmproj_path),
@@ -313,6 +332,8 @@ def run_peer(binary: Path, loaded: Loaded, image_path: Path, *, max_tokens: int,
                "-t", str(engine.n_threads), "-c", str(engine.n_ctx), "-ngl", str(loaded.n_gpu_layers),
                "-ub", str(min(engine.config.n_ubatch, engine.config.n_batch)),
                "-fa", "on" if engine.config.flash_attn else "off", "-lv", "4"]  # 4: its timings
+    if image_max_tokens:
+        command += ["--image-max-tokens", str(image_max_tokens)]
     samples = []
     for _ in range(repeats + 1):
         done = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=False)

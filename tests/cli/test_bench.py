@@ -89,3 +89,24 @@ def test_bench_refuses_a_missing_peer_and_a_bad_image(test_models: dict[str, Pat
     for result, message in ((missing, "make peers"), (bad, "broken.jpg: not an image")):
         assert result.returncode == 2 and message in result.stderr
         assert "Traceback" not in result.stderr
+
+
+def test_bench_measures_an_mtmd_family_once_and_caps_the_peer_alike(test_models: dict[str, Path],
+                                                                     tmp_path: Path) -> None:
+    """The Qwen test pair: one run in mtmd's layout (no tiles to compare), and llama-mtmd-cli given
+    the same image budget (a stand-in peer records its arguments and prints a real log's lines)."""
+    args = tmp_path / "args.txt"
+    peer = tmp_path / "llama-mtmd-cli"
+    peer.write_text(f"#!/bin/sh\necho \"$@\" > {args}\n"
+                    "echo 'prompt eval time =     100.00 ms /   120 tokens'\n"
+                    "echo '       eval time =      50.00 ms /     5 runs'\n")
+    peer.chmod(0o755)
+    pair = ["--model", str(test_models["qwen_text"]), "--mmproj", str(test_models["qwen_mmproj"])]
+    result = run_cli("bench", *pair, "--n-ctx", "2048", "--max-tokens", "6", "--turns", "2", "--json",
+                     "--peer", str(peer))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    [run] = report["runs"]
+    assert run["label"] == "mtmd layout" and run["visual_tokens"] > 0 and run["n_tiles"] == 0
+    assert f"--image-max-tokens {run['visual_tokens']}" in args.read_text()
+    assert {"mtmd_layout_ttft_vs_mtmd_cli", "mtmd_layout_decode_vs_mtmd_cli"} <= set(report["ratios"])
