@@ -466,7 +466,7 @@ def fetch(presets: opt.Presets = None, debug: opt.Debug = False) -> None:
 
 @app.command()
 def models() -> None:
-    """List the model presets: download size, whether it fits this machine, and its files."""
+    """List the presets: size, fit on this machine, files."""
     from edgevlm.models.catalog import all_presets
     from edgevlm.models.fetch import preset_state
     from edgevlm.planning.devices import detect, fits_machine
