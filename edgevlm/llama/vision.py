@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
+import llama_cpp
 import numpy as np
 from llama_cpp import mtmd_cpp
 from PIL import Image
@@ -18,6 +20,35 @@ from edgevlm.llama.meter import RequestMeter
 from edgevlm.llama.types import ImageBlock, ImageEmbedding
 
 T = TypeVar("T")
+BlockCount = Callable[[tuple[int, int]], tuple[int, int]]  # (w, h) -> (block tokens, visual tokens)
+
+
+@contextlib.contextmanager
+def block_counter(model_path: str, mmproj_path: str) -> Iterator[BlockCount]:
+    """mtmd's own count of an image's block by size, with no weights loaded: the text model's
+    vocabulary only (for the family's marker tokens) and the projector's preprocessing. For plans
+    made before a model loads; (block tokens, visual tokens) per (width, height)."""
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    model = llama_cpp.llama_model_load_from_file(model_path.encode(), params)
+    if not model:
+        raise ModelError(f"{model_path}: llama.cpp could not read its vocabulary ({NATIVE_LOG.error_hint()})")
+    options = mtmd_cpp.mtmd_context_params_default()
+    options.use_gpu, options.print_timings, options.warmup = False, False, False
+    try:
+        projector = Projector(mmproj_path, model, options, llama_cpp.llama_model_n_embd_inp(model))
+    except BaseException:
+        llama_cpp.llama_model_free(model)
+        raise
+
+    def count(size: tuple[int, int]) -> tuple[int, int]:
+        block = projector.count_block(Image.new("RGB", size))
+        return block.n_tokens, block.visual_tokens
+    try:
+        yield count
+    finally:
+        projector.close()
+        llama_cpp.llama_model_free(model)
 
 
 class Projector:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
 from PIL import Image
@@ -172,8 +173,21 @@ def make_plan(flags: ModelFlags, text: TextModelFacts, projector: ProjectorFacts
                         flash_attn=flags.flash_attn, answer_tokens=flags.answer_tokens, costs=costs,
                         n_seq=flags.parallel, tensor_split=where.tensor_split,
                         mmproj_device=where.mmproj_device)
-    plan = choose(text, projector, device, settings)
+    with _mtmd_blocks(text, projector) as blocks:
+        plan = choose(text, projector, device, replace(settings, blocks=blocks))
     return replace(plan, notes=notes + plan.notes) if notes else plan
+
+
+@contextlib.contextmanager
+def _mtmd_blocks(text: TextModelFacts, projector: ProjectorFacts) -> Iterator[BlockCounter | None]:
+    """mtmd's own block counter for an mtmd family whose files are here (None otherwise)."""
+    if projector.projector_type in LLAVA_PROJECTORS or not (text.path.exists() and projector.path.exists()):
+        yield None
+        return
+    from edgevlm.llama.vision import block_counter
+
+    with block_counter(str(text.path), str(projector.path)) as count:
+        yield functools.lru_cache(maxsize=256)(count)
 
 
 def _devices(flags: ModelFlags) -> tuple[MachineMemory, tuple[str, ...]]:

@@ -25,7 +25,7 @@ from edgevlm.planning.split import DeviceShare, GpuBudget, LayerCosts, place
 from edgevlm.store.prefix_cache import RAM_BYTES as PREFIX_RAM_BYTES
 from edgevlm.vision.layout import ViewBudget
 from edgevlm.vision.llava_next import fit_next_grid, next_grid
-from edgevlm.vision.native import QWEN_VL_PROJECTORS, NativeLayout
+from edgevlm.vision.native import QWEN_VL_PROJECTORS, BlockCounter, NativeLayout
 from edgevlm.vision.registry import predicted_counter
 from edgevlm.vision.tiling import TurnCosts, pooled_tokens
 
@@ -70,6 +70,7 @@ class Settings:
     n_seq: int | None = 1  # parallel sequences, n_ctx each; None: choose (see choose_parallel)
     tensor_split: tuple[float, ...] | None = None  # several devices: None splits by room
     mmproj_device: str | None = None  # several devices: None puts it where most room is left
+    blocks: BlockCounter | None = None  # an mtmd family's image blocks as mtmd counts them
 
 
 @dataclass(frozen=True)
@@ -385,10 +386,11 @@ class TileCounts:
     photo_shown: tuple[int, int] = (0, 0)
 
 
-def tiles_at(costs: TurnCosts, projector: ProjectorFacts, n_ctx: int, answer_tokens: int) -> TileCounts:
+def tiles_at(costs: TurnCosts, projector: ProjectorFacts, n_ctx: int, answer_tokens: int, *,
+             blocks: BlockCounter | None = None) -> TileCounts:
     """The tiles describe's own arithmetic gives at this context (full and pooled, and EXAMPLE_PHOTO)."""
     if projector.projector_type not in LLAVA_PROJECTORS:
-        return _native_at(costs.room(n_ctx, answer_tokens), projector)
+        return _native_at(costs.room(n_ctx, answer_tokens), projector, blocks)
     if projector.layout == LLAVA_NEXT:
         return _next_tiles_at(costs.room(n_ctx, answer_tokens), projector)
     photo = costs.plan(*EXAMPLE_PHOTO, n_ctx=n_ctx, answer_tokens=answer_tokens,
@@ -400,9 +402,10 @@ def tiles_at(costs: TurnCosts, projector: ProjectorFacts, n_ctx: int, answer_tok
                       photo_tokens=costs.whole_image_tokens + costs.view_tokens + tiles)
 
 
-def _native_at(room: int, projector: ProjectorFacts) -> TileCounts:
-    """An mtmd family: the 4K photo at the largest size whose block fits, counted by the family's rule."""
-    layout = NativeLayout(projector.projector_type, predicted_counter(projector))
+def _native_at(room: int, projector: ProjectorFacts, blocks: BlockCounter | None) -> TileCounts:
+    """An mtmd family: the 4K photo at the largest size whose block fits, counted by the family's
+    rule, or by mtmd itself where the files are here (`blocks`)."""
+    layout = NativeLayout(projector.projector_type, predicted_counter(projector, blocks))
     try:
         photo = layout.plan(EXAMPLE_PHOTO, ViewBudget(room=room, tile_size=projector.image_size,
                                                       view_tokens=projector.tokens_per_image))
@@ -508,7 +511,7 @@ class _Planner:
                              type_v=kv, flash_attn=fa, mmproj_on_gpu=clip_on_gpu, n_ubatch=self.n_ubatch,
                              on_gpu=gpu, overhead_bytes=s.overhead_bytes, margin_bytes=s.margin_bytes,
                              n_seq=self.n_seq)
-        tiles = tiles_at(self.costs, self.projector, n_ctx, s.answer_tokens)
+        tiles = tiles_at(self.costs, self.projector, n_ctx, s.answer_tokens, blocks=s.blocks)
         split = self.split(n_ctx, layers, kv, fa) if gpu and self.device.is_split else None
         return Plan(
             device=("split" if split else "cuda") if gpu else "cpu", n_gpu_layers=layers if on_gpu else 0,
