@@ -38,7 +38,8 @@ TEST_MODELS := models/test/SmolLM2-135M-Instruct.Q4_1.gguf models/test/mmproj-te
   models/test/mmproj-test-112.gguf models/test/mmproj-test-next-112.gguf \
   models/test/qwen2vl-test.gguf models/test/mmproj-qwen2.5vl-test.gguf \
   models/test/gemma3-test.gguf models/test/mmproj-gemma3-test.gguf \
-  models/test/smolvlm-test.gguf models/test/mmproj-idefics3-test.gguf
+  models/test/smolvlm-test.gguf models/test/mmproj-idefics3-test.gguf \
+  models/test/lfm2-test.gguf models/test/mmproj-lfm2-test.gguf
 PYTEST_ARGS ?=
 
 .PHONY: help setup models demo test test-fast test-models lint bench peers rpc-server clean

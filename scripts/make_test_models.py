@@ -10,7 +10,9 @@
 - a random-weight Gemma 3 pair: a `gemma3` text model (sliding-window attention, 8 MB) and a
   `gemma3` projector (16 tokens per image, attended non-causally);
 - a random-weight SmolVLM2 pair: a `llama` text model (8 MB) with SmolVLM's markers and an
-  `idefics3` projector (images split into labelled tiles and an overview).
+  `idefics3` projector (images split into labelled tiles and an overview);
+- a random-weight LFM2-VL pair: an `lfm2` text model (hybrid memory: short-convolution layers with
+  a recurrent state between attention layers, 8 MB) and an `lfm2` projector.
 """
 
 from __future__ import annotations
@@ -313,8 +315,9 @@ def _vocab(source: Path) -> tuple[list[str], list[int], list[str], dict[str, int
 
 
 def _text_header(writer: object, name: str, vocab: tuple[list[str], list[int], list[str], dict[str, int]],
-                 template: str, *, n_embd: int, n_layer: int, n_ff: int, n_head: int, n_head_kv: int,
-                 add_bos: bool, rope_sections: int = 0, head_dim: int = 0, sliding_window: int = 0) -> None:
+                 template: str, *, n_embd: int, n_layer: int, n_ff: int, n_head: int,
+                 n_head_kv: int | list[int], add_bos: bool, rope_sections: int = 0, head_dim: int = 0,
+                 sliding_window: int = 0) -> None:
     """A random text model's header: sizes, RoPE (M-RoPE sections over rope_sections dims where
     given), an optional sliding window, and SmolLM2's BPE vocabulary with the family's tokens."""
     w: Any = writer
@@ -632,6 +635,93 @@ def write_idefics3_projector(path: Path, *, text_width: int = 64, width: int = 3
     writer.add_tensor("mm.model.fc.weight", projection.astype(np.float16))
     return _finish(writer, tmp, path)
 
+# LFM2's chat template in shape (ChatML), and its image markers.
+LFM2_TOKENS = ("<|image_start|>", "<|image_end|>", "<|img_thumbnail|>",
+               *(f"<|img_row_{r}_col_{c}|>" for r in range(1, 5) for c in range(1, 5)))
+LFM2_TEMPLATE = (
+    "{{ bos_token }}{%- for message in messages -%}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{%- if message['content'] is string -%}{{ message['content'] }}{%- else -%}"
+    "{%- for part in message['content'] -%}{%- if part['type'] == 'image' -%}{{ '<image>' }}"
+    "{%- elif part['type'] == 'text' -%}{{ part['text'] }}{%- endif -%}{%- endfor -%}{%- endif -%}"
+    "{{ '<|im_end|>\\n' }}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}")
+
+
+def write_lfm2_text(path: Path, vocab_source: Path, *, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2,
+                    n_ff: int = 128, kinds: str = "CACA", l_cache: int = 3, seed: int = 7) -> Path:
+    """A random-weight `lfm2` text model: hybrid memory, short-convolution layers (C, a recurrent
+    state) between attention layers (A), on SmolLM2's vocabulary with LFM2-VL's markers."""
+    import gguf
+
+    if _is_current(path):
+        return path
+    tokens, types, merges, ids = _vocab(vocab_source)
+    vocab = (tokens + list(LFM2_TOKENS), types + [3] * len(LFM2_TOKENS), merges, ids)
+    rng = np.random.default_rng(seed)
+    head_dim = n_embd // n_head
+
+    def mat(rows: int, cols: int) -> np.ndarray:
+        return (rng.standard_normal((rows, cols)) * 0.05).astype(np.float16)
+
+    def ones(n: int) -> np.ndarray:
+        return np.ones(n, dtype=np.float32)
+
+    tmp = path.with_suffix(".part")
+    writer = gguf.GGUFWriter(str(tmp), "lfm2")
+    # Per layer: KV heads on attention layers, none on the convolution layers (llama.cpp's test).
+    _text_header(writer, "edgevlm-test-lfm2", vocab, LFM2_TEMPLATE, n_embd=n_embd, n_layer=len(kinds),
+                 n_ff=n_ff, n_head=n_head, n_head_kv=[n_head_kv if k == "A" else 0 for k in kinds],
+                 add_bos=True)
+    writer.add_uint32("lfm2.shortconv.l_cache", l_cache)
+    writer.add_tensor("token_embd.weight", mat(len(vocab[0]), n_embd))
+    writer.add_tensor("token_embd_norm.weight", ones(n_embd))
+    kv = n_head_kv * head_dim
+    for i, kind in enumerate(kinds):
+        p = f"blk.{i}"
+        writer.add_tensor(f"{p}.attn_norm.weight", ones(n_embd))
+        writer.add_tensor(f"{p}.ffn_norm.weight", ones(n_embd))
+        for name, shape in (("ffn_gate", (n_ff, n_embd)), ("ffn_up", (n_ff, n_embd)),
+                            ("ffn_down", (n_embd, n_ff))):
+            writer.add_tensor(f"{p}.{name}.weight", mat(*shape))
+        if kind == "A":
+            for name, shape in (("attn_q", (n_embd, n_embd)), ("attn_k", (kv, n_embd)),
+                                ("attn_v", (kv, n_embd)), ("attn_output", (n_embd, n_embd))):
+                writer.add_tensor(f"{p}.{name}.weight", mat(*shape))
+            writer.add_tensor(f"{p}.attn_q_norm.weight", ones(head_dim))
+            writer.add_tensor(f"{p}.attn_k_norm.weight", ones(head_dim))
+        else:
+            kernel = rng.standard_normal((n_embd, l_cache)) * 0.2
+            writer.add_tensor(f"{p}.shortconv.conv.weight", kernel.astype(np.float32))
+            writer.add_tensor(f"{p}.shortconv.in_proj.weight", mat(3 * n_embd, n_embd))
+            writer.add_tensor(f"{p}.shortconv.out_proj.weight", mat(n_embd, n_embd))
+    return _finish(writer, tmp, path)
+
+
+def write_lfm2_projector(path: Path, *, text_width: int = 64, width: int = 32, blocks: int = 2,
+                         heads: int = 2, ff: int = 64, image_size: int = 224, patch: int = 14, merge: int = 2,
+                         hidden: int = 64, seed: int = 8) -> Path:
+    """A random-weight LFM2-VL vision tower and projector (`lfm2`): SigLIP-style, patches shuffled
+    2x2, a two-layer GELU projection; mtmd sizes an image to 64-256 tokens."""
+    import gguf
+
+    if _is_current(path):
+        return path
+    rng = np.random.default_rng(seed)
+    tmp = path.with_suffix(".part")
+    writer = gguf.GGUFWriter(str(tmp), "clip")
+    _clip_header(writer, "edgevlm-test-lfm2-mmproj", "lfm2", {"use_gelu": True}, eps=1e-6,
+                 image_size=image_size, patch_size=patch, embedding_length=width,
+                 feed_forward_length=ff, projection_dim=text_width, head_count=heads, block_count=blocks)
+    writer.add_uint32("clip.vision.projector.scale_factor", merge)
+    _siglip_tower(writer, rng, width=width, blocks=blocks, ff=ff, image_size=image_size, patch=patch)
+    merged = width * merge * merge
+    writer.add_tensor("mm.1.weight", (rng.standard_normal((hidden, merged)) * 0.1).astype(np.float16))
+    writer.add_tensor("mm.1.bias", np.zeros(hidden, np.float32))
+    writer.add_tensor("mm.2.weight", (rng.standard_normal((text_width, hidden)) * 0.1).astype(np.float16))
+    writer.add_tensor("mm.2.bias", np.zeros(text_width, np.float32))
+    return _finish(writer, tmp, path)
+
 
 def _is_current(path: Path) -> bool:
     if not path.exists():
@@ -661,6 +751,8 @@ def main() -> None:
         write_gemma3_projector(args.out_dir / "mmproj-gemma3-test.gguf"),
         write_smolvlm_text(args.out_dir / "smolvlm-test.gguf", args.out_dir / TEXT_MODEL_NAME),
         write_idefics3_projector(args.out_dir / "mmproj-idefics3-test.gguf"),
+        write_lfm2_text(args.out_dir / "lfm2-test.gguf", args.out_dir / TEXT_MODEL_NAME),
+        write_lfm2_projector(args.out_dir / "mmproj-lfm2-test.gguf"),
     ]
     for path in made:
         print(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}"

@@ -25,6 +25,8 @@ GEMMA_TEXT = TEST_MODELS / "gemma3-test.gguf"  # Gemma-3-style: sliding-window a
 GEMMA_MMPROJ = TEST_MODELS / "mmproj-gemma3-test.gguf"  # 16 tokens per image, attended both ways
 SMOLVLM_TEXT = TEST_MODELS / "smolvlm-test.gguf"  # SmolVLM-style: llama with SmolVLM's markers
 SMOLVLM_MMPROJ = TEST_MODELS / "mmproj-idefics3-test.gguf"  # images split into labelled tiles
+LFM2_TEXT = TEST_MODELS / "lfm2-test.gguf"  # LFM2-style hybrid: convolution (recurrent) + attention
+LFM2_MMPROJ = TEST_MODELS / "mmproj-lfm2-test.gguf"
 
 
 def load_script(name: str) -> ModuleType:
@@ -41,7 +43,8 @@ def load_script(name: str) -> ModuleType:
 
 def _ensure_test_models() -> None:
     if not all(p.exists() for p in (TEXT_MODEL, MMPROJ_336, MMPROJ_112, MMPROJ_NEXT, QWEN_TEXT,
-                                    QWEN_MMPROJ, GEMMA_TEXT, GEMMA_MMPROJ, SMOLVLM_TEXT, SMOLVLM_MMPROJ)):
+                                    QWEN_MMPROJ, GEMMA_TEXT, GEMMA_MMPROJ, SMOLVLM_TEXT, SMOLVLM_MMPROJ,
+                                    LFM2_TEXT, LFM2_MMPROJ)):
         subprocess.run([sys.executable, str(ROOT / "scripts" / "make_test_models.py")], check=True)
 
 
@@ -52,7 +55,8 @@ def test_models() -> dict[str, Path]:
     return {"text": TEXT_MODEL, "mmproj_336": MMPROJ_336, "mmproj_112": MMPROJ_112,
             "mmproj_next": MMPROJ_NEXT, "qwen_text": QWEN_TEXT, "qwen_mmproj": QWEN_MMPROJ,
             "gemma_text": GEMMA_TEXT, "gemma_mmproj": GEMMA_MMPROJ,
-            "smolvlm_text": SMOLVLM_TEXT, "smolvlm_mmproj": SMOLVLM_MMPROJ}
+            "smolvlm_text": SMOLVLM_TEXT, "smolvlm_mmproj": SMOLVLM_MMPROJ,
+            "lfm2_text": LFM2_TEXT, "lfm2_mmproj": LFM2_MMPROJ}
 
 
 def make_engine(mmproj: Path, *, n_ctx: int = 2048, n_batch: int = 512,  # noqa: ANN201

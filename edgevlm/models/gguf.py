@@ -21,10 +21,15 @@ GGUF_MAGIC = b"GGUF"
 PROJECTOR_ARCH = "clip"
 # Decoder architectures edgevlm has prompt formats and memory rules for.
 SUPPORTED_TEXT_ARCHS = frozenset({"llama", "mistral", "qwen2", "gemma", "phi3", "granite",
-                                  "qwen2vl", "qwen3vl", "qwen3", "gemma3"})
+                                  "qwen2vl", "qwen3vl", "qwen3", "gemma3", "lfm2"})
+# Architectures whose layers keep a recurrent state (some or all): their cache cannot be cut at a
+# position, so the ledger goes back through checkpoints (chat/checkpoints.py).
+HYBRID_ARCHS = frozenset({"lfm2", "lfm2moe", "granitehybrid", "nemotron_h", "falcon_h1", "jamba", "qwen35",
+                          "qwen3next", "plamo2"})
+RECURRENT_ARCHS = frozenset({"mamba", "mamba2", "rwkv6", "rwkv7", "arwkv7", "rwkv6qwen2"})
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.")
 # Bump when the facts' fields change, so stale cache entries are ignored.
-_CACHE_VERSION = 5
+_CACHE_VERSION = 6
 # The image layouts edgevlm knows: LLaVA-1.5 with labelled AnyRes tiles, and LLaVA-NeXT's own.
 LLAVA_15_TILES = "llava-1.5-tiles"
 LLAVA_NEXT = "llava-next"
@@ -71,6 +76,22 @@ class TextModelFacts:
     tied_embeddings: bool = False  # no output.weight: the output layer reuses token_embd
     bos_text: str = ""  # the BOS and EOS tokens' text, as the chat template names them
     eos_text: str = ""
+    n_kv_layers: int = 0  # layers with a KV cache (0: every layer; hybrids have fewer)
+    n_swa: int = 0  # the sliding window, in tokens (0: none)
+
+    @property
+    def memory_kind(self) -> str:
+        """What the model keeps per sequence: attention, sliding-window, hybrid or recurrent."""
+        if self.architecture in RECURRENT_ARCHS:
+            return "recurrent"
+        if self.architecture in HYBRID_ARCHS or 0 < self.n_kv_layers < self.n_layer:
+            return "hybrid"
+        return "sliding-window" if self.n_swa else "attention"
+
+    @property
+    def kv_layers(self) -> int:
+        """Layers that hold attention KV."""
+        return self.n_kv_layers or self.n_layer
 
     @property
     def weight_bytes(self) -> int:
@@ -137,7 +158,10 @@ def _read_text_model(path: Path) -> TextModelFacts:
         n_layer = int(fields[f"{arch}.block_count"])
     except KeyError as exc:
         raise ModelError(f"{path}: GGUF lacks the key {exc.args[0]}; is it a complete text model?") from None
-    n_head_kv = int(fields.get(f"{arch}.attention.head_count_kv", n_head))
+    heads_kv = fields.get(f"{arch}.attention.head_count_kv", n_head)
+    listed = isinstance(heads_kv, (list, tuple))
+    per_layer = [int(h) for h in heads_kv] if listed else [int(heads_kv)] * n_layer
+    n_head_kv = max(per_layer)  # hybrids list it per layer: 0 on the recurrent ones
     head_dim = n_embd // n_head
     tokens = fields.get("tokenizer.ggml.tokens")
     n_vocab = int(fields.get(f"{arch}.vocab_size", len(tokens) if tokens is not None else 0))
@@ -163,6 +187,8 @@ def _read_text_model(path: Path) -> TextModelFacts:
         token_embd_bytes=sizes.token_embd_bytes,
         file_bytes=path.stat().st_size,
         tied_embeddings=not sizes.has_output_weight,
+        n_kv_layers=sum(1 for h in per_layer if h),
+        n_swa=int(fields.get(f"{arch}.attention.sliding_window", 0)),
         bos_text=_token_text(reader, "bos"),
         eos_text=_token_text(reader, "eos"),
     )

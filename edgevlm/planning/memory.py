@@ -25,7 +25,7 @@ from edgevlm.planning.split import DeviceShare, GpuBudget, LayerCosts, place
 from edgevlm.store.prefix_cache import RAM_BYTES as PREFIX_RAM_BYTES
 from edgevlm.vision.layout import ViewBudget
 from edgevlm.vision.llava_next import fit_next_grid, next_grid
-from edgevlm.vision.native import QWEN_VL_PROJECTORS, BlockCounter, NativeLayout
+from edgevlm.vision.native import BlockCounter, NativeLayout
 from edgevlm.vision.registry import predicted_counter
 from edgevlm.vision.tiling import TurnCosts, pooled_tokens
 
@@ -231,10 +231,11 @@ def _tied_copy(text: TextModelFacts) -> int:
 
 def kv_bytes_per_layer(text: TextModelFacts, n_ctx: int, type_k: str = "f16",
                        type_v: str = "f16") -> int:
-    """K and V for one layer: n_ctx x n_head_kv x head_dim each, at the cache type's size."""
+    """K and V for one layer: n_ctx x n_head_kv x head_dim each, at the cache type's size (on a
+    hybrid, averaged over every layer: only its attention layers hold any)."""
     k = n_ctx * text.n_head_kv * text.head_dim_k * KV_BYTES_PER_ELEMENT[type_k]
     v = n_ctx * text.n_head_kv * text.head_dim_v * KV_BYTES_PER_ELEMENT[type_v]
-    return int(k + v)
+    return int((k + v) * text.kv_layers / text.n_layer)
 
 
 def kv_bytes(text: TextModelFacts, n_ctx: int, type_k: str = "f16", type_v: str = "f16") -> int:
@@ -265,19 +266,20 @@ def compute_bytes(text: TextModelFacts, n_ctx: int, *, n_ubatch: int = 512, flas
     return int(4 * u * max(attention_phase, ffn_phase, output_phase))
 
 
-# mtmd reserves a Qwen-VL projector's graph for a 46x46-token image (clip.cpp's warmup size).
-QWEN_VL_WARMUP_TOKENS_PER_SIDE = 46
+# mtmd reserves a dynamic-resolution projector's graph for an image of this many tokens a side
+# (clip.cpp's warmup sizes: Qwen-VL's set_warmup_n_tokens(46*46), LFM2's 256-token limit).
+WARMUP_TOKENS_PER_SIDE = {"qwen2vl_merger": 46, "qwen2.5vl_merger": 46, "qwen3vl_merger": 46, "lfm2": 16}
 
 
 def native_compute_bytes(projector: ProjectorFacts, *, flash_attn: bool) -> int:
-    """An mtmd family's vision graph, reserved at mtmd's warmup size: the f32 image and, for
-    windowed attention, an f32 patch-by-patch mask are inputs, alive throughout; on top, the
-    largest of the patch kernel's f16 columns, attention (scores without flash attention, the
-    mask's f16 copy with it) and the blocks' activations. Measured on the test pairs: Qwen2.5-VL
-    (8464 patches) within 0.1 %, Gemma 3 and SmolVLM within 8 %."""
+    """An mtmd family's vision graph, reserved at mtmd's warmup size: for windowed attention an
+    f32 patch-by-patch mask, alive throughout; then the larger of the f32 image with the patch
+    kernel's f16 columns (or the blocks' activations), and attention (scores without flash
+    attention, the mask's f16 copy with it). Measured on the test pairs: Qwen2.5-VL (8464
+    patches) within 5 %, Gemma 3, SmolVLM and LFM2 within 8 %."""
     patch = projector.patch_size
-    side = (QWEN_VL_WARMUP_TOKENS_PER_SIDE * patch * projector.merge
-            if projector.projector_type in QWEN_VL_PROJECTORS else projector.image_size)
+    per_side = WARMUP_TOKENS_PER_SIDE.get(projector.projector_type)
+    side = per_side * patch * projector.merge if per_side else projector.image_size
     patches = (side // patch) ** 2
     width, heads = projector.vision_width, max(projector.vision_heads, 1)
     ff = projector.vision_ff or 4 * width
@@ -289,7 +291,8 @@ def native_compute_bytes(projector: ProjectorFacts, *, flash_attn: bool) -> int:
         attention = 4 * heads * patches * patches
     activations = 4 * patches * (2 * ff + 1.6 * width)
     projection = 8 * patches // max(projector.merge, 1) ** 2 * projector.projection_dim
-    return int(image + mask + max(columns, attention, activations, projection))
+    # The image is freed once the patch kernel has run: attention's peak comes after it.
+    return int(mask + max(image + max(columns, activations, projection), attention))
 
 
 def clip_compute_bytes(projector: ProjectorFacts, *, flash_attn: bool) -> int:

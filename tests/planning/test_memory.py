@@ -322,12 +322,13 @@ def test_the_prefix_cache_is_counted_in_ram(llava: tuple[TextModelFacts, Project
     assert 0 <= tight.prefix_ram_bytes < GIB  # only what the model leaves free, less the margin
 
 
-@pytest.mark.parametrize("family", ["qwen", "gemma", "smolvlm"])
+@pytest.mark.parametrize("family", ["qwen", "gemma", "smolvlm", "lfm2"])
 @pytest.mark.parametrize("flash_attn", [True, False])
 def test_the_estimate_holds_for_every_family(test_models: dict[str, Path], family: str,
                                             flash_attn: bool) -> None:
     """mtmd families: the projector's compute reserved at mtmd's warmup size (Qwen2.5-VL's
-    windowed attention: a patch-by-patch mask over 8464 patches) within 10 %, the rest as ever."""
+    windowed attention: a patch-by-patch mask over 8464 patches) within 10 %; the hybrid LFM2's KV
+    on its attention layers only; the rest as ever."""
     text_path, mmproj_path = test_models[f"{family}_text"], test_models[f"{family}_mmproj"]
     text, projector = read_text_model(text_path), read_projector(mmproj_path)
     plan = choose(text, projector, MachineMemory(vram_free=None, ram_free=16 * GIB),
