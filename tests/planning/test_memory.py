@@ -338,7 +338,7 @@ def test_the_estimate_holds_for_every_family(test_models: dict[str, Path], famil
         checks = {c.component: c for c in compare(plan, engine.reported_buffers)}
     for name in ("weights", "kv", "mmproj"):  # 1 %, or a few KiB of alignment on a 0.1 MB projector
         check = checks[name]
-        assert abs(check.error) <= 0.01 or abs(check.estimated - check.reported) < 4096, check
+        assert abs(check.error) <= 0.01 or abs(check.estimated - check.reported) < 8192, check
     for name in ("compute", "mmproj_compute"):
         assert abs(checks[name].error) <= 0.10, checks[name]
     if family == "qwen":
