@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from PIL import Image
 
+from edgevlm.chat.checkpoints import CheckpointList
 from edgevlm.chat.image_block import ImageBlocks
 from edgevlm.chat.ledger import KvLedger
 from edgevlm.chat.prefix import NO_PREFIX, ImagePrefixes
@@ -119,6 +120,7 @@ class Conversation(ImagePrefixes, ImageBlocks, SummarySwap, HistoryReplay, KvLed
         self._prefix_tier = NO_PREFIX  # where the current turn's image block came from
         self._block_end: tuple[int, ImagePlan] | None = None  # the last image block's end, for ask_again
         self.segments: list[Segment] = []
+        self.checkpoints = CheckpointList()  # where the cache cannot be cut (hybrid models)
         self.records: list[TurnRecord] = []
         self.turn = self.images_seen = 0
         self._live: list[LiveImage] = []
@@ -138,11 +140,13 @@ class Conversation(ImagePrefixes, ImageBlocks, SummarySwap, HistoryReplay, KvLed
         """Forget every turn (and its record); decode the system prompt again."""
         self.sequence.truncate(0)
         self.segments = []
+        self.checkpoints.clear()
         self._live = []
         self.records = []
         self.turn = self.images_seen = 0
         tokens = self.sequence.tokenize(self.fmt.system(self.system), add_bos=self.fmt.add_bos)
         self._append(Segment("system", 0, tuple(tokens)))
+        self._mark()
 
     def rewind(self) -> None:
         """Back to just the system prompt, keeping it in the cache (describe's next image)."""
@@ -191,6 +195,7 @@ class Conversation(ImagePrefixes, ImageBlocks, SummarySwap, HistoryReplay, KvLed
         answer, answer_tokens, interrupted = self._generate(parts, on_piece)
         generated = self.sequence.stats()  # the prefill is what came before the first token
         self._append(Segment("answer", parts.turn, parts.suffix))  # the turn's end, after the answer
+        self._mark()
         stats = self._turn_stats(parts.turn, plan, generated, dropped=dropped, wait_s=wait_s,
                                  completion_tokens=len(answer_tokens), prompt_tokens=prompt_tokens)
         self._after_answer(parts.turn, loaded)
@@ -323,7 +328,8 @@ class Conversation(ImagePrefixes, ImageBlocks, SummarySwap, HistoryReplay, KvLed
             summary_tokens_live=self.summary_tokens_live,
             canvas_size=plan.canvas_size if plan else (0, 0),
             image_box=plan.image_box if plan else (0, 0, 0, 0),
-            prefix_cache=self._prefix_tier, restore_s=generated.restore_s)
+            prefix_cache=self._prefix_tier, restore_s=generated.restore_s,
+            aside_prefill_tokens=generated.aside_tokens)
 
     # -- images ---------------------------------------------------------------------------
 

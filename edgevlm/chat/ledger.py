@@ -3,12 +3,18 @@ sequence's and llama.cpp's after every operation.
 
 Cells and positions are kept apart: an M-RoPE image (Qwen-VL) holds one cell per row but moves
 the position by its grid's longer side only.
+
+Every change to what is cached goes through one primitive, `_truncate_to` (the summary swap,
+rewinds, replays, making room, rolling back an interrupt or a caption). A plain cache is cut at
+the position. A cache that cannot be cut (hybrid and recurrent models) goes back to the nearest
+checkpoint at or before the boundary and re-decodes only the segments between the two.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from edgevlm.chat.checkpoints import CheckpointList, LedgerCheckpoint
 from edgevlm.chat.records import (
     Segment,
 )
@@ -23,6 +29,7 @@ class KvLedger:
 
     segments: list[Segment]
     sequence: EngineSequence
+    checkpoints: CheckpointList
 
     @property
     def kv_tokens(self) -> int:
@@ -72,6 +79,13 @@ class KvLedger:
         for segment in rest:
             self._append(segment)
 
+    def _mark(self) -> None:
+        """A checkpoint at the current boundary, where the cache cannot simply be cut back to it."""
+        if self.sequence.can_cut() or self.checkpoints.has(len(self.segments)):
+            return
+        self.checkpoints.add(LedgerCheckpoint(len(self.segments), self.kv_positions,
+                                              self.sequence.save_partial()))
+
     def _append(self, segment: Segment) -> None:
         """Decode a segment at the end of the cache and record it."""
         if segment.embedding is not None:
@@ -84,9 +98,21 @@ class KvLedger:
         """Forget segment `index` onward after work that may have been interrupted mid-decode."""
         self.sequence.interrupt_requested = False
         self.sequence.resync()  # an interrupt can land between a decode and its bookkeeping
-        del self.segments[index:]
-        self.sequence.truncate(self.kv_positions)
+        self._truncate_to(index)
 
     def _truncate_to(self, index: int) -> None:
-        self.sequence.truncate(self.position_of(index))
-        del self.segments[index:]
+        """Keep segments [0, index) in the cache and forget the rest: the one way back."""
+        self.checkpoints.forget_after(index)
+        if self.sequence.can_cut():
+            self.sequence.truncate(self.position_of(index))
+            del self.segments[index:]
+            return
+        kept, checkpoint = self.segments[:index], self.checkpoints.at_or_before(index)
+        if checkpoint is None:
+            self.sequence.truncate(0)  # a whole sequence can always be emptied
+        else:
+            self.sequence.restore_partial(checkpoint.state, checkpoint.position)
+        start = checkpoint.index if checkpoint is not None else 0
+        self.segments = kept[:start]
+        for segment in kept[start:]:  # the text (and rows) between the checkpoint and the boundary
+            self._append(segment)

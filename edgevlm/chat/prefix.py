@@ -110,6 +110,7 @@ class ImagePrefixes:
                        on_progress: Callable[[PrefillProgress], None] | None) -> float:
         """Decode the turn's opening and its image block; returns the block's seconds (CLIP too)."""
         self._append(head)
+        self._mark()  # where the image's summary will go: its swap re-decodes from here
         started = time.perf_counter()
         self._eval_block(prepared, head.turn, on_progress)
         return time.perf_counter() - started

@@ -90,6 +90,7 @@ class TurnStats:
     summary_tokens_live: int = 0  # positions held by summaries of earlier images
     canvas_size: tuple[int, int] = (0, 0)  # the tiles' canvas, (0, 0) for the global view alone
     image_box: tuple[int, int, int, int] = (0, 0, 0, 0)  # where the image sits on that canvas
+    aside_prefill_tokens: int = 0  # decoded for an earlier image's summary swap before this turn
     prefix_cache: str = "none"  # the image block restored from the prefix cache: ram | disk | none
     restore_s: float = 0.0  # restoring it (part of TTFT; prefill_s is what was decoded)
 

@@ -112,9 +112,10 @@ class SummarySwap:
 
         The image is shown on top of the cache, captioned, and rolled back.
         """
-        checkpoint = len(self.segments)
         parts = self._parts(-1, CAPTION_REQUEST, with_image=True)
         self._make_room(parts.fixed + parts.image_floor)
+        checkpoint = len(self.segments)
+        self._mark()
         caption = ""
         try:
             self._prefill(parts, image, None, None)
@@ -129,6 +130,7 @@ class SummarySwap:
         if self.summary == "answer":
             return self._answer_start(live.turn)
         checkpoint = len(self.segments)
+        self._mark()  # the caption request is rolled back to here
         request = self.sequence.tokenize(caption_request(self.fmt))
         try:
             self._append(Segment("user", -1, (*request, *live.made)))
@@ -161,7 +163,8 @@ class SummarySwap:
             except (Interrupted, KeyboardInterrupt):
                 self.sequence.interrupt_requested = False
                 self.sequence.resync()
-                self.sequence.truncate(self.kv_positions)  # a part-decoded segment goes again
+                self._truncate_to(len(self.segments))  # a part-decoded segment goes again
+        self._mark()
 
     def _caption_reserve(self) -> int:
         """The caption request and its answer, made while the image is still live (turn_costs

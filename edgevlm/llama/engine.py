@@ -23,7 +23,14 @@ from edgevlm.llama.batcher import Batcher, TokenBatch
 from edgevlm.llama.logs import NATIVE_LOG
 from edgevlm.llama.meter import RequestMeter
 from edgevlm.llama.sequence import EngineSequence, RowPlacement, interrupt_on_sigint
-from edgevlm.llama.types import SPLIT_MODES, EngineConfig, ImageBlock, ImageEmbedding, default_threads
+from edgevlm.llama.types import (
+    SPLIT_MODES,
+    EngineConfig,
+    ImageBlock,
+    ImageEmbedding,
+    MemoryKind,
+    default_threads,
+)
 from edgevlm.llama.vision import Projector
 
 
@@ -120,6 +127,9 @@ class Engine:
         # positions (the summary swap, rewinds), which a pruned window cache no longer holds.
         self.n_swa = llama_cpp.llama_model_n_swa(self.model)
         cparams.swa_full = self.n_swa > 0
+        self.memory = MemoryKind(recurrent=bool(llama_cpp.llama_model_is_recurrent(self.model)),
+                                 hybrid=bool(llama_cpp.llama_model_is_hybrid(self.model)),
+                                 n_swa=self.n_swa, swa_full=bool(cparams.swa_full))
         # No abort_callback: ggml would call it from its worker threads for every graph node,
         # and each call must take Python's GIL (seconds per token when another thread holds it).
         # Interrupts are honoured between batches and between tokens instead.

@@ -21,6 +21,7 @@ class RequestMeter:
     clip_encode_s: float = 0.0
     prefill_s: float = 0.0
     restore_s: float = 0.0  # restoring a cached image prefix instead of prefilling it
+    aside_tokens: int = 0  # decoded apart from the request (an earlier image's summary swap)
     ttft_s: float = 0.0
     decode_s: float = 0.0
     token_gaps_s: list[float] = field(default_factory=list)
@@ -34,6 +35,7 @@ class RequestMeter:
             completion_tokens=self.completion_tokens, clip_encodes=self.clip_encodes,
             preprocess_s=self.preprocess_s, clip_encode_s=self.clip_encode_s, prefill_s=self.prefill_s,
             restore_s=self.restore_s, ttft_s=self.ttft_s, decode_s=self.decode_s,
+            aside_tokens=self.aside_tokens,
             token_gaps_s=tuple(self.token_gaps_s))
 
     def token_shown(self) -> None:

@@ -20,7 +20,7 @@ from edgevlm.errors import ContextOverflowError, EngineError, Interrupted
 from edgevlm.llama.logs import NATIVE_LOG
 from edgevlm.llama.meter import RequestMeter
 from edgevlm.llama.sampling import TokenPicker
-from edgevlm.llama.types import ImageBlock, ImageEmbedding, RequestStats, Sampling
+from edgevlm.llama.types import ImageBlock, ImageEmbedding, MemoryKind, RequestStats, Sampling
 from edgevlm.llama.vocab import is_end_of_generation, token_bytes, tokenize
 
 
@@ -58,6 +58,7 @@ class SequenceHost(Protocol):
     n_vocab: int
     n_ctx_seq: int
     n_embd_model: int
+    memory: MemoryKind
 
     def kv_guard(self) -> contextlib.AbstractContextManager[object]: ...
     def decode(self, sequence: EngineSequence, tokens: list[int] | None, rows: np.ndarray | None,
@@ -162,8 +163,40 @@ class EngineSequence:
         self._n_past = self.kv_cells()
 
     def can_shift(self) -> bool:
-        """Whether KV positions can be shifted (RoPE models: yes) instead of re-decoded."""
-        return bool(llama_cpp.llama_memory_can_shift(self._host.mem))
+        """Whether KV positions can be removed from the middle and shifted (RoPE models with a
+        plain cache: yes) instead of re-decoded. A hybrid's llama.cpp says yes, but its recurrent
+        state cannot lose a middle range."""
+        return self.can_cut() and bool(llama_cpp.llama_memory_can_shift(self._host.mem))
+
+    def can_cut(self) -> bool:
+        """Whether the cache can be truncated at any position (otherwise: through checkpoints)."""
+        return self._host.memory.can_cut
+
+    def save_partial(self) -> np.ndarray:
+        """The sequence's recurrent (or window) state alone: what a checkpoint keeps (small)."""
+        ctx, partial = self._host.ctx, llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        with self._host.kv_guard():
+            size = llama_cpp.llama_state_seq_get_size_ext(ctx, self.seq_id, partial)
+            state = np.empty(size, dtype=np.uint8)
+            written = llama_cpp.llama_state_seq_get_data_ext(ctx, _bytes_at(state), size, self.seq_id,
+                                                             partial)
+        if written == 0:
+            raise EngineError("llama.cpp could not copy out the sequence's recurrent state")
+        return state[:written]
+
+    def restore_partial(self, state: np.ndarray, position: int) -> None:
+        """Back to a checkpoint taken at `position`: its recurrent state, and the attention KV
+        before `position` (what came after is removed), as llama-server restores its checkpoints."""
+        state = np.ascontiguousarray(state, dtype=np.uint8)
+        partial = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        with self._host.kv_guard():
+            read = llama_cpp.llama_state_seq_set_data_ext(self._host.ctx, _bytes_at(state), state.size,
+                                                          self.seq_id, partial)
+            removed = llama_cpp.llama_memory_seq_rm(self._host.mem, self.seq_id, position, -1)
+        self._logits_ready = False
+        if read == 0 or not removed:
+            raise EngineError(f"llama.cpp could not go back to the checkpoint at position {position}")
+        self._n_past = position
 
     def remove_range(self, p0: int, p1: int) -> None:
         """Drop positions [p0, p1) and shift everything after them back, with no re-decode."""
@@ -193,12 +226,13 @@ class EngineSequence:
     @contextlib.contextmanager
     def aside(self) -> Iterator[None]:
         """Work that is not the current request's own (an earlier image's summary): its decodes
-        stay out of the request's counts, and its time out of the request's TTFT."""
+        stay out of the request's counts (reported apart), and its time out of the request's TTFT."""
         kept, began = self._meter, time.perf_counter()
         self._meter = RequestMeter()
         try:
             yield
         finally:
+            kept.aside_tokens += self._meter.prompt_tokens
             self._meter = kept
             kept.started += time.perf_counter() - began
 

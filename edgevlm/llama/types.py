@@ -116,6 +116,30 @@ class ImageEmbedding:
         return ImageEmbedding(blocks.mean(axis=(1, 3), dtype=np.float32).reshape(-1, width))
 
 
+@dataclass(frozen=True)
+class MemoryKind:
+    """What a loaded model keeps per sequence, as llama.cpp reports it."""
+
+    recurrent: bool = False  # every layer keeps a recurrent state (Mamba, RWKV)
+    hybrid: bool = False  # some layers do (LFM2, Granite 4, Qwen3.5, Nemotron-H, …)
+    n_swa: int = 0  # the sliding window, in tokens (0: none)
+    swa_full: bool = False  # the whole window cache is kept (so it can be cut anywhere)
+
+    @property
+    def name(self) -> str:
+        """attention, sliding-window, hybrid or recurrent."""
+        if self.recurrent:
+            return "recurrent"
+        if self.hybrid:
+            return "hybrid"
+        return "sliding-window" if self.n_swa else "attention"
+
+    @property
+    def can_cut(self) -> bool:
+        """Whether the cache can be truncated at any position (otherwise: checkpoints)."""
+        return not (self.recurrent or self.hybrid) and (not self.n_swa or self.swa_full)
+
+
 @dataclass(frozen=True, eq=False)
 class ImageBlock:
     """One image as mtmd lays it out for its family, in cache order: the family's marker tokens
@@ -152,6 +176,7 @@ class RequestStats:
     ttft_s: float
     decode_s: float
     restore_s: float = 0.0  # restoring a cached image prefix (part of TTFT, not of prefill_s)
+    aside_tokens: int = 0  # decoded apart from the request (an earlier image's summary swap)
     token_gaps_s: tuple[float, ...] = ()  # time between consecutive shown tokens
 
     @property

@@ -1,0 +1,94 @@
+"""The summary swap on every memory kind: a plain KV cache (Qwen2.5-VL test pair), a sliding
+window (Gemma 3, window 64, kept whole) and hybrid memory with a recurrent state (LFM2, through
+checkpoints). After every turn of a ten-image chat the cache gives the next token the same logits
+as a fresh context prefilled with the same segments, and no turn re-processes the history."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from edgevlm.chat.conversation import Conversation
+from edgevlm.chat.records import Segment
+from edgevlm.llama.engine import Engine
+from edgevlm.llama.sequence import EngineSequence
+from edgevlm.llama.types import Sampling
+from edgevlm.models.catalog import resolve
+from edgevlm.models.gguf import read_projector, read_text_model
+from edgevlm.models.loading import prompt_format
+from edgevlm.vision.images import LoadedImage
+from edgevlm.vision.registry import layout_for
+
+from ..conftest import make_engine
+
+KINDS = {"qwen": "attention", "gemma": "sliding-window", "lfm2": "hybrid"}
+
+
+@pytest.fixture(scope="module", params=list(KINDS))
+def pair(request: pytest.FixtureRequest,
+         test_models: dict[str, Path]) -> Iterator[tuple[str, Engine, Engine]]:
+    """The family, its engine for the chat, and a second one for fresh prefills."""
+    family = request.param
+    text, mmproj = test_models[f"{family}_text"], test_models[f"{family}_mmproj"]
+    # A small batch keeps llama.cpp's window cache small (window + ubatch): the chat outgrows it.
+    chat, fresh = (make_engine(mmproj, text=text, n_ctx=2048, n_batch=128) for _ in range(2))
+    yield family, chat, fresh
+    chat.close()
+    fresh.close()
+
+
+def _chat(family: str, engine: Engine, test_models: dict[str, Path]) -> Conversation:
+    text, mmproj = test_models[f"{family}_text"], test_models[f"{family}_mmproj"]
+    projector = read_projector(mmproj)
+    fmt = prompt_format(resolve(str(text), str(mmproj)), read_text_model(text), projector)
+    return Conversation(engine.sequence(), fmt, tile_size=projector.image_size, max_tokens=6,
+                        caption_tokens=8, sampling=Sampling(temperature=0.0), layout=layout_for(projector),
+                        system="Be brief.")
+
+
+def _image(seed: int) -> LoadedImage:
+    pixels = np.random.default_rng(seed).integers(0, 255, (120, 160, 3), dtype=np.uint8)
+    return LoadedImage(Path(f"img{seed}.jpg"), Image.fromarray(pixels), (160, 120))
+
+
+def _next_logits(sequence: EngineSequence, segments: list[Segment], probe: list[int]) -> np.ndarray:
+    """A fresh prefill of the same segments, then the probe: the reference."""
+    sequence.truncate(0)
+    for segment in segments:
+        if segment.embedding is not None:
+            sequence.eval_embedding(segment.embedding)
+        else:
+            sequence.eval_text(list(segment.tokens))
+    sequence.eval_text(probe)
+    return sequence._current_logits().copy()
+
+
+@pytest.mark.slow
+def test_ten_image_turns_equal_a_fresh_prefill_after_every_turn(pair: tuple[str, Engine, Engine],
+                                                                test_models: dict[str, Path]) -> None:
+    family, engine, fresh = pair
+    assert engine.memory.name == KINDS[family]
+    chat = _chat(family, engine, test_models)
+    probe = chat.sequence.tokenize(" And now?")
+    work = []
+    for turn in range(1, 11):
+        _, stats = chat.ask(f"What is in picture {turn}?", image=_image(turn))
+        chat.sequence.begin_request()  # count the swap's own decodes
+        chat.summarise_pending()  # as in idle time: this turn's image becomes its summary
+        chat.check()
+        work.append(stats.prefill_tokens + chat.sequence.stats().prompt_tokens)
+        chat._append(Segment("user", -1, tuple(probe)))
+        ours = chat.sequence._current_logits().copy()
+        reference = _next_logits(fresh.sequence(), chat.segments[:-1], probe)
+        chat._truncate_to(len(chat.segments) - 1)  # the probe never happened: the one way back
+        chat.check()
+        assert np.abs(ours - reference).max() < 1e-3, f"turn {turn}"
+    assert chat.kv_positions > 200 and "image" not in [s.kind for s in chat.segments]
+    # No re-processing: turn 10 decodes (its own prefill, then its image's swap) what turn 2 did.
+    assert work[9] <= 1.5 * work[1], work
+    if family == "lfm2":
+        assert 0 < len(chat.checkpoints) <= 16 and chat.checkpoints.nbytes < 1 << 20
