@@ -699,10 +699,11 @@ def write_lfm2_text(path: Path, vocab_source: Path, *, n_embd: int = 64, n_head:
 
 
 def write_lfm2_projector(path: Path, *, text_width: int = 64, width: int = 32, blocks: int = 2,
-                         heads: int = 2, ff: int = 64, image_size: int = 224, patch: int = 14, merge: int = 2,
+                         heads: int = 2, ff: int = 64, image_size: int = 256, patch: int = 16, merge: int = 2,
                          hidden: int = 64, seed: int = 8) -> Path:
-    """A random-weight LFM2-VL vision tower and projector (`lfm2`): SigLIP-style, patches shuffled
-    2x2, a two-layer GELU projection; mtmd sizes an image to 64-256 tokens."""
+    """A random-weight LFM2-VL vision tower and projector (`lfm2`): SigLIP-style with LFM2-VL's
+    16 px patches (mtmd cuts large images into 512 px tiles), patches shuffled 2x2, a two-layer
+    GELU projection; mtmd sizes an image to 64-256 tokens a tile."""
     import gguf
 
     if _is_current(path):

@@ -235,7 +235,7 @@ def render_plan(p: Plan, model_name: str, checks: tuple[Check, ...]) -> None:
               f"(trained {p.n_ctx_train}) "
               f"· KV {p.type_k} · flash attention {'on' if p.flash_attn else 'off'} · projector on "
               f"{'GPU' if p.mmproj_on_gpu else 'CPU'} · ubatch {p.n_ubatch} · {tiles}"
-              f"a 3840x2160 photo: {photo} · layout {p.layout}")
+              f"a 3840x2160 photo: {photo} · layout {p.layout} · memory {p.memory}")
     out.print(_devices_table(p) if p.devices else _plan_table(p))
     if p.photo_prefix_bytes:
         count = p.photo_prefixes_in_ram

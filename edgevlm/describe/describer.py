@@ -73,6 +73,7 @@ class DescribeResult:
     restore_s: float = 0.0  # restoring it (part of TTFT)
     question: str = ""  # what was asked
     data: object = None  # the parsed answer, with --format json, --schema or --tags
+    memory: str = "attention"  # the model's memory kind: attention, sliding-window, hybrid, recurrent
 
     def to_json(self) -> dict[str, Any]:
         """A plain dict for --json (floats rounded for reading; the parsed answer as it is)."""
@@ -291,7 +292,8 @@ class Describer:
             tile_tokens=stats.tile_tokens, tile_prefill_s=stats.tile_prefill_s,
             itl_p50_s=stats.itl_p50_s, itl_p90_s=stats.itl_p90_s, read_s=read_s,
             image_size=loaded.size, layout=stats.layout, prefix_cache=stats.prefix_cache,
-            restore_s=stats.restore_s, question=question, data=data)
+            restore_s=stats.restore_s, question=question, data=data,
+            memory=self._conversation.sequence.memory_kind)
 
     def _parsed(self, text: str) -> tuple[object, str]:
         """The answer as data (JSON formats only), or why it is not."""

@@ -168,6 +168,11 @@ class EngineSequence:
         state cannot lose a middle range."""
         return self.can_cut() and bool(llama_cpp.llama_memory_can_shift(self._host.mem))
 
+    @property
+    def memory_kind(self) -> str:
+        """attention, sliding-window, hybrid or recurrent (see MemoryKind)."""
+        return self._host.memory.name
+
     def can_cut(self) -> bool:
         """Whether the cache can be truncated at any position (otherwise: through checkpoints)."""
         return self._host.memory.can_cut

@@ -30,7 +30,16 @@ from edgevlm.models.gguf import (
     read_text_model,
 )
 from edgevlm.planning import devices
-from edgevlm.planning.memory import KV_TYPES, Check, MachineMemory, Plan, Settings, choose, compare
+from edgevlm.planning.memory import (
+    KV_TYPES,
+    Check,
+    MachineMemory,
+    Plan,
+    Settings,
+    choose,
+    compare,
+    memory_note,
+)
 from edgevlm.planning.split import GpuBudget
 from edgevlm.rpc import endpoints as rpc
 from edgevlm.store.caches import CacheView, EmbeddingCache, for_files, pair_identity
@@ -175,6 +184,8 @@ def make_plan(flags: ModelFlags, text: TextModelFacts, projector: ProjectorFacts
                         mmproj_device=where.mmproj_device)
     with _mtmd_blocks(text, projector) as blocks:
         plan = choose(text, projector, device, replace(settings, blocks=blocks))
+    if memory_note(text):
+        notes += (memory_note(text),)
     return replace(plan, notes=notes + plan.notes) if notes else plan
 
 

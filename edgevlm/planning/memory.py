@@ -158,6 +158,7 @@ class Plan:
     tensor_split: tuple[float, ...] = ()  # what llama.cpp is told, in its device order
     mmproj_device: str = ""  # the device that holds the projector (several devices only)
     photo_prefix_bytes: int = 0  # the 4K photo's image prefix as the prefix cache keeps it
+    memory: str = "attention"  # the model's memory kind (attention, sliding-window, hybrid, recurrent)
     photo_visual_tokens: int = 0  # an mtmd family's 4K photo: its visual tokens, as mtmd counts them
     photo_shown: tuple[int, int] = (0, 0)  # … and the size it is handed to mtmd at
     prefix_ram_bytes: int = 0  # the prefix cache's RAM tier: its cap, or the RAM the model leaves
@@ -176,6 +177,7 @@ class Plan:
         b = self.breakdown
         return {
             "device": self.device, "n_gpu_layers": self.n_gpu_layers, "n_layers": self.n_layers,
+            "memory": self.memory,
             "n_ctx": self.n_ctx, "n_seq": self.n_seq, "n_ctx_train": self.n_ctx_train,
             "type_k": self.type_k,
             "type_v": self.type_v, "flash_attn": self.flash_attn,
@@ -438,6 +440,19 @@ def _layout_name(projector: ProjectorFacts) -> str:
     return f"mtmd-{projector.projector_type}" if native else projector.layout
 
 
+def memory_note(text: TextModelFacts) -> str:
+    """How the plan keeps this model's memory kind, for the notes ("" for plain attention)."""
+    kind = text.memory_kind
+    if kind == "sliding-window":
+        return (f"sliding window of {text.n_swa} tokens kept whole (llama.cpp's swa_full): the summary "
+                "swap and rewinds cut the cache exactly; counted as a full KV cache on every layer")
+    if kind in ("hybrid", "recurrent"):
+        return (f"{kind} memory: its recurrent state cannot be cut at a position, so the summary swap "
+                "goes back through checkpoints of it at turn boundaries (16 at most, a few KiB to MiB "
+                "each) and re-decodes only the text after them")
+    return ""
+
+
 def ubatch_for(projector: ProjectorFacts) -> int:
     """n_ubatch (= n_batch) so that one image view is decoded in one ubatch.
 
@@ -524,7 +539,7 @@ class _Planner:
             breakdown=breakdown, notes=notes, n_ubatch=self.n_ubatch, max_tiles=tiles.max_tiles,
             max_pooled_tiles=tiles.max_pooled_tiles, photo_grid=tiles.photo_grid,
             photo_pool=tiles.photo_pool, tile_size=self.projector.image_size,
-            layout=_layout_name(self.projector), n_seq=self.n_seq,
+            layout=_layout_name(self.projector), n_seq=self.n_seq, memory=self.text.memory_kind,
             photo_visual_tokens=tiles.photo_visual_tokens, photo_shown=tiles.photo_shown,
             photo_prefix_bytes=prefix_bytes(self.text, self.costs.system_tokens + tiles.photo_tokens, kv),
             prefix_ram_bytes=self._prefix_ram(breakdown), **(split or {}))

@@ -92,3 +92,22 @@ def test_ten_image_turns_equal_a_fresh_prefill_after_every_turn(pair: tuple[str,
     assert work[9] <= 1.5 * work[1], work
     if family == "lfm2":
         assert 0 < len(chat.checkpoints) <= 16 and chat.checkpoints.nbytes < 1 << 20
+
+
+@pytest.mark.parametrize(("family", "kind"), list(KINDS.items()))
+def test_plan_and_describe_name_the_memory_kind(test_models: dict[str, Path], family: str, kind: str) -> None:
+    import json
+
+    from ..conftest import run_cli
+
+    pair = ["--model", str(test_models[f"{family}_text"]), "--mmproj", str(test_models[f"{family}_mmproj"])]
+    planned = run_cli("plan", *pair, "--json")
+    assert planned.returncode == 0, planned.stderr
+    plan = json.loads(planned.stdout)
+    assert plan["memory"] == kind
+    assert any(("checkpoints" in n) == (kind == "hybrid") and ("swa_full" in n) == (kind == "sliding-window")
+               for n in plan["notes"]) or kind == "attention"
+    photo = Path(__file__).resolve().parents[2] / "scripts" / "sample-photo.jpg"
+    described = run_cli("describe", str(photo), *pair, "--json", "--max-tokens", "4")
+    assert described.returncode == 0, described.stderr
+    assert json.loads(described.stdout.splitlines()[0])["memory"] == kind

@@ -141,11 +141,13 @@ SMOLVLM_QUESTION = "<|im_start|>User:{marker} What is it?<end_of_utterance>\nAss
 
 
 @pytest.mark.parametrize(("family", "prompt", "add_bos", "n_images"), [
-    ("gemma", GEMMA_QUESTION, True, 1), ("smolvlm", SMOLVLM_QUESTION, False, 5)])
+    ("gemma", GEMMA_QUESTION, True, 1), ("smolvlm", SMOLVLM_QUESTION, False, 5),
+    ("lfm2", QUESTION, True, 1)])
 def test_other_families_equal_mtmds_own_path(test_models: dict[str, Path], family: str, prompt: str,
                                              add_bos: bool, n_images: int) -> None:
     """Gemma 3: one image decoded non-causally (mtmd_decode_use_non_causal). SmolVLM: the image split
-    into four labelled tiles and an overview. The first answer token's logits equal the reference's."""
+    into four labelled tiles and an overview. LFM2: a hybrid text model (convolutions with a
+    recurrent state). The first answer token's logits equal the reference's."""
     from edgevlm.llama.engine import Engine
     from edgevlm.llama.types import EngineConfig
 
