@@ -58,3 +58,35 @@ def test_ollama_with_images_on_the_qwen_pair(qwen_server: tuple[str, ServerState
     assert reply.done and reply.message.content and reply.prompt_eval_count > 8
     parts = list(client.chat(model=name, stream=True, messages=asked))
     assert "".join(p.message.content for p in parts) == reply.message.content
+
+
+def test_a_resent_history_on_the_hybrid_model_reuses_its_cache(
+        test_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> None:
+    """LFM2 (hybrid memory, its recurrent state not cut at a position): ten turns, the whole
+    history resent each time with a new photo every other turn; the cached prefix grows."""
+    from openai import OpenAI
+
+    from edgevlm.models.loading import ModelFlags, load
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("lfm2-cache")))
+        loaded = load(ModelFlags(model=str(test_models["lfm2_text"]), mmproj=str(test_models["lfm2_mmproj"]),
+                                 n_ctx=4096, n_gpu_layers=0, answer_tokens=8))
+        assert loaded.engine.memory.name == "hybrid"
+        state = build_state(loaded, ServeSettings(max_tokens=8, max_queue=4, cache=False))
+        with serving(state) as url:
+            client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+            messages: list[dict[str, object]] = []
+            cached = []
+            for turn in range(10):
+                content: object = f"And turn {turn}?"
+                if turn % 2 == 0:
+                    content = [{"type": "text", "text": f"What is in photo {turn}?"},
+                               {"type": "image_url", "image_url": {"url": data_url(50 + turn)}}]
+                messages.append({"role": "user", "content": content})
+                reply = client.chat.completions.create(model="", messages=messages)
+                messages.append({"role": "assistant", "content": reply.choices[0].message.content})
+                cached.append(reply.usage.prompt_tokens_details.cached_tokens)
+        loaded.engine.close()
+    assert cached[0] <= 1 and all(c > 100 for c in cached[1:]), cached  # never the whole prompt again
+    assert cached[-1] > 2 * cached[1], cached
