@@ -14,6 +14,7 @@ from PIL import Image
 
 from edgevlm.chat.conversation import Conversation
 from edgevlm.chat.records import Segment
+from edgevlm.errors import Interrupted
 from edgevlm.llama.engine import Engine
 from edgevlm.llama.sequence import EngineSequence
 from edgevlm.llama.types import Sampling
@@ -111,3 +112,30 @@ def test_plan_and_describe_name_the_memory_kind(test_models: dict[str, Path], fa
     described = run_cli("describe", str(photo), *pair, "--json", "--max-tokens", "4")
     assert described.returncode == 0, described.stderr
     assert json.loads(described.stdout.splitlines()[0])["memory"] == kind
+
+
+def test_an_interrupted_prefill_leaves_the_chat_as_it_was(pair: tuple[str, Engine, Engine],
+                                                          test_models: dict[str, Path],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C while an image is being decoded: the turn is rolled back (on the hybrid, through the
+    checkpoint at the turn's start), and the next answer equals an uninterrupted chat's."""
+    family, engine, fresh = pair
+    chat, calm = _chat(family, engine, test_models), _chat(family, fresh, test_models)
+    for conversation in (chat, calm):
+        conversation.ask("What is in picture 1?", image=_image(1))
+    check = chat.sequence.check_interrupt
+
+    def stop_at_the_image(what: str) -> None:  # as Ctrl-C's flag does, between two batches
+        if what == "decode image":
+            chat.sequence.interrupt_requested = True
+        check(what)
+
+    monkeypatch.setattr(chat.sequence, "check_interrupt", stop_at_the_image)
+    with pytest.raises(Interrupted):
+        chat.ask("What is in picture 2?", image=_image(2))
+    monkeypatch.undo()
+    chat.check()
+    ours, _ = chat.ask("What is in picture 2?", image=_image(2))
+    theirs, _ = calm.ask("What is in picture 2?", image=_image(2))
+    chat.check()
+    assert ours == theirs and [s.kind for s in chat.segments] == [s.kind for s in calm.segments]
