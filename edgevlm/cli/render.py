@@ -267,6 +267,9 @@ def _plan_table(p: Plan) -> Table:
             ("projector weights", b.mmproj if on_gpu else 0, 0 if on_gpu else b.mmproj),
             ("projector compute", b.mmproj_compute if on_gpu else 0, 0 if on_gpu else b.mmproj_compute),
             ("CUDA context", b.overhead, 0), ("safety margin", b.margin, 0)]
+    if b.recurrent:  # a hybrid or recurrent model: its state, and the chat's checkpoints of it
+        rows[2:2] = [("recurrent state", b.recurrent_gpu, b.recurrent - b.recurrent_gpu),
+                     ("checkpoints", 0, b.checkpoints)]
     if p.vram_free is None:  # a CPU plan: no GPU rows
         rows = [row for row in rows if row[0] not in ("CUDA context", "safety margin") or row[1]]
     for name, gpu, host in rows:

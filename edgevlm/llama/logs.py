@@ -20,11 +20,12 @@ _CONTINUATION = 5  # GGML_LOG_LEVEL_CONT: a continuation of the previous line
 #   "llama_kv_cache:        CPU KV buffer size =  2048.00 MiB"
 #   "reserve_compute_meta:  CPU compute buffer size =    21.55 MiB"   (the projector's graph)
 #   "load_hparams: model size:         595.49 MiB"                     (the projector's weights)
-_BUFFER_RE = re.compile(r"^(\w+):\s+(\S+)\s+(model|KV|compute|output) buffer size =\s+([\d.]+) MiB")
+_BUFFER_RE = re.compile(r"^(\w+):\s+(\S+)\s+(model|KV|RS|compute|output) buffer size =\s+([\d.]+) MiB")
 _CLIP_MODEL_RE = re.compile(r"^load_hparams: model size:\s+([\d.]+) MiB")
 _KINDS = {("load_tensors", "model"): "weights", ("llama_kv_cache", "KV"): "kv",
           ("sched_reserve", "compute"): "compute", ("llama_context", "output"): "output",
-          ("reserve_compute_meta", "compute"): "mmproj_compute"}
+          ("reserve_compute_meta", "compute"): "mmproj_compute",
+          ("llama_memory_recurrent", "RS"): "recurrent"}
 
 BufferReport = tuple[str, str, float]  # (kind, device, bytes)
 

@@ -29,7 +29,7 @@ HYBRID_ARCHS = frozenset({"lfm2", "lfm2moe", "granitehybrid", "nemotron_h", "fal
 RECURRENT_ARCHS = frozenset({"mamba", "mamba2", "rwkv6", "rwkv7", "arwkv7", "rwkv6qwen2"})
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.")
 # Bump when the facts' fields change, so stale cache entries are ignored.
-_CACHE_VERSION = 6
+_CACHE_VERSION = 7
 # The image layouts edgevlm knows: LLaVA-1.5 with labelled AnyRes tiles, and LLaVA-NeXT's own.
 LLAVA_15_TILES = "llava-1.5-tiles"
 LLAVA_NEXT = "llava-next"
@@ -78,6 +78,7 @@ class TextModelFacts:
     eos_text: str = ""
     n_kv_layers: int = 0  # layers with a KV cache (0: every layer; hybrids have fewer)
     n_swa: int = 0  # the sliding window, in tokens (0: none)
+    recurrent_state_bytes: int = 0  # one sequence's recurrent state (f32), where edgevlm knows its shape
 
     @property
     def memory_kind(self) -> str:
@@ -189,9 +190,17 @@ def _read_text_model(path: Path) -> TextModelFacts:
         tied_embeddings=not sizes.has_output_weight,
         n_kv_layers=sum(1 for h in per_layer if h),
         n_swa=int(fields.get(f"{arch}.attention.sliding_window", 0)),
+        recurrent_state_bytes=_recurrent_state_bytes(fields, arch, n_embd, per_layer.count(0)),
         bos_text=_token_text(reader, "bos"),
         eos_text=_token_text(reader, "eos"),
     )
+
+
+def _recurrent_state_bytes(fields: dict[str, Any], arch: str, n_embd: int, n_recurrent: int) -> int:
+    """One sequence's recurrent state, f32, as llama.cpp sizes it: LFM2's short convolutions keep
+    (l_cache - 1) x n_embd per layer (llama_hparams::n_embd_r). 0 where edgevlm does not know it."""
+    l_cache = int(fields.get(f"{arch}.shortconv.l_cache", 0))
+    return 4 * n_recurrent * n_embd * (l_cache - 1) if l_cache > 1 else 0
 
 
 def _token_text(reader: GGUFReader, which: str) -> str:

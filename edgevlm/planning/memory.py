@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from edgevlm.chat.checkpoints import MAX_CHECKPOINTS
 from edgevlm.models.gguf import LLAVA_15_TILES, LLAVA_NEXT, LLAVA_PROJECTORS, ProjectorFacts, TextModelFacts
 from edgevlm.planning.split import DeviceShare, GpuBudget, LayerCosts, place
 from edgevlm.store.prefix_cache import RAM_BYTES as PREFIX_RAM_BYTES
@@ -115,18 +116,27 @@ class Breakdown:
     mmproj_on_gpu: bool
     overhead: int
     margin: int
+    recurrent: int = 0  # hybrid and recurrent models: their state, with the KV cache's layers
+    checkpoints: int = 0  # the chat's checkpoints of that state, in RAM (chat/checkpoints.py)
+
+    @property
+    def recurrent_gpu(self) -> int:
+        """The recurrent state, on the GPU when every layer's cache is (counted on the host otherwise)."""
+        return self.recurrent if self.kv_gpu and not self.kv_host else 0
 
     @property
     def total_gpu(self) -> int:
         clip = self.mmproj + self.mmproj_compute if self.mmproj_on_gpu else 0
         if self.weights_gpu == 0 and self.kv_gpu == 0 and clip == 0:
             return 0
-        return self.weights_gpu + self.kv_gpu + self.compute_gpu + clip + self.overhead + self.margin
+        return (self.weights_gpu + self.kv_gpu + self.recurrent_gpu + self.compute_gpu + clip
+                + self.overhead + self.margin)
 
     @property
     def total_host(self) -> int:
         clip = 0 if self.mmproj_on_gpu else self.mmproj + self.mmproj_compute
-        return self.weights_host + self.kv_host + self.compute_host + clip
+        state = self.recurrent - self.recurrent_gpu + self.checkpoints
+        return self.weights_host + self.kv_host + state + self.compute_host + clip
 
 
 @dataclass(frozen=True)
@@ -356,6 +366,8 @@ def estimate(text: TextModelFacts, projector: ProjectorFacts, *, n_ctx: int, n_g
         mmproj_on_gpu=clip_on_gpu,
         overhead=overhead_bytes if on_gpu else 0,
         margin=margin_bytes if on_gpu else 0,
+        recurrent=text.recurrent_state_bytes * n_seq,
+        checkpoints=text.recurrent_state_bytes * n_seq * MAX_CHECKPOINTS,
     )
 
 
@@ -687,6 +699,7 @@ def compare(plan: Plan, reported: tuple[tuple[str, str, float], ...]) -> tuple[C
         _compute_check(plan, reported),
         Check("mmproj", b.mmproj, total("mmproj")),
         Check("mmproj_compute", b.mmproj_compute, total("mmproj_compute")),
+        Check("recurrent", b.recurrent, total("recurrent")),
     ]
     rows += [check for d in plan.devices for check in _device_checks(d, reported)]
     return tuple(row for row in rows if row.reported)

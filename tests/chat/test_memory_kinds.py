@@ -139,3 +139,26 @@ def test_an_interrupted_prefill_leaves_the_chat_as_it_was(pair: tuple[str, Engin
     theirs, _ = calm.ask("What is in picture 2?", image=_image(2))
     chat.check()
     assert ours == theirs and [s.kind for s in chat.segments] == [s.kind for s in calm.segments]
+
+
+def test_the_plan_counts_the_recurrent_state_and_its_checkpoints(pair: tuple[str, Engine, Engine],
+                                                                 test_models: dict[str, Path]) -> None:
+    """LFM2's convolution state, as llama.cpp sizes it, is what a checkpoint copies out (plus its
+    framing); the plan keeps it with the KV cache and 16 copies in RAM."""
+    from edgevlm.chat.checkpoints import MAX_CHECKPOINTS
+    from edgevlm.planning.memory import estimate
+
+    family, engine, _ = pair
+    text = read_text_model(test_models[f"{family}_text"])
+    breakdown = estimate(text, read_projector(test_models[f"{family}_mmproj"]), n_ctx=2048, n_gpu_layers=0,
+                         on_gpu=False)
+    if family != "lfm2":
+        assert text.recurrent_state_bytes == breakdown.recurrent == breakdown.checkpoints == 0
+        return
+    assert text.recurrent_state_bytes == 2 * 64 * 2 * 4  # 2 convolution layers, n_embd 64, l_cache 3
+    engine.sequence().truncate(0)
+    engine.sequence().eval_text(engine.sequence().tokenize("Hello there"))
+    saved = engine.sequence().save_partial()
+    assert text.recurrent_state_bytes <= saved.nbytes <= text.recurrent_state_bytes + 256
+    assert breakdown.checkpoints == MAX_CHECKPOINTS * breakdown.recurrent
+    assert breakdown.total_host >= breakdown.kv_host + breakdown.recurrent + breakdown.checkpoints
