@@ -125,11 +125,11 @@ class Engine:
             cparams.flash_attn_type = _flash_attn_type(cfg.flash_attn)
         # A sliding-window model keeps its whole window cache: the ledger cuts the cache at old
         # positions (the summary swap, rewinds), which a pruned window cache no longer holds.
-        self.n_swa = llama_cpp.llama_model_n_swa(self.model)
-        cparams.swa_full = self.n_swa > 0
+        n_swa = llama_cpp.llama_model_n_swa(self.model)
+        cparams.swa_full = n_swa > 0
         self.memory = MemoryKind(recurrent=bool(llama_cpp.llama_model_is_recurrent(self.model)),
                                  hybrid=bool(llama_cpp.llama_model_is_hybrid(self.model)),
-                                 n_swa=self.n_swa, swa_full=bool(cparams.swa_full))
+                                 n_swa=n_swa, swa_full=bool(cparams.swa_full))
         # No abort_callback: ggml would call it from its worker threads for every graph node,
         # and each call must take Python's GIL (seconds per token when another thread holds it).
         # Interrupts are honoured between batches and between tokens instead.
@@ -156,6 +156,11 @@ class Engine:
         self.projector = Projector(path, self.model, params, self.n_embd_model)
 
     # -- the sequences --------------------------------------------------------------------
+
+    @property
+    def n_swa(self) -> int:
+        """The model's sliding window, in tokens (0: none)."""
+        return self.memory.n_swa
 
     @property
     def n_ctx(self) -> int:

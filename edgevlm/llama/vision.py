@@ -41,11 +41,8 @@ def block_counter(model_path: str, mmproj_path: str) -> Iterator[BlockCount]:
         llama_cpp.llama_model_free(model)
         raise
 
-    def count(size: tuple[int, int]) -> tuple[int, int]:
-        block = projector.count_block(Image.new("RGB", size))
-        return block.n_tokens, block.visual_tokens
     try:
-        yield count
+        yield projector.count_size
     finally:
         projector.close()
         llama_cpp.llama_model_free(model)
@@ -88,6 +85,11 @@ class Projector:
         empty rows (mtmd's preprocessing only: cheap enough for planning an image's size)."""
         return self._with_chunks(image, RequestMeter(),
                                  lambda chunks: self._block_of(chunks, None, encode=False))
+
+    def count_size(self, size: tuple[int, int]) -> tuple[int, int]:
+        """(block tokens, visual tokens) of an image of this (width, height): count_block by size."""
+        block = self.count_block(Image.new("RGB", size))
+        return block.n_tokens, block.visual_tokens
 
     def close(self) -> None:
         """Free the mtmd context (idempotent)."""

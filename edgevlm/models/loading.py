@@ -10,8 +10,6 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
-from PIL import Image
-
 from edgevlm.chat.conversation import DEFAULT_QUESTION, turn_costs
 from edgevlm.chat.prompts import PromptFormat, detect_format
 from edgevlm.chat.templates import format_from_template
@@ -326,13 +324,11 @@ def load(flags: ModelFlags, *, on_progress: Callable[[float], None] | None = Non
     return Loaded(engine, prompt_format(choice, text, projector), choice, text, projector, plan, layout)
 
 
-def _mtmd_counter(engine: Engine) -> BlockCounter:
+def _mtmd_counter(engine: Engine) -> BlockCounter | None:
     """mtmd's own count of an image's block, by size (its preprocessing only, no encoder)."""
-    @functools.lru_cache(maxsize=256)
-    def count(size: tuple[int, int]) -> tuple[int, int]:
-        block = engine.sequence().count_block(Image.new("RGB", size))
-        return block.n_tokens, block.visual_tokens
-    return count
+    if engine.projector is None:
+        return None
+    return functools.lru_cache(maxsize=256)(engine.projector.count_size)
 
 
 def _load_smaller(choice: ModelChoice, text: TextModelFacts, projector: ProjectorFacts, plan: Plan,
