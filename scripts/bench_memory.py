@@ -5,7 +5,9 @@ The LFM2-VL test pair (hybrid: convolution layers with a recurrent state) and th
 pair (a 64-token sliding window), n_ctx 4096, CPU, a new 1280x720 photo each turn with the whole
 history resent. Per turn: the prompt tokens each server had to process (prompt - cached) and the
 request's latency, client-timed; and how often llama-server logged that it re-processed the
-whole prompt for lack of cache data (its checkpoints not covering the change).
+whole prompt for lack of cache data (its checkpoints not covering the change). On the Gemma pair
+edgevlm runs twice: with its window cache kept whole (swa_full, the planner's choice at this
+size) and with a window's worth and checkpoints (--no-swa-full), as llama-server keeps it.
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ PAIRS = {"hybrid (LFM2)": ("lfm2-test.gguf", "mmproj-lfm2-test.gguf"),
 FULL_REPROCESS = "forcing full prompt re-processing"
 
 
-def commands(text: Path, mmproj: Path, port: int) -> dict[str, list[str]]:
-    found = {"edgevlm serve": [sys.executable, "-m", "edgevlm.cli", "serve", "--model", str(text), "--mmproj",
-                               str(mmproj), "--n-ctx", str(N_CTX), "--max-tokens", str(MAX_TOKENS),
-                               "--port", str(port)]}
+def commands(text: Path, mmproj: Path, port: int, *, windowed: bool) -> dict[str, list[str]]:
+    serve = [sys.executable, "-m", "edgevlm.cli", "serve", "--model", str(text), "--mmproj", str(mmproj),
+             "--n-ctx", str(N_CTX), "--max-tokens", str(MAX_TOKENS), "--port", str(port)]
+    found = {"edgevlm serve": serve}
+    if windowed:
+        found["edgevlm --no-swa-full"] = [*serve, "--no-swa-full"]
     if LLAMA_SERVER.exists():
         found["llama-server"] = [str(LLAMA_SERVER), "-m", str(text), "--mmproj", str(mmproj),
                                  "-c", str(N_CTX), "-np", "1", "-ngl", "0", "--host", "127.0.0.1",
@@ -69,7 +73,8 @@ def main() -> None:
             if not all(p.exists() for p in paths):
                 sys.exit("test models missing: run `make test-models`")
             runs, reprocessed = [], {}
-            for name, command in commands(*paths, port := free_port()).items():
+            windowed = label.startswith("sliding window")
+            for name, command in commands(*paths, port := free_port(), windowed=windowed).items():
                 log = tmp / f"{name.replace(' ', '-')}.log"
                 process = start(command, port, env, log)
                 try:

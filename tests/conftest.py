@@ -60,13 +60,13 @@ def test_models() -> dict[str, Path]:
 
 
 def make_engine(mmproj: Path, *, n_ctx: int = 2048, n_batch: int = 512,  # noqa: ANN201
-                text: Path = TEXT_MODEL):
+                text: Path = TEXT_MODEL, swa_full: bool = True):
     """A CPU engine on the test text model (or `text`) and the given projector."""
     from edgevlm.llama.engine import Engine
     from edgevlm.llama.types import EngineConfig
 
     return Engine(EngineConfig(text, mmproj, n_ctx=n_ctx, n_gpu_layers=0, n_batch=n_batch,
-                               n_ubatch=n_batch))
+                               n_ubatch=n_batch, swa_full=swa_full))
 
 
 @contextlib.contextmanager

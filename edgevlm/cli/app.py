@@ -135,7 +135,7 @@ def describe(
     ctx: typer.Context, photos: opt.Photos, prompt: opt.Prompt = None, ask: opt.Ask = None,
     prompts: opt.Prompts = None, max_tokens: opt.MaxTokens = 512, tiles: opt.Tiles = "auto",
     pool: opt.Pool = "auto", model: opt.Model = DEFAULT_MODEL, mmproj: opt.Mmproj = None,
-    n_gpu_layers: opt.NGpuLayers = None, n_ctx: opt.NCtx = None,
+    n_gpu_layers: opt.NGpuLayers = None, swa_full: opt.SwaFull = None, n_ctx: opt.NCtx = None,
     seed: opt.Seed = None, temperature: opt.Temperature = 0.0, json_out: opt.JsonOut = False,
     fmt: opt.Format = None, schema: opt.Schema = None, tags: opt.Tags = False,
     max_tags: opt.MaxTags = 8, language: opt.Language = "English",
@@ -159,8 +159,7 @@ def describe(
         placement = _placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device)
         prompt, more = _questions(prompt, _asked(ask, prompts), structured=bool(fmt or schema or tags))
         output, prompt, max_tokens = _answer_shape(fmt, schema, tags, max_tags, language, prompt, max_tokens)
-        _check_describe_outputs(ctx, write_captions=write_captions, jsonl=jsonl, out_dir=out_dir,
-                                sidecars=write_xmp or embed, asking=bool(ask or prompts))
+        _check_describe_outputs(ctx, write_captions, jsonl, out_dir, write_xmp or embed, bool(ask or prompts))
         found = find_images(photos, recursive=recursive, pattern=glob)
         targets, xmp = _describe_targets(found.images, write_captions, out_dir, write_xmp, embed, xmp_name,
                                          (model, mmproj, prompt, output, max_tiles, pool_factor, max_tokens))
@@ -171,7 +170,8 @@ def describe(
         summary = BatchSummary(skipped=len(targets))  # until something needs doing
         if needs_work(targets, jsonl=log, overwrite=overwrite, xmp=xmp):
             flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, max_tokens, fetch_missing,
-                                 parallel=n_seq if len(targets) > 1 else 1, placement=placement)
+                                 parallel=n_seq if len(targets) > 1 else 1, placement=placement,
+                                 swa_full=swa_full)
             with _loaded(flags, quiet=quiet or json_out, tiles=(max_tiles, pool_factor)) as loaded, view:
                 describers = Describer.for_sequences(
                     loaded, max_tokens=max_tokens, max_tiles=max_tiles, sampling=_sampling(temperature, seed),
@@ -208,7 +208,7 @@ def _asked(ask: list[str] | None, prompts: Path | None) -> list[str]:
     return asked
 
 
-def _check_describe_outputs(ctx: typer.Context, *, write_captions: bool, jsonl: Path | None,
+def _check_describe_outputs(ctx: typer.Context, write_captions: bool, jsonl: Path | None,
                             out_dir: Path | None, sidecars: bool, asking: bool) -> None:
     """Everything describe will write, and the settings it reads, checked before the model loads."""
     from edgevlm.describe.folders import check_outputs
@@ -255,6 +255,7 @@ def _describe_targets(images: list[tuple[Path, Path]], write_captions: bool, out
 def chat(
     ctx: typer.Context, model: opt.Model = DEFAULT_MODEL, mmproj: opt.Mmproj = None,
     n_ctx: opt.NCtx = None, n_gpu_layers: opt.NGpuLayers = None, max_tokens: opt.MaxTokens = 512,
+    swa_full: opt.SwaFull = None,
     temperature: opt.Temperature = 0.0, seed: opt.Seed = None, summary: opt.Summary = "caption",
     keep_images: opt.KeepImages = 0, tiles: opt.Tiles = "auto", pool: opt.Pool = "auto",
     system: opt.System = None, session: opt.Session = None, resume: opt.Resume = None,
@@ -280,7 +281,8 @@ def chat(
         if saved and saved.model and _is_default(ctx, "model"):  # resume with the recorded model
             model, mmproj = saved.model, mmproj or (Path(saved.mmproj) if saved.mmproj else None)
         flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, max_tokens, fetch_missing,
-                             placement=_placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device))
+                             placement=_placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device),
+                             swa_full=swa_full)
         with _loaded(flags, quiet=False, tiles=(max_tiles, pool_factor)) as loaded:
             conversation = Conversation(
                 loaded.engine.sequence(), loaded.prompt_format, tile_size=loaded.projector_facts.image_size,
@@ -297,6 +299,7 @@ def serve(
     host: opt.Host = "127.0.0.1", port: opt.Port = 8080, api_key: opt.ApiKey = None,
     media_dir: opt.MediaDir = None, max_queue: opt.MaxQueue = 16, max_body_mb: opt.MaxBodyMb = 50,
     n_ctx: opt.NCtx = None, n_gpu_layers: opt.NGpuLayers = None, max_tokens: opt.MaxTokens = 512,
+    swa_full: opt.SwaFull = None,
     temperature: opt.Temperature = 0.0, tiles: opt.Tiles = "auto", pool: opt.Pool = "auto",
     summary: opt.Summary = "caption", no_cache: opt.NoCache = False, fetch_missing: opt.Fetch = False,
     parallel: opt.Parallel = "auto", threads: opt.Threads = None,
@@ -324,7 +327,8 @@ def serve(
         check(settings)  # unsafe or impossible settings fail before the model loads
         flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, max_tokens, fetch_missing,
                              parallel=n_seq,
-                             placement=_placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device))
+                             placement=_placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device),
+                             swa_full=swa_full)
         if threads is None:  # a core for the event loop while decoding, on small machines
             decode_threads, prefill_threads = serving_threads()
             flags = replace(flags, n_threads=decode_threads, n_threads_batch=prefill_threads)
@@ -339,8 +343,8 @@ def serve(
 def plan(
     ctx: typer.Context, preset: opt.PlanModel = None, model: opt.Model = DEFAULT_MODEL,
     mmproj: opt.Mmproj = None, vram: opt.Vram = None, n_ctx: opt.NCtx = None, kv_type: opt.KvType = None,
-    flash_attn: opt.FlashAttn = True, max_tokens: opt.AnswerRoom = 512, parallel: opt.PlanParallel = "1",
-    rpc: opt.Rpc = None, tensor_split: opt.TensorSplit = None,
+    flash_attn: opt.FlashAttn = True, swa_full: opt.SwaFull = None, max_tokens: opt.AnswerRoom = 512,
+    parallel: opt.PlanParallel = "1", rpc: opt.Rpc = None, tensor_split: opt.TensorSplit = None,
     split_mode: opt.SplitMode = "layer", main_gpu: opt.MainGpu = 0, mmproj_device: opt.MmprojDevice = None,
     verify: opt.Verify = False, json_out: opt.PlanJson = False, verbose: opt.Verbose = False,
     debug: opt.Debug = False,
@@ -359,7 +363,7 @@ def plan(
             raise ConfigError(f"--vram: {exc}") from None
         flags = ModelFlags(preset or model, str(mmproj) if mmproj else None, n_ctx=n_ctx,
                            answer_tokens=max_tokens, vram=cards, kv_type=kv_type, flash_attn=flash_attn,
-                           parallel=_parallel_option(ctx, parallel),
+                           swa_full=swa_full, parallel=_parallel_option(ctx, parallel),
                            placement=_placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device))
         choice, text, projector = inspect(flags, catalog_if_missing=not verify)
         the_plan = make_plan(flags, text, projector, costs=describe_costs(choice, text, projector))
@@ -380,6 +384,7 @@ def bench(
     model: opt.Model = DEFAULT_MODEL, mmproj: opt.Mmproj = None, image: opt.BenchImage = None,
     turns: opt.Turns = 4, max_tokens: opt.BenchTokens = 32, repeat: opt.Repeat = 1, peer: opt.Peer = None,
     no_peer: opt.NoPeer = False, n_ctx: opt.NCtx = None, n_gpu_layers: opt.NGpuLayers = None,
+    swa_full: opt.SwaFull = None,
     threads: opt.Threads = None, json_out: opt.BenchJson = False, fetch_missing: opt.Fetch = False,
     rpc: opt.Rpc = None, tensor_split: opt.TensorSplit = None,
     split_mode: opt.SplitMode = "layer", main_gpu: opt.MainGpu = 0, mmproj_device: opt.MmprojDevice = None,
@@ -400,7 +405,8 @@ def bench(
         if peer is not None and not peer.is_file():
             raise ConfigError(f"--peer {peer}: no such file (build it with `make peers`)")
         flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, max_tokens, fetch_missing,
-                             placement=_placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device))
+                             placement=_placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device),
+                             swa_full=swa_full)
         with _loaded(flags, quiet=json_out) as loaded, err.status("measuring", spinner="dots") as status:
             report = run_bench(loaded, photo, turns=turns, max_tokens=max_tokens, repeats=repeat,
                                peer=peer, on_step=lambda label: status.update(f"measuring: {label}"))
@@ -511,12 +517,13 @@ def cache(clear: Annotated[bool, typer.Option("--clear", help="Delete every cach
 
 def _model_flags(model: str, mmproj: Path | None, n_ctx: int | None, n_gpu_layers: int | None,
                  threads: int | None, max_tokens: int, fetch: bool, *,
-                 parallel: int | None = 1, placement: Placement | None = None) -> ModelFlags:
+                 parallel: int | None = 1, placement: Placement | None = None,
+                 swa_full: bool | None = None) -> ModelFlags:
     """The model flags every loading command shares."""
     from edgevlm.models.loading import ModelFlags, Placement
 
     return ModelFlags(str(model), str(mmproj) if mmproj else None, n_ctx, n_gpu_layers, threads,
-                      answer_tokens=max_tokens, fetch=fetch, parallel=parallel,
+                      answer_tokens=max_tokens, fetch=fetch, parallel=parallel, swa_full=swa_full,
                       placement=placement or Placement())
 
 

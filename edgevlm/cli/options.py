@@ -159,6 +159,10 @@ KvType = Annotated[str | None, typer.Option(
     metavar="f16|q8_0|q4_0", help="KV cache type. Default: f16, or q8_0 when it buys context.")]
 FlashAttn = Annotated[bool, typer.Option(
     "--flash-attn/--no-flash-attn", help="Flash attention (smaller compute buffer).")]
+SwaFull = Annotated[bool | None, typer.Option(
+    "--swa-full/--no-swa-full", show_default=False,
+    help="Sliding-window models (Gemma 3): keep the whole window cache, or a window's worth with "
+    "checkpoints in RAM. Default: whole where it costs no layers or context.")]
 AnswerRoom = Annotated[int, typer.Option(
     "--max-tokens", metavar="N", help="Answer length to leave room for.", min=1)]
 Verify = Annotated[bool, typer.Option(

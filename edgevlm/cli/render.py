@@ -235,7 +235,7 @@ def render_plan(p: Plan, model_name: str, checks: tuple[Check, ...]) -> None:
               f"(trained {p.n_ctx_train}) "
               f"· KV {p.type_k} · flash attention {'on' if p.flash_attn else 'off'} · projector on "
               f"{'GPU' if p.mmproj_on_gpu else 'CPU'} · ubatch {p.n_ubatch} · {tiles}"
-              f"a 3840x2160 photo: {photo} · layout {p.layout} · memory {p.memory}")
+              f"a 3840x2160 photo: {photo} · layout {p.layout} · memory {_memory(p)}")
     out.print(_devices_table(p) if p.devices else _plan_table(p))
     if p.photo_prefix_bytes:
         count = p.photo_prefixes_in_ram
@@ -254,6 +254,13 @@ def render_plan(p: Plan, model_name: str, checks: tuple[Check, ...]) -> None:
         out.print(verify)
 
 
+def _memory(p: Plan) -> str:
+    """The memory kind, and for a sliding window how its cache is kept."""
+    if p.memory != "sliding-window":
+        return p.memory
+    return p.memory + (" (whole: swa_full)" if p.swa_full else " (a window's worth + checkpoints)")
+
+
 def _plan_table(p: Plan) -> Table:
     from edgevlm.planning.memory import format_bytes
 
@@ -267,9 +274,10 @@ def _plan_table(p: Plan) -> Table:
             ("projector weights", b.mmproj if on_gpu else 0, 0 if on_gpu else b.mmproj),
             ("projector compute", b.mmproj_compute if on_gpu else 0, 0 if on_gpu else b.mmproj_compute),
             ("CUDA context", b.overhead, 0), ("safety margin", b.margin, 0)]
-    if b.recurrent:  # a hybrid or recurrent model: its state, and the chat's checkpoints of it
-        rows[2:2] = [("recurrent state", b.recurrent_gpu, b.recurrent - b.recurrent_gpu),
-                     ("checkpoints", 0, b.checkpoints)]
+    if b.checkpoints:  # the chat's checkpoints of a hybrid's state or of a window cache, in RAM
+        rows.insert(2, ("checkpoints", 0, b.checkpoints))
+    if b.recurrent:  # a hybrid or recurrent model's state, with its KV cache
+        rows.insert(2, ("recurrent state", b.recurrent_gpu, b.recurrent - b.recurrent_gpu))
     if p.vram_free is None:  # a CPU plan: no GPU rows
         rows = [row for row in rows if row[0] not in ("CUDA context", "safety margin") or row[1]]
     for name, gpu, host in rows:

@@ -123,10 +123,10 @@ class Engine:
         cparams.type_k, cparams.type_v = _ggml_type(cfg.type_k), _ggml_type(cfg.type_v)
         if cfg.flash_attn is not None:
             cparams.flash_attn_type = _flash_attn_type(cfg.flash_attn)
-        # A sliding-window model keeps its whole window cache: the ledger cuts the cache at old
-        # positions (the summary swap, rewinds), which a pruned window cache no longer holds.
+        # The planner's choice for a sliding-window model: its whole window cache (cut anywhere), or
+        # a window's worth that old positions leave, which the ledger goes back through checkpoints.
         n_swa = llama_cpp.llama_model_n_swa(self.model)
-        cparams.swa_full = n_swa > 0
+        cparams.swa_full = cfg.swa_full and n_swa > 0
         self.memory = MemoryKind(recurrent=bool(llama_cpp.llama_model_is_recurrent(self.model)),
                                  hybrid=bool(llama_cpp.llama_model_is_hybrid(self.model)),
                                  n_swa=n_swa, swa_full=bool(cparams.swa_full))

@@ -37,6 +37,9 @@ class EngineConfig:
     main_gpu: int = 0
     tensor_split: tuple[float, ...] = ()  # per device, in llama.cpp's order; () lets it choose
     mmproj_device: str | None = None  # the device for the projector (CUDA1, RPC0); None: mtmd's
+    # A sliding-window model's window cache kept whole (llama.cpp's swa_full): the ledger cuts it
+    # at any position. False: a window's worth, and the ledger goes back through checkpoints.
+    swa_full: bool = True
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,13 @@ SUPPORTED_TEXT_ARCHS = frozenset({"llama", "mistral", "qwen2", "gemma", "phi3", 
 HYBRID_ARCHS = frozenset({"lfm2", "lfm2moe", "granitehybrid", "nemotron_h", "falcon_h1", "jamba", "qwen35",
                           "qwen3next", "plamo2"})
 RECURRENT_ARCHS = frozenset({"mamba", "mamba2", "rwkv6", "rwkv7", "arwkv7", "rwkv6qwen2"})
+# Architectures whose sliding window llama.cpp honours, and which of their layers use it where the
+# GGUF does not say: every n-th layer global, the rest windowed (llama_model_gemma3's pattern of
+# 6). Others' `sliding_window` keys are ignored by llama.cpp (Phi-3's, Qwen2's), and so here.
+SWA_PATTERN_DEFAULT = {"gemma3": 6}
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.")
 # Bump when the facts' fields change, so stale cache entries are ignored.
-_CACHE_VERSION = 7
+_CACHE_VERSION = 8
 # The image layouts edgevlm knows: LLaVA-1.5 with labelled AnyRes tiles, and LLaVA-NeXT's own.
 LLAVA_15_TILES = "llava-1.5-tiles"
 LLAVA_NEXT = "llava-next"
@@ -78,6 +82,7 @@ class TextModelFacts:
     eos_text: str = ""
     n_kv_layers: int = 0  # layers with a KV cache (0: every layer; hybrids have fewer)
     n_swa: int = 0  # the sliding window, in tokens (0: none)
+    n_swa_layers: int = 0  # layers that attend only within it (their cache can be a window's worth)
     recurrent_state_bytes: int = 0  # one sequence's recurrent state (f32), where edgevlm knows its shape
 
     @property
@@ -189,11 +194,28 @@ def _read_text_model(path: Path) -> TextModelFacts:
         file_bytes=path.stat().st_size,
         tied_embeddings=not sizes.has_output_weight,
         n_kv_layers=sum(1 for h in per_layer if h),
-        n_swa=int(fields.get(f"{arch}.attention.sliding_window", 0)),
+        **_sliding_window(fields, arch, per_layer),
         recurrent_state_bytes=_recurrent_state_bytes(fields, arch, n_embd, per_layer.count(0)),
         bos_text=_token_text(reader, "bos"),
         eos_text=_token_text(reader, "eos"),
     )
+
+
+def _sliding_window(fields: dict[str, Any], arch: str, heads_kv: list[int]) -> dict[str, int]:
+    """n_swa, the window llama.cpp applies in tokens, and n_swa_layers, how many layers it applies
+    to (as llama_hparams::set_swa_pattern counts them); none where llama.cpp applies none."""
+    n_swa = int(fields.get(f"{arch}.attention.sliding_window", 0))
+    if n_swa <= 0 or (arch not in SWA_PATTERN_DEFAULT and arch not in HYBRID_ARCHS):
+        return {}
+    if arch in HYBRID_ARCHS:  # LFM2 with a window: every attention layer uses it
+        return {"n_swa": n_swa, "n_swa_layers": sum(1 for h in heads_kv if h)}
+    pattern = fields.get(f"{arch}.attention.sliding_window_pattern", SWA_PATTERN_DEFAULT[arch])
+    if isinstance(pattern, (list, tuple)):
+        windowed = sum(1 for flag in pattern[:len(heads_kv)] if flag)
+    else:
+        every = int(pattern)
+        windowed = sum(1 for il in range(len(heads_kv)) if every == 0 or il % every < every - 1)
+    return {"n_swa": n_swa, "n_swa_layers": windowed}
 
 
 def _recurrent_state_bytes(fields: dict[str, Any], arch: str, n_embd: int, n_recurrent: int) -> int:

@@ -80,6 +80,7 @@ class ModelFlags:
     vram: tuple[int, ...] | None = None  # plan for cards with this much free VRAM, not this machine's
     kv_type: str | None = None
     flash_attn: bool = True
+    swa_full: bool | None = None  # sliding-window models: keep the whole window cache; None: choose
     fetch: bool = False  # download a missing preset instead of failing
     parallel: int | None = 1  # requests decoded together; None: the plan chooses
     placement: Placement = Placement()
@@ -177,9 +178,9 @@ def make_plan(flags: ModelFlags, text: TextModelFacts, projector: ProjectorFacts
     device, notes = _devices(flags)
     where = flags.placement
     settings = Settings(n_ctx=flags.n_ctx, n_gpu_layers=flags.n_gpu_layers, kv_type=flags.kv_type,
-                        flash_attn=flags.flash_attn, answer_tokens=flags.answer_tokens, costs=costs,
-                        n_seq=flags.parallel, tensor_split=where.tensor_split,
-                        mmproj_device=where.mmproj_device)
+                        flash_attn=flags.flash_attn, swa_full=flags.swa_full,
+                        answer_tokens=flags.answer_tokens, costs=costs, n_seq=flags.parallel,
+                        tensor_split=where.tensor_split, mmproj_device=where.mmproj_device)
     with _mtmd_blocks(text, projector) as blocks:
         plan = choose(text, projector, device, replace(settings, blocks=blocks))
     if memory_note(text):
@@ -305,7 +306,8 @@ def engine_config(choice: ModelChoice, plan: Plan, flags: ModelFlags) -> EngineC
                         mmproj_on_gpu=plan.mmproj_on_gpu, n_seq=plan.n_seq,
                         split_mode=flags.placement.split_mode, main_gpu=flags.placement.main_gpu,
                         tensor_split=plan.tensor_split,
-                        mmproj_device=plan.mmproj_device or None)  # ignored off the GPU
+                        mmproj_device=plan.mmproj_device or None,  # ignored off the GPU
+                        swa_full=plan.swa_full)
 
 
 def load(flags: ModelFlags, *, on_progress: Callable[[float], None] | None = None) -> Loaded:

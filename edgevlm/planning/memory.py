@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from edgevlm.chat.checkpoints import MAX_CHECKPOINTS
+from edgevlm.chat.checkpoints import checkpoint_ram_bytes
 from edgevlm.models.gguf import LLAVA_15_TILES, LLAVA_NEXT, LLAVA_PROJECTORS, ProjectorFacts, TextModelFacts
 from edgevlm.planning.split import DeviceShare, GpuBudget, LayerCosts, place
 from edgevlm.store.prefix_cache import RAM_BYTES as PREFIX_RAM_BYTES
@@ -72,6 +72,7 @@ class Settings:
     tensor_split: tuple[float, ...] | None = None  # several devices: None splits by room
     mmproj_device: str | None = None  # several devices: None puts it where most room is left
     blocks: BlockCounter | None = None  # an mtmd family's image blocks as mtmd counts them
+    swa_full: bool | None = None  # sliding-window models: keep the whole window cache; None: choose
 
 
 @dataclass(frozen=True)
@@ -172,6 +173,7 @@ class Plan:
     photo_visual_tokens: int = 0  # an mtmd family's 4K photo: its visual tokens, as mtmd counts them
     photo_shown: tuple[int, int] = (0, 0)  # … and the size it is handed to mtmd at
     prefix_ram_bytes: int = 0  # the prefix cache's RAM tier: its cap, or the RAM the model leaves
+    swa_full: bool = False  # a sliding-window model's window cache kept whole (else: checkpoints)
 
     @property
     def photo_tiles(self) -> int:
@@ -187,7 +189,7 @@ class Plan:
         b = self.breakdown
         return {
             "device": self.device, "n_gpu_layers": self.n_gpu_layers, "n_layers": self.n_layers,
-            "memory": self.memory,
+            "memory": self.memory, "swa_full": self.swa_full,
             "n_ctx": self.n_ctx, "n_seq": self.n_seq, "n_ctx_train": self.n_ctx_train,
             "type_k": self.type_k,
             "type_v": self.type_v, "flash_attn": self.flash_attn,
@@ -242,12 +244,34 @@ def _tied_copy(text: TextModelFacts) -> int:
 
 
 def kv_bytes_per_layer(text: TextModelFacts, n_ctx: int, type_k: str = "f16",
-                       type_v: str = "f16") -> int:
-    """K and V for one layer: n_ctx x n_head_kv x head_dim each, at the cache type's size (on a
-    hybrid, averaged over every layer: only its attention layers hold any)."""
-    k = n_ctx * text.n_head_kv * text.head_dim_k * KV_BYTES_PER_ELEMENT[type_k]
-    v = n_ctx * text.n_head_kv * text.head_dim_v * KV_BYTES_PER_ELEMENT[type_v]
-    return int((k + v) * text.kv_layers / text.n_layer)
+                       type_v: str = "f16", *, window_cells: int | None = None) -> int:
+    """K and V for one layer: n_ctx x n_head_kv x head_dim each, at the cache type's size,
+    averaged over every layer: a hybrid's attention layers alone hold any, and with window_cells
+    a sliding-window model's windowed layers hold that many cells, not n_ctx."""
+    cell = text.n_head_kv * (text.head_dim_k * KV_BYTES_PER_ELEMENT[type_k]
+                             + text.head_dim_v * KV_BYTES_PER_ELEMENT[type_v])
+    windowed = text.n_swa_layers if window_cells is not None else 0
+    cells = (text.kv_layers - windowed) * n_ctx + windowed * min(window_cells or 0, n_ctx)
+    return int(cell * cells / text.n_layer)
+
+
+def window_cells(text: TextModelFacts, n_ctx: int, n_ubatch: int) -> int:
+    """Cells llama.cpp gives one sequence's sliding-window layers when their cache is not kept
+    whole: the window and one ubatch, padded to 256 (llama_kv_cache_iswa)."""
+    return _round_up(min(n_ctx, text.n_swa + n_ubatch), 256)
+
+
+def checkpoint_bytes(text: TextModelFacts, n_ctx: int, n_ubatch: int, kv_type: str, *,
+                     swa_full: bool) -> int:
+    """One checkpoint of one sequence (chat/checkpoints.py): a hybrid's recurrent state, or a
+    sliding-window model's window cache where it is not kept whole; 0 where the cache is cut."""
+    if text.memory_kind == "sliding-window":
+        if swa_full:
+            return 0
+        window = window_cells(text, n_ctx, n_ubatch)
+        per_layer = kv_bytes_per_layer(text, window, kv_type, kv_type) * text.n_layer / text.kv_layers
+        return int(per_layer * text.n_swa_layers)
+    return text.recurrent_state_bytes
 
 
 def kv_bytes(text: TextModelFacts, n_ctx: int, type_k: str = "f16", type_v: str = "f16") -> int:
@@ -331,18 +355,22 @@ def estimate(text: TextModelFacts, projector: ProjectorFacts, *, n_ctx: int, n_g
              type_k: str = "f16", type_v: str = "f16", flash_attn: bool = True,
              mmproj_on_gpu: bool = True, n_ubatch: int = 512, on_gpu: bool = True,
              overhead_bytes: int = CUDA_CONTEXT_BYTES,
-             margin_bytes: int = DEFAULT_MARGIN_BYTES, n_seq: int = 1) -> Breakdown:
+             margin_bytes: int = DEFAULT_MARGIN_BYTES, n_seq: int = 1, swa_full: bool = True) -> Breakdown:
     """Every component llama.cpp will allocate for these settings.
 
     n_seq sequences get n_ctx KV cells each; llama.cpp reserves the graph for all of them
     (measured for 4 sequences of 2048: KV 4x, compute 1.7x without flash attention and
     unchanged with it), so the cache and the graph's context terms are counted n_seq-fold.
+    A sliding-window model's windowed layers hold the whole context only with swa_full; without
+    it a window's worth, and the chat keeps checkpoints of that window in RAM.
     """
+    window = None if swa_full or not text.n_swa_layers else window_cells(text, n_ctx, n_ubatch) * n_seq
+    one_checkpoint = checkpoint_bytes(text, n_ctx, n_ubatch, type_k, swa_full=swa_full)
     n_ctx *= n_seq
     n_layers = text.n_layer + 1
     gpu_layers = max(0, min(n_gpu_layers, n_layers)) if on_gpu else 0
     gpu_blocks = max(0, gpu_layers - 1)
-    kv_layer = kv_bytes_per_layer(text, n_ctx, type_k, type_v)
+    kv_layer = kv_bytes_per_layer(text, n_ctx, type_k, type_v, window_cells=window)
     backend = "cuda" if on_gpu else "cpu"
     compute = compute_bytes(text, n_ctx, n_ubatch=n_ubatch, flash_attn=flash_attn, backend=backend)
     clip_on_gpu = mmproj_on_gpu and on_gpu
@@ -367,7 +395,7 @@ def estimate(text: TextModelFacts, projector: ProjectorFacts, *, n_ctx: int, n_g
         overhead=overhead_bytes if on_gpu else 0,
         margin=margin_bytes if on_gpu else 0,
         recurrent=text.recurrent_state_bytes * n_seq,
-        checkpoints=text.recurrent_state_bytes * n_seq * MAX_CHECKPOINTS,
+        checkpoints=checkpoint_ram_bytes(one_checkpoint) * n_seq,
     )
 
 
@@ -453,11 +481,9 @@ def _layout_name(projector: ProjectorFacts) -> str:
 
 
 def memory_note(text: TextModelFacts) -> str:
-    """How the plan keeps this model's memory kind, for the notes ("" for plain attention)."""
+    """How the plan keeps a hybrid or recurrent model's memory, for the notes ("" for others: a
+    sliding window's note comes with the planner's choice, see swa_note)."""
     kind = text.memory_kind
-    if kind == "sliding-window":
-        return (f"sliding window of {text.n_swa} tokens kept whole (llama.cpp's swa_full): the summary "
-                "swap and rewinds cut the cache exactly; counted as a full KV cache on every layer")
     if kind in ("hybrid", "recurrent"):
         return (f"{kind} memory: its recurrent state cannot be cut at a position, so the summary swap "
                 "goes back through checkpoints of it at turn boundaries (16 at most, a few KiB to MiB "
@@ -478,6 +504,65 @@ def ubatch_for(projector: ProjectorFacts) -> int:
     return -(-MIN_UBATCH // tokens) * tokens
 
 
+def swa_note(text: TextModelFacts, plan: Plan, other: Plan | None) -> str:
+    """Why a sliding-window model's plan keeps its window cache whole or not, and at what cost
+    (`other`: the plan the other way, where the planner weighed both)."""
+    head = f"sliding window of {text.n_swa} tokens on {text.n_swa_layers} of {text.n_layer} layers"
+    b = plan.breakdown
+    if plan.swa_full:
+        why = "it costs no layers or context here" if other else "asked for with --swa-full"
+        more = format_bytes(b.kv_gpu + b.kv_host - _kv(other))
+        extra = f", {more} more KV than a window's" if other else ""
+        return (f"{head}, its cache kept whole (llama.cpp's swa_full; {why}{extra}): the summary swap "
+                "and rewinds cut it exactly, with no checkpoints")
+    why = "asked for with --no-swa-full" if other is None else f"swa_full would {_what_it_costs(plan, other)}"
+    return (f"{head}, a window's worth cached ({why}): the summary swap goes back through checkpoints "
+            f"of the window, {format_bytes(b.checkpoints)} of RAM at most, and re-decodes only the text "
+            "after them")
+
+
+def _kv(plan: Plan | None) -> int:
+    return plan.breakdown.kv_gpu + plan.breakdown.kv_host if plan else 0
+
+
+def _what_it_costs(window: Plan, whole: Plan) -> str:
+    """What keeping the window cache whole would have given up, in the planner's words."""
+    if whole.n_seq < window.n_seq:
+        return f"decode {whole.n_seq} requests together, not {window.n_seq}"
+    if whole.n_gpu_layers < window.n_gpu_layers:
+        return f"leave {window.n_gpu_layers - whole.n_gpu_layers} more layers on the CPU"
+    if whole.n_ctx < window.n_ctx:
+        return f"cut n_ctx from {window.n_ctx} to {whole.n_ctx}"
+    if whole.type_k != window.type_k:
+        return f"need a {whole.type_k} KV cache"
+    return f"not fit ({format_bytes(_kv(whole) - _kv(window))} more KV)"
+
+
+def _choose_swa_cache(text: TextModelFacts, projector: ProjectorFacts, device: MachineMemory,
+                      settings: Settings) -> Plan:
+    """A sliding-window model: its whole window cache (swa_full, cut anywhere) where that costs
+    no sequences, layers, context or KV precision and still fits; else a window's worth, with
+    checkpoints of it for the summary swap."""
+    if settings.swa_full is not None:
+        plan = _choose_plain(text, projector, device, settings)
+        return replace(plan, notes=(*plan.notes, swa_note(text, plan, None)))
+    whole = _choose_plain(text, projector, device, replace(settings, swa_full=True))
+    window = _choose_plain(text, projector, device, replace(settings, swa_full=False))
+    same = (whole.n_seq, whole.n_gpu_layers, whole.n_ctx, whole.type_k) == (
+        window.n_seq, window.n_gpu_layers, window.n_ctx, window.type_k)
+    chosen, other = (whole, window) if same and _fits(whole, device, settings) else (window, whole)
+    return replace(chosen, notes=(*chosen.notes, swa_note(text, chosen, other)))
+
+
+def _fits(plan: Plan, device: MachineMemory, settings: Settings) -> bool:
+    """Whether the plan fits where it runs: the GPU (each device) or, on the CPU, the free RAM."""
+    if plan.devices:
+        return all(d.fits for d in plan.devices)
+    if plan.device == "cpu":
+        return plan.breakdown.total_host + settings.margin_bytes <= device.ram_free
+    return device.vram_free is not None and plan.breakdown.total_gpu <= device.vram_free
+
+
 def choose(text: TextModelFacts, projector: ProjectorFacts, device: MachineMemory,
            settings: Settings = Settings()) -> Plan:
     """Pick n_gpu_layers, n_ctx and the KV type.
@@ -487,6 +572,14 @@ def choose(text: TextModelFacts, projector: ProjectorFacts, device: MachineMemor
     image context; the projector leaves the GPU only when not even it fits (then the whole
     plan is a CPU plan). More VRAM never yields fewer layers or a smaller context.
     """
+    if text.memory_kind == "sliding-window":
+        return _choose_swa_cache(text, projector, device, settings)
+    return _choose_plain(text, projector, device, settings)
+
+
+def _choose_plain(text: TextModelFacts, projector: ProjectorFacts, device: MachineMemory,
+                  settings: Settings) -> Plan:
+    """choose, with the sliding-window cache (if any) settled."""
     if settings.n_seq is None:
         return choose_parallel(text, projector, device, settings)
     planner = _Planner(text, projector, device, settings)
@@ -503,7 +596,7 @@ def choose_parallel(text: TextModelFacts, projector: ProjectorFacts, device: Mac
     n_ctx min(single plan's, PARALLEL_CTX) each; on the CPU, one (measured: decode is
     compute-bound there, so sequences decoded together cost nearly what they cost in turn).
     """
-    single = choose(text, projector, device, replace(settings, n_seq=1))
+    single = _choose_plain(text, projector, device, replace(settings, n_seq=1))
     if not device.is_gpu or single.n_gpu_layers < single.n_layers or settings.n_gpu_layers is not None:
         return single
     ctx = min(single.n_ctx, settings.n_ctx or PARALLEL_CTX)
@@ -530,6 +623,9 @@ class _Planner:
         self.n_ubatch = settings.n_ubatch or ubatch_for(projector)
         self.costs = settings.costs or estimated_costs(projector)
         self.n_seq = settings.n_seq or 1
+        # Only a sliding-window model has a choice; a hybrid with a window uses checkpoints anyway.
+        swa = text.memory_kind == "sliding-window"
+        self.swa_full = swa and settings.swa_full is not False
 
     def build(self, n_ctx: int, layers: int, kv: str, *, on_gpu: bool = True,
               notes: tuple[str, ...] = ()) -> Plan:
@@ -540,7 +636,7 @@ class _Planner:
         breakdown = estimate(self.text, self.projector, n_ctx=n_ctx, n_gpu_layers=layers, type_k=kv,
                              type_v=kv, flash_attn=fa, mmproj_on_gpu=clip_on_gpu, n_ubatch=self.n_ubatch,
                              on_gpu=gpu, overhead_bytes=s.overhead_bytes, margin_bytes=s.margin_bytes,
-                             n_seq=self.n_seq)
+                             n_seq=self.n_seq, swa_full=self.swa_full)
         tiles = tiles_at(self.costs, self.projector, n_ctx, s.answer_tokens, blocks=s.blocks)
         split = self.split(n_ctx, layers, kv, fa) if gpu and self.device.is_split else None
         return Plan(
@@ -554,7 +650,13 @@ class _Planner:
             layout=_layout_name(self.projector), n_seq=self.n_seq, memory=self.text.memory_kind,
             photo_visual_tokens=tiles.photo_visual_tokens, photo_shown=tiles.photo_shown,
             photo_prefix_bytes=prefix_bytes(self.text, self.costs.system_tokens + tiles.photo_tokens, kv),
-            prefix_ram_bytes=self._prefix_ram(breakdown), **(split or {}))
+            prefix_ram_bytes=self._prefix_ram(breakdown), swa_full=self.swa_full, **(split or {}))
+
+    def window_cells(self, n_ctx: int) -> int | None:
+        """Every sequence's cells in the windowed layers where the window cache is not kept whole."""
+        if self.swa_full or not self.text.n_swa_layers:
+            return None
+        return window_cells(self.text, n_ctx, self.n_ubatch) * self.n_seq
 
     def _prefix_ram(self, breakdown: Breakdown) -> int:
         """The prefix cache's RAM tier: its cap, or less where the model leaves less RAM free."""
@@ -573,7 +675,8 @@ class _Planner:
         """The per-device fields of a plan over several devices."""
         s, total_ctx = self.settings, n_ctx * self.n_seq
         costs = LayerCosts(
-            kv_per_layer=kv_bytes_per_layer(self.text, total_ctx, kv, kv),
+            kv_per_layer=kv_bytes_per_layer(self.text, total_ctx, kv, kv,
+                                            window_cells=self.window_cells(n_ctx)),
             compute_layers=compute_bytes(self.text, total_ctx, n_ubatch=self.n_ubatch, flash_attn=fa,
                                          output_layer=False),
             compute_output=compute_bytes(self.text, total_ctx, n_ubatch=self.n_ubatch, flash_attn=fa),

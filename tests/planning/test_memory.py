@@ -22,10 +22,12 @@ from edgevlm.planning.memory import (
     compute_bytes,
     estimate,
     kv_bytes,
+    kv_bytes_per_layer,
     parse_size,
     ubatch_for,
     weights_on_gpu,
     weights_on_host,
+    window_cells,
 )
 from edgevlm.store.prefix_cache import RAM_BYTES as PREFIX_RAM_BYTES
 
@@ -343,3 +345,76 @@ def test_the_estimate_holds_for_every_family(test_models: dict[str, Path], famil
         assert abs(checks[name].error) <= 0.10, checks[name]
     if family == "qwen":
         assert checks["mmproj_compute"].reported > 400 * 2**20  # the mask is real and counted
+
+
+# -- sliding-window models: the whole window cache, or a window's worth and checkpoints ------
+
+
+def _gemma3_4b(gemma_text: Path) -> TextModelFacts:
+    """Gemma 3 4B's shape (34 layers, a window of 1024 on 29 of them), on the test pair's file."""
+    return dataclasses.replace(
+        read_text_model(gemma_text), architecture="gemma3", n_layer=34, n_embd=2560, n_head=8,
+        n_head_kv=4, head_dim_k=256, head_dim_v=256, n_ff=10240, n_ctx_train=131072, n_vocab=262144,
+        layer_bytes=tuple([58 * MIB] * 34), output_bytes=0, token_embd_bytes=525 * MIB,
+        tied_embeddings=True, n_kv_layers=34, n_swa=1024, n_swa_layers=29)
+
+
+def test_a_window_cache_is_counted_on_the_windowed_layers_only(test_models: dict[str, Path]) -> None:
+    gemma = _gemma3_4b(test_models["gemma_text"])
+    whole, window = (kv_bytes_per_layer(gemma, 32768, window_cells=cells) for cells in (None, 1536))
+    # 5 global layers at 32768 cells and 29 windowed ones at 1536, 4 KiB a cell and layer.
+    assert whole * 34 == 34 * 32768 * 4096
+    assert window * 34 == pytest.approx((5 * 32768 + 29 * 1536) * 4096, rel=1e-6)
+    assert window_cells(gemma, 32768, 512) == 1536 and window_cells(gemma, 1024, 512) == 1024
+
+
+def test_the_planner_keeps_the_window_whole_only_where_it_costs_nothing(test_models: dict[str, Path]) -> None:
+    gemma, projector = _gemma3_4b(test_models["gemma_text"]), read_projector(test_models["gemma_mmproj"])
+    card = MachineMemory(vram_free=8 * GIB, ram_free=32 * GIB)
+    chosen = choose(gemma, projector, card)
+    whole = choose(gemma, projector, card, Settings(swa_full=True))
+    assert not chosen.swa_full and whole.swa_full and chosen.n_ctx > whole.n_ctx
+    note = next(n for n in chosen.notes if "sliding window" in n)
+    assert "checkpoints" in note and f"cut n_ctx from {chosen.n_ctx} to {whole.n_ctx}" in note
+    assert 0 < chosen.breakdown.checkpoints <= 1.1 * GIB  # a 1536-cell window of 29 layers each
+    assert whole.breakdown.checkpoints == 0
+    # Asked for a context both fit at: the whole cache, no checkpoints, and why.
+    short = choose(gemma, projector, card, Settings(n_ctx=8192))
+    assert short.swa_full and short.n_ctx == 8192 and short.breakdown.checkpoints == 0
+    assert any("kept whole" in n and "costs no layers or context" in n for n in short.notes)
+    cpu = choose(gemma, projector, MachineMemory(vram_free=None, ram_free=32 * GIB))
+    assert cpu.swa_full and cpu.to_json()["swa_full"] is True
+
+
+@pytest.mark.parametrize("gib", [4, 6, 8, 12, 16, 24])
+def test_the_choice_never_costs_layers_or_context(test_models: dict[str, Path], gib: int) -> None:
+    gemma, projector = _gemma3_4b(test_models["gemma_text"]), read_projector(test_models["gemma_mmproj"])
+    card = MachineMemory(vram_free=gib * GIB, ram_free=32 * GIB)
+    chosen, window = choose(gemma, projector, card), choose(gemma, projector, card, Settings(swa_full=False))
+    assert (chosen.n_gpu_layers, chosen.n_ctx, chosen.type_k) == (window.n_gpu_layers, window.n_ctx,
+                                                                 window.type_k)
+
+
+def test_the_window_estimate_matches_llama_cpp(test_models: dict[str, Path]) -> None:
+    """The test Gemma (a window of 64 on layer 0 of 2) planned without swa_full: the KV llama.cpp
+    allocates, and `plan --verify --no-swa-full` says the same."""
+    text_path, mmproj_path = test_models["gemma_text"], test_models["gemma_mmproj"]
+    text, projector = read_text_model(text_path), read_projector(mmproj_path)
+    assert (text.n_swa, text.n_swa_layers, text.n_layer) == (64, 1, 2)
+    plan = choose(text, projector, MachineMemory(vram_free=None, ram_free=16 * GIB),
+                  Settings(n_ctx=4096, swa_full=False))
+    with Engine(EngineConfig(text_path, mmproj_path, n_ctx=4096, n_gpu_layers=0, n_batch=plan.n_ubatch,
+                             n_ubatch=plan.n_ubatch, swa_full=plan.swa_full)) as engine:
+        assert not engine.memory.swa_full and not engine.memory.can_cut
+        checks = {c.component: c for c in compare(plan, engine.reported_buffers)}
+    assert abs(checks["kv"].error) <= 0.01, checks["kv"]
+    whole = choose(text, projector, MachineMemory(vram_free=None, ram_free=16 * GIB),
+                   Settings(n_ctx=4096, swa_full=True))
+    assert plan.breakdown.kv_host < whole.breakdown.kv_host
+    verified = run_cli("plan", "--model", str(text_path), "--mmproj", str(mmproj_path), "--n-ctx", "4096",
+                       "--no-swa-full", "--verify", "--json")
+    assert verified.returncode == 0, verified.stderr
+    data = json.loads(verified.stdout)
+    assert data["swa_full"] is False and any("--no-swa-full" in n for n in data["notes"])
+    kv = next(c for c in data["verify"] if c["component"] == "kv")
+    assert abs(kv["estimated"] - kv["reported"]) <= 0.01 * kv["reported"]
