@@ -60,19 +60,24 @@ def test_ollama_with_images_on_the_qwen_pair(qwen_server: tuple[str, ServerState
     assert "".join(p.message.content for p in parts) == reply.message.content
 
 
-def test_a_resent_history_on_the_hybrid_model_reuses_its_cache(
-        test_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> None:
-    """LFM2 (hybrid memory, its recurrent state not cut at a position): ten turns, the whole
-    history resent each time with a new photo every other turn; the cached prefix grows."""
+@pytest.mark.parametrize(("family", "kind", "least_cached"), [("lfm2", "hybrid", 100),
+                                                             ("gemma", "sliding-window", 30)])
+def test_a_resent_history_on_checkpointed_memory_reuses_its_cache(
+        test_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory, family: str, kind: str,
+        least_cached: int) -> None:
+    """LFM2 (hybrid memory, its recurrent state not cut at a position) and Gemma 3 with a window's
+    worth of cache (--no-swa-full, old positions gone): ten turns, the whole history resent each
+    time with a new photo every other turn; the cached prefix grows."""
     from openai import OpenAI
 
     from edgevlm.models.loading import ModelFlags, load
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("lfm2-cache")))
-        loaded = load(ModelFlags(model=str(test_models["lfm2_text"]), mmproj=str(test_models["lfm2_mmproj"]),
-                                 n_ctx=4096, n_gpu_layers=0, answer_tokens=8))
-        assert loaded.engine.memory.name == "hybrid"
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp(f"{family}-cache")))
+        loaded = load(ModelFlags(model=str(test_models[f"{family}_text"]),
+                                 mmproj=str(test_models[f"{family}_mmproj"]), n_ctx=4096, n_gpu_layers=0,
+                                 answer_tokens=8, swa_full=False))
+        assert loaded.engine.memory.name == kind and not loaded.engine.memory.can_cut
         state = build_state(loaded, ServeSettings(max_tokens=8, max_queue=4, cache=False))
         with serving(state) as url:
             client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
@@ -88,5 +93,5 @@ def test_a_resent_history_on_the_hybrid_model_reuses_its_cache(
                 messages.append({"role": "assistant", "content": reply.choices[0].message.content})
                 cached.append(reply.usage.prompt_tokens_details.cached_tokens)
         loaded.engine.close()
-    assert cached[0] <= 1 and all(c > 100 for c in cached[1:]), cached  # never the whole prompt again
+    assert cached[0] <= 1 and all(c > least_cached for c in cached[1:]), cached  # never the whole prompt
     assert cached[-1] > 2 * cached[1], cached
