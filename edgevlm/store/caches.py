@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import numpy as np
 from PIL import Image
@@ -27,12 +28,14 @@ from edgevlm.store.lru import BytesLru
 log = logging.getLogger("edgevlm")
 RAM_BYTES = 1 << 30  # 1 GiB of projector rows: ~100 LLaVA-1.5-7B views, thousands for small models
 DISK_BYTES = 4 << 30
-ENTRIES = "*/*.npy"  # one file per view, in folders by the key's first two hex digits
-BLOCK_ENTRIES = "*/*.npz"  # an mtmd family's whole block for a view (markers, rows, positions)
+# A view's projector rows (.npy), or an mtmd family's whole block for it (.npz: markers, rows and
+# positions), in folders by the key's first two hex digits, under one cap.
+ENTRIES = "*/*.np[yz]"
 SUMMARY_ENTRIES = "*/*.txt"  # one file per image, in a folder per model
 
 Encode = Callable[[Image.Image], ImageEmbedding]
 EncodeBlock = Callable[[Image.Image], ImageBlock]
+V = TypeVar("V", ImageEmbedding, ImageBlock)
 
 
 def file_identity(path: Path | None) -> str:
@@ -52,6 +55,43 @@ class CacheStats:
     ram_bytes: int
 
 
+class _Tier(Generic[V]):
+    """One kind of cached value (a view's rows, or its block): an LRU in RAM capped in bytes, its
+    files in the shared capped folder, and the codec between the value and its file."""
+
+    def __init__(self, disk: CappedFolder, *, ram_bytes: int, suffix: str, nbytes: Callable[[V], int],
+                 to_bytes: Callable[[V], bytes], from_bytes: Callable[[bytes], V]) -> None:
+        self.ram: BytesLru[V] = BytesLru(ram_bytes, nbytes)
+        self._disk, self._suffix = disk, suffix
+        self._to_bytes, self._from_bytes = to_bytes, from_bytes
+
+    def get(self, key: str) -> V | None:
+        """The value from RAM, else from disk (then kept in RAM); None if neither has it."""
+        found = self.ram.get(key)
+        if found is not None:
+            return found
+        path = self._path(key)
+        if not path.exists():
+            return None
+        try:
+            value = self._from_bytes(path.read_bytes())
+        except (OSError, ValueError, KeyError, EOFError) as exc:
+            log.debug("ignoring a corrupt cache entry %s (%s)", path, exc)
+            path.unlink(missing_ok=True)
+            return None
+        self.ram.put(key, value)
+        return value
+
+    def put(self, key: str, value: V) -> None:
+        """Keep a value in RAM and, unless the disk tier is off, on disk."""
+        self.ram.put(key, value)
+        if self._disk.cap_bytes > 0:
+            self._disk.write(self._path(key), self._to_bytes(value))
+
+    def _path(self, key: str) -> Path:
+        return self._disk.folder / key[:2] / f"{key}{self._suffix}"
+
+
 class EmbeddingCache:
     """Projector rows per view: RAM first, then disk, then CLIP (whose rows are kept)."""
 
@@ -59,13 +99,13 @@ class EmbeddingCache:
                  ram_bytes: int = RAM_BYTES, disk_bytes: int = DISK_BYTES,
                  encode_block: EncodeBlock | None = None) -> None:
         self._encode, self._encode_block, self._identity = encode, encode_block, identity
-        self._folder = folder if folder is not None else cache_dir() / "embeddings"
-        self._disk_cap = disk_bytes
-        self._ram: BytesLru[ImageEmbedding] = BytesLru(ram_bytes, lambda e: e.rows.nbytes)
-        self._blocks: BytesLru[ImageBlock] = BytesLru(ram_bytes, _block_bytes)
+        disk = CappedFolder(folder if folder is not None else cache_dir() / "embeddings", disk_bytes, ENTRIES)
+        self._rows: _Tier[ImageEmbedding] = _Tier(disk, ram_bytes=ram_bytes, suffix=".npy",
+                                                  nbytes=lambda e: e.rows.nbytes, to_bytes=rows_to_bytes,
+                                                  from_bytes=rows_from_bytes)
+        self._blocks: _Tier[ImageBlock] = _Tier(disk, ram_bytes=ram_bytes, suffix=".npz", nbytes=_block_bytes,
+                                                to_bytes=block_to_bytes, from_bytes=block_from_bytes)
         self.hits = self.misses = 0
-        self._disk = CappedFolder(self._folder, disk_bytes, ENTRIES)
-        self._block_disk = CappedFolder(self._folder, disk_bytes, BLOCK_ENTRIES)
 
     def __call__(self, view: Image.Image) -> ImageEmbedding:
         """The view's projector rows, from the cache when it has them."""
@@ -82,80 +122,47 @@ class EmbeddingCache:
         return CacheView(self, encode, encode_block or self._encode_block)
 
     def _lookup(self, view: Image.Image, encode: Encode) -> ImageEmbedding:
-        pixels = np.ascontiguousarray(np.asarray(view, dtype=np.uint8))
-        key = self._key(pixels)
-        found = self._ram.get(key) or self._from_disk(key)
-        if found is not None:
-            self.hits += 1
-            return found
-        self.misses += 1
-        embedding = encode(view)
-        self._ram.put(key, embedding)
-        self._save(key, embedding)
-        return embedding
+        return self._through(self._rows, self._key(view), view, encode)
 
     def _lookup_block(self, view: Image.Image, encode: EncodeBlock) -> ImageBlock:
-        pixels = np.ascontiguousarray(np.asarray(view, dtype=np.uint8))
-        key = "b" + self._key(pixels)[1:]  # apart from the same view's rows
-        found = self._blocks.get(key) or self._block_from_disk(key)
+        return self._through(self._blocks, "b" + self._key(view)[1:], view, encode)  # apart from its rows
+
+    def _through(self, tier: _Tier[V], key: str, view: Image.Image, encode: Callable[[Image.Image], V]) -> V:
+        """The tier's value for the view, or the encoder's (then kept)."""
+        found = tier.get(key)
         if found is not None:
             self.hits += 1
             return found
         self.misses += 1
-        block = encode(view)
-        self._blocks.put(key, block)
-        if self._disk_cap > 0:
-            self._block_disk.write(self._path(key).with_suffix(".npz"), block_to_bytes(block))
-        return block
-
-    def _block_from_disk(self, key: str) -> ImageBlock | None:
-        path = self._path(key).with_suffix(".npz")
-        if not path.exists():
-            return None
-        try:
-            block = block_from_bytes(path.read_bytes())
-        except (OSError, ValueError, KeyError, EOFError) as exc:
-            log.debug("ignoring a corrupt cache entry %s (%s)", path, exc)
-            path.unlink(missing_ok=True)
-            return None
-        self._blocks.put(key, block)
-        return block
+        value = encode(view)
+        tier.put(key, value)
+        return value
 
     def stats(self) -> CacheStats:
         """Hits, misses and the RAM in use."""
-        return CacheStats(self.hits, self.misses, self._ram.used_bytes)
+        return CacheStats(self.hits, self.misses, self._rows.ram.used_bytes)
 
-    def _key(self, pixels: np.ndarray) -> str:
+    def _key(self, view: Image.Image) -> str:
+        pixels = np.ascontiguousarray(np.asarray(view, dtype=np.uint8))
         digest = hashlib.sha256(self._identity.encode())
         digest.update(repr(pixels.shape).encode())
         digest.update(pixels.tobytes())
         return digest.hexdigest()
 
-    def _path(self, key: str) -> Path:
-        return self._folder / key[:2] / f"{key}.npy"
 
-    def _from_disk(self, key: str) -> ImageEmbedding | None:
-        path = self._path(key)
-        if not path.exists():
-            return None
-        try:
-            rows = np.load(path, allow_pickle=False)
-            if rows.ndim != 2 or rows.dtype != np.float32:
-                raise ValueError(f"rows of shape {rows.shape} and type {rows.dtype}")
-        except (OSError, ValueError, EOFError) as exc:
-            log.debug("ignoring a corrupt cache entry %s (%s)", path, exc)
-            path.unlink(missing_ok=True)
-            return None
-        embedding = ImageEmbedding(rows)
-        self._ram.put(key, embedding)
-        return embedding
+def rows_to_bytes(embedding: ImageEmbedding) -> bytes:
+    """A view's projector rows as a .npy file's bytes (float32)."""
+    rows = io.BytesIO()
+    np.save(rows, np.ascontiguousarray(embedding.rows, dtype=np.float32))
+    return rows.getvalue()
 
-    def _save(self, key: str, embedding: ImageEmbedding) -> None:
-        if self._disk_cap <= 0:
-            return
-        rows = io.BytesIO()
-        np.save(rows, np.ascontiguousarray(embedding.rows, dtype=np.float32))
-        self._disk.write(self._path(key), rows.getvalue())
+
+def rows_from_bytes(data: bytes) -> ImageEmbedding:
+    """rows_to_bytes undone; ValueError for anything but a float32 matrix."""
+    rows = np.load(io.BytesIO(data), allow_pickle=False)
+    if rows.ndim != 2 or rows.dtype != np.float32:
+        raise ValueError(f"rows of shape {rows.shape} and type {rows.dtype}")
+    return ImageEmbedding(rows)
 
 
 @dataclass(frozen=True, eq=False)

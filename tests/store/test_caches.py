@@ -7,8 +7,10 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from edgevlm.llama.types import ImageEmbedding
+from edgevlm.llama.types import ImageBlock, ImageEmbedding
 from edgevlm.store.caches import EmbeddingCache, SummaryStore
+from edgevlm.store.files import folder_bytes
+from edgevlm.store.prefix_cache import folder_sizes
 
 
 class CountingEncoder:
@@ -84,6 +86,41 @@ def test_disk_is_trimmed_to_its_cap(tmp_path: Path) -> None:
     cache(_view(1))
     cache(_view(2))
     assert len(list(tmp_path.glob("*/*.npy"))) <= 1
+
+
+def _block(view: Image.Image) -> ImageBlock:
+    """An mtmd-like block for the view: marker tokens around its rows."""
+    return ImageBlock(((1, 2), CountingEncoder()(view), (3,)))
+
+
+def test_blocks_sit_beside_rows_under_one_cap_and_are_counted(tmp_path: Path) -> None:
+    """An mtmd family's blocks (.npz) and LLaVA's rows (.npy) share the folder, its cap and
+    `edgevlm cache`'s count; a corrupt block is encoded again, never an error."""
+    made = []
+
+    def encode_block(view: Image.Image) -> ImageBlock:
+        made.append(view)
+        return _block(view)
+
+    folder = tmp_path / "embeddings"
+    cache = EmbeddingCache(CountingEncoder(), "m", folder=folder, encode_block=encode_block)
+    cache(_view(1))
+    block = cache.block(_view(1))  # the same view: its block is kept apart from its rows
+    assert len(made) == 1 and block.n_tokens == 19
+    [entry] = folder.glob("*/*.npz")
+    fresh = EmbeddingCache(CountingEncoder(), "m", folder=folder, encode_block=encode_block)
+    assert fresh.block(_view(1)).n_tokens == 19 and len(made) == 1  # from disk
+    assert folder_sizes(tmp_path)["embeddings"] == folder_bytes(folder, "*/*") > entry.stat().st_size
+    entry.write_bytes(b"not a block")
+    assert EmbeddingCache(CountingEncoder(), "m", folder=folder,
+                          encode_block=encode_block).block(_view(1)).n_tokens == 19
+    assert len(made) == 2
+    one_block = entry.stat().st_size
+    tight = EmbeddingCache(CountingEncoder(), "m", folder=folder, disk_bytes=one_block,
+                           encode_block=encode_block)
+    tight.block(_view(2))
+    tight(_view(3))
+    assert folder_bytes(folder, "*/*") <= one_block  # rows and blocks under one cap
 
 
 def test_summaries_are_kept_by_model_and_digest(tmp_path: Path) -> None:
