@@ -264,12 +264,13 @@ def window_cells(text: TextModelFacts, n_ctx: int, n_ubatch: int) -> int:
 def checkpoint_bytes(text: TextModelFacts, n_ctx: int, n_ubatch: int, kv_type: str, *,
                      swa_full: bool) -> int:
     """One checkpoint of one sequence (chat/checkpoints.py): a hybrid's recurrent state, or a
-    sliding-window model's window cache where it is not kept whole; 0 where the cache is cut."""
+    sliding-window model's window where its cache is not kept whole (llama.cpp copies out only
+    the cells inside the window, n_swa of them, not the ubatch's room); 0 where the cache is cut."""
     if text.memory_kind == "sliding-window":
         if swa_full:
             return 0
-        window = window_cells(text, n_ctx, n_ubatch)
-        per_layer = kv_bytes_per_layer(text, window, kv_type, kv_type) * text.n_layer / text.kv_layers
+        cells = min(n_ctx, text.n_swa)
+        per_layer = kv_bytes_per_layer(text, cells, kv_type, kv_type) * text.n_layer / text.kv_layers
         return int(per_layer * text.n_swa_layers)
     return text.recurrent_state_bytes
 

@@ -376,7 +376,7 @@ def test_the_planner_keeps_the_window_whole_only_where_it_costs_nothing(test_mod
     assert not chosen.swa_full and whole.swa_full and chosen.n_ctx > whole.n_ctx
     note = next(n for n in chosen.notes if "sliding window" in n)
     assert "checkpoints" in note and f"cut n_ctx from {chosen.n_ctx} to {whole.n_ctx}" in note
-    assert 0 < chosen.breakdown.checkpoints <= 1.1 * GIB  # a 1536-cell window of 29 layers each
+    assert 0 < chosen.breakdown.checkpoints <= 1.1 * GIB  # 8 of a 1024-cell window of 29 layers
     assert whole.breakdown.checkpoints == 0
     # Asked for a context both fit at: the whole cache, no checkpoints, and why.
     short = choose(gemma, projector, card, Settings(n_ctx=8192))
