@@ -575,7 +575,11 @@ def choose(text: TextModelFacts, projector: ProjectorFacts, device: MachineMemor
     """
     if text.memory_kind == "sliding-window":
         return _choose_swa_cache(text, projector, device, settings)
-    return _choose_plain(text, projector, device, settings)
+    plan = _choose_plain(text, projector, device, settings)
+    if settings.swa_full is None:
+        return plan
+    flag = "--swa-full" if settings.swa_full else "--no-swa-full"
+    return replace(plan, notes=(*plan.notes, f"{flag} changes nothing: this model has no sliding-window cache"))
 
 
 def _choose_plain(text: TextModelFacts, projector: ProjectorFacts, device: MachineMemory,

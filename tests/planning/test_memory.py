@@ -418,3 +418,11 @@ def test_the_window_estimate_matches_llama_cpp(test_models: dict[str, Path]) -> 
     assert data["swa_full"] is False and any("--no-swa-full" in n for n in data["notes"])
     kv = next(c for c in data["verify"] if c["component"] == "kv")
     assert abs(kv["estimated"] - kv["reported"]) <= 0.01 * kv["reported"]
+
+
+def test_swa_settings_on_a_model_without_a_window_say_they_change_nothing(
+        llava: tuple[TextModelFacts, ProjectorFacts]) -> None:
+    machine = MachineMemory(vram_free=8 * GIB, ram_free=16 * GIB)
+    plain, asked = choose(*llava, machine), choose(*llava, machine, Settings(swa_full=False))
+    assert (asked.n_ctx, asked.n_gpu_layers, asked.swa_full) == (plain.n_ctx, plain.n_gpu_layers, False)
+    assert asked.notes[-1] == "--no-swa-full changes nothing: this model has no sliding-window cache"
