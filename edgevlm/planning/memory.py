@@ -579,7 +579,8 @@ def choose(text: TextModelFacts, projector: ProjectorFacts, device: MachineMemor
     if settings.swa_full is None:
         return plan
     flag = "--swa-full" if settings.swa_full else "--no-swa-full"
-    return replace(plan, notes=(*plan.notes, f"{flag} changes nothing: this model has no sliding-window cache"))
+    note = f"{flag} changes nothing: this model has no sliding-window cache"
+    return replace(plan, notes=(*plan.notes, note))
 
 
 def _choose_plain(text: TextModelFacts, projector: ProjectorFacts, device: MachineMemory,
