@@ -99,7 +99,8 @@ class EmbeddingCache:
                  ram_bytes: int = RAM_BYTES, disk_bytes: int = DISK_BYTES,
                  encode_block: EncodeBlock | None = None) -> None:
         self._encode, self._encode_block, self._identity = encode, encode_block, identity
-        disk = CappedFolder(folder if folder is not None else cache_dir() / "embeddings", disk_bytes, ENTRIES)
+        self.folder = folder if folder is not None else cache_dir() / "embeddings"
+        disk = CappedFolder(self.folder, disk_bytes, ENTRIES)
         self._rows: _Tier[ImageEmbedding] = _Tier(disk, ram_bytes=ram_bytes, suffix=".npy",
                                                   nbytes=lambda e: e.rows.nbytes, to_bytes=rows_to_bytes,
                                                   from_bytes=rows_from_bytes)
