@@ -36,7 +36,6 @@ from edgevlm.planning.memory import (
     Settings,
     choose,
     compare,
-    memory_note,
 )
 from edgevlm.planning.split import GpuBudget
 from edgevlm.rpc import endpoints as rpc
@@ -183,8 +182,6 @@ def make_plan(flags: ModelFlags, text: TextModelFacts, projector: ProjectorFacts
                         tensor_split=where.tensor_split, mmproj_device=where.mmproj_device)
     with _mtmd_blocks(text, projector) as blocks:
         plan = choose(text, projector, device, replace(settings, blocks=blocks))
-    if memory_note(text):
-        notes += (memory_note(text),)
     return replace(plan, notes=notes + plan.notes) if notes else plan
 
 

@@ -121,6 +121,11 @@ class Breakdown:
     checkpoints: int = 0  # the chat's checkpoints of that state, in RAM (chat/checkpoints.py)
 
     @property
+    def kv(self) -> int:
+        """The whole KV cache, GPU and host."""
+        return self.kv_gpu + self.kv_host
+
+    @property
     def recurrent_gpu(self) -> int:
         """The recurrent state, on the GPU when every layer's cache is (counted on the host otherwise)."""
         return self.recurrent if self.kv_gpu and not self.kv_host else 0
@@ -201,7 +206,7 @@ class Plan:
                               "visual_tokens": self.photo_visual_tokens, "shown": list(self.photo_shown)},
             "bytes": {
                 "weights_gpu": b.weights_gpu, "weights_host": b.weights_host,
-                "kv": b.kv_gpu + b.kv_host, "kv_gpu": b.kv_gpu, "kv_host": b.kv_host,
+                "kv": b.kv, "kv_gpu": b.kv_gpu, "kv_host": b.kv_host,
                 "compute": b.compute_gpu + b.compute_host, "compute_gpu": b.compute_gpu,
                 "compute_host": b.compute_host, "mmproj": b.mmproj,
                 "mmproj_compute": b.mmproj_compute, "overhead": b.overhead, "margin": b.margin,
@@ -248,17 +253,29 @@ def kv_bytes_per_layer(text: TextModelFacts, n_ctx: int, type_k: str = "f16",
     """K and V for one layer: n_ctx x n_head_kv x head_dim each, at the cache type's size,
     averaged over every layer: a hybrid's attention layers alone hold any, and with window_cells
     a sliding-window model's windowed layers hold that many cells, not n_ctx."""
-    cell = text.n_head_kv * (text.head_dim_k * KV_BYTES_PER_ELEMENT[type_k]
-                             + text.head_dim_v * KV_BYTES_PER_ELEMENT[type_v])
     windowed = text.n_swa_layers if window_cells is not None else 0
     cells = (text.kv_layers - windowed) * n_ctx + windowed * min(window_cells or 0, n_ctx)
-    return int(cell * cells / text.n_layer)
+    return int(_cell_bytes(text, type_k, type_v) * cells / text.n_layer)
+
+
+def _cell_bytes(text: TextModelFacts, type_k: str, type_v: str) -> float:
+    """K and V of one cell on one attention layer."""
+    return text.n_head_kv * (text.head_dim_k * KV_BYTES_PER_ELEMENT[type_k]
+                             + text.head_dim_v * KV_BYTES_PER_ELEMENT[type_v])
 
 
 def window_cells(text: TextModelFacts, n_ctx: int, n_ubatch: int) -> int:
     """Cells llama.cpp gives one sequence's sliding-window layers when their cache is not kept
     whole: the window and one ubatch, padded to 256 (llama_kv_cache_iswa)."""
     return _round_up(min(n_ctx, text.n_swa + n_ubatch), 256)
+
+
+def _windowed_cells(text: TextModelFacts, n_ctx: int, n_ubatch: int, n_seq: int, *,
+                    swa_full: bool) -> int | None:
+    """Every sequence's cells on the windowed layers, where the window cache is not kept whole."""
+    if swa_full or not text.n_swa_layers:
+        return None
+    return window_cells(text, n_ctx, n_ubatch) * n_seq
 
 
 def checkpoint_bytes(text: TextModelFacts, n_ctx: int, n_ubatch: int, kv_type: str, *,
@@ -269,9 +286,7 @@ def checkpoint_bytes(text: TextModelFacts, n_ctx: int, n_ubatch: int, kv_type: s
     if text.memory_kind == "sliding-window":
         if swa_full:
             return 0
-        cells = min(n_ctx, text.n_swa)
-        per_layer = kv_bytes_per_layer(text, cells, kv_type, kv_type) * text.n_layer / text.kv_layers
-        return int(per_layer * text.n_swa_layers)
+        return int(_cell_bytes(text, kv_type, kv_type) * min(n_ctx, text.n_swa) * text.n_swa_layers)
     return text.recurrent_state_bytes
 
 
@@ -365,7 +380,7 @@ def estimate(text: TextModelFacts, projector: ProjectorFacts, *, n_ctx: int, n_g
     A sliding-window model's windowed layers hold the whole context only with swa_full; without
     it a window's worth, and the chat keeps checkpoints of that window in RAM.
     """
-    window = None if swa_full or not text.n_swa_layers else window_cells(text, n_ctx, n_ubatch) * n_seq
+    window = _windowed_cells(text, n_ctx, n_ubatch, n_seq, swa_full=swa_full)
     one_checkpoint = checkpoint_bytes(text, n_ctx, n_ubatch, type_k, swa_full=swa_full)
     n_ctx *= n_seq
     n_layers = text.n_layer + 1
@@ -483,7 +498,7 @@ def _layout_name(projector: ProjectorFacts) -> str:
 
 def memory_note(text: TextModelFacts) -> str:
     """How the plan keeps a hybrid or recurrent model's memory, for the notes ("" for others: a
-    sliding window's note comes with the planner's choice, see swa_note)."""
+    sliding window's comes with the planner's choice, swa_note)."""
     kind = text.memory_kind
     if kind in ("hybrid", "recurrent"):
         return (f"{kind} memory: its recurrent state cannot be cut at a position, so the summary swap "
@@ -512,18 +527,13 @@ def swa_note(text: TextModelFacts, plan: Plan, other: Plan | None) -> str:
     b = plan.breakdown
     if plan.swa_full:
         why = "it costs no layers or context here" if other else "asked for with --swa-full"
-        more = format_bytes(b.kv_gpu + b.kv_host - _kv(other))
-        extra = f", {more} more KV than a window's" if other else ""
+        extra = f", {format_bytes(b.kv - other.breakdown.kv)} more KV than a window's" if other else ""
         return (f"{head}, its cache kept whole (llama.cpp's swa_full; {why}{extra}): the summary swap "
                 "and rewinds cut it exactly, with no checkpoints")
     why = "asked for with --no-swa-full" if other is None else f"swa_full would {_what_it_costs(plan, other)}"
     return (f"{head}, a window's worth cached ({why}): the summary swap goes back through checkpoints "
             f"of the window, {format_bytes(b.checkpoints)} of RAM at most, and re-decodes only the text "
             "after them")
-
-
-def _kv(plan: Plan | None) -> int:
-    return plan.breakdown.kv_gpu + plan.breakdown.kv_host if plan else 0
 
 
 def _what_it_costs(window: Plan, whole: Plan) -> str:
@@ -536,7 +546,7 @@ def _what_it_costs(window: Plan, whole: Plan) -> str:
         return f"cut n_ctx from {window.n_ctx} to {whole.n_ctx}"
     if whole.type_k != window.type_k:
         return f"need a {whole.type_k} KV cache"
-    return f"not fit ({format_bytes(_kv(whole) - _kv(window))} more KV)"
+    return f"not fit ({format_bytes(whole.breakdown.kv - window.breakdown.kv)} more KV)"
 
 
 def _choose_swa_cache(text: TextModelFacts, projector: ProjectorFacts, device: MachineMemory,
@@ -551,17 +561,9 @@ def _choose_swa_cache(text: TextModelFacts, projector: ProjectorFacts, device: M
     window = _choose_plain(text, projector, device, replace(settings, swa_full=False))
     same = (whole.n_seq, whole.n_gpu_layers, whole.n_ctx, whole.type_k) == (
         window.n_seq, window.n_gpu_layers, window.n_ctx, window.type_k)
-    chosen, other = (whole, window) if same and _fits(whole, device, settings) else (window, whole)
+    fits = _Planner(text, projector, device, settings).fits(whole)
+    chosen, other = (whole, window) if same and fits else (window, whole)
     return replace(chosen, notes=(*chosen.notes, swa_note(text, chosen, other)))
-
-
-def _fits(plan: Plan, device: MachineMemory, settings: Settings) -> bool:
-    """Whether the plan fits where it runs: the GPU (each device) or, on the CPU, the free RAM."""
-    if plan.devices:
-        return all(d.fits for d in plan.devices)
-    if plan.device == "cpu":
-        return plan.breakdown.total_host + settings.margin_bytes <= device.ram_free
-    return device.vram_free is not None and plan.breakdown.total_gpu <= device.vram_free
 
 
 def choose(text: TextModelFacts, projector: ProjectorFacts, device: MachineMemory,
@@ -576,11 +578,12 @@ def choose(text: TextModelFacts, projector: ProjectorFacts, device: MachineMemor
     if text.memory_kind == "sliding-window":
         return _choose_swa_cache(text, projector, device, settings)
     plan = _choose_plain(text, projector, device, settings)
-    if settings.swa_full is None:
-        return plan
-    flag = "--swa-full" if settings.swa_full else "--no-swa-full"
-    note = f"{flag} changes nothing: this model has no sliding-window cache"
-    return replace(plan, notes=(*plan.notes, note))
+    kept = memory_note(text)
+    notes = ((kept,) if kept else ()) + plan.notes
+    if settings.swa_full is not None:
+        flag = "--swa-full" if settings.swa_full else "--no-swa-full"
+        notes += (f"{flag} changes nothing: this model has no sliding-window cache",)
+    return replace(plan, notes=notes)
 
 
 def _choose_plain(text: TextModelFacts, projector: ProjectorFacts, device: MachineMemory,
@@ -658,12 +661,6 @@ class _Planner:
             photo_prefix_bytes=prefix_bytes(self.text, self.costs.system_tokens + tiles.photo_tokens, kv),
             prefix_ram_bytes=self._prefix_ram(breakdown), swa_full=self.swa_full, **(split or {}))
 
-    def window_cells(self, n_ctx: int) -> int | None:
-        """Every sequence's cells in the windowed layers where the window cache is not kept whole."""
-        if self.swa_full or not self.text.n_swa_layers:
-            return None
-        return window_cells(self.text, n_ctx, self.n_ubatch) * self.n_seq
-
     def _prefix_ram(self, breakdown: Breakdown) -> int:
         """The prefix cache's RAM tier: its cap, or less where the model leaves less RAM free."""
         spare = self.device.ram_free - breakdown.total_host - self.settings.margin_bytes
@@ -682,7 +679,8 @@ class _Planner:
         s, total_ctx = self.settings, n_ctx * self.n_seq
         costs = LayerCosts(
             kv_per_layer=kv_bytes_per_layer(self.text, total_ctx, kv, kv,
-                                            window_cells=self.window_cells(n_ctx)),
+                                            window_cells=_windowed_cells(self.text, n_ctx, self.n_ubatch,
+                                                                         self.n_seq, swa_full=self.swa_full)),
             compute_layers=compute_bytes(self.text, total_ctx, n_ubatch=self.n_ubatch, flash_attn=fa,
                                          output_layer=False),
             compute_output=compute_bytes(self.text, total_ctx, n_ubatch=self.n_ubatch, flash_attn=fa),
@@ -701,6 +699,9 @@ class _Planner:
         return {"devices": shares, "tensor_split": split, "mmproj_device": holder}
 
     def fits(self, plan: Plan) -> bool:
+        """Whether the plan fits where it runs: each device, the GPU, or on the CPU the free RAM."""
+        if plan.device == "cpu":
+            return plan.breakdown.total_host + self.settings.margin_bytes <= self.device.ram_free
         if plan.devices:
             return all(d.fits for d in plan.devices)
         vram = self.device.vram_free
@@ -749,16 +750,16 @@ class _Planner:
 
     def cpu_plan(self, ctx_cap: int, notes: list[str]) -> Plan:
         """No GPU: the largest context up to the CPU cap that fits the free RAM."""
-        s, ram = self.settings, self.device.ram_free
+        s = self.settings
         if s.n_ctx is None and ctx_cap > max(CPU_AUTO_CTX_CAP, self.min_ctx):
             ctx_cap = max(CPU_AUTO_CTX_CAP, self.min_ctx)
             notes.append(f"n_ctx capped at {ctx_cap} on the CPU to keep prefill short; --n-ctx raises it")
         kv = s.kv_type or "f16"
         for ctx in _ctx_candidates(ctx_cap, self.min_ctx):
             plan = self.build(ctx, 0, kv, on_gpu=False)
-            if plan.breakdown.total_host + s.margin_bytes <= ram:
+            if self.fits(plan):
                 break
-        if plan.breakdown.total_host + s.margin_bytes > ram:
+        if not self.fits(plan):
             notes.append("the model is larger than the free RAM: it will page from disk (slow)")
         notes.append("llama.cpp's CPU backend may repack quantized weights into an extra buffer "
                      "(faster matmuls); the file's own pages then become reclaimable cache")
@@ -804,7 +805,7 @@ def compare(plan: Plan, reported: tuple[tuple[str, str, float], ...]) -> tuple[C
     b = plan.breakdown
     rows = [
         Check("weights", b.weights_gpu + b.weights_host, total("weights")),
-        Check("kv", b.kv_gpu + b.kv_host, total("kv")),
+        Check("kv", b.kv, total("kv")),
         _compute_check(plan, reported),
         Check("mmproj", b.mmproj, total("mmproj")),
         Check("mmproj_compute", b.mmproj_compute, total("mmproj_compute")),
