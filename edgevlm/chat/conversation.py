@@ -122,6 +122,7 @@ class Conversation(ImagePrefixes, ImageBlocks, SummarySwap, HistoryReplay, KvLed
         self.segments: list[Segment] = []
         self.checkpoints = CheckpointList()  # where the cache cannot be cut (hybrid models)
         self.records: list[TurnRecord] = []
+        self.last_answer_interrupted = False  # the last answer was stopped before it ended
         self.turn = self.images_seen = 0
         self._live: list[LiveImage] = []
         self._whole_image_tokens, self._label_tokens = _label_tokens(sequence, self.layout)
@@ -294,6 +295,7 @@ class Conversation(ImagePrefixes, ImageBlocks, SummarySwap, HistoryReplay, KvLed
             interrupted = True
         finally:
             tokens.close()  # a stop sequence leaves the generator early: settle its timings now
+            self.last_answer_interrupted = interrupted
         answer_tokens = list(sequence.last_completion_tokens)
         sequence.interrupt_requested = False
         # An interrupt can land between a decode and its bookkeeping: trust the ledger.

@@ -239,11 +239,12 @@ def _describe_targets(images: list[tuple[Path, Path]], write_captions: bool, out
                       write_xmp: bool, embed: bool, xmp_name: str, settings: tuple[object, ...]
                       ) -> tuple[list[Target], XmpOutput | None]:
     """Where each image's outputs go, and what its XMP files hold now (when XMP is asked for)."""
-    from edgevlm.describe.folders import plan_targets, read_xmp, settings_stamp
+    from edgevlm.describe.folders import check_targets_writable, plan_targets, read_xmp, settings_stamp
     from edgevlm.describe.xmp import check_exiftool
 
     targets = plan_targets(images, write_captions=write_captions, out_dir=out_dir,
                            xmp_name=xmp_name if write_xmp else None, embed=embed)
+    check_targets_writable(targets)  # a read-only folder is refused before the model loads
     if not (write_xmp or embed):
         return targets, None
     check_exiftool()  # before the model loads, not after the first answer

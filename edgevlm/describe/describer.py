@@ -254,6 +254,7 @@ class Describer:
         system_s, self._system_prefill_s = self._system_prefill_s, None
         text, stats = self._conversation.ask(prompt, image=image, on_piece=on_piece,
                                              on_progress=on_progress, started=started)
+        self._refuse_cut_answer()
         return self._result(image, prompt, text, stats, system_s=system_s, read_s=read_s)
 
     def ask_again(self, image: LoadedImage | PreparedImage, question: str, *,
@@ -264,9 +265,16 @@ class Describer:
         self._use_output(output or kept)
         try:
             text, stats = self._conversation.ask_again(question, on_piece=on_piece, started=started)
+            self._refuse_cut_answer()
             return self._result(image, question, text, stats, system_s=None, read_s=0.0)
         finally:
             self._use_output(kept)
+
+    def _refuse_cut_answer(self) -> None:
+        """A stopped answer is not a description: describe ends (exit 130) and writes nothing of
+        it, so a rerun describes that image again. Only chat keeps a stopped answer."""
+        if self._conversation.last_answer_interrupted:
+            raise Interrupted("interrupted; the unfinished answer was not kept")
 
     def _use_output(self, output: OutputFormat) -> None:
         self.output = output

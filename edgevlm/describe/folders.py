@@ -5,6 +5,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -23,7 +24,7 @@ from edgevlm.describe.xmp import XmpError, XmpFields, XmpState, read_states, sid
 from edgevlm.describe.xmp import write as write_xmp
 from edgevlm.errors import UserError
 from edgevlm.paths import check_writable
-from edgevlm.store.files import append_jsonl, write_atomically
+from edgevlm.store.files import USER_FILE_MODE, append_jsonl, write_atomically
 from edgevlm.vision.images import IMAGE_SUFFIXES
 
 
@@ -142,8 +143,9 @@ def plan_targets(found: list[tuple[Path, Path]], *, write_captions: bool, out_di
 class JsonlLog:
     """One JSON object per image, appended in one write each and fsynced.
 
-    A run killed mid-write can leave a torn last line; it is cut off (atomically) when the
-    next run opens the file, so every line that remains is a whole entry.
+    A run killed mid-write can leave a torn last line; it is cut off (in place, so the file
+    keeps its permissions) when the next run opens the file. A file that is not an edgevlm
+    log is refused and never rewritten.
     """
 
     def __init__(self, path: Path) -> None:
@@ -153,25 +155,43 @@ class JsonlLog:
             self._repair_and_read()
 
     def _repair_and_read(self) -> None:
-        raw = self.path.read_bytes()
+        try:
+            raw = self.path.read_bytes()
+        except OSError as exc:
+            raise UserError(f"--jsonl {self.path}: cannot read it ({exc.strerror or exc})") from None
         lines = raw.split(b"\n")
-        whole = []
-        for line in lines:
-            try:
-                data = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                continue
-            if isinstance(data, dict) and "image" in data:
-                self.done.add(str(data["image"]))
-                whole.append(line)
-        repaired = b"".join(line + b"\n" for line in whole)
-        if repaired != raw:
-            write_atomically(self.path, repaired.decode("utf-8"))
+        torn = lines.pop()  # after the last newline: b"" unless a write was cut off
+        for number, line in enumerate(lines, start=1):
+            image = _logged_image(line)
+            if image is None:
+                raise UserError(f"--jsonl {self.path}: line {number} is not an edgevlm caption row, "
+                                "so this is not an edgevlm log; name a new file (it is left as it is)")
+            self.done.add(image)
+        if torn and _logged_image(torn) is None:
+            if not lines:
+                raise UserError(f"--jsonl {self.path}: not an edgevlm log (no caption rows); "
+                                "name a new file (it is left as it is)")
+            os.truncate(self.path, len(raw) - len(torn))  # edgevlm's own log: cut its torn last line
+        elif torn:  # a whole row whose newline was lost
+            with self.path.open("ab") as handle:
+                handle.write(b"\n")
+            self.done.add(str(_logged_image(torn)))
 
     def append(self, row: dict[str, object]) -> None:
         """Add one entry."""
         append_jsonl(self.path, [row])
         self.done.add(str(row["image"]))
+
+
+def _logged_image(line: bytes) -> str | None:
+    """The image a JSONL row of edgevlm's names (None: not such a row)."""
+    try:
+        data = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    if isinstance(data, dict) and isinstance(data.get("image"), str):
+        return data["image"]
+    return None
 
 
 def check_outputs(*, write_captions: bool, jsonl: Path | None, out_dir: Path | None) -> None:
@@ -207,11 +227,7 @@ def caption_all(describer: Describer | list[Describer], targets: list[Target], *
 
     def store(event: DescribeEvent) -> None:
         if isinstance(event, ImageDone) and not event.further:
-            try:
-                _write_outputs(todo[event.index], event, jsonl, xmp)
-            except XmpError as exc:  # this image's file, not the run; the caption and row are kept
-                summary.unwritten.append((todo[event.index].key, str(exc)))
-            summary.captioned += 1
+            event = _stored(todo[event.index], event, jsonl, xmp, summary)
         if isinstance(event, ImageFailed):
             summary.failed.append((todo[event.index].key, event.error))
         on_event(event)
@@ -220,10 +236,43 @@ def caption_all(describer: Describer | list[Describer], targets: list[Target], *
     return summary
 
 
+def _stored(target: Target, done: ImageDone, jsonl: JsonlLog | None, xmp: XmpOutput | None,
+            summary: BatchSummary) -> ImageDone | ImageFailed:
+    """Write one image's outputs; a write that fails fails that image (one line), not the run."""
+    try:
+        _write_outputs(target, done, jsonl, xmp)
+    except XmpError as exc:  # this image's file, not the run; the caption and row are kept
+        summary.unwritten.append((target.key, str(exc)))
+    except OSError as exc:  # a full disk, a folder made read-only since the run began
+        where = f" {exc.filename}" if exc.filename else ""
+        return ImageFailed(done.index, done.total, done.path,
+                           f"the answer could not be written{where} ({exc.strerror or exc})")
+    summary.captioned += 1
+    return done
+
+
+def check_targets_writable(targets: Sequence[Target]) -> None:
+    """Every folder the run writes captions or XMP into accepts writes (checked before loading),
+    and each image --embed writes into can be written."""
+    folders: dict[Path, str] = {}
+    for target in targets:
+        if target.caption_path is not None:
+            folders.setdefault(target.caption_path.parent, "--write-captions")
+        for path in target.xmp_paths:
+            if path == target.path:
+                if not os.access(path, os.W_OK):
+                    raise UserError(f"--embed {path}: the image cannot be written (permission denied); "
+                                    "use --write-xmp for sidecars instead")
+            else:
+                folders.setdefault(path.parent, "--write-xmp")
+    for folder, flag in folders.items():
+        check_writable(folder, flag, folder=True)
+
+
 def _write_outputs(target: Target, done: ImageDone, jsonl: JsonlLog | None,
                    xmp: XmpOutput | None) -> None:
     if target.caption_path is not None:
-        write_atomically(target.caption_path, done.result.text + "\n")
+        write_atomically(target.caption_path, done.result.text + "\n", mode=USER_FILE_MODE)
     if jsonl is not None:
         jsonl.append(done.result.to_json() | {"image": target.key})
     if xmp is not None:  # last: ExifTool is the one that can fail, and the answer is kept first

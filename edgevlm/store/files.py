@@ -12,14 +12,32 @@ from pathlib import Path
 from typing import Any
 
 
+def _process_umask() -> int:
+    # Read once at import, on the main thread: os.umask can only be read by setting it.
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _process_umask()
+USER_FILE_MODE = 0o666 & ~_UMASK  # what open() would give a new file: readable by photo tools
+
+
 def write_atomically(path: Path, data: str | bytes | list[bytes | memoryview], *,
-                     durable: bool = True) -> None:
+                     durable: bool = True, mode: int | None = None) -> None:
     """Write a file so that it is either absent or complete: a temporary file beside it, then a
     rename. `durable` also fsyncs it (captions, logs); caches skip that, a lost one costs time.
-    A list of parts is written in order, without joining them first (hundreds of MB of KV)."""
+    A list of parts is written in order, without joining them first (hundreds of MB of KV).
+    `mode` is a new file's permissions (the file it replaces keeps its own); None: private (0600)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        if mode is not None:
+            try:
+                mode = path.stat().st_mode & 0o7777
+            except OSError:
+                pass
+            os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as handle:
             for part in data if isinstance(data, list) else [data]:
                 handle.write(part.encode("utf-8") if isinstance(part, str) else part)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ from PIL import Image
 from edgevlm.chat.prompts import CHATML
 from edgevlm.describe.describer import Describer, ImageDone
 from edgevlm.describe.folders import JsonlLog, caption_all, find_images, plan_targets
+from edgevlm.errors import UserError
 from edgevlm.llama.sequence import EngineSequence
 from edgevlm.store.files import write_atomically
 
@@ -145,3 +147,84 @@ def test_torn_jsonl_line_is_cut_and_writes_are_atomic(tmp_path: Path) -> None:
     target = tmp_path / "deep" / "c.txt"
     write_atomically(target, "hello\n")
     assert target.read_text() == "hello\n" and not list(target.parent.glob("*.tmp"))
+
+
+def test_ctrl_c_in_an_answer_writes_nothing_of_it(small_sequence: EngineSequence, folder: Path,
+                                                  tmp_path: Path) -> None:
+    """Issue 39.1: a stopped caption is not a caption; the run ends and a rerun describes it."""
+    from edgevlm.describe.describer import TextPiece
+    from edgevlm.errors import Interrupted
+
+    describer = Describer(small_sequence, CHATML, tile_size=112, max_tokens=8, max_tiles=0)
+    targets = plan_targets(find_images([folder], recursive=False, pattern=None).images, write_captions=True,
+                           out_dir=None)
+    log_path = tmp_path / "run.jsonl"
+
+    def stop_mid_answer(event) -> None:  # noqa: ANN001
+        if isinstance(event, TextPiece):  # what Ctrl-C does to the running sequence
+            small_sequence.interrupt_requested = True
+
+    with pytest.raises(Interrupted):
+        caption_all(describer, targets, prompt="Describe.", jsonl=JsonlLog(log_path), on_event=stop_mid_answer)
+    assert sorted(p.name for p in folder.glob("*.txt")) == ["README.txt"] and not log_path.exists()
+    summary = caption_all(describer, targets, prompt="Describe.", jsonl=JsonlLog(log_path),
+                          on_event=lambda event: None)
+    assert summary.captioned == 3 and summary.skipped == 0
+
+
+def test_a_file_that_is_not_an_edgevlm_log_is_refused_untouched(tmp_path: Path) -> None:
+    """Issue 39.2: --jsonl on someone else's file names it and leaves it byte for byte, mode kept."""
+    foreign = tmp_path / "notes.jsonl"
+    body = b'{"id": 1, "text": "my notes"}\nplain words\n{"image": 3}'
+    foreign.write_bytes(body)
+    foreign.chmod(0o640)
+    with pytest.raises(UserError, match="not an edgevlm"):
+        JsonlLog(foreign)
+    assert foreign.read_bytes() == body and foreign.stat().st_mode & 0o777 == 0o640
+    ours = tmp_path / "ours.jsonl"
+    ours.write_bytes(b'{"image": "a.jpg", "text": "x"}\n{"image": "b.jpg", "te')
+    ours.chmod(0o644)
+    log = JsonlLog(ours)  # a torn last row of our own is cut in place; the mode stays
+    assert log.done == {"a.jpg"} and ours.read_bytes() == b'{"image": "a.jpg", "text": "x"}\n'
+    assert ours.stat().st_mode & 0o777 == 0o644
+
+
+def test_a_failed_write_fails_that_image_not_the_run(small_sequence: EngineSequence, folder: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 39.3: a full disk mid-run is one image's one-line failure; the others are written."""
+    import errno
+
+    import edgevlm.describe.folders as folders_module
+    from edgevlm.store.files import write_atomically as real_write
+
+    def full_disk_for_a(path: Path, data, **kwargs) -> None:  # noqa: ANN001
+        if path.name == "a.jpg.txt":
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        real_write(path, data, **kwargs)
+
+    monkeypatch.setattr(folders_module, "write_atomically", full_disk_for_a)
+    describer = Describer(small_sequence, CHATML, tile_size=112, max_tokens=4, max_tiles=0)
+    targets = plan_targets(find_images([folder], recursive=False, pattern=None).images, write_captions=True,
+                           out_dir=None)
+    summary = caption_all(describer, targets, prompt="Describe.", on_event=lambda event: None)
+    assert summary.captioned == 2 and len(summary.failed) == 1
+    key, error = summary.failed[0]
+    assert key.endswith("a.jpg") and "could not be written" in error and "No space left" in error
+    assert (folder / "B.PNG.txt").exists() and not (folder / "a.jpg.txt").exists()
+
+
+def test_an_unwritable_output_folder_is_refused_before_loading(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 39.3: a read-only caption folder is one line before the model loads, not N failures."""
+    from edgevlm.describe.folders import check_targets_writable
+
+    image = tmp_path / "ro" / "a.jpg"
+    image.parent.mkdir()
+    image.write_bytes(b"")
+    targets = plan_targets([(image, image.parent)], write_captions=True, out_dir=None)
+    check_targets_writable(targets)  # writable: nothing to say
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: False if Path(path) == image.parent
+                        else real_access(path, mode))
+    with pytest.raises(UserError, match="--write-captions"):
+        check_targets_writable(targets)
