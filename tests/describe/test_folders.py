@@ -165,8 +165,9 @@ def test_ctrl_c_in_an_answer_writes_nothing_of_it(small_sequence: EngineSequence
             small_sequence.interrupt_requested = True
 
     with pytest.raises(Interrupted):
-        caption_all(describer, targets, prompt="Describe.", jsonl=JsonlLog(log_path), on_event=stop_mid_answer)
-    assert sorted(p.name for p in folder.glob("*.txt")) == ["README.txt"] and not log_path.exists()
+        caption_all(describer, targets, prompt="Describe.", jsonl=JsonlLog(log_path),
+                    on_event=stop_mid_answer)
+    assert sorted(found.name for found in folder.glob("*.txt")) == ["README.txt"] and not log_path.exists()
     summary = caption_all(describer, targets, prompt="Describe.", jsonl=JsonlLog(log_path),
                           on_event=lambda event: None)
     assert summary.captioned == 3 and summary.skipped == 0
