@@ -266,7 +266,7 @@ def chat(
     verbose: opt.Verbose = False, debug: opt.Debug = False,
 ) -> None:
     """Chat about images in the terminal (see CHAT_HELP)."""
-    from edgevlm.cli.repl import load_transcript, run_chat
+    from edgevlm.cli.repl import check_session_target, load_transcript, run_chat
     from edgevlm.paths import check_writable
     from edgevlm.vision.images import max_pixels
 
@@ -279,6 +279,8 @@ def chat(
         if stats_json is not None:
             check_writable(stats_json, "--stats-json")
         saved = load_transcript(resume) if resume else None
+        if session is not None:
+            check_session_target(session, resumed=resume)
         if saved and saved.model and _is_default(ctx, "model"):  # resume with the recorded model
             model, mmproj = saved.model, mmproj or (Path(saved.mmproj) if saved.mmproj else None)
         flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, max_tokens, fetch_missing,

@@ -23,7 +23,7 @@ from edgevlm.cli.repl_help import HELP
 from edgevlm.errors import EdgeVLMError, EngineError, Interrupted, UserError, in_words
 from edgevlm.llama.sequence import interrupt_on_sigint
 from edgevlm.paths import data_dir
-from edgevlm.store.files import JsonlAppender
+from edgevlm.store.files import USER_FILE_MODE, JsonlAppender, write_atomically
 from edgevlm.vision.images import IMAGE_SUFFIXES, load_image
 from edgevlm.vision.tiling import parse_pool, parse_tiles
 
@@ -73,6 +73,20 @@ def load_transcript(path: Path) -> SavedSession:
             records = [replace(r, summary=row.get("summary")) if r.turn == row.get("turn") else r
                        for r in records]
     return SavedSession(records, header.get("model"), header.get("mmproj"))
+
+
+def check_session_target(path: Path, *, resumed: Path | None) -> None:
+    """--session names a new file (or the one being resumed): turns appended to another saved
+    session would make a file --resume refuses, and another program's file is never touched."""
+    if resumed is not None and path.resolve() == resumed.resolve():
+        return
+    if not (path.exists() and path.stat().st_size):
+        return
+    if path.is_dir():
+        raise UserError(f"--session {path}: is a directory; give a file")
+    held = load_transcript(path)  # refuses, untouched, a file that is not a session
+    raise UserError(f"--session {path}: already holds a session ({len(held.records)} turns); continue it "
+                    f"with --resume {path}, or name a new file")
 
 
 def _session_row(line: str) -> dict[str, Any] | None:
@@ -327,10 +341,13 @@ class ChatRepl:
             self._error("usage: /save FILE")
             return
         path = Path(target).expanduser()
+        if path.exists():  # /save never replaces a file; the transcript stays to save elsewhere
+            self._error(f"{path} already exists; /save to a new name (nothing was written)")
+            return
         lines = [json.dumps({"type": "turn", **asdict(r)}, ensure_ascii=False)
                  for r in self.conversation.records]
         try:
-            path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+            write_atomically(path, "".join(line + "\n" for line in lines), mode=USER_FILE_MODE)
         except OSError as exc:
             self._error(f"cannot write {path}: {exc.strerror or exc}")
             return

@@ -277,3 +277,28 @@ def test_ctrl_c_after_an_answer_stops_the_summary_and_keeps_the_photo(test_model
     finally:
         child.close(force=True)
     assert child.exitstatus == 0
+
+
+def test_save_and_session_never_spoil_an_existing_file(test_models: dict[str, Path], tmp_path: Path) -> None:
+    """Issue 39.4: /save refuses a file that exists; --session refuses a saved session it is not
+    resuming (its turns would make a file --resume refuses) and another program's file."""
+    keep = tmp_path / "notes.txt"
+    keep.write_text("my notes\n")
+    saved = tmp_path / "saved.jsonl"
+    result = run_cli(*_args(test_models, tmp_path), stdin=f"hello\n/save {keep}\n/save {saved}\n")
+    assert result.returncode == 0, result.stderr
+    assert "already exists" in result.stderr and keep.read_text() == "my notes\n"
+    assert [r.user for r in load_transcript(saved).records] == ["hello"]
+    assert saved.stat().st_mode & 0o077  # the umask's mode, like any file the user makes
+
+    session = tmp_path / "session.jsonl"
+    before = session.read_bytes()
+    again = run_cli(*_args(test_models, tmp_path), stdin="more\n")
+    assert again.returncode == 2 and f"--resume {session}" in again.stderr
+    assert session.read_bytes() == before and "Traceback" not in again.stderr
+    foreign = run_cli(*_args(test_models, tmp_path)[:-1], str(keep), stdin="more\n")
+    assert foreign.returncode == 2 and "not an edgevlm chat session" in foreign.stderr
+    assert keep.read_text() == "my notes\n"
+    resumed = run_cli(*_args(test_models, tmp_path)[:-2], "--resume", str(session), stdin="more\n")
+    assert resumed.returncode == 0, resumed.stderr
+    assert [t["user"] for t in _turns(session)] == ["hello", "more"]
