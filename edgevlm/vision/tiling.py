@@ -64,9 +64,15 @@ class TilePlan:
 
 
 def effective_resolution(width: int, height: int, cols: int, rows: int, tile_size: int) -> int:
-    """LLaVA-NeXT's score: image pixels kept when fitted into a cols x rows canvas, capped at W*H."""
+    """LLaVA-NeXT's score: image pixels kept when fitted into a cols x rows canvas, capped at W*H.
+
+    The fitted sides are rounded, not truncated: a photo shrunk to a few pixels off its aspect
+    (1503x1127 for 4:3) would otherwise lose a row in the grid that fits it and let a wider grid
+    with a padding column win (5x3 and 2736 tokens against 4x3 and 2304)."""
     scale = min(cols * tile_size / width, rows * tile_size / height)
-    return min(int(width * scale) * int(height * scale), width * height)
+    fitted_w = max(1, min(round(width * scale), cols * tile_size))  # as plan_tiles resizes it
+    fitted_h = max(1, min(round(height * scale), rows * tile_size))
+    return min(fitted_w * fitted_h, width * height)
 
 
 def select_grid(width: int, height: int, *, max_tiles: int, tile_size: int) -> tuple[int, int]:

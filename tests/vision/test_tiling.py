@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -40,11 +42,26 @@ sizes = st.integers(min_value=1, max_value=20_000)
         (336, 336, 12, (0, 0)),  # one tile's worth: global view only
         (300, 200, 12, (0, 0)),  # smaller than a tile: never upscaled
         (3840, 2160, 1, (0, 0)),  # no room for tiles
-        (1, 5000, 12, (0, 0)),  # a 1-pixel strip has nothing to tile
+        (1, 5000, 12, (1, 12)),  # a 1-pixel strip: a column of tiles shows 4032 of its 5000 rows
+        (1, 300, 12, (0, 0)),  # and one that fits a tile has nothing to tile
     ],
 )
 def test_known_grids(width: int, height: int, max_tiles: int, grid: tuple[int, int]) -> None:
     assert select_grid(width, height, max_tiles=max_tiles, tile_size=TILE) == grid
+
+
+@pytest.mark.parametrize(("width", "height"), [(4000, 3000), (4032, 3024), (6000, 4000), (4000, 2250),
+                                               (3024, 4032)])
+def test_a_photo_shrunk_for_sending_keeps_its_grid(width: int, height: int) -> None:
+    """Issue 39.15: the chat page shrinks a 12 MP photo to the useful pixels (sides rounded, as
+    the browser's canvas does); a side one pixel off the aspect must not buy a padding column."""
+    limit = useful_pixels(TILE)
+    scale = math.sqrt(limit / (width * height))
+    shrunk = (round(width * scale), round(height * scale))
+    for max_tiles in (MAX_AUTO_TILES, MAX_POOLED_TILES):
+        full = select_grid(width, height, max_tiles=max_tiles, tile_size=TILE)
+        assert select_grid(*shrunk, max_tiles=max_tiles, tile_size=TILE) == full
+    assert select_grid(1503, 1127, max_tiles=MAX_POOLED_TILES, tile_size=TILE) == (4, 3)
 
 
 @settings(max_examples=300, deadline=None)
