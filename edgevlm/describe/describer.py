@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from edgevlm.chat.conversation import DEFAULT_QUESTION, Conversation
 from edgevlm.chat.prompts import PromptFormat
 from edgevlm.chat.records import PrefillProgress, PreparedImage, TurnStats, to_plain
-from edgevlm.chat.structured import TEXT, OutputFormat
+from edgevlm.chat.structured import TEXT, OutputFormat, answer_tokens_needed
 from edgevlm.errors import ImageError, Interrupted
 from edgevlm.llama.types import Sampling
 from edgevlm.store.caches import CacheView, EmbeddingCache
@@ -137,6 +137,12 @@ DescribeEvent = ImageStarted | ImageProgress | TextPiece | ImageDone | ImageFail
 # -- the describer ---------------------------------------------------------------------------
 
 
+def answer_budget(output: OutputFormat, max_tokens: int) -> int:
+    """The tokens one answer may take: the user's --max-tokens, raised only for a format whose
+    longest answer needs more (--tags), so a grammar is never cut mid-object."""
+    return max(max_tokens, answer_tokens_needed(output))
+
+
 class Describer:
     """Describe requests on a loaded engine; the system prompt is decoded once for all images."""
 
@@ -148,10 +154,11 @@ class Describer:
         self.engine = engine
         self.output = output
         sampling = replace(sampling or Sampling(), grammar=output.grammar())  # None for text
-        self.max_tokens = max_tokens
+        self.max_tokens = max_tokens  # the user's cap; a --tags answer may need more (answer_budget)
         self.n_gpu_layers = n_gpu_layers
         started = time.perf_counter()
-        self._conversation = Conversation(engine, fmt, tile_size=tile_size, max_tokens=max_tokens,
+        self._conversation = Conversation(engine, fmt, tile_size=tile_size,
+                                          max_tokens=answer_budget(output, max_tokens),
                                           sampling=sampling, max_tiles=max_tiles, summary="none",
                                           pool=pool, layout=layout, encoder=encoder,
                                           prefix_cache=prefix_cache)
@@ -280,6 +287,7 @@ class Describer:
         self.output = output
         conversation = self._conversation
         conversation.sampling = replace(conversation.sampling, grammar=output.grammar())
+        conversation.max_tokens = answer_budget(output, self.max_tokens)  # --ask text keeps the cap
 
     def _result(self, image: LoadedImage | PreparedImage, question: str, text: str, stats: TurnStats, *,
                 system_s: float | None, read_s: float) -> DescribeResult:

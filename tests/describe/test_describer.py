@@ -167,3 +167,17 @@ def test_the_first_image_pays_for_the_system_prompt_in_tokens_and_time(
     for result in (first, second):
         decoded = result.prompt_tokens - result.cached_tokens
         assert result.prefill_tok_s == pytest.approx(decoded / result.prefill_s)
+
+
+def test_ask_after_tags_keeps_the_users_max_tokens(small_sequence: EngineSequence) -> None:
+    """Issue 39.13: --tags raises the tag answer's budget to its longest form; the --ask answers
+    that follow it are text and keep --max-tokens."""
+    from edgevlm.chat.structured import TEXT, answer_tokens_needed, choose_format
+
+    tags = choose_format(fmt=None, schema_path=None, tags=True, max_tags=1, language="English")
+    describer = _describer(small_sequence, max_tokens=5, max_tiles=0, output=tags)
+    image = _image((300, 200))
+    first = describer.describe(image)
+    assert 5 < first.completion_tokens <= answer_tokens_needed(tags)
+    further = describer.ask_again(image, "What colour is it?", output=TEXT)  # as --ask asks
+    assert 0 < further.completion_tokens <= 5
