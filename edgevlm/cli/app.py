@@ -170,8 +170,9 @@ def describe(
                             named=len(targets) + len(found.missing))
         summary = BatchSummary(skipped=len(targets))  # until something needs doing
         if needs_work(targets, jsonl=log, overwrite=overwrite, xmp=xmp):
-            flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, answer_budget(output, max_tokens),
-                                 fetch_missing, parallel=n_seq if len(targets) > 1 else 1, placement=placement,
+            budget = answer_budget(output, max_tokens)
+            flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, budget, fetch_missing,
+                                 parallel=n_seq if len(targets) > 1 else 1, placement=placement,
                                  swa_full=swa_full)
             with _loaded(flags, quiet=quiet or json_out, tiles=(max_tiles, pool_factor)) as loaded, view:
                 describers = Describer.for_sequences(
