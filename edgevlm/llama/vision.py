@@ -28,6 +28,7 @@ def block_counter(model_path: str, mmproj_path: str) -> Iterator[BlockCount]:
     """mtmd's own count of an image's block by size, with no weights loaded: the text model's
     vocabulary only (for the family's marker tokens) and the projector's preprocessing. For plans
     made before a model loads; (block tokens, visual tokens) per (width, height)."""
+    NATIVE_LOG.install()  # this can be the process's first load: its log goes where --quiet says
     params = llama_cpp.llama_model_default_params()
     params.vocab_only = True
     model = llama_cpp.llama_model_load_from_file(model_path.encode(), params)

@@ -310,3 +310,15 @@ def test_several_questions_are_not_written_as_captions(test_models: dict[str, Pa
     empty.write_text("\n\n")
     result = run_cli("describe", str(photos["alpha"]), *_model_args(test_models), "--prompts", str(empty))
     assert result.returncode == 2 and "no questions" in result.stderr
+
+
+@pytest.mark.parametrize("family", ["qwen", "gemma", "smolvlm", "lfm2"])
+def test_quiet_prints_nothing_from_llama_cpp_on_any_family(test_models: dict[str, Path], tmp_path: Path,
+                                                           family: str) -> None:
+    """Issue 39.11: the first load (mtmd's block count, before the engine) is routed like the rest."""
+    photo = tmp_path / "p.jpg"
+    Image.new("RGB", (200, 150), (10, 100, 200)).save(photo)
+    result = run_cli("describe", str(photo), "--model", str(test_models[f"{family}_text"]),
+                     "--mmproj", str(test_models[f"{family}_mmproj"]), "--max-tokens", "4", "--quiet")
+    assert result.returncode == 0 and result.stdout.strip()
+    assert result.stderr == ""
