@@ -50,6 +50,27 @@ MTMD_VISION_PROJECTORS = frozenset({
     "janus_pro", "dots_ocr", "dots3note_v", "deepseekocr", "deepseekocr2", "deepseek4v", "glm4v",
     "glm5v", "youtuvl", "yasa2", "kimik25", "nemotron_v2_vl", "exaone4_5", "hunyuanvl",
     "minicpmv4_6", "mimovl", "minimax_m3", "granite4_vision", "muse-glimmer"})
+# Which text architectures each family's projector was trained with (convert_hf_to_gguf.py
+# writes these pairs). Widths alone cannot tell a pair: the tiny test pairs, and real ones, share
+# widths across families, and the wrong one runs silently or fails mid-decode. A projector or
+# architecture not named here is checked by width only.
+PROJECTOR_TEXT_ARCHS: dict[str, frozenset[str]] = {
+    "qwen2vl_merger": frozenset({"qwen2vl"}),
+    "qwen2.5vl_merger": frozenset({"qwen2vl"}),
+    "qwen3vl_merger": frozenset({"qwen3vl", "qwen3vlmoe"}),
+    "gemma3": frozenset({"gemma3"}),
+    "gemma3nv": frozenset({"gemma3n"}),
+    "gemma4v": frozenset({"gemma4"}),
+    "idefics3": frozenset({"llama", "smollm3"}),
+    "lfm2": frozenset({"lfm2", "lfm2moe"}),
+    "llama4": frozenset({"llama4"}),
+}
+# Text architectures that exist only as one family's vision model: any other projector is wrong.
+TEXT_ARCH_PROJECTORS: dict[str, frozenset[str]] = {
+    arch: frozenset(kind for kind, archs in PROJECTOR_TEXT_ARCHS.items() if arch in archs)
+    for arch in ("qwen2vl", "qwen3vl", "qwen3vlmoe", "gemma3", "gemma3n", "gemma4", "lfm2", "lfm2moe",
+                 "llama4")
+}
 # Projectors whose rows feed extra (deepstack) layers: wider than the text model's embedding.
 DEEPSTACK_PROJECTORS = frozenset({"qwen3vl_merger"})
 IMAGE_NEWLINE_TENSOR = "model.image_newline"
@@ -343,6 +364,17 @@ def check_pair(text: TextModelFacts, projector: ProjectorFacts) -> None:
         raise ModelError(
             f"{projector.path.name} projects to width {projector.projection_dim} but "
             f"{text.path.name} has embedding width {text.n_embd}: they are not a pair"
+        )
+    archs = PROJECTOR_TEXT_ARCHS.get(kind)
+    projectors = TEXT_ARCH_PROJECTORS.get(text.architecture)
+    if (archs is not None and text.architecture not in archs) or (projectors is not None
+                                                                  and kind not in projectors):
+        wanted = (f"a {'/'.join(sorted(projectors))} projector" if projectors is not None
+                  else f"a {'/'.join(sorted(archs or ()))} text model")
+        raise ModelError(
+            f"{projector.path.name} is a {kind} projector and {text.path.name} a {text.architecture} "
+            f"text model: they are not a pair (this one needs {wanted}); pass the mmproj made "
+            "with this model"
         )
 
 

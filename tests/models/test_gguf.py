@@ -6,11 +6,12 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
 from edgevlm.errors import ModelError
 from edgevlm.models.gguf import check_pair, read_projector, read_text_model
 
-from ..conftest import load_script
+from ..conftest import load_script, run_cli
 
 
 def test_text_model_facts(test_models: dict[str, Path]) -> None:
@@ -71,3 +72,27 @@ def test_not_gguf_and_truncated(tmp_path: Path, test_models: dict[str, Path]) ->
         read_text_model(cut)
     with pytest.raises(ModelError, match="no such file"):
         read_text_model(tmp_path / "absent.gguf")
+
+
+def test_pairs_of_different_families_are_refused_even_at_one_width(test_models: dict[str, Path]) -> None:
+    """Issue 39.14: every tiny pair is 64 wide, as real pairs of different families can be;
+    the family (text architecture and projector type) decides, before anything loads."""
+    families = ("qwen", "gemma", "smolvlm", "lfm2")
+    for text_family in families:
+        text = read_text_model(test_models[f"{text_family}_text"])
+        for projector_family in families:
+            projector = read_projector(test_models[f"{projector_family}_mmproj"])
+            if text_family == projector_family:
+                check_pair(text, projector)
+            else:
+                with pytest.raises(ModelError, match="not a pair"):
+                    check_pair(text, projector)
+
+
+def test_a_mismatched_pair_is_one_line_before_loading(test_models: dict[str, Path], tmp_path: Path) -> None:
+    photo = tmp_path / "p.jpg"
+    Image.new("RGB", (64, 48)).save(photo)
+    result = run_cli("describe", str(photo), "--model", str(test_models["qwen_text"]),
+                     "--mmproj", str(test_models["gemma_mmproj"]), "--max-tokens", "2")
+    assert result.returncode == 2 and "not a pair" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
