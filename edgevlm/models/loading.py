@@ -175,14 +175,18 @@ def make_plan(flags: ModelFlags, text: TextModelFacts, projector: ProjectorFacts
     if flags.kv_type is not None and flags.kv_type not in KV_TYPES:
         raise ConfigError(f"--kv-type must be {', '.join(KV_TYPES)}, not '{flags.kv_type}'")
     device, notes = _devices(flags)
-    where = flags.placement
-    settings = Settings(n_ctx=flags.n_ctx, n_gpu_layers=flags.n_gpu_layers, kv_type=flags.kv_type,
-                        flash_attn=flags.flash_attn, swa_full=flags.swa_full,
-                        answer_tokens=flags.answer_tokens, costs=costs, n_seq=flags.parallel,
-                        tensor_split=where.tensor_split, mmproj_device=where.mmproj_device)
     with _mtmd_blocks(text, projector) as blocks:
-        plan = choose(text, projector, device, replace(settings, blocks=blocks))
+        plan = choose(text, projector, device, _settings(flags, costs=costs, blocks=blocks))
     return replace(plan, notes=notes + plan.notes) if notes else plan
+
+
+def _settings(flags: ModelFlags, *, costs: TurnCosts | None, blocks: BlockCounter | None) -> Settings:
+    """What the flags ask the planner to honour (the one translation, for a plan and its retry)."""
+    where = flags.placement
+    return Settings(n_ctx=flags.n_ctx, n_gpu_layers=flags.n_gpu_layers, kv_type=flags.kv_type,
+                    flash_attn=flags.flash_attn, swa_full=flags.swa_full,
+                    answer_tokens=flags.answer_tokens, costs=costs, n_seq=flags.parallel,
+                    tensor_split=where.tensor_split, mmproj_device=where.mmproj_device, blocks=blocks)
 
 
 @contextlib.contextmanager
@@ -333,11 +337,14 @@ def _mtmd_counter(engine: Engine) -> BlockCounter | None:
 def _load_smaller(choice: ModelChoice, text: TextModelFacts, projector: ProjectorFacts, plan: Plan,
                   flags: ModelFlags, first: EdgeVLMError,
                   on_progress: Callable[[float], None] | None) -> tuple[Engine, Plan]:
-    """The one retry after a failed GPU load: a plan for a share of the free VRAM."""
+    """The one retry after a failed GPU load: a plan for a share of the free VRAM, with every
+    other setting as asked (the window cache, the projector's device, mtmd's block counts); only
+    the context and the layers are chosen again."""
     vram = int((plan.vram_free or 0) * RETRY_VRAM_SHARE)
-    smaller = choose(text, projector, MachineMemory(vram, plan.ram_free),
-                     Settings(n_ctx=None, kv_type=flags.kv_type, flash_attn=flags.flash_attn,
-                              answer_tokens=flags.answer_tokens, n_seq=plan.n_seq))
+    with _mtmd_blocks(text, projector) as blocks:
+        settings = replace(_settings(flags, costs=None, blocks=blocks), n_ctx=None, n_gpu_layers=None,
+                           n_seq=plan.n_seq)
+        smaller = choose(text, projector, MachineMemory(vram, plan.ram_free), settings)
     log.warning("loading failed (%s); retrying with a smaller plan: %d layers, n_ctx %d",
                 first, smaller.n_gpu_layers, smaller.n_ctx)
     try:

@@ -55,6 +55,37 @@ def test_a_failed_gpu_load_is_retried_once_with_a_smaller_plan(
         loaded.engine.close()
 
 
+def test_the_retry_keeps_every_setting_but_the_context_and_layers(
+        test_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 35: the retry once dropped --swa-full, the projector's device and mtmd's block counts."""
+    real_engine, real_choose = runtime.Engine, runtime.choose
+    asked: list[runtime.Settings] = []
+
+    def recording_choose(text, projector, device, settings):  # noqa: ANN001, ANN202
+        asked.append(settings)
+        return real_choose(text, projector, device, settings)
+
+    def engine_that_runs_out_of_memory_once(config, **kwargs):  # noqa: ANN001, ANN202
+        if len(asked) == 1:
+            raise EngineError("could not create a context (out of memory)")
+        return real_engine(config, **kwargs)
+
+    monkeypatch.setattr(runtime, "choose", recording_choose)
+    monkeypatch.setattr(runtime, "Engine", engine_that_runs_out_of_memory_once)
+    monkeypatch.setattr(runtime, "gpu_offload_supported", lambda: True)
+    flags = ModelFlags(str(test_models["gemma_text"]), str(test_models["gemma_mmproj"]), vram=(2 * 2**30,),
+                       swa_full=True, kv_type="f16", n_ctx=2048, answer_tokens=100)
+    loaded = load(flags)
+    try:
+        first, retry = asked
+        assert retry.n_ctx is None and retry.n_gpu_layers is None
+        assert (retry.swa_full, retry.kv_type, retry.answer_tokens) == (True, "f16", 100)
+        assert first.blocks is not None and retry.blocks is not None  # mtmd's counts, both times
+        assert loaded.plan.swa_full
+    finally:
+        loaded.engine.close()
+
+
 def test_when_the_retry_fails_too_the_message_has_the_numbers(
         test_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     def never(config, **kwargs):  # noqa: ANN001, ANN202
