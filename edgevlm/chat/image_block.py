@@ -14,10 +14,11 @@ from edgevlm.chat.records import (
     ProgressCounter,
     Segment,
 )
-from edgevlm.errors import ConfigError
+from edgevlm.errors import ConfigError, ContextOverflowError
 from edgevlm.llama.types import ImageEmbedding
 from edgevlm.vision.images import LoadedImage
 from edgevlm.vision.layout import ImagePlan, ViewBudget
+from edgevlm.vision.native import BlockTooLarge
 
 if TYPE_CHECKING:  # a type only: importing it would load libllama
     pass
@@ -41,6 +42,12 @@ class ImageBlocks:
     def _plan(self, image: LoadedImage, room: int) -> ImagePlan:
         try:
             return self.layout.plan(image.size, self._budget(room))
+        except BlockTooLarge as exc:  # the context, not the pool: say which settings make room
+            raise ContextOverflowError(
+                f"the image needs at least {exc.tokens} tokens (at its smallest size) and only "
+                f"{max(exc.room, 0)} are left beside the prompt and max_tokens {self.max_tokens} in a "
+                f"context of {self.sequence.n_ctx}; raise n_ctx or lower max_tokens",
+                settings=("n_ctx", "max_tokens")) from None
         except ValueError as exc:  # an explicit pool this projector's grid cannot take
             raise ConfigError(f"pool {self.pool}: {exc}", settings=("pool",)) from None
 

@@ -149,7 +149,7 @@ def describe(
 ) -> None:
     """Describe photos and folders (see DESCRIBE_HELP)."""
     from edgevlm.cli.render import DescribeView
-    from edgevlm.describe.describer import Describer, answer_budget
+    from edgevlm.describe.describer import Describer
     from edgevlm.describe.folders import BatchSummary, JsonlLog, caption_all, find_images, needs_work
 
     _configure_logging(verbose)
@@ -158,19 +158,17 @@ def describe(
         n_seq = _parallel_option(ctx, parallel)
         placement = _placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device)
         prompt, more = _questions(prompt, _asked(ask, prompts), structured=bool(fmt or schema or tags))
-        output, prompt = _answer_shape(fmt, schema, tags, max_tags, language, prompt)
+        output, prompt, budget = _answer_shape(fmt, schema, tags, max_tags, language, prompt, max_tokens)
         _check_describe_outputs(ctx, write_captions, jsonl, out_dir, write_xmp or embed, bool(ask or prompts))
         found = find_images(photos, recursive=recursive, pattern=glob)
         targets, xmp = _describe_targets(found.images, write_captions, out_dir, write_xmp, embed, xmp_name,
-                                         (model, mmproj, prompt, output, max_tiles, pool_factor,
-                                          answer_budget(output, max_tokens)))
+                                         (model, mmproj, prompt, output, max_tiles, pool_factor, budget))
         log = JsonlLog(jsonl) if jsonl is not None else None
         view = DescribeView(total=len(targets), json_out=json_out, quiet=quiet,
                             text_to_stdout=not (write_captions or write_xmp) and jsonl is None,
                             named=len(targets) + len(found.missing))
         summary = BatchSummary(skipped=len(targets))  # until something needs doing
         if needs_work(targets, jsonl=log, overwrite=overwrite, xmp=xmp):
-            budget = answer_budget(output, max_tokens)
             flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, budget, fetch_missing,
                                  parallel=n_seq if len(targets) > 1 else 1, placement=placement,
                                  swa_full=swa_full)
@@ -226,15 +224,15 @@ def _check_describe_outputs(ctx: typer.Context, write_captions: bool, jsonl: Pat
 
 
 def _answer_shape(fmt: str | None, schema: Path | None, tags: bool, max_tags: int, language: str,
-                  prompt: str | None) -> tuple[OutputFormat, str]:
-    """The answer's format (refused now if its grammar cannot be enforced) and the prompt that
-    asks for it."""
+                  prompt: str | None, max_tokens: int) -> tuple[OutputFormat, str, int]:
+    """The answer's format (refused now if its grammar cannot be enforced), the prompt that asks
+    for it, and the room the plan keeps for its longest form (--ask answers keep max_tokens)."""
     from edgevlm.chat.structured import choose_format
-    from edgevlm.describe.describer import DEFAULT_PROMPT
+    from edgevlm.describe.describer import DEFAULT_PROMPT, answer_budget
 
     output = choose_format(fmt=fmt, schema_path=schema, tags=tags, max_tags=max_tags, language=language)
     output.grammar()
-    return output, prompt or output.prompt or DEFAULT_PROMPT
+    return output, prompt or output.prompt or DEFAULT_PROMPT, answer_budget(output, max_tokens)
 
 
 def _describe_targets(images: list[tuple[Path, Path]], write_captions: bool, out_dir: Path | None,

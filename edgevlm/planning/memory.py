@@ -760,10 +760,22 @@ class _Planner:
             if self.fits(plan):
                 break
         if not self.fits(plan):
-            notes.append("the model is larger than the free RAM: it will page from disk (slow)")
+            notes.append(self._ram_overflow_note(plan))
         notes.append("llama.cpp's CPU backend may repack quantized weights into an extra buffer "
                      "(faster matmuls); the file's own pages then become reclaimable cache")
         return replace(plan, notes=tuple(notes))
+
+
+    def _ram_overflow_note(self, plan: Plan) -> str:
+        """What does not fit the free RAM, named: the weights page from disk (mmap), but a KV
+        cache that does not fit is memory the system must swap, and --n-ctx is the fix."""
+        b = plan.breakdown
+        without_kv = b.total_host - b.kv_host + self.settings.margin_bytes
+        if without_kv <= self.device.ram_free:
+            return (f"the KV cache for n_ctx {plan.n_ctx} ({format_bytes(b.kv_host)}) does not fit the "
+                    f"free RAM ({format_bytes(self.device.ram_free)}) beside the model: lower --n-ctx "
+                    "or use --kv-type q8_0")
+        return "the model is larger than the free RAM: its weights will page from disk (slow)"
 
 
 def _ctx_candidates(cap: int, floor: int) -> list[int]:

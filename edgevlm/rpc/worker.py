@@ -21,6 +21,7 @@ from edgevlm.llama.types import BackendDevice, default_threads
 from edgevlm.network import check_port, is_loopback
 from edgevlm.paths import cache_dir
 from edgevlm.rpc.endpoints import DEFAULT_PORT, hello
+from edgevlm.store.prefix_cache import RPC_CACHE
 
 UNAUTHENTICATED = ("llama.cpp's RPC protocol has no authentication or encryption: anyone who can "
                    "reach this port can run code on the device and read what it holds. Use it only "
@@ -62,7 +63,7 @@ def pick_device(name: str | None) -> str:
 
 def cache_folder(settings: WorkerSettings) -> Path:
     """Where the worker keeps large tensors by hash, so a reload does not resend the weights."""
-    folder = settings.cache or cache_dir() / "rpc"
+    folder = settings.cache or cache_dir() / RPC_CACHE  # `edgevlm cache --clear` clears it too
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 

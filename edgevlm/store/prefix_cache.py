@@ -260,7 +260,11 @@ def decode_entry(data: np.ndarray) -> PrefixEntry:
 
 
 # The rebuildable caches under the user's cache directory, and their entries' file patterns.
-CACHE_KINDS = {"prefixes": ENTRIES, "embeddings": EMBEDDING_ENTRIES, "summaries": SUMMARY_ENTRIES}
+# `edgevlm worker`'s is llama.cpp's own: ggml-rpc names each tensor file by its 64-bit hash in hex.
+RPC_CACHE = "rpc"
+RPC_ENTRIES = "[0-9a-f]" * 16
+CACHE_KINDS = {"prefixes": ENTRIES, "embeddings": EMBEDDING_ENTRIES, "summaries": SUMMARY_ENTRIES,
+               RPC_CACHE: RPC_ENTRIES}
 
 
 def folder_sizes(root: Path | None = None) -> dict[str, int]:

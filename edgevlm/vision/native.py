@@ -58,6 +58,15 @@ class NativePlan:
 BlockCounter = Callable[[tuple[int, int]], tuple[int, int]]  # (w, h) -> (block tokens, visual tokens)
 
 
+class BlockTooLarge(ValueError):
+    """Even the smallest size of an image takes more tokens than the turn has room for."""
+
+    def __init__(self, tokens: int, room: int) -> None:
+        super().__init__(f"even its smallest size takes {tokens} tokens, more than the "
+                         f"{max(room, 0)} left for it")
+        self.tokens, self.room = tokens, room
+
+
 class NativeLayout:
     """mtmd's layout for a family, with the image's size chosen to fit the budget."""
 
@@ -78,8 +87,7 @@ class NativeLayout:
             tokens, visual = self._count(size)
             if tokens <= budget.room:
                 return NativePlan(self.name, size, tokens, visual, image_size)
-        raise ValueError(f"even its smallest size takes {tokens} tokens, more than the "
-                         f"{budget.room} left for it")
+        raise BlockTooLarge(tokens, budget.room)
 
     def views(self, image: Image.Image, plan: NativePlan) -> list[Image.Image]:  # type: ignore[override]
         """The image itself, or shrunk to the plan's size (mtmd then does its own resizing)."""

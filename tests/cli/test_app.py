@@ -322,3 +322,14 @@ def test_quiet_prints_nothing_from_llama_cpp_on_any_family(test_models: dict[str
                      "--mmproj", str(test_models[f"{family}_mmproj"]), "--max-tokens", "4", "--quiet")
     assert result.returncode == 0 and result.stdout.strip()
     assert result.stderr == ""
+
+
+def test_a_context_too_small_for_an_mtmd_image_names_the_settings(test_models: dict[str, Path],
+                                                                  tmp_path: Path) -> None:
+    """Issue 39.16: it said '--pool None: … more than the -1 left for it'."""
+    photo = tmp_path / "p.jpg"
+    Image.new("RGB", (800, 600), (10, 100, 200)).save(photo)
+    result = run_cli("describe", str(photo), "--model", str(test_models["qwen_text"]),
+                     "--mmproj", str(test_models["qwen_mmproj"]), "--n-ctx", "256", "--max-tokens", "240")
+    assert result.returncode == 2 and "raise --n-ctx or lower --max-tokens" in result.stderr
+    assert "None" not in result.stderr and "-1" not in result.stderr

@@ -157,6 +157,16 @@ def test_no_gpu_is_a_cpu_plan(llava: tuple[TextModelFacts, ProjectorFacts]) -> N
     assert any("repack" in note for note in plan.notes)
 
 
+def test_a_cpu_plan_that_does_not_fit_names_what_does_not(
+        llava: tuple[TextModelFacts, ProjectorFacts]) -> None:
+    """Issue 39.16: a huge --n-ctx overflows with its KV cache, not with the weights (which mmap)."""
+    huge = choose(*llava, MachineMemory(vram_free=None, ram_free=8 * GIB), Settings(n_ctx=32768))
+    assert any("KV cache for n_ctx 32768" in note and "--n-ctx" in note for note in huge.notes)
+    assert not any("page from disk" in note for note in huge.notes)
+    small_ram = choose(*llava, MachineMemory(vram_free=None, ram_free=2 * GIB), Settings(n_ctx=2048))
+    assert any("weights will page from disk" in note for note in small_ram.notes)
+
+
 def test_more_vram_never_means_less(llava: tuple[TextModelFacts, ProjectorFacts]) -> None:
     previous_layers, previous_ctx = 0, 0
     for mib in range(1024, 26 * 1024, 64):

@@ -325,9 +325,12 @@ function drawGrid(figure, numbers) {
 
 function sawCaption(n) {
   if (!n) return "";
-  const shown = n.n_tiles
-    ? `global view + ${n.grid[0]}×${n.grid[1]} tiles${n.pool > 1 ? `, pooled ${n.pool}×${n.pool} (dashed)` : ""}`
-    : "global view only";
+  // mtmd's families (Qwen, Gemma, …) lay the image out themselves: no global view or tiles.
+  const shown = n.layout && n.layout.startsWith("mtmd-")
+    ? "the whole image, as its family lays it out"
+    : n.n_tiles
+      ? `global view + ${n.grid[0]}×${n.grid[1]} tiles${n.pool > 1 ? `, pooled ${n.pool}×${n.pool} (dashed)` : ""}`
+      : "global view only";
   return `What the model saw: ${shown} · ${n.visual_tokens} visual tokens (${n.layout})`;
 }
 
