@@ -147,6 +147,10 @@ def inspect(flags: ModelFlags, *, catalog_if_missing: bool = False
         elif catalog_if_missing and preset.shape is not None:
             text, projector = facts_from_shape(preset)
             return ModelChoice(text.path, projector.path, preset), text, projector
+        elif catalog_if_missing:  # mtmd families: their shapes and image blocks come from the files
+            raise ModelError(f"'{preset.name}' is not downloaded, and its plan is read from its files "
+                             f"(only the LLaVA presets are planned from the catalog); fetch it with "
+                             f"`edgevlm fetch {preset.name}`, or see `edgevlm models` for what fits") from None
         else:
             raise
     text = read_text_model(choice.model_path)

@@ -333,3 +333,12 @@ def test_a_context_too_small_for_an_mtmd_image_names_the_settings(test_models: d
                      "--mmproj", str(test_models["qwen_mmproj"]), "--n-ctx", "256", "--max-tokens", "240")
     assert result.returncode == 2 and "raise --n-ctx or lower --max-tokens" in result.stderr
     assert "None" not in result.stderr and "-1" not in result.stderr
+
+
+def test_plan_of_a_preset_not_downloaded_says_what_plan_needs() -> None:
+    """Issue 39.16: docs/models.md promised `plan NAME` before download for every preset."""
+    llava = run_cli("plan", "llava-1.5-7b")
+    assert llava.returncode == 0 and "n_ctx" in llava.stdout  # from the catalog's shape
+    qwen = run_cli("plan", "qwen2.5-vl-7b")
+    assert qwen.returncode == 2 and "`edgevlm fetch qwen2.5-vl-7b`" in qwen.stderr
+    assert "only the LLaVA presets" in qwen.stderr
