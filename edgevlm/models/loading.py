@@ -149,8 +149,9 @@ def inspect(flags: ModelFlags, *, catalog_if_missing: bool = False
             return ModelChoice(text.path, projector.path, preset), text, projector
         elif catalog_if_missing:  # mtmd families: their shapes and image blocks come from the files
             raise ModelError(f"'{preset.name}' is not downloaded, and its plan is read from its files "
-                             f"(only the LLaVA presets are planned from the catalog); fetch it with "
-                             f"`edgevlm fetch {preset.name}`, or see `edgevlm models` for what fits") from None
+                             "(only the LLaVA presets are planned from the catalog); fetch it with "
+                             f"`edgevlm fetch {preset.name}`, or see `edgevlm models` for what fits"
+                             ) from None
         else:
             raise
     text = read_text_model(choice.model_path)

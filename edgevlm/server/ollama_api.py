@@ -270,11 +270,11 @@ class OllamaReply:
 
     def counts(self, answered: Answered) -> dict[str, object]:
         s = answered.stats
-        prefill_s = max(s.ttft_s - answered.queue_s, 0.0)
+        # ttft_s excludes the wait for a slot; Ollama's total counts it, as its own server does.
         return {"done_reason": finish_reason(s, self.max_tokens),
-                "total_duration": int((s.ttft_s + s.decode_s) * NS), "load_duration": 0,
+                "total_duration": int((answered.queue_s + s.ttft_s + s.decode_s) * NS), "load_duration": 0,
                 "prompt_eval_count": s.prompt_tokens - s.cached_tokens,
-                "prompt_eval_duration": int(prefill_s * NS),
+                "prompt_eval_duration": int(s.ttft_s * NS),
                 "eval_count": s.completion_tokens, "eval_duration": int(s.decode_s * NS)}
 
     async def stream(self, request: Request, job: TurnJob, first: JobEvent) -> AsyncIterator[str]:

@@ -72,7 +72,8 @@ class TurnJob:
 
     def __init__(self, turn: ChatTurn, *, started: float | None = None) -> None:
         self.turn = turn
-        self.started = started if started is not None else time.perf_counter()
+        self.queued = time.perf_counter()
+        self.started = started if started is not None else self.queued  # the request's arrival
         self.cancelled = threading.Event()
         self._loop = asyncio.get_running_loop()
         self._events: asyncio.Queue[JobEvent] = asyncio.Queue()
@@ -99,10 +100,14 @@ class TurnJob:
             self.emit(Failed(Interrupted("cancelled before it started")))
             return
         began = time.perf_counter()
+        queue_s = began - self.queued
+        # The TTFT clock runs from the request's arrival (reading its body and images counts)
+        # but not while it waited for a slot: that wait is queue_s, reported apart, so
+        # queue_s + ttft_s + decode time is the request's whole time.
         try:
-            session.respond(self.turn, started=self.started, on_piece=self._piece,
+            session.respond(self.turn, started=self.started + queue_s, on_piece=self._piece,
                             on_progress=self._progress,
-                            on_answered=lambda stats: self.emit(Answered(stats, began - self.started)))
+                            on_answered=lambda stats: self.emit(Answered(stats, queue_s)))
         except EdgeVLMError as exc:
             self.emit(Failed(exc))
         except Exception as exc:  # never lose the worker: the route answers 500, the next job runs

@@ -380,6 +380,29 @@ def test_eight_clients_at_once_get_their_own_answers(client: OpenAI, server: tup
     _checked(server[1])
 
 
+def test_a_queued_request_reports_its_wait_apart_from_its_ttft(client: OpenAI,
+                                                               server: tuple[str, ServerState]) -> None:
+    """Issue 39.16: ttft_s counted the wait for a slot; queue_s + ttft_s + decode is the request."""
+    long = [image_message("Count slowly. " + "one two three " * 150, seed=901, detail="low")]  # long prefill
+    short = [{"role": "user", "content": "Hi."}]
+
+    def ask(messages: list[dict[str, object]], max_tokens: int) -> tuple[dict[str, float], float]:
+        began = time.perf_counter()
+        reply = client.chat.completions.create(model="", messages=messages, max_tokens=max_tokens,
+                                               temperature=0)
+        return reply.model_extra["edgevlm"], time.perf_counter() - began
+
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(ask, long, MAX_TOKENS)
+        while not server[1].scheduler.running:  # the long turn has the one slot
+            time.sleep(0.005)
+        (waited, wall_s), _ = pool.submit(ask, short, 2).result(), first.result()
+    assert waited["queue_s"] > 0.1
+    assert waited["ttft_s"] < waited["queue_s"]  # its own prefill, not the other's answer
+    assert waited["queue_s"] + waited["ttft_s"] <= wall_s
+    _checked(server[1])
+
+
 # -- requests that once answered 500, and other edges of the API ------------------------------
 
 def _deep(depth: int) -> str:
