@@ -8,6 +8,7 @@ produces output that parses. The schema's string and list bounds keep the answer
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,9 +17,19 @@ from edgevlm.errors import ConfigError
 
 # Keywords llama.cpp's schema-to-grammar converter does not turn into grammar rules: a schema
 # that relies on one could yield output the grammar allows and the schema refuses.
-UNENFORCED = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
-              "uniqueItems", "contains", "not", "if", "then", "else", "dependentRequired",
+UNENFORCED = ("multipleOf", "uniqueItems", "contains", "not", "if", "then", "else", "dependentRequired",
               "dependentSchemas", "minProperties", "maxProperties", "patternProperties")
+# llama.cpp writes a bounded repetition as nested optional groups, one per allowed item, and its
+# grammar parser refuses nesting much past a thousand (a 10^9 bound hung the converter). A
+# larger maximum is held to this one, a stricter bound every answer of which still follows the
+# schema (a thousand characters or items is past most answers' token budget); a larger minimum
+# cannot be required and is refused.
+GRAMMAR_REPEAT_LIMIT = 1000
+# An integer between two bounds is enforced as the list of its values when there are at most
+# this many (llama-cpp-python's converter has no rule for bounds).
+INTEGER_ENUM_LIMIT = 1000
+_NUMBER_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+_NAMED_SCHEMAS = ("properties", "$defs", "definitions")
 DEFAULT_MAX_TAGS = 8
 TAG_CHARS = 24
 DESCRIPTION_CHARS = 400
@@ -52,7 +63,7 @@ class OutputFormat:
             raise ConfigError(f"the schema cannot be enforced: llama.cpp's grammar has no rule for "
                               f"'{found[0]}' (at {found[1]}); remove it or check it after the answer")
         try:
-            return json_grammar(self.schema)
+            return json_grammar(grammar_schema(self.schema))
         except ValueError as exc:
             raise ConfigError(f"the schema cannot be enforced: {exc}") from None
 
@@ -131,6 +142,73 @@ def unenforced(schema: object, where: str = "#") -> tuple[str, str] | None:
             if found:
                 return found
     return None
+
+
+def grammar_schema(schema: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The schema as the grammar is built from it: repetition bounds above what llama.cpp's
+    grammar can nest are held to what it can, an integer range becomes its values, and
+    a schema no answer can meet is refused (ValueError naming where). The answer itself is
+    still checked against the original."""
+    return None if schema is None else _for_grammar(schema, "#")
+
+
+def _for_grammar(node: object, where: str) -> Any:
+    if isinstance(node, list):
+        return [_for_grammar(item, f"{where}/{i}") for i, item in enumerate(node)]
+    if not isinstance(node, dict):
+        return node
+    _check_satisfiable(node, where)
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in ("maxLength", "maxItems") and _is_int(value) and value > GRAMMAR_REPEAT_LIMIT:
+            out[key] = GRAMMAR_REPEAT_LIMIT  # a nested group per item would not parse
+            continue
+        if key in ("minLength", "minItems") and _is_int(value) and value > GRAMMAR_REPEAT_LIMIT:
+            raise ValueError(f"{key} {value} at {where} is more than a grammar can require "
+                             f"(at most {GRAMMAR_REPEAT_LIMIT})")
+        if key in _NAMED_SCHEMAS and isinstance(value, dict):
+            out[key] = {name: _for_grammar(child, f"{where}/{key}/{name}") for name, child in value.items()}
+        else:
+            out[key] = _for_grammar(value, f"{where}/{key}")
+    return _integer_range(out)
+
+
+def _check_satisfiable(node: dict[str, Any], where: str) -> None:
+    """Refuse bounds that contradict each other, and an empty enum: no answer could follow."""
+    for low, high in (("minLength", "maxLength"), ("minItems", "maxItems"), ("minimum", "maximum")):
+        if _is_number(node.get(low)) and _is_number(node.get(high)) and node[low] > node[high]:
+            raise ValueError(f"{low} {node[low]} is above {high} {node[high]} at {where}: "
+                             "no answer can follow it")
+    if node.get("enum") == []:
+        raise ValueError(f"an empty enum at {where}: no answer can follow it")
+
+
+def _integer_range(node: dict[str, Any]) -> dict[str, Any]:
+    """An integer between two bounds, as its values (enforced); other bounds on numbers are
+    dropped from the grammar (the converter has no rule for them) and checked on the answer."""
+    bounds = {key: node[key] for key in _NUMBER_BOUNDS if _is_number(node.get(key))}
+    if not bounds:
+        return node
+    rest = {key: value for key, value in node.items() if key not in _NUMBER_BOUNDS}
+    low = max([math.ceil(bounds[k]) for k in ("minimum",) if k in bounds]
+              + [math.floor(bounds[k]) + 1 for k in ("exclusiveMinimum",) if k in bounds], default=None)
+    high = min([math.floor(bounds[k]) for k in ("maximum",) if k in bounds]
+               + [math.ceil(bounds[k]) - 1 for k in ("exclusiveMaximum",) if k in bounds], default=None)
+    if node.get("type") != "integer" or low is None or high is None or "enum" in node or "const" in node:
+        return rest
+    if low > high:
+        raise ValueError(f"no integer lies between the bounds {bounds}: no answer can follow them")
+    if high - low + 1 > INTEGER_ENUM_LIMIT:
+        return rest
+    return {key: value for key, value in rest.items() if key != "type"} | {"enum": list(range(low, high + 1))}
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def recursive_ref(schema: object) -> str | None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from edgevlm.chat.structured import recursive_ref
+from edgevlm.chat.structured import grammar_schema, recursive_ref
 from edgevlm.errors import ConfigError
 
 CHOICES = ("auto", "none", "required")
@@ -106,17 +106,22 @@ class ToolUse:
     @cached_property
     def grammar(self) -> str:
         """GBNF for the answer: a call, or (with `auto`) a call or plain text."""
-        from edgevlm.llama.grammar import json_grammar
+        from edgevlm.llama.grammar import check_parses, json_grammar
 
         try:
-            call = json_grammar(self.call_schema())
+            call = json_grammar(grammar_schema(self.call_schema()))
         except ValueError as exc:
             raise ConfigError(f"a tool's parameters cannot be enforced: {exc}") from None
         if self.forced:
             return call
         renamed = "\n".join("edgevlm-call" + line[4:] if line.startswith("root ::= ") else line
                             for line in call.splitlines())
-        return f"root ::= edgevlm-call | edgevlm-text\n{renamed}\n{_FREE_TEXT_RULE}"
+        either = f"root ::= edgevlm-call | edgevlm-text\n{renamed}\n{_FREE_TEXT_RULE}"
+        try:
+            check_parses(either)
+        except ValueError as exc:
+            raise ConfigError(f"a tool's parameters cannot be enforced: {exc}") from None
+        return either
 
     def parse(self, text: str) -> ToolCall | None:
         """The answer as a call, or None for plain text; ValueError for a call that is not valid."""

@@ -12,24 +12,31 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from edgevlm.chat.structured import choose_format, load_schema, tags_schema, unenforced
+from edgevlm.chat.structured import (
+    OutputFormat,
+    choose_format,
+    grammar_schema,
+    load_schema,
+    tags_schema,
+    unenforced,
+)
 from edgevlm.errors import ConfigError
 
 from ..conftest import run_cli
 
 
 def test_keywords_the_grammar_cannot_enforce_are_found_but_names_are_not() -> None:
-    assert unenforced({"properties": {"minimum": {"type": "string"}}}) is None
-    bounded = {"properties": {"n": {"type": "integer", "maximum": 3}}}
-    assert unenforced(bounded) == ("maximum", "#/properties/n")
+    assert unenforced({"properties": {"multipleOf": {"type": "string"}}}) is None
+    stepped = {"properties": {"n": {"type": "integer", "multipleOf": 3}}}
+    assert unenforced(stepped) == ("multipleOf", "#/properties/n")
     assert unenforced({"anyOf": [{"type": "string"}, {"not": {"type": "null"}}]}) == ("not", "#/anyOf/1")
     assert unenforced(tags_schema(8)) is None
 
 
 def test_a_schema_file_is_checked_before_anything_loads(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
-    bad.write_text('{"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}}}')
-    with pytest.raises(ConfigError, match="no rule for 'minimum'"):
+    bad.write_text('{"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 2}}}')
+    with pytest.raises(ConfigError, match="no rule for 'multipleOf'"):
         load_schema(bad)
     bad.write_text("{not json")
     with pytest.raises(ConfigError, match="not JSON"):
@@ -37,6 +44,41 @@ def test_a_schema_file_is_checked_before_anything_loads(tmp_path: Path) -> None:
     bad.write_text('{"type": 12}')
     with pytest.raises(ConfigError, match="not a valid JSON Schema"):
         load_schema(bad)
+
+
+@pytest.mark.parametrize("bound", [1001, 2000, 100_000, 10**9])
+def test_huge_length_and_item_bounds_build_a_small_grammar_at_once(bound: int) -> None:
+    """Issue 39.5: a pydantic Field(max_length=2000) gave a 500; 10^5 a SIGSEGV; 10^9 a hang."""
+    import time
+
+    schema = {"type": "object", "required": ["s", "xs"], "properties": {
+        "s": {"type": "string", "maxLength": bound},
+        "xs": {"type": "array", "items": {"type": "string", "maxLength": bound}, "maxItems": bound}}}
+    began = time.perf_counter()
+    gbnf = OutputFormat("schema", schema).grammar()
+    assert gbnf is not None and len(gbnf) < 40_000 and time.perf_counter() - began < 5
+    assert OutputFormat("schema", schema).parse('{"s": "ab", "xs": ["c"]}') == {"s": "ab", "xs": ["c"]}
+    with pytest.raises(ConfigError, match="more than a grammar can require"):
+        OutputFormat("schema", {"type": "string", "minLength": bound}).grammar()
+
+
+def test_bounds_emoji_and_odd_names_become_grammars_llama_cpp_parses() -> None:
+    """Issue 39.8/9: ge/le were refused, emoji came out as U+FFFD, a name with a quote, newline
+    or backslash and a regex backreference gave 500s, and contradictions were accepted."""
+    age = grammar_schema({"type": "integer", "minimum": 0, "maximum": 150})
+    assert age == {"enum": list(range(151))}  # enforced: the converter has no rule for bounds
+    assert grammar_schema({"type": "number", "minimum": 0.5}) == {"type": "number"}  # checked after
+    emoji = OutputFormat("schema", {"enum": ["😀 yes", "no"]}).grammar() or ""
+    assert "😀 yes" in emoji and "\\ud83d" not in emoji.lower() and "\ud83d" not in emoji.lower()
+    names = {"type": "object", "required": ['a"b', "c\nd", "e\\f"],
+             "properties": {'a"b': {"type": "string"}, "c\nd": {"type": "integer"}, "e\\f": {"const": 1}}}
+    assert OutputFormat("schema", names).grammar()
+    for refused, why in [({"type": "string", "pattern": "^(a)\\1$"}, "cannot parse"),
+                         ({"type": "string", "minLength": 5, "maxLength": 2}, "no answer can follow"),
+                         ({"type": "integer", "minimum": 3, "maximum": 1}, "no answer can follow"),
+                         ({"enum": []}, "no answer can follow")]:
+        with pytest.raises(ConfigError, match=why):
+            OutputFormat("schema", refused).grammar()
 
 
 def test_one_output_shape_at_a_time(tmp_path: Path) -> None:

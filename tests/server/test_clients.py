@@ -39,6 +39,15 @@ class Weather(BaseModel):
     days: int
 
 
+class Review(BaseModel):
+    """What real pydantic models hold (issue 39.5/8): a long text bound, ge/le, emoji literals."""
+
+    mood: Literal["😀 happy", "😢 sad"]
+    stars: int = Field(ge=1, le=5)
+    note: str = Field(max_length=24)
+    essay: list[str] = Field(max_length=2000)
+
+
 WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "The forecast for a city.",
     "parameters": {"type": "object", "additionalProperties": False, "required": ["city", "days"],
@@ -88,6 +97,29 @@ def _image_content(text: str) -> list[dict[str, object]]:
 
 
 # -- openai ----------------------------------------------------------------------------------
+
+def test_openai_parse_with_real_pydantic_bounds(server: tuple[str, ServerState]) -> None:
+    import resource
+
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{server[0]}/v1", api_key="unused", max_retries=0, timeout=120)
+    before_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    parsed = client.chat.completions.parse(model="", messages=[{"role": "user", "content": "Review it."}],
+                                           response_format=Review, temperature=0)
+    review = parsed.choices[0].message.parsed
+    assert isinstance(review, Review) and review.mood in ("😀 happy", "😢 sad") and 1 <= review.stars <= 5
+    assert "\ufffd" not in parsed.choices[0].message.content
+    # A bound of 10^9 items is a small grammar too (it hung and grew to 23 GB), the server in-process.
+    huge = {"type": "json_schema", "json_schema": {"name": "huge", "schema": {
+        "type": "array", "items": {"type": "string", "maxLength": 10**9}, "maxItems": 10**9}}}
+    reply = client.chat.completions.create(model="", messages=[{"role": "user", "content": "List."}],
+                                           response_format=huge, max_tokens=8)
+    assert reply.choices[0].message.content is not None
+    grown_bytes = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before_kib) * 1024
+    assert grown_bytes < 2**30
+
+
 
 def test_openai(server: tuple[str, ServerState]) -> None:
     from openai import OpenAI
