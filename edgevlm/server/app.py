@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 import logging
 import signal
 import threading
@@ -10,11 +12,13 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from types import FrameType
 
+import h11
 import uvicorn
 from fastapi import Depends, FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from edgevlm import __version__
 from edgevlm.server import ollama_api, openai_api, page
@@ -22,6 +26,8 @@ from edgevlm.server.http import ApiError, RequestLog, check_key
 from edgevlm.server.scheduler import Scheduler
 from edgevlm.server.schemas import add_bodies
 from edgevlm.server.turns import RUNNING_GRACE_S, ServerState, state_of
+
+HEADERS_TIMEOUT_S = 10.0  # a client's whole request line and headers, from connect
 
 log = logging.getLogger("edgevlm.server")
 
@@ -122,9 +128,46 @@ class _Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
+class _HeaderDeadline(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol with a deadline on request headers: uvicorn waits for ever
+    for headers that never finish (one byte now and then is enough), so a slow or stuck client
+    held its connection with no answer. Past HEADERS_TIMEOUT_S it gets a 408 and is closed."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_header_deadline()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._arm_header_deadline()  # the next request on this connection gets its own
+
+    def _arm_header_deadline(self) -> None:
+        self.loop.call_later(HEADERS_TIMEOUT_S, self._headers_late, self.server_state.total_requests)
+
+    def _headers_late(self, answered: int) -> None:
+        started = self.conn.their_state is not h11.IDLE  # its headers arrived: a request runs
+        if self.transport.is_closing() or answered != self.server_state.total_requests or started:
+            return
+        self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+                             b"content-length: %d\r\nconnection: close\r\n\r\n%s"
+                             % (len(_LATE_HEADERS_BODY), _LATE_HEADERS_BODY))
+        self.transport.close()
+
+
+_LATE_HEADERS_BODY = json.dumps({"error": {
+    "message": "the request headers did not arrive in time", "type": "invalid_request_error",
+    "code": "request_timeout"}}).encode()
+
+
+def uvicorn_config(app: FastAPI, *, host: str, port: int) -> uvicorn.Config:
+    """How the app is served: quiet, with the header deadline and a bounded shutdown."""
+    # uvicorn's own shutdown limit only backs ours up: by then every request has been answered.
+    return uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                          timeout_graceful_shutdown=RUNNING_GRACE_S + 4, lifespan="on",
+                          http=_HeaderDeadline)
+
+
 def run(app: FastAPI, *, host: str, port: int) -> None:
     """Serve until Ctrl-C or SIGTERM; in-flight requests get a few seconds to finish."""
-    # uvicorn's own limit only backs ours up: by then every request has been answered.
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=RUNNING_GRACE_S + 4, lifespan="on")
+    config = uvicorn_config(app, host=host, port=port)
     _Server(config, state_of_app(app).scheduler).run()

@@ -14,6 +14,17 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger("edgevlm.server")
 BODY_READ_TIMEOUT_S = 30.0  # a body that stalls part-way must not hold its connection for ever
+MAX_MESSAGE_CHARS = 600
+_STATUS_CODES = {400: "invalid_request", 401: "invalid_api_key", 404: "not_found",
+                 405: "method_not_allowed", 408: "request_timeout", 413: "request_too_large",
+                 415: "unsupported_media_type", 422: "invalid_request", 500: "internal_error",
+                 503: "server_busy"}
+
+
+def shown(value: object, limit: int = 80) -> str:
+    """A value as an error message may quote it: cut to `limit` characters."""
+    text = str(value)
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
 
 
 @dataclass
@@ -26,6 +37,12 @@ class ApiError(Exception):
     code: str | None = None
     kind: str = "invalid_request_error"
     headers: dict[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        # A message never echoes a whole input back (a 1 MB URL was a 1 MB error), and every
+        # error has a code a client can branch on, not null.
+        self.message = shown(self.message, MAX_MESSAGE_CHARS)
+        self.code = self.code or _STATUS_CODES.get(self.status, "invalid_request")
 
     def openai(self) -> dict[str, object]:
         """OpenAI's error shape."""

@@ -9,11 +9,11 @@ from urllib.parse import unquote, urlparse
 
 from edgevlm.chat.resent import ChatImage
 from edgevlm.errors import ImageError
-from edgevlm.server.http import bad_request
+from edgevlm.server.http import ApiError, bad_request, shown
 
 
 def image_from_url(url: object, param: str, *, media_dir: Path | None,
-                   useful_pixels: int | None) -> ChatImage:
+                   useful_pixels: int | None, max_file_bytes: int | None = None) -> ChatImage:
     """An OpenAI `image_url.url`: a data: URL, or a file:// path inside the media folder."""
     if not isinstance(url, str) or not url:
         raise bad_request("expected the image as a data: URL or a file:// URL", param)
@@ -21,11 +21,11 @@ def image_from_url(url: object, param: str, *, media_dir: Path | None,
     if scheme == "data":
         return decode(_data_url_bytes(url, param), param, useful_pixels)
     if scheme == "file":
-        return decode(_media_file_bytes(url, param, media_dir), param, useful_pixels)
+        return decode(_media_file_bytes(url, param, media_dir, max_file_bytes), param, useful_pixels)
     if scheme in ("http", "https"):
         raise bad_request("the server fetches nothing from the network; send the image inline "
                           "as a data:image/…;base64 URL", param, code="remote_url_refused")
-    raise bad_request(f"unsupported image URL scheme '{scheme}'; use a data: URL", param)
+    raise bad_request(f"unsupported image URL scheme '{shown(scheme, 20)}'; use a data: URL", param)
 
 
 def image_from_base64(data: object, param: str, *, useful_pixels: int | None) -> ChatImage:
@@ -62,7 +62,7 @@ def _b64(text: str, param: str) -> bytes:
         raise bad_request("the image is not valid base64", param, code="invalid_base64") from None
 
 
-def _media_file_bytes(url: str, param: str, media_dir: Path | None) -> bytes:
+def _media_file_bytes(url: str, param: str, media_dir: Path | None, max_bytes: int | None) -> bytes:
     if media_dir is None:
         raise bad_request("file:// images are off; start the server with --media-dir DIR to allow "
                           "files from that folder", param, code="file_url_refused")
@@ -70,12 +70,23 @@ def _media_file_bytes(url: str, param: str, media_dir: Path | None) -> bytes:
     if parsed.netloc not in ("", "localhost"):
         raise bad_request("file:// URLs must name a local path", param, code="file_url_refused")
     sent = unquote(parsed.path)  # errors name only this: never where a link inside points
-    path = Path(sent).resolve()
+    if "\x00" in sent:
+        raise bad_request("a file:// path cannot hold a NUL character", param, code="file_url_refused")
+    named = shown(sent)
+    try:
+        path = Path(sent).resolve()
+    except (OSError, RuntimeError):  # a path too long, a symlink loop
+        raise bad_request(f"cannot resolve {named}", param, code="file_unreadable") from None
     if not path.is_relative_to(media_dir.resolve()):
-        raise bad_request(f"{sent} is outside the media folder {media_dir}", param,
+        raise bad_request(f"{named} is outside the media folder {media_dir}", param,
                           code="file_url_refused")
     try:
-        return path.read_bytes()
+        with path.open("rb") as handle:  # never more than a request body may hold
+            data = handle.read(max_bytes + 1 if max_bytes is not None else -1)
     except OSError as exc:
-        raise bad_request(f"cannot read {sent} ({exc.strerror or 'unreadable'})", param,
+        raise bad_request(f"cannot read {named} ({exc.strerror or 'unreadable'})", param,
                           code="file_unreadable") from None
+    if max_bytes is not None and len(data) > max_bytes:
+        raise ApiError(413, f"{param}: {named} is larger than the {max_bytes >> 20} MiB a request may "
+                       "send (--max-body-mb)", param=param, code="file_too_large")
+    return data

@@ -162,7 +162,8 @@ def _content(content: object, where: str, state: ServerState) -> tuple[str, tupl
             if detail not in ("low", "high", "auto"):
                 raise bad_request("detail must be low, high or auto", f"{param}.image_url.detail")
             images.append(image_from_url(url, f"{param}.image_url.url", media_dir=state.media_dir,
-                                         useful_pixels=state.useful_pixels))
+                                         useful_pixels=state.useful_pixels,
+                                         max_file_bytes=state.max_body_bytes))
         else:
             raise bad_request("expected a part of type text (with text) or image_url", param)
     return "\n".join(texts), tuple(images), detail

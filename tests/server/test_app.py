@@ -25,7 +25,7 @@ import uvicorn
 from openai import OpenAI
 from PIL import Image
 
-from edgevlm.server.app import create_app
+from edgevlm.server.app import create_app, uvicorn_config
 from edgevlm.server.launch import ServeSettings, build_state
 from edgevlm.server.turns import ServerState
 
@@ -60,8 +60,7 @@ def image_message(text: str, seed: int, detail: str = "auto") -> dict[str, objec
 def serving(state: ServerState) -> Iterator[str]:
     """The app on a free loopback port, in a thread, until the block ends."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="on"))
+    server = uvicorn.Server(uvicorn_config(create_app(state), host="127.0.0.1", port=port))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -270,10 +269,10 @@ def _image_body(url: str) -> dict[str, object]:
     ({"messages": [{"role": "user", "content": "hi"}], "response_format": {
         "type": "json_schema", "json_schema": {"schema": {"type": "frob"}}}}, 400, "invalid_schema"),
     ({"messages": [{"role": "user", "content": "word " * 3000}]}, 400, "context_length_exceeded"),
-    ({"messages": [{"role": "tool", "content": "x"}], "stream": True}, 400, None),
-    ({"messages": "hello"}, 400, None),
-    ({"messages": [{"role": "user", "content": "hi"}], "edgevlm": {"pool": 3}}, 400, None),
-    ({"messages": [{"role": "user", "content": "hi"}], "edgevlm": "pool"}, 400, None),
+    ({"messages": [{"role": "tool", "content": "x"}], "stream": True}, 400, "invalid_request"),
+    ({"messages": "hello"}, 400, "invalid_request"),
+    ({"messages": [{"role": "user", "content": "hi"}], "edgevlm": {"pool": 3}}, 400, "invalid_request"),
+    ({"messages": [{"role": "user", "content": "hi"}], "edgevlm": "pool"}, 400, "invalid_request"),
 ])
 def test_bad_requests_get_openai_errors(server: tuple[str, ServerState], body: dict, status: int,
                                         code: str | None) -> None:
@@ -321,6 +320,20 @@ def test_files_inside_the_media_folder_only(server: tuple[str, ServerState], tmp
 
     assert ask(media / "a.png").status_code == 200
     assert ask(media / ".." / "secret.png").json()["error"]["code"] == "file_url_refused"
+    # Issue 39.9: these were 500s, or read a huge file whole, or echoed a 1 MB URL back.
+    def ask_url(image_url: str) -> httpx.Response:
+        part = {"type": "image_url", "image_url": {"url": image_url}}
+        return httpx.post(f"{url}/v1/chat/completions", timeout=120,
+                          json={"messages": [{"role": "user", "content": [part]}]})
+
+    nul = ask_url(f"file://{media}/a%00.png")
+    assert nul.status_code == 400 and nul.json()["error"]["code"] == "file_url_refused"
+    big = media / "big.png"
+    with big.open("wb") as handle:
+        handle.truncate(state.max_body_bytes + 1)  # sparse: no disk spent
+    assert ask(big).status_code == 413 and ask(big).json()["error"]["code"] == "file_too_large"
+    long = ask_url("x" * 1_000_000)
+    assert long.status_code == 400 and len(long.text) < 2000 and long.json()["error"]["code"]
     _checked(state)
 
 
@@ -458,6 +471,24 @@ def test_a_non_streamed_request_whose_client_hangs_up_is_cancelled(server: tuple
     monkeypatch.setattr(state, "max_tokens", MAX_TOKENS)
     reply = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={**body, "max_tokens": 1 << 20})
     assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == MAX_TOKENS  # the cap
+
+
+def test_headers_that_never_finish_get_a_408(server: tuple[str, ServerState],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 39.9: uvicorn held such a connection for ever, with no answer."""
+    from edgevlm.server import app
+
+    monkeypatch.setattr(app, "HEADERS_TIMEOUT_S", 1.0)
+    host, port = server[0].removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        time.sleep(0.5)
+        sock.sendall(b"X-Slow: 1\r\n")  # a byte now and then used to keep it open
+        answer = b""
+        while chunk := sock.recv(4096):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 408") and b"request_timeout" in answer
+    assert httpx.get(f"{server[0]}/v1/models", timeout=30).status_code == 200  # others still served
 
 
 def test_a_body_that_stalls_gets_a_408(server: tuple[str, ServerState],
