@@ -62,6 +62,7 @@ class ToolUse:
 
     tools: tuple[ToolSpec, ...]
     choice: str = "auto"
+    answer_grammar: str | None = None  # with `auto`: the grammar of an answer that is not a call
 
     def __post_init__(self) -> None:
         names = [t.name for t in self.tools]
@@ -106,7 +107,7 @@ class ToolUse:
     @cached_property
     def grammar(self) -> str:
         """GBNF for the answer: a call, or (with `auto`) a call or plain text."""
-        from edgevlm.llama.grammar import check_parses, json_grammar
+        from edgevlm.llama.grammar import check_parses, json_grammar, renamed_rules
 
         try:
             call = json_grammar(grammar_schema(self.call_schema()))
@@ -114,9 +115,11 @@ class ToolUse:
             raise ConfigError(f"a tool's parameters cannot be enforced: {exc}") from None
         if self.forced:
             return call
-        renamed = "\n".join("edgevlm-call" + line[4:] if line.startswith("root ::= ") else line
-                            for line in call.splitlines())
-        either = f"root ::= edgevlm-call | edgevlm-text\n{renamed}\n{_FREE_TEXT_RULE}"
+        # The other branch: plain text, or the JSON answer response_format asks for. Each
+        # grammar's rules are renamed apart, since both define `space`, `string`, ….
+        other = (renamed_rules(self.answer_grammar, "edgevlm-text") if self.answer_grammar
+                 else _FREE_TEXT_RULE)
+        either = f"root ::= edgevlm-call | edgevlm-text\n{renamed_rules(call, 'edgevlm-call')}\n{other}"
         try:
             check_parses(either)
         except ValueError as exc:
@@ -134,6 +137,11 @@ class ToolUse:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ValueError(f"the tool call is not JSON ({exc}); it may have been cut off") from None
+        if self.answer_grammar and not self.forced:
+            try:
+                return self._checked(data)
+            except ValueError:
+                return None  # the JSON answer response_format asked for, not a call
         return self._checked(data)
 
     def _checked(self, data: object) -> ToolCall:

@@ -40,14 +40,15 @@ class AnswerText:
         return out
 
     def finish(self) -> tuple[str, ToolCall | None]:
-        """At the end: text still to send (a call that did not parse comes back as text), and the
-        call if the answer was one."""
+        """At the end: text still to send, and the call if the answer was one. A call cut off
+        by max_tokens is neither: the grammar lets only a call open with `{`, so its fragment
+        is not an answer (the finish reason, `length`, says what happened)."""
         if not self._is_call or self.tools is None:
             return "", None
         try:
             return "", self.tools.parse(self._call)
         except ValueError:
-            return self._call.strip(), None
+            return "", None
 
 
 def whole_answer(text: str, tools: ToolUse | None) -> tuple[str, ToolCall | None]:
@@ -57,6 +58,6 @@ def whole_answer(text: str, tools: ToolUse | None) -> tuple[str, ToolCall | None
         return text, None
     try:
         call = tools.parse(text)
-    except ValueError:
-        return text, None
+    except ValueError:  # a call cut off by max_tokens (see AnswerText.finish)
+        return ("", None) if text.startswith("{") else (text, None)
     return ("", call) if call is not None else (text, None)

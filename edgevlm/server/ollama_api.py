@@ -150,16 +150,14 @@ def parse_request(body: dict[str, object], state: ServerState, kind: str) -> tup
     if not isinstance(raw, dict):
         raise bad_request("expected an object", "options")
     limit = raw.get("num_predict")
-    tools = tool_use(body.get("tools"), None) if kind == "chat" else None
-    if tools is not None and body.get("format") not in (None, ""):
-        raise bad_request("format cannot be combined with tools; the tool's parameters already "
-                          "shape a call", "format")
+    answer = _grammar(body.get("format"))  # with tools: the answer when it is no call
+    tools = tool_use(body.get("tools"), None, answer_grammar=answer) if kind == "chat" else None
     options = TurnOptions(
         max_tokens=opt.max_tokens(None if limit in (-1, -2) else limit, "options.num_predict",
                                   state.max_tokens),
         stop=opt.stops(raw.get("stop"), "options.stop"),
         sampling=opt.sampling(raw, fields=opt.OLLAMA_SAMPLING, where="options.",
-                              grammar=tools.grammar if tools else _grammar(body.get("format"))),
+                              grammar=tools.grammar if tools else answer),
         max_tiles=state.max_tiles, pool=opt.pool(raw.get("pool"), "options.pool"))
     return chat_turn(messages, options, tools), tools
 

@@ -91,11 +91,9 @@ def parse_request(body: dict[str, object], state: ServerState) -> tuple[ChatTurn
     extra = body.get("edgevlm") or {}
     if not isinstance(extra, dict):
         raise bad_request("expected an object of edgevlm's own options (pool)", "edgevlm")
-    tools = tool_use(body.get("tools"), body.get("tool_choice"))
-    if tools is not None and body.get("response_format") not in (None, {"type": "text"}):
-        raise bad_request("response_format cannot be combined with tools; the tool's parameters "
-                          "already shape a call", "response_format")
-    grammar = tools.grammar if tools is not None else _grammar(body.get("response_format"))
+    answer = _grammar(body.get("response_format"))  # with tools: the answer when it is no call
+    tools = tool_use(body.get("tools"), body.get("tool_choice"), answer_grammar=answer)
+    grammar = tools.grammar if tools is not None else answer
     options = TurnOptions(
         max_tokens=opt.max_tokens(body.get("max_completion_tokens", body.get("max_tokens")),
                                   "max_tokens", state.max_tokens),

@@ -9,7 +9,8 @@ from edgevlm.errors import ConfigError
 from edgevlm.server.http import bad_request
 
 
-def tool_use(tools: object, choice: object, *, where: str = "tools") -> ToolUse | None:
+def tool_use(tools: object, choice: object, *, where: str = "tools",
+             answer_grammar: str | None = None) -> ToolUse | None:
     """The request's tools (None when none are offered, or `tool_choice` is none)."""
     if tools is None or tools == []:
         if choice not in (None, "none", "auto"):
@@ -22,7 +23,7 @@ def tool_use(tools: object, choice: object, *, where: str = "tools") -> ToolUse 
     if chosen == "none":
         return None
     try:
-        use = ToolUse(specs, chosen)
+        use = ToolUse(specs, chosen, answer_grammar)
         use.grammar  # noqa: B018 -- made now, so a schema no grammar can express is a 400 here
     except ConfigError as exc:
         raise bad_request(str(exc), "tool_choice" if "chosen" in str(exc) else where,

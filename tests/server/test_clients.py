@@ -314,3 +314,24 @@ def test_llm(llm_model: object, photo_file: Path) -> None:
     assert seen and isinstance(seen[0][1], int)  # llm ran the tool with the call's arguments
     answered = conversation.prompt(tool_results=results, system=system)
     assert answered.text() or answered.tool_calls()  # the result went back and was answered
+
+
+def test_response_format_beside_tools_and_a_cut_call(server: tuple[str, ServerState]) -> None:
+    """Issue 39.8: pydantic-ai's NativeOutput sends response_format with tools (it was a 400);
+    a call cut by max_tokens came back as a raw JSON fragment in content."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{server[0]}/v1", api_key="unused", max_retries=0, timeout=120)
+    shape = {"type": "json_schema", "json_schema": {"name": "Photo", "schema": Photo.model_json_schema()}}
+    both = client.chat.completions.create(model="", messages=[{"role": "user", "content": "Describe."}],
+                                          response_format=shape, tools=[WEATHER_TOOL], temperature=0)
+    message = both.choices[0].message
+    assert message.tool_calls or Photo.model_validate(_strict(message.content or ""))
+    cut = client.chat.completions.create(model="", messages=[{"role": "user", "content": "Weather in Rome?"}],
+                                         tools=[WEATHER_TOOL], tool_choice="required", max_tokens=3)
+    choice = cut.choices[0]
+    assert choice.finish_reason == "length" and not choice.message.content and not choice.message.tool_calls
+    streamed = list(client.chat.completions.create(
+        model="", messages=[{"role": "user", "content": "Weather in Rome?"}], tools=[WEATHER_TOOL],
+        tool_choice="required", max_tokens=3, stream=True))
+    assert not "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
