@@ -262,6 +262,7 @@ class Conversation(ImagePrefixes, ImageBlocks, SummarySwap, HistoryReplay, KvLed
                 # The turn's opening and its image block, restored when a conversation opens with it.
                 self._prefix_tier = self._eval_opening_block(prepared, parts, on_progress)
                 self._block_end = (len(self.segments), plan)
+                self._mark()  # a hybrid model's --ask goes back here, not to before the image
             else:
                 self._append(Segment("user", parts.turn, parts.head))
             self._append(Segment("user", parts.turn, parts.tail))

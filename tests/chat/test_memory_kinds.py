@@ -192,3 +192,24 @@ def _check_the_window_checkpoint(engine: Engine, text: TextModelFacts) -> None:
     assert counted == 64 * 2 * (16 + 16) * 2  # cells x KV heads x (K + V head dims) x f16
     saved = sequence.save_partial().nbytes
     assert counted <= saved <= 1.15 * counted
+
+
+def test_a_further_question_reads_the_image_once_on_every_memory_kind(
+        pair: tuple[str, Engine, Engine], test_models: dict[str, Path]) -> None:
+    """Issue 39.12: on the hybrid LFM2 pair --ask went back to before the image and decoded it
+    again (1803 tokens, twice the visual tokens) while saying 'image block reused'. The answer
+    must match a fresh prefill of the same cache."""
+    family, engine, fresh = pair
+    chat = _chat(family, engine, test_models)
+    _, first = chat.ask("What is in the picture?", image=_image(40))
+    answer, again = chat.ask_again("And its colours?")
+    chat.check()
+    question = len(chat._parts(chat.turn, "And its colours?", with_image=True).tail)
+    assert again.prefill_tokens == question  # only the question: the image block stayed
+    assert again.visual_tokens == first.visual_tokens
+    probe = chat.sequence.tokenize(" More?")
+    chat._append(Segment("user", -1, tuple(probe)))
+    ours = chat.sequence._current_logits().copy()
+    reference = _next_logits(fresh.sequence(), chat.segments[:-1], probe)
+    chat._truncate_to(len(chat.segments) - 1)
+    assert np.abs(ours - reference).max() < 1e-3
