@@ -71,15 +71,29 @@ class HistoryReplay:
         self.turn = self.records[-1].turn if self.records else 0
         self.images_seen = max((r.image_index or 0 for r in self.records), default=0)
 
-    def _restore_turn(self, record: TurnRecord) -> None:
-        """Decode one finished turn as text, its image as a summary."""
+    def history_room(self, question: str, *, with_image: bool) -> int:
+        """Tokens earlier turns may hold beside a new turn with this question (its answer, its
+        image's smallest view and its caption reserved), after the system prompt."""
+        parts = self._parts(self.turn + 1, question, with_image=with_image)
+        return self.sequence.n_ctx - self.segments[0].n_tokens - parts.fixed - parts.image_floor
+
+    def record_tokens(self, record: TurnRecord) -> int:
+        """What a finished turn costs as text in the cache (its image as its summary)."""
+        user, answer = self._turn_texts(record)
+        return len(self.sequence.tokenize(user + answer))
+
+    def _turn_texts(self, record: TurnRecord) -> tuple[str, str]:
         summary = ""
         if record.image is not None:
             name = record.image.rsplit("/", 1)[-1]
             made = record.summary if record.summary is not None else self._start_of(record.answer)
             summary = summary_text(record.image_index or 0, name, made) + "\n"
-        user = f"{self.fmt.user_prefix}{summary}{record.user}{self.fmt.user_suffix}"
-        answer = f"{record.answer}{self.fmt.assistant_suffix}"
+        return (f"{self.fmt.user_prefix}{summary}{record.user}{self.fmt.user_suffix}",
+                f"{record.answer}{self.fmt.assistant_suffix}")
+
+    def _restore_turn(self, record: TurnRecord) -> None:
+        """Decode one finished turn as text, its image as a summary."""
+        user, answer = self._turn_texts(record)
         needed = len(self.sequence.tokenize(user + answer))
         self._make_room(needed + self.max_tokens)
         self._append(Segment("user", record.turn, tuple(self.sequence.tokenize(user))))

@@ -18,6 +18,8 @@ from edgevlm.llama.types import Sampling
 from edgevlm.store.caches import SummaryStore
 from edgevlm.vision.images import LoadedImage, load_image_bytes
 
+HISTORY_FILL = 0.75  # a cut history fills this share of the room, leaving some for follow-ups
+
 
 @dataclass(frozen=True)
 class ChatImage:
@@ -83,17 +85,19 @@ class ResentChat:
         conversation = self.conversation
         conversation.sequence.begin_request(started=started)
         self._use_system(turn.system)
-        records = self._records(turn.past)
-        side_work = conversation.sequence.stats().prompt_tokens  # summaries made, then rolled back
         self._apply(turn.options)
+        dropped = self._first_kept(turn)
+        records = self._records(turn.past[dropped:], images_before=sum(
+            p.image is not None for p in turn.past[:dropped]))
+        side_work = conversation.sequence.stats().prompt_tokens  # summaries made, then rolled back
         conversation.replay(records)
         if turn.image is not None:
             self._digests[turn.image.image.path.name] = turn.image.sha256
         answer, stats = conversation.ask(
             turn.question, image=turn.image.image if turn.image else None, on_piece=on_piece,
             on_progress=on_progress, new_request=False,
-            on_answered=lambda stats: on_answered(_reused(stats, side_work)) if on_answered else None)
-        return answer, _reused(stats, side_work)
+            on_answered=lambda stats: on_answered(_reused(stats, side_work, dropped)) if on_answered else None)
+        return answer, _reused(stats, side_work, dropped)
 
     def summarise_pending(self) -> None:
         """Idle work: summarise the answered images (an interrupt leaves them live)."""
@@ -134,10 +138,48 @@ class ResentChat:
         conversation.stop = options.stop
         conversation.pool = self._pool_default if options.pool is None else (options.pool or None)
 
-    def _records(self, past: tuple[PastTurn, ...]) -> list[TurnRecord]:
+    def _first_kept(self, turn: ChatTurn) -> int:
+        """How many of the oldest past turns to drop, before anything is decoded or summarised,
+        so that the rest fits beside this turn: a history longer than the context costs, on a
+        cache miss, the prefill of what is kept, never of what would be dropped after.
+
+        The cache's own run of turns is kept while it fits (a follow-up hits it); otherwise the
+        kept part is cut to HISTORY_FILL of the room, so the next several follow-ups hit too.
+        """
+        conversation, past = self.conversation, turn.past
+        room = conversation.history_room(turn.question, with_image=turn.image is not None)
+        costs = [self._turn_tokens(p, number) for number, p in enumerate(past, start=1)]
+        held = conversation.records
+        if held:
+            keys = _keys(past)
+            mine = (held[0].user, held[0].answer, held[0].image)
+            for start in (i for i, key in enumerate(keys) if key == mine):
+                if conversation.shared_turns(keys[start:]) == len(held) and sum(costs[start:]) <= room:
+                    return start
+        if sum(costs) <= room:
+            return 0
+        first, total, target = 0, sum(costs), int(room * HISTORY_FILL)
+        while first < len(past) and total > target:
+            total -= costs[first]
+            first += 1
+        return first
+
+    def _turn_tokens(self, past: PastTurn, number: int) -> int:
+        """A past turn's cost as text; an image's summary not made yet counts at its longest."""
+        summary = None
+        if past.image is not None:
+            summary = self.summaries.get(past.image.sha256)
+            if summary is None:
+                summary = "x " * self.conversation.caption_tokens  # at most this many tokens
+        record = TurnRecord(turn=number, user=past.user.strip(), answer=past.answer.strip(),
+                            image=past.image.image.path.name if past.image else None,
+                            image_index=number if past.image else None, summary=summary)
+        return self.conversation.record_tokens(record)
+
+    def _records(self, past: tuple[PastTurn, ...], *, images_before: int = 0) -> list[TurnRecord]:
         """The history as the conversation keeps it, images numbered in order and summarised
         (turns the cache holds already keep their own record: an image there may be live)."""
-        records, images = [], 0
+        records, images = [], images_before
         kept = self.conversation.shared_turns(_keys(past))
         for number, turn in enumerate(past, start=1):
             image = turn.image
@@ -168,7 +210,9 @@ def _keys(past: tuple[PastTurn, ...]) -> list[tuple[str, str, str | None]]:
     return [(p.user.strip(), p.answer.strip(), p.image.image.path.name if p.image else None) for p in past]
 
 
-def _reused(stats: TurnStats, side_work: int) -> TurnStats:
-    """Cached tokens exactly: prompt positions minus those decoded for this prompt."""
+def _reused(stats: TurnStats, side_work: int, dropped: int) -> TurnStats:
+    """Cached tokens exactly (prompt positions minus those decoded for this prompt), and the
+    turns dropped: the history's oldest, before the work, and any the cache shifted out."""
     decoded = stats.prefill_tokens - side_work
-    return replace(stats, cached_tokens=max(stats.prompt_tokens - decoded, 0))
+    return replace(stats, cached_tokens=max(stats.prompt_tokens - decoded, 0),
+                   dropped_turns=stats.dropped_turns + dropped)

@@ -226,6 +226,28 @@ def test_six_turns_resent_in_full_stay_flat(client: OpenAI, server: tuple[str, S
     assert len(conversation.records) == 6
 
 
+def test_a_history_longer_than_the_context_is_cut_before_any_work(client: OpenAI,
+                                                                   server: tuple[str, ServerState]) -> None:
+    """Issue 39.6: 100 resent turn pairs were decoded whole on a miss (322k prefill tokens on the
+    Qwen pair), then dropped, and dropped_turns said 0."""
+    history: list[dict[str, object]] = []
+    for i in range(100):
+        history += [{"role": "user", "content": f"Tell me about item {i}, please, with details."},
+                    {"role": "assistant", "content": f"Item {i} is a small thing with a long story to it."}]
+    first = client.chat.completions.create(model="", messages=[*history, {"role": "user", "content": "Go on."}])
+    shown = first.model_extra["edgevlm"]
+    n_ctx = server[1].scheduler.session.conversation.sequence.n_ctx
+    assert shown["dropped_turns"] > 50 and shown["prefill_tokens"] <= n_ctx
+    _checked(server[1])
+    history += [{"role": "user", "content": "Go on."},
+                {"role": "assistant", "content": first.choices[0].message.content}]
+    follow = client.chat.completions.create(model="", messages=[*history, {"role": "user", "content": "More."}])
+    again = follow.model_extra["edgevlm"]
+    assert again["prefill_tokens"] < 60  # the cut history was kept: a follow-up hits it
+    assert again["dropped_turns"] == shown["dropped_turns"]
+    _checked(server[1])
+
+
 def test_an_image_met_only_in_history_is_summarised_once(client: OpenAI,
                                                          server: tuple[str, ServerState]) -> None:
     history = [image_message("What is this?", seed=4),
