@@ -96,7 +96,8 @@ class ResentChat:
         answer, stats = conversation.ask(
             turn.question, image=turn.image.image if turn.image else None, on_piece=on_piece,
             on_progress=on_progress, new_request=False,
-            on_answered=lambda stats: on_answered(_reused(stats, side_work, dropped)) if on_answered else None)
+            on_answered=(lambda stats: on_answered(_reused(stats, side_work, dropped)))
+            if on_answered else None)
         return answer, _reused(stats, side_work, dropped)
 
     def summarise_pending(self) -> None:

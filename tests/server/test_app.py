@@ -234,14 +234,16 @@ def test_a_history_longer_than_the_context_is_cut_before_any_work(client: OpenAI
     for i in range(100):
         history += [{"role": "user", "content": f"Tell me about item {i}, please, with details."},
                     {"role": "assistant", "content": f"Item {i} is a small thing with a long story to it."}]
-    first = client.chat.completions.create(model="", messages=[*history, {"role": "user", "content": "Go on."}])
+    ask = [*history, {"role": "user", "content": "Go on."}]
+    first = client.chat.completions.create(model="", messages=ask)
     shown = first.model_extra["edgevlm"]
     n_ctx = server[1].scheduler.session.conversation.sequence.n_ctx
     assert shown["dropped_turns"] > 50 and shown["prefill_tokens"] <= n_ctx
     _checked(server[1])
     history += [{"role": "user", "content": "Go on."},
                 {"role": "assistant", "content": first.choices[0].message.content}]
-    follow = client.chat.completions.create(model="", messages=[*history, {"role": "user", "content": "More."}])
+    ask = [*history, {"role": "user", "content": "More."}]
+    follow = client.chat.completions.create(model="", messages=ask)
     again = follow.model_extra["edgevlm"]
     assert again["prefill_tokens"] < 60  # the cut history was kept: a follow-up hits it
     assert again["dropped_turns"] == shown["dropped_turns"]
