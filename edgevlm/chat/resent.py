@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 from edgevlm.chat.conversation import Conversation
 from edgevlm.chat.records import PrefillProgress, TurnRecord, TurnStats
+from edgevlm.errors import Interrupted
 from edgevlm.llama.types import Sampling
 from edgevlm.store.caches import SummaryStore
 from edgevlm.vision.images import LoadedImage, load_image_bytes
@@ -87,10 +88,17 @@ class ResentChat:
         self._use_system(turn.system)
         self._apply(turn.options)
         dropped = self._first_kept(turn)
-        records = self._records(turn.past[dropped:], images_before=sum(
-            p.image is not None for p in turn.past[:dropped]))
-        side_work = conversation.sequence.stats().prompt_tokens  # summaries made, then rolled back
-        conversation.replay(records)
+        try:
+            records = self._records(turn.past[dropped:], images_before=sum(
+                p.image is not None for p in turn.past[:dropped]))
+            side_work = conversation.sequence.stats().prompt_tokens  # summaries made, rolled back
+            conversation.replay(records)
+        except (Interrupted, KeyboardInterrupt):
+            # Stopped mid-history (the client left): a turn may be half in the cache, so the
+            # next request starts from the system prompt rather than from a torn history.
+            self.clear_interrupt()
+            conversation.reset()
+            raise Interrupted("stopped while the history was being prepared") from None
         if turn.image is not None:
             self._digests[turn.image.image.path.name] = turn.image.sha256
         answer, stats = conversation.ask(
@@ -99,6 +107,14 @@ class ResentChat:
             on_answered=(lambda stats: on_answered(_reused(stats, side_work, dropped)))
             if on_answered else None)
         return answer, _reused(stats, side_work, dropped)
+
+    def interrupt(self) -> None:
+        """Stop the running turn at its next decode step or token (from another thread)."""
+        self.conversation.sequence.interrupt_requested = True
+
+    def clear_interrupt(self) -> None:
+        """Forget a stop that found nothing left to stop."""
+        self.conversation.sequence.interrupt_requested = False
 
     def summarise_pending(self) -> None:
         """Idle work: summarise the answered images (an interrupt leaves them live)."""

@@ -17,7 +17,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from edgevlm.chat.records import PrefillProgress, TurnStats
@@ -75,12 +75,18 @@ class TurnJob:
         self.queued = time.perf_counter()
         self.started = started if started is not None else self.queued  # the request's arrival
         self.cancelled = threading.Event()
+        self._stop_running: Callable[[], None] | None = None  # set while the worker runs it
+        self._running_lock = threading.Lock()
         self._loop = asyncio.get_running_loop()
         self._events: asyncio.Queue[JobEvent] = asyncio.Queue()
 
     def cancel(self) -> None:
-        """Stop this job at its next step (or skip it if it has not started)."""
+        """Stop this job at its next step, whatever it is doing (summaries of its history, the
+        replay, CLIP, the prefill, the answer), or skip it if it has not started."""
         self.cancelled.set()
+        with self._running_lock:
+            if self._stop_running is not None:
+                self._stop_running()
 
     def emit(self, event: JobEvent) -> None:
         """Hand an event to the route (from the worker thread)."""
@@ -104,7 +110,11 @@ class TurnJob:
         # The TTFT clock runs from the request's arrival (reading its body and images counts)
         # but not while it waited for a slot: that wait is queue_s, reported apart, so
         # queue_s + ttft_s + decode time is the request's whole time.
+        with self._running_lock:
+            self._stop_running = session.interrupt
         try:
+            if self.cancelled.is_set():  # cancelled while it was being picked up
+                raise Interrupted("the client went away")
             session.respond(self.turn, started=self.started + queue_s, on_piece=self._piece,
                             on_progress=self._progress,
                             on_answered=lambda stats: self.emit(Answered(stats, queue_s)))
@@ -113,6 +123,10 @@ class TurnJob:
         except Exception as exc:  # never lose the worker: the route answers 500, the next job runs
             log.exception("the turn failed: %s", one_line(exc))
             self.emit(Failed(exc))
+        finally:
+            with self._running_lock:
+                self._stop_running = None
+            session.clear_interrupt()  # a cancel that came as the turn ended stops nothing later
 
     def _piece(self, text: str) -> None:
         if self.cancelled.is_set():

@@ -75,11 +75,16 @@ async def start(turn: ChatTurn, state: ServerState, request: Request) -> tuple[T
         raise ApiError(503, f"the server is busy ({exc}); retry shortly", code="queue_full",
                        kind="server_error", headers={"Retry-After": str(RETRY_AFTER_S)}) from None
     events = job.events()
+    # Until the first event (a long history's summaries and replay send none), a client that
+    # hangs up cancels the job too: it once ran on for minutes after the client had gone.
+    watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
     try:
         first = await anext(events)
     except BaseException:
         job.cancel()
         raise
+    finally:
+        watcher.cancel()
     if isinstance(first, Failed):
         raise error_for(first.error)
     return job, first

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
 import io
 import json
 import socket
@@ -495,6 +496,27 @@ def test_a_non_streamed_request_whose_client_hangs_up_is_cancelled(server: tuple
     monkeypatch.setattr(state, "max_tokens", MAX_TOKENS)
     reply = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={**body, "max_tokens": 1 << 20})
     assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == MAX_TOKENS  # the cap
+
+
+def test_a_request_with_many_earlier_images_stops_when_its_client_leaves(
+        server: tuple[str, ServerState]) -> None:
+    """Issue 39.7: summarising a history's images sent no event and watched no disconnect, so
+    a request with 200 earlier images ran on for 705 s after its client gave up."""
+    url, state = server
+    seeds = range(700, 712)
+    history: list[dict[str, object]] = []
+    for seed in seeds:  # images never seen: each is summarised (CLIP and a caption) first
+        history += [image_message(f"Photo {seed}?", seed=seed), {"role": "assistant", "content": "A photo."}]
+    body = {"messages": [*history, {"role": "user", "content": "Which was best?"}], "stream": False}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{url}/v1/chat/completions", json=body, timeout=httpx.Timeout(60, read=0.5))
+    _checked(state)  # the worker is free again, and the cache is whole
+    store = state.scheduler.session.summaries
+    summarised = sum(store.get(hashlib.sha256(photo_bytes(seed)).hexdigest()) is not None for seed in seeds)
+    assert summarised < len(seeds)  # it stopped part-way, not after all of them
+    reply = httpx.post(f"{url}/v1/chat/completions", timeout=60,
+                       json={"messages": [{"role": "user", "content": "Hi"}]})
+    assert reply.status_code == 200
 
 
 def test_headers_that_never_finish_get_a_408(server: tuple[str, ServerState],
