@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from edgevlm import __version__
-from edgevlm.server import ollama_api, openai_api, page
+from edgevlm.server import completions_api, ollama_api, openai_api, page, responses_api
 from edgevlm.server.http import ApiError, RequestLog, check_key
 from edgevlm.server.scheduler import Scheduler
 from edgevlm.server.schemas import add_bodies
@@ -44,6 +44,8 @@ def create_app(state: ServerState) -> FastAPI:
     app.state.edgevlm = state
     keyed = [Depends(_require_key)]
     app.include_router(openai_api.router, dependencies=keyed)
+    app.include_router(completions_api.router, dependencies=keyed)
+    app.include_router(responses_api.router, dependencies=keyed)
     app.include_router(ollama_api.router, dependencies=keyed)
     app.add_api_route("/health", _health, methods=["GET"])
     app.add_api_route("/edgevlm/info", page.info, methods=["GET"], dependencies=keyed)

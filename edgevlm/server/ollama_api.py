@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import AsyncIterator
 from datetime import datetime, timezone
@@ -39,16 +40,26 @@ router = APIRouter(prefix="/api", responses=sc.errors(sc.OllamaError, 400, 401, 
 NS = 1_000_000_000
 
 
+# Clients check Ollama's version before using newer fields (images, tools, format schemas):
+# edgevlm answers as the Ollama release whose API it follows, and names itself beside it.
+OLLAMA_API_VERSION = "0.12.0"
+
+
 @router.get("/version")
 async def version() -> dict[str, str]:
-    """edgevlm's version, where Ollama gives its own."""
-    return {"version": __version__}
+    """The Ollama API version edgevlm follows (clients gate features on it), and edgevlm's own."""
+    return {"version": OLLAMA_API_VERSION, "edgevlm": __version__}
 
 
 @router.get("/tags")
 async def tags(request: Request) -> dict[str, object]:
     """The loaded model, in Ollama's list shape."""
     return {"models": [_model_entry(state_of(request))]}
+
+
+@router.head("/tags", include_in_schema=False)
+async def tags_head() -> None:
+    """Ollama's liveness probe some clients send before listing."""
 
 
 @router.post("/show", openapi_extra=sc.body(sc.OllamaModelRequest))
@@ -234,7 +245,18 @@ def _modified(state: ServerState) -> str:
 def _model_entry(state: ServerState) -> dict[str, object]:
     name = f"{state.model.id}:latest"
     return {"name": name, "model": name, "modified_at": _modified(state), "size": state.model.size_bytes,
-            "digest": "", "details": _details(state)}
+            "digest": _digest(state), "details": _details(state)}
+
+
+def _digest(state: ServerState) -> str:
+    """A stable name for these model files (Ollama's is its blob's SHA-256; hashing gigabytes at
+    every start is not worth it): the SHA-256 of the path, size and modification time."""
+    path = state.model.path
+    try:
+        stamp = path.stat().st_mtime_ns
+    except OSError:
+        stamp = 0
+    return hashlib.sha256(f"{path.resolve()}|{state.model.size_bytes}|{stamp}".encode()).hexdigest()
 
 
 def _now() -> str:

@@ -135,7 +135,41 @@ class OllamaError(BaseModel):
     error: str
 
 
-BODIES = (ChatCompletionRequest, OllamaChatRequest, OllamaGenerateRequest, OllamaModelRequest)
+class CompletionRequest(_Open):
+    """`POST /v1/completions`."""
+
+    model: str | None = None
+    prompt: str | list[str]
+    stream: bool | None = None
+    max_tokens: int | None = Field(None, ge=1, le=1 << 20)
+    temperature: float | None = Field(None, ge=0, le=2)
+
+
+class ResponseInputPart(_Open):
+    type: Literal["input_text", "input_image", "output_text"]
+    text: str | None = None
+    image_url: str | None = None
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ResponseInputMessage(_Open):
+    role: Role
+    content: str | list[ResponseInputPart]
+
+
+class ResponseRequest(_Open):
+    """`POST /v1/responses`."""
+
+    model: str | None = None
+    input: str | list[ResponseInputMessage]
+    instructions: str | None = None
+    stream: bool | None = None
+    max_output_tokens: int | None = Field(None, ge=1, le=1 << 20)
+    temperature: float | None = Field(None, ge=0, le=2)
+
+
+BODIES = (ChatCompletionRequest, CompletionRequest, ResponseRequest, OllamaChatRequest,
+          OllamaGenerateRequest, OllamaModelRequest)
 
 
 # A request that works as written, for /docs readers (and the fuzzer's explicit phase).
@@ -159,8 +193,11 @@ def errors(model: type[BaseModel], *statuses: int) -> dict[int | str, dict[str, 
 
 def streamed(media_type: str) -> dict[int | str, dict[str, Any]]:
     """A 200 that is JSON, or a stream when the request asks for one."""
+    # An SSE stream is checked event by event ({"event", "data"}); NDJSON as its text.
+    item = ({"type": "object", "properties": {"event": {"type": "string"}, "data": {"type": "string"}}}
+            if media_type == "text/event-stream" else {"type": "string"})
     return {200: {"description": "the answer; a stream when `stream` is true",
-                  "content": {"application/json": {}, media_type: {"schema": {"type": "string"}}}}}
+                  "content": {"application/json": {}, media_type: {"schema": item}}}}
 
 
 def add_bodies(openapi: dict[str, Any]) -> dict[str, Any]:

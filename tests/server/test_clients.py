@@ -335,3 +335,41 @@ def test_response_format_beside_tools_and_a_cut_call(server: tuple[str, ServerSt
         model="", messages=[{"role": "user", "content": "Weather in Rome?"}], tools=[WEATHER_TOOL],
         tool_choice="required", max_tokens=3, stream=True))
     assert not "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+
+
+def test_openai_completions_and_responses(server: tuple[str, ServerState]) -> None:
+    """Issue 39.10: /v1/completions (llama-index's OpenAILike by default) and /v1/responses."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{server[0]}/v1", api_key="unused", max_retries=0, timeout=120)
+    done = client.completions.create(model="", prompt="Say hi.", max_tokens=8, temperature=0)
+    assert done.object == "text_completion" and done.choices[0].text and done.usage.completion_tokens > 0
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model="", prompt="Say hi.", max_tokens=8, temperature=0, stream=True) if c.choices)
+    assert streamed.strip() == done.choices[0].text
+
+    text = client.responses.create(model="", input="Say hi.", max_output_tokens=8, temperature=0)
+    assert text.output_text and text.usage.output_tokens > 0
+    image = client.responses.create(model="", instructions="Be brief.", max_output_tokens=8, input=[
+        {"role": "user", "content": [{"type": "input_text", "text": "What is this?"},
+                                     {"type": "input_image", "image_url": data_url(33)}]}])
+    assert image.output_text and image.model_extra["edgevlm"]["visual_tokens"] > 0
+    events = list(client.responses.create(model="", input="Say hi.", max_output_tokens=8, temperature=0,
+                                          stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[0] == "response.created" and kinds[-1] in ("response.completed", "response.incomplete")
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == events[-1].response.output_text == text.output_text
+    typed = client.responses.create(model="", input="Describe.", temperature=0, text={"format": {
+        "type": "json_schema", "name": "Photo", "schema": Photo.model_json_schema()}})
+    Photo.model_validate(_strict(typed.output_text))
+
+
+def test_ollama_shapes_clients_read(server: tuple[str, ServerState]) -> None:
+    import httpx
+
+    version = httpx.get(f"{server[0]}/api/version").json()
+    assert tuple(int(p) for p in version["version"].split(".")) >= (0, 5, 0) and version["edgevlm"]
+    assert httpx.head(f"{server[0]}/api/tags").status_code == 200
+    digest = httpx.get(f"{server[0]}/api/tags").json()["models"][0]["digest"]
+    assert len(digest) == 64 and digest == httpx.get(f"{server[0]}/api/tags").json()["models"][0]["digest"]

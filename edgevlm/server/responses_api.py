@@ -1,0 +1,185 @@
+"""OpenAI's Responses API, `/v1/responses` (as llama-server and recent Ollama offer it): text and
+images in, one message out, streamed as its typed events or whole. The request is translated
+into a chat turn; earlier images stand as summaries, as in chat completions."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+from sse_starlette import EventSourceResponse
+
+from edgevlm.server import schemas as sc
+from edgevlm.server.http import bad_request, read_json
+from edgevlm.server.openai_api import parse_request
+from edgevlm.server.scheduler import Answered, Failed, JobEvent, Piece, TurnJob
+from edgevlm.server.turns import (
+    RUNNING_GRACE_S,
+    ServerState,
+    collect,
+    edgevlm_numbers,
+    error_for,
+    finish_reason,
+    note_for_log,
+    start,
+    state_of,
+    stream_events,
+)
+
+router = APIRouter(prefix="/v1", responses=sc.errors(sc.OpenAIError, 400, 401, 404, 408, 413, 503))
+_SHARED = ("model", "temperature", "top_p")
+_REFUSED = {"previous_response_id": "send the whole conversation as input",
+            "tools": "use /v1/chat/completions for tools", "background": "", "conversation": ""}
+
+
+@router.post("/responses", response_model=None, openapi_extra=sc.body(sc.ResponseRequest),
+             responses=sc.streamed("text/event-stream"))
+async def responses(request: Request) -> JSONResponse | EventSourceResponse:
+    """A response to `input` (a string or a list of messages with input_text and input_image)."""
+    state = state_of(request)
+    body = await read_json(request, state.max_body_bytes)
+    turn, _ = await run_in_threadpool(parse_request, chat_body(body), state)
+    job, first = await start(turn, state, request)
+    reply = ResponseReply(state, turn.options.max_tokens, body)
+    if body.get("stream"):
+        return EventSourceResponse(reply.stream(request, job, first), ping=15,
+                                   shutdown_grace_period=RUNNING_GRACE_S + 2)
+    text, answered = await collect(job, first, request)
+    note_for_log(request, answered)
+    return JSONResponse(reply.response(text.strip(), answered))
+
+
+def chat_body(body: dict[str, object]) -> dict[str, object]:
+    """The Responses request as the chat-completions body it means (a 400 names what cannot be)."""
+    for name, hint in _REFUSED.items():
+        if body.get(name) not in (None, [], False):
+            raise bad_request(f"is not supported by edgevlm{'; ' + hint if hint else ''}", name,
+                              code="unsupported_parameter")
+    chat: dict[str, object] = {key: body[key] for key in _SHARED if key in body}
+    if body.get("max_output_tokens") is not None:
+        chat["max_tokens"] = body["max_output_tokens"]
+    messages: list[dict[str, object]] = []
+    if isinstance(body.get("instructions"), str) and body["instructions"]:
+        messages.append({"role": "system", "content": body["instructions"]})
+    raw = body.get("input")
+    if isinstance(raw, str):
+        messages.append({"role": "user", "content": raw})
+    elif isinstance(raw, list) and raw:
+        messages += [_message(item, f"input[{i}]") for i, item in enumerate(raw)]
+    else:
+        raise bad_request("expected the input as a string or a non-empty list of messages", "input")
+    chat["messages"] = messages
+    fmt = body.get("text", {}).get("format") if isinstance(body.get("text"), dict) else None
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        chat["response_format"] = {"type": "json_schema", "json_schema": {"schema": fmt.get("schema")}}
+    elif isinstance(fmt, dict) and fmt.get("type") == "json_object":
+        chat["response_format"] = {"type": "json_object"}
+    elif fmt not in (None, {"type": "text"}):
+        raise bad_request("format must be text, json_object or json_schema", "text.format")
+    return chat
+
+
+def _message(item: object, where: str) -> dict[str, object]:
+    if not isinstance(item, dict) or item.get("type", "message") != "message":
+        raise bad_request("expected a message ({\"role\": …, \"content\": …}); function call items "
+                          "are not supported here", where, code="unsupported_parameter")
+    content = item.get("content")
+    if isinstance(content, str) or content is None:
+        return {"role": item.get("role"), "content": content or ""}
+    if not isinstance(content, list):
+        raise bad_request("expected a string or a list of content parts", f"{where}.content")
+    parts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in ("input_text", "output_text", "text") and isinstance(part.get("text"), str):
+            parts.append({"type": "text", "text": part["text"]})
+        elif kind == "input_image":
+            url = part.get("image_url")
+            if not isinstance(url, str):
+                raise bad_request("expected image_url as a data: URL (file_id is not supported)",
+                                  f"{where}.content[{j}].image_url")
+            detail = part.get("detail") or "auto"
+            parts.append({"type": "image_url", "image_url": {"url": url, "detail": detail}})
+        else:
+            raise bad_request("expected a part of type input_text or input_image", f"{where}.content[{j}]")
+    return {"role": item.get("role"), "content": parts}
+
+
+class ResponseReply:
+    """One answer as a Responses `response` object, and its stream of typed events."""
+
+    def __init__(self, state: ServerState, max_tokens: int, body: dict[str, object]) -> None:
+        self.id, self.message_id = f"resp_{uuid.uuid4().hex}", f"msg_{uuid.uuid4().hex}"
+        self.created, self.model, self.n_ctx = int(time.time()), state.model.id, state.model.n_ctx
+        self.max_tokens, self.body = max_tokens, body
+        self._sequence = 0
+
+    def _message(self, text: str, status: str) -> dict[str, object]:
+        return {"type": "message", "id": self.message_id, "status": status, "role": "assistant",
+                "content": [{"type": "output_text", "text": text, "annotations": []}] if status else []}
+
+    def response(self, text: str | None, answered: Answered | None) -> dict[str, object]:
+        """The response object: in progress (no answer yet) or done, with usage and numbers."""
+        body = self.body
+        out: dict[str, object] = {
+            "id": self.id, "object": "response", "created_at": self.created, "model": self.model,
+            "status": "in_progress", "output": [], "error": None, "incomplete_details": None,
+            "instructions": body.get("instructions"), "metadata": body.get("metadata") or {},
+            "max_output_tokens": body.get("max_output_tokens"), "parallel_tool_calls": False,
+            "temperature": body.get("temperature"), "top_p": body.get("top_p"), "tool_choice": "auto",
+            "tools": [], "text": body.get("text") or {"format": {"type": "text"}}, "usage": None}
+        if answered is None or text is None:
+            return out
+        s, cut = answered.stats, finish_reason(answered.stats, self.max_tokens) == "length"
+        out.update(status="incomplete" if cut else "completed", output=[self._message(text, "completed")],
+                   incomplete_details={"reason": "max_output_tokens"} if cut else None,
+                   usage={"input_tokens": s.prompt_tokens, "output_tokens": s.completion_tokens,
+                          "total_tokens": s.prompt_tokens + s.completion_tokens,
+                          "input_tokens_details": {"cached_tokens": s.cached_tokens},
+                          "output_tokens_details": {"reasoning_tokens": 0}},
+                   edgevlm=edgevlm_numbers(answered, self.n_ctx))
+        return out
+
+    def _event(self, kind: str, **fields: object) -> dict[str, str]:
+        self._sequence += 1
+        data = {"type": kind, "sequence_number": self._sequence, **fields}
+        return {"event": kind, "data": json.dumps(data)}
+
+    async def stream(self, request: Request, job: TurnJob, first: JobEvent) -> AsyncIterator[dict]:
+        """The Responses events: created, the message and its text part opened, each delta,
+        then everything closed and `response.completed` with usage."""
+        where = {"item_id": self.message_id, "output_index": 0, "content_index": 0}
+        text = ""
+        try:
+            yield self._event("response.created", response=self.response(None, None))
+            yield self._event("response.output_item.added", output_index=0, item=self._message("", ""))
+            yield self._event("response.content_part.added", **where,
+                              part={"type": "output_text", "text": "", "annotations": []})
+            async for event in stream_events(job, first):
+                if isinstance(event, Piece):
+                    delta = event.text if text else event.text.lstrip()
+                    if delta:
+                        text += delta
+                        yield self._event("response.output_text.delta", **where, delta=delta, logprobs=[])
+                elif isinstance(event, Answered):
+                    note_for_log(request, event)
+                    text = text.rstrip()
+                    yield self._event("response.output_text.done", **where, text=text, logprobs=[])
+                    yield self._event("response.content_part.done", **where,
+                                      part={"type": "output_text", "text": text, "annotations": []})
+                    yield self._event("response.output_item.done", output_index=0,
+                                      item=self._message(text, "completed"))
+                    done = self.response(text, event)
+                    kind = "response.completed" if done["status"] == "completed" else "response.incomplete"
+                    yield self._event(kind, response=done)
+                elif isinstance(event, Failed):
+                    error = error_for(event.error).openai()["error"]
+                    yield self._event("error", code=error["code"], message=error["message"],
+                                      param=error["param"])
+        finally:
+            job.cancel()  # the client may have gone: stop generating for nobody
