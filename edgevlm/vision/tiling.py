@@ -70,9 +70,15 @@ def effective_resolution(width: int, height: int, cols: int, rows: int, tile_siz
     (1503x1127 for 4:3) would otherwise lose a row in the grid that fits it and let a wider grid
     with a padding column win (5x3 and 2736 tokens against 4x3 and 2304)."""
     scale = min(cols * tile_size / width, rows * tile_size / height)
-    fitted_w = max(1, min(round(width * scale), cols * tile_size))  # as plan_tiles resizes it
-    fitted_h = max(1, min(round(height * scale), rows * tile_size))
+    fitted_w = _fitted_side(width * scale, cols * tile_size)
+    fitted_h = _fitted_side(height * scale, rows * tile_size)
     return min(fitted_w * fitted_h, width * height)
+
+
+def _fitted_side(exact: float, canvas: int) -> int:
+    """A side as the resize makes it (rounded, within the canvas); under one pixel it shows
+    nothing (a 1-pixel strip's width), so it scores nothing."""
+    return 0 if exact < 1 else min(round(exact), canvas)
 
 
 def select_grid(width: int, height: int, *, max_tiles: int, tile_size: int) -> tuple[int, int]:
