@@ -1,3 +1,3 @@
-"""edgevlm: a 4-bit LLaVA on a home GPU or CPU, through llama.cpp."""
+"""edgevlm: vision-language models on a home GPU or CPU, through llama.cpp."""
 
 __version__ = "0.1.0"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from PIL import Image
 
@@ -19,9 +18,6 @@ from edgevlm.llama.types import ImageEmbedding
 from edgevlm.vision.images import LoadedImage
 from edgevlm.vision.layout import ImagePlan, ViewBudget
 from edgevlm.vision.native import BlockTooLarge
-
-if TYPE_CHECKING:  # a type only: importing it would load libllama
-    pass
 
 
 class ImageBlocks:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from PIL import Image
 
@@ -12,8 +12,6 @@ from edgevlm.llama.types import ImageEmbedding
 from edgevlm.vision.images import LoadedImage
 from edgevlm.vision.layout import ImagePlan
 
-if TYPE_CHECKING:  # a type only: importing it would load libllama
-    pass
 
 @dataclass(frozen=True, eq=False)
 class Segment:

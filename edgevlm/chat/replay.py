@@ -5,16 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from edgevlm.chat.records import (
     Segment,
     TurnRecord,
 )
 from edgevlm.chat.swap import summary_text
-
-if TYPE_CHECKING:  # a type only: importing it would load libllama
-    pass
 
 
 class HistoryReplay:

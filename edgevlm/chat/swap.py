@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from edgevlm.chat.prompts import PromptFormat
 from edgevlm.chat.records import (
@@ -18,10 +17,6 @@ from edgevlm.chat.records import (
 from edgevlm.errors import Interrupted
 from edgevlm.llama.types import Sampling
 from edgevlm.vision.images import LoadedImage
-
-if TYPE_CHECKING:  # a type only: importing it would load libllama
-    pass
-
 
 CAPTION_REQUEST = (
     "For your own later reference, summarise the image above in one dense factual paragraph: "

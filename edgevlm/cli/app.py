@@ -33,8 +33,9 @@ if TYPE_CHECKING:  # the heavy modules load inside the commands: `--help` stays 
 
 T = TypeVar("T")
 app = typer.Typer(
-    help="Run a 4-bit LLaVA locally on llama.cpp: detailed descriptions of high-resolution photos "
-    "(AnyRes tiling) on a home GPU or a CPU.",
+    help="Run quantized vision-language models locally on llama.cpp (LLaVA, Qwen-VL, Gemma 3, "
+    "SmolVLM, InternVL, LFM2-VL): describe photos and folders, chat about them, or serve the OpenAI "
+    "and Ollama APIs, on a home GPU or a CPU.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

@@ -19,7 +19,6 @@ MAX_AUTO_TILES = 12
 MAX_POOLED_TILES = 15
 POOL_CHOICES = (1, 2)
 # LLaVA's eye: what the catalog's projectors see (ViT-L/14 at 336 px).
-DEFAULT_TILE_SIZE = 336
 
 
 @dataclass(frozen=True)
