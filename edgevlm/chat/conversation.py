@@ -111,7 +111,7 @@ class Conversation(ImagePrefixes, ImageBlocks, SummarySwap, HistoryReplay, KvLed
         check_image_settings(self.layout.name, native=self.layout.native, pool=pool, max_tiles=max_tiles)
         self.stop: tuple[str, ...] = ()  # the answer ends before the first of these
         self.on_summary: Callable[[TurnRecord], None] | None = None  # a summary is made
-        # CLIP, or a cache in front of it (cache.EmbeddingCache): views seen before skip CLIP.
+        # CLIP, or a cache in front of it (store/caches.py's EmbeddingCache): views seen before skip CLIP.
         self.encode = encoder or sequence.encode_image
         # An mtmd family's blocks go through the same cache where there is one.
         cached = isinstance(encoder, (EmbeddingCache, CacheView))

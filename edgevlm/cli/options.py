@@ -1,6 +1,6 @@
 """The command line's vocabulary: every option once, with its metavar and help.
 
-Commands in cli.py declare their parameters with these, one line each, so the same flag
+Commands in cli/app.py declare their parameters with these, one line each, so the same flag
 reads the same everywhere and `--help` says what to type (NAME, N, FILE, auto|1|2).
 """
 

@@ -155,7 +155,7 @@ class ProjectorFacts:
 
     @property
     def layout(self) -> str:
-        """How this projector's model was trained to see an image (see layouts.py)."""
+        """How this projector's model was trained to see an image (see vision/layout.py)."""
         unpad = self.merge_type.startswith("spatial_unpad") and self.has_image_newline
         return LLAVA_NEXT if self.grid_pinpoints and unpad else LLAVA_15_TILES
 

@@ -1,7 +1,7 @@
 """The memory planner: estimate what llama.cpp will allocate, then pick n_gpu_layers and n_ctx.
 
 Pure arithmetic over facts read from the GGUF files; no llama imports. The compute-buffer
-model was fitted to llama.cpp's own reports (see tests/test_plan.py, which checks it against
+model was fitted to llama.cpp's own reports (see tests/planning/test_memory.py, which checks it against
 the library on shape-faithful GGUFs):
 
 - graph peak without flash attention: 4·u·max(n_ctx·(H+1) + 5E + 2E_kv, 3·ff + 4E, V + 1.5E)
@@ -168,7 +168,7 @@ class Plan:
     photo_grid: tuple[int, int] = (0, 0)  # what describe gives EXAMPLE_PHOTO (--pool auto)
     photo_pool: int = 1
     tile_size: int = 336
-    layout: str = LLAVA_15_TILES  # how the model is shown images (see layouts.py)
+    layout: str = LLAVA_15_TILES  # how the model is shown images (see vision/layout.py)
     n_seq: int = 1  # parallel sequences (requests decoded together), each with n_ctx positions
     devices: tuple[DeviceShare, ...] = ()  # per device, when the model is spread over several
     tensor_split: tuple[float, ...] = ()  # what llama.cpp is told, in its device order

@@ -2,7 +2,7 @@
 
 Both APIs resend the whole conversation with every request. Here it is folded into
 exchanges (user, then assistant); the last user message is the one answered. Earlier
-images become summaries in the core (session.py), so only the latest costs CLIP.
+images become summaries in the core (chat/resent.py), so only the latest costs CLIP.
 """
 
 from __future__ import annotations

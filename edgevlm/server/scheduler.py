@@ -4,7 +4,7 @@ A job reports what happens as events on its own asyncio queue, so a route can st
 Cancelling a job (a client that went away) makes its next piece or progress report raise
 Interrupted, which the conversation turns into a clean stop within one decode step; the
 conversation then drops the turn's cells from its sequence. With several slots the engine's
-batcher decodes the running ones together (see engine._Batcher).
+batcher decodes the running ones together (see llama/batcher.py).
 
 A slot with nothing to do summarises its answered images (idle work). A job for that slot
 stops the summary between two tokens, so no request waits for an earlier one's summary.
