@@ -44,8 +44,12 @@ def test_no_input_breaks_the_api(api_schema: schemathesis.BaseSchema) -> None:
     for operation in fuzzed:
         _fuzz(operation, statuses)
     print(sorted(statuses.items()))
-    # The fuzz reaches the model, not only the checks in front of it.
-    assert statuses["/v1/chat/completions", 200] > 0 and statuses["/api/chat", 200] > 0
+    # The fuzz reaches the model, not only the checks in front of it. Most drawn chat bodies are
+    # refused before it (a tool message answering no call, an image that is no URL), and which
+    # are drawn varies between runs, so the OpenAI side counts its three answering routes.
+    openai_answers = sum(statuses[path, 200] for path in ("/v1/chat/completions", "/v1/completions",
+                                                          "/v1/responses"))
+    assert openai_answers > 0 and statuses["/api/chat", 200] > 0
 
 
 def _fuzz(operation: schemathesis.APIOperation, statuses: Counter[tuple[str, int]]) -> None:
