@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import datetime, timezone
 from typing import NoReturn
 
@@ -137,7 +137,8 @@ async def _answer(request: Request, kind: str) -> JSONResponse | StreamingRespon
         return JSONResponse(reply.loaded("unload" if body.get("keep_alive") in (0, "0", "0s") else "load"))
     turn, tools = await run_in_threadpool(parse_request, body, state, kind)
     job, first = await start(turn, state, request)
-    reply = OllamaReply(kind, state.model.id, turn.options.max_tokens, tools)
+    continues = (lambda answer: context_after(body, answer, state)) if kind == "generate" else None
+    reply = OllamaReply(kind, state.model.id, turn.options.max_tokens, tools, context=continues)
     if body.get("stream", True):
         return StreamingResponse(reply.stream(request, job, first), media_type="application/x-ndjson")
     text, answered = await collect(job, first, request)
@@ -210,7 +211,40 @@ def _generate_messages(body: dict[str, object], state: ServerState) -> list[Mess
     if system is not None and not isinstance(system, str):
         raise bad_request("expected a string", "system")
     user = Message("user", prompt, _images(body.get("images"), "images", state), "prompt")
-    return [Message("system", system, (), "system"), user] if system else [user]
+    earlier = [Message(role, text, (), "context") for pair in context_pairs(body.get("context"), state)
+               for role, text in zip(("user", "assistant"), pair, strict=True)]
+    return [Message("system", system, (), "system"), *earlier, user] if system else [*earlier, user]
+
+
+def context_pairs(raw: object, state: ServerState) -> list[tuple[str, str]]:
+    """The earlier exchanges a `context` from an earlier /api/generate answer carries.
+
+    Ollama's context is token ids its client sends back to continue; edgevlm's are the ids of
+    the exchanges as JSON text, so a continued prompt is a resent history like any other (its
+    turns matched in the cache, its images as summaries)."""
+    if raw in (None, []):
+        return []
+    refused = bad_request("expected the context an earlier /api/generate answer of this server gave",
+                          "context")
+    if state.tokens is None or not isinstance(raw, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in raw):
+        raise refused
+    try:
+        pairs = json.loads(state.tokens.detokenize(raw))
+    except (ValueError, OverflowError):
+        raise refused from None
+    if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2
+                                              and all(isinstance(x, str) for x in p) for p in pairs):
+        raise refused
+    return [(user, answer) for user, answer in pairs]
+
+
+def context_after(body: dict[str, object], answer: str, state: ServerState) -> list[int]:
+    """The `context` that continues from this answer (see context_pairs)."""
+    if state.tokens is None:
+        return []
+    pairs = [*context_pairs(body.get("context"), state), (str(body.get("prompt") or ""), answer.strip())]
+    return state.tokens.tokenize(json.dumps(pairs, ensure_ascii=False))
 
 
 def _images(raw: object, where: str, state: ServerState) -> tuple:
@@ -266,8 +300,10 @@ def _now() -> str:
 class OllamaReply:
     """One answer in Ollama's shapes (chat's `message`, generate's `response`)."""
 
-    def __init__(self, kind: str, model: str, max_tokens: int, tools: ToolUse | None) -> None:
+    def __init__(self, kind: str, model: str, max_tokens: int, tools: ToolUse | None, *,
+                 context: Callable[[str], list[int]] | None = None) -> None:
         self.kind, self.model, self.max_tokens, self.tools = kind, model, max_tokens, tools
+        self.context = context  # generate's: the context that continues from an answer
 
     def piece(self, text: str, *, done: bool = False, call: ToolCall | None = None) -> dict[str, object]:
         if self.kind == "chat":
@@ -286,7 +322,10 @@ class OllamaReply:
     def final(self, answered: Answered, text: str = "", *, streamed: bool = False) -> dict[str, object]:
         """The last line (with the counts); whole, it carries the answer or the call too."""
         content, call = ("", None) if streamed else whole_answer(text, self.tools)
-        return {**self.piece(content, done=True, call=call), **self.counts(answered)}
+        last = {**self.piece(content, done=True, call=call), **self.counts(answered)}
+        if self.context is not None:
+            last["context"] = self.context(text)
+        return last
 
     def counts(self, answered: Answered) -> dict[str, object]:
         s = answered.stats
@@ -299,17 +338,19 @@ class OllamaReply:
 
     async def stream(self, request: Request, job: TurnJob, first: JobEvent) -> AsyncIterator[str]:
         """NDJSON lines: each piece (or the tool call), then a last line with done and the counts."""
-        answer = AnswerText(self.tools)
+        answer, sent = AnswerText(self.tools), []
         try:
             async for event in stream_events(job, first):
                 if isinstance(event, Piece) and (text := answer.feed(event.text)):
+                    sent.append(text)
                     yield json.dumps(self.piece(text)) + "\n"
                 elif isinstance(event, Answered):
                     note_for_log(request, event)
                     rest, call = answer.finish()
                     if rest or call:
+                        sent.append(rest)
                         yield json.dumps(self.piece(rest, call=call)) + "\n"
-                    yield json.dumps(self.final(event, streamed=True)) + "\n"
+                    yield json.dumps(self.final(event, "".join(sent), streamed=True)) + "\n"
                 elif isinstance(event, Failed):
                     yield json.dumps(error_for(event.error).ollama()) + "\n"
         finally:

@@ -110,6 +110,7 @@ class OllamaGenerateRequest(_Open):
     format: str | dict[str, Any] | None = None
     options: dict[str, Any] | None = None
     keep_alive: int | str | None = None
+    context: list[int] | None = Field(None, description="the context an earlier answer gave, to continue")
 
 
 class OllamaModelRequest(_Open):

@@ -7,6 +7,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from starlette.requests import Request
 
@@ -35,6 +36,14 @@ class ModelInfo:
     visual_tokens: int
 
 
+class TokenCodec(Protocol):
+    """The loaded model's tokenizer, as /api/generate's `context` needs it."""
+
+    def tokenize(self, text: str, *, add_bos: bool = False) -> list[int]: ...
+
+    def detokenize(self, tokens: list[int]) -> str: ...
+
+
 @dataclass
 class ServerState:
     """The loaded model's worker and the server's settings."""
@@ -51,6 +60,7 @@ class ServerState:
     temperature: float = 0.0
     summaries: SummaryStore | None = None
     plan: dict[str, object] = field(default_factory=dict)  # the memory plan, as `plan --json`
+    tokens: TokenCodec | None = None  # for /api/generate's context
     created: int = field(default_factory=lambda: int(time.time()))
 
     def model_matches(self, name: object) -> bool:

@@ -373,3 +373,22 @@ def test_ollama_shapes_clients_read(server: tuple[str, ServerState]) -> None:
     assert httpx.head(f"{server[0]}/api/tags").status_code == 200
     digest = httpx.get(f"{server[0]}/api/tags").json()["models"][0]["digest"]
     assert len(digest) == 64 and digest == httpx.get(f"{server[0]}/api/tags").json()["models"][0]["digest"]
+
+
+def test_ollama_generate_context_continues(server: tuple[str, ServerState]) -> None:
+    """Issue 39.10: /api/generate's `context` (the ollama client's way to continue a prompt)."""
+    import httpx
+    import ollama
+
+    client, name = ollama.Client(host=server[0], timeout=120), server[1].model.id
+    greedy = {"num_predict": 6, "temperature": 0}
+    first = client.generate(model=name, prompt="Name a colour.", options=greedy)
+    assert first.context
+    again = client.generate(model=name, prompt="And another?", context=first.context, options=greedy)
+    assert again.context and len(again.context) > len(first.context)
+    assert again.prompt_eval_count is not None
+    streamed = list(client.generate(model=name, prompt="And another?", context=first.context, stream=True,
+                                    options=greedy))
+    assert streamed[-1].context == again.context  # greedy: the same answer, so the same context
+    bad = httpx.post(f"{server[0]}/api/generate", json={"prompt": "x", "context": [1, 2, 3], "stream": False})
+    assert bad.status_code == 400 and "context" in bad.json()["error"]
