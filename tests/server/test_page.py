@@ -49,14 +49,20 @@ def long_server(test_models: dict[str, Path], tmp_path_factory: pytest.TempPathF
     yield from _serve(test_models, tmp_path_factory, max_tokens=2000)
 
 
+@pytest.fixture(scope="module")
+def qwen_server(test_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The Qwen2.5-VL pair: an mtmd family, which lays images out itself (no global view, no tiles)."""
+    yield from _serve(test_models, tmp_path_factory, max_tokens=8, pair=("qwen_text", "qwen_mmproj"))
+
+
 def _serve(test_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory, *,
-           max_tokens: int) -> Iterator[str]:
+           max_tokens: int, pair: tuple[str, str] = ("text", "mmproj_112")) -> Iterator[str]:
     port = free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1",
            "XDG_CACHE_HOME": str(tmp_path_factory.mktemp("page-cache"))}
     process = subprocess.Popen(
-        [sys.executable, "-m", "edgevlm.cli", "serve", "--model", str(test_models["text"]),
-         "--mmproj", str(test_models["mmproj_112"]), "--n-ctx", "2048", "--max-tokens", str(max_tokens),
+        [sys.executable, "-m", "edgevlm.cli", "serve", "--model", str(test_models[pair[0]]),
+         "--mmproj", str(test_models[pair[1]]), "--n-ctx", "2048", "--max-tokens", str(max_tokens),
          "--host", "127.0.0.1", "--port", str(port)], stderr=subprocess.PIPE, text=True, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -230,3 +236,15 @@ def test_stop_settings_and_a_phone_screen(long_server: str, browser: webdriver.C
     assert overflow <= 0
     assert browser.find_element(By.ID, "send").is_displayed()
     browser.set_window_size(1100, 1000)
+
+
+def test_an_mtmd_image_is_not_called_a_global_view(qwen_server: str, browser: webdriver.Chrome,
+                                                  tmp_path: Path) -> None:
+    """Issue 39.16: the page said "global view only" under every Qwen or Gemma photo."""
+    browser.get(qwen_server)
+    WebDriverWait(browser, 30).until(lambda d: d.find_element(By.ID, "model-name").text)
+    _send(browser, "What is in this photo?", attach=_photo(tmp_path / "photo.jpg"))
+    _wait_for_states(browser, "done")
+    caption = _turns(browser)[0].find_element(By.CSS_SELECTOR, ".saw-caption").text
+    assert "global view" not in caption and "as its family lays it out" in caption
+    assert "mtmd-qwen2.5vl_merger" in caption
