@@ -9,30 +9,26 @@ import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
-from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 
 from edgevlm.server import schemas as sc
 from edgevlm.server.http import bad_request, read_json
-from edgevlm.server.openai_api import parse_request
+from edgevlm.server.openai_api import answer_chat
 from edgevlm.server.scheduler import Answered, Failed, JobEvent, Piece, TurnJob
 from edgevlm.server.turns import (
-    RUNNING_GRACE_S,
     ServerState,
-    collect,
     edgevlm_numbers,
     error_for,
     finish_reason,
     note_for_log,
-    start,
     state_of,
     stream_events,
 )
 
 router = APIRouter(prefix="/v1", responses=sc.errors(sc.OpenAIError, 400, 401, 404, 408, 413, 503))
 # What a completion request shares with a chat one, passed on as it is.
-_SHARED = ("model", "max_tokens", "temperature", "top_p", "seed", "stop", "frequency_penalty",
+_SHARED = ("model", "stream", "max_tokens", "temperature", "top_p", "seed", "stop", "frequency_penalty",
            "presence_penalty", "logprobs", "n", "logit_bias")
 
 
@@ -47,15 +43,8 @@ async def completions(request: Request) -> JSONResponse | EventSourceResponse:
     if body.get("echo") not in (None, False) or body.get("suffix") not in (None, ""):
         raise bad_request("is not supported by edgevlm", "echo" if body.get("echo") else "suffix",
                           code="unsupported_parameter")
-    turn, _ = await run_in_threadpool(parse_request, chat, state)
-    job, first = await start(turn, state, request)
-    reply = CompletionReply(state, turn.options.max_tokens)
-    if body.get("stream"):
-        return EventSourceResponse(reply.stream(request, job, first), ping=15,
-                                   shutdown_grace_period=RUNNING_GRACE_S + 2)
-    text, answered = await collect(job, first, request)
-    note_for_log(request, answered)
-    return JSONResponse(reply.whole(text.strip(), answered))
+    return await answer_chat(request, state, chat,
+                             lambda turn, _: CompletionReply(state, turn.options.max_tokens))
 
 
 def _prompt(prompt: object) -> str:
@@ -85,7 +74,7 @@ class CompletionReply:
 
     def whole(self, text: str, answered: Answered) -> dict[str, object]:
         """The whole answer, with usage and edgevlm's numbers."""
-        return self._ended(self._body(text, finish_reason(answered.stats, self.max_tokens)), answered)
+        return self._ended(self._body(text.strip(), finish_reason(answered.stats, self.max_tokens)), answered)
 
     async def stream(self, request: Request, job: TurnJob, first: JobEvent) -> AsyncIterator[dict]:
         """SSE data lines: the pieces, a last chunk with the finish reason and usage, [DONE]."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -87,7 +88,15 @@ def _model_info(loaded: Loaded) -> ModelInfo:
     name = loaded.choice.preset.name if loaded.choice.preset else path.stem
     return ModelInfo(id=name, path=path, size_bytes=path.stat().st_size, family=text.architecture,
                      parameter_size=_params(text), quantization=_quantization(path),
-                     n_ctx=loaded.engine.n_ctx, visual_tokens=loaded.engine.image_tokens_per_view())
+                     n_ctx=loaded.engine.n_ctx, visual_tokens=loaded.engine.image_tokens_per_view(),
+                     digest=_digest(path))
+
+
+def _digest(path: Path) -> str:
+    """A stable name for the model files, made once at start (Ollama's is its blob's SHA-256;
+    hashing gigabytes at every start is not worth it): the SHA-256 of path, size and time."""
+    stat = path.stat()
+    return hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
 
 
 def _params(text: TextModelFacts) -> str:

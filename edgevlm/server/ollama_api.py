@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime, timezone
@@ -279,18 +278,7 @@ def _modified(state: ServerState) -> str:
 def _model_entry(state: ServerState) -> dict[str, object]:
     name = f"{state.model.id}:latest"
     return {"name": name, "model": name, "modified_at": _modified(state), "size": state.model.size_bytes,
-            "digest": _digest(state), "details": _details(state)}
-
-
-def _digest(state: ServerState) -> str:
-    """A stable name for these model files (Ollama's is its blob's SHA-256; hashing gigabytes at
-    every start is not worth it): the SHA-256 of the path, size and modification time."""
-    path = state.model.path
-    try:
-        stamp = path.stat().st_mtime_ns
-    except OSError:
-        stamp = 0
-    return hashlib.sha256(f"{path.resolve()}|{state.model.size_bytes}|{stamp}".encode()).hexdigest()
+            "digest": state.model.digest, "details": _details(state)}
 
 
 def _now() -> str:

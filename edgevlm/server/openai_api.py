@@ -6,6 +6,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from typing import Protocol
 
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
@@ -66,18 +67,34 @@ async def chat_completions(request: Request) -> JSONResponse | EventSourceRespon
     """A chat completion; earlier images stand as summaries, the latest is shown live."""
     state = state_of(request)
     body = await read_json(request, state.max_body_bytes)
-    turn, tools = await run_in_threadpool(parse_request, body, state)
+    return await answer_chat(request, state, body, lambda turn, tools: OpenAIReply(
+        state.model.id, turn.options.max_tokens, state.model.n_ctx,
+        lambda: past_summaries(turn, state.summaries), tools))
+
+
+class OpenAIShape(Protocol):
+    """An answer in one OpenAI route's shape: whole, or as the stream's SSE lines."""
+
+    def whole(self, text: str, answered: Answered) -> dict[str, object]: ...
+
+    def stream(self, request: Request, job: TurnJob, first: JobEvent) -> AsyncIterator[dict]: ...
+
+
+async def answer_chat(request: Request, state: ServerState, chat: dict[str, object],
+                      shape: Callable[[ChatTurn, ToolUse | None], OpenAIShape]
+                      ) -> JSONResponse | EventSourceResponse:
+    """Answer a chat-completions body (or one a route translated into it) in a route's shape."""
+    turn, tools = await run_in_threadpool(parse_request, chat, state)
     job, first = await start(turn, state, request)
-    reply = OpenAIReply(state.model.id, turn.options.max_tokens, state.model.n_ctx,
-                   lambda: past_summaries(turn, state.summaries), tools)
-    if body.get("stream"):
+    reply = shape(turn, tools)
+    if chat.get("stream"):
         # sse-starlette would cut streams the moment the server stops: ours end themselves
         # (a finished answer, or an error line and [DONE]) within the running grace.
         return EventSourceResponse(reply.stream(request, job, first), ping=15,
                                    shutdown_grace_period=RUNNING_GRACE_S + 2)
     text, answered = await collect(job, first, request)
     note_for_log(request, answered)
-    return JSONResponse(reply.completion(text, answered))
+    return JSONResponse(reply.whole(text, answered))
 
 
 def parse_request(body: dict[str, object], state: ServerState) -> tuple[ChatTurn, ToolUse | None]:
@@ -210,7 +227,8 @@ class OpenAIReply:
     def _finish(self, answered: Answered, call: ToolCall | None) -> str:
         return "tool_calls" if call is not None else finish_reason(answered.stats, self.max_tokens)
 
-    def completion(self, text: str, answered: Answered) -> dict[str, object]:
+    def whole(self, text: str, answered: Answered) -> dict[str, object]:
+        """The whole completion: the message (or the call), usage and edgevlm's numbers."""
         content, call = whole_answer(text, self.tools)
         message: dict[str, object] = {"role": "assistant", "content": None if call else content}
         if call is not None:

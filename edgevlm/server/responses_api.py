@@ -10,29 +10,25 @@ import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
-from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 
 from edgevlm.server import schemas as sc
 from edgevlm.server.http import bad_request, read_json
-from edgevlm.server.openai_api import parse_request
+from edgevlm.server.openai_api import answer_chat
 from edgevlm.server.scheduler import Answered, Failed, JobEvent, Piece, TurnJob
 from edgevlm.server.turns import (
-    RUNNING_GRACE_S,
     ServerState,
-    collect,
     edgevlm_numbers,
     error_for,
     finish_reason,
     note_for_log,
-    start,
     state_of,
     stream_events,
 )
 
 router = APIRouter(prefix="/v1", responses=sc.errors(sc.OpenAIError, 400, 401, 404, 408, 413, 503))
-_SHARED = ("model", "temperature", "top_p")
+_SHARED = ("model", "stream", "temperature", "top_p")
 _REFUSED = {"previous_response_id": "send the whole conversation as input",
             "tools": "use /v1/chat/completions for tools", "background": "", "conversation": ""}
 
@@ -43,15 +39,8 @@ async def responses(request: Request) -> JSONResponse | EventSourceResponse:
     """A response to `input` (a string or a list of messages with input_text and input_image)."""
     state = state_of(request)
     body = await read_json(request, state.max_body_bytes)
-    turn, _ = await run_in_threadpool(parse_request, chat_body(body), state)
-    job, first = await start(turn, state, request)
-    reply = ResponseReply(state, turn.options.max_tokens, body)
-    if body.get("stream"):
-        return EventSourceResponse(reply.stream(request, job, first), ping=15,
-                                   shutdown_grace_period=RUNNING_GRACE_S + 2)
-    text, answered = await collect(job, first, request)
-    note_for_log(request, answered)
-    return JSONResponse(reply.response(text.strip(), answered))
+    return await answer_chat(request, state, chat_body(body),
+                             lambda turn, _: ResponseReply(state, turn.options.max_tokens, body))
 
 
 def chat_body(body: dict[str, object]) -> dict[str, object]:
@@ -144,6 +133,10 @@ class ResponseReply:
                           "output_tokens_details": {"reasoning_tokens": 0}},
                    edgevlm=edgevlm_numbers(answered, self.n_ctx))
         return out
+
+    def whole(self, text: str, answered: Answered) -> dict[str, object]:
+        """The finished response object."""
+        return self.response(text.strip(), answered)
 
     def _event(self, kind: str, **fields: object) -> dict[str, str]:
         self._sequence += 1

@@ -34,6 +34,7 @@ class ModelInfo:
     quantization: str
     n_ctx: int
     visual_tokens: int
+    digest: str = ""  # a stable name for these files (see launch._digest)
 
 
 class TokenCodec(Protocol):
