@@ -7,19 +7,25 @@ first position and the summary, then the rest of the turn (same token ids), are 
 Old turns are dropped from the front when the context runs short, by shifting the cache
 (no re-prefill) where llama.cpp allows it. Invariant: the ledger total equals the KV cells
 in use, after every operation.
+
+The conversation is a facade over parts it owns and hands what they use: the ledger (the
+segments and checkpoints), the turn log (records), the image-block writer, the image prefixes,
+the summary swap and the history replay. It orders a turn's steps; each part does one of them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Protocol
 
+import numpy as np
 from PIL import Image
 
 from edgevlm.chat.checkpoints import CheckpointList
-from edgevlm.chat.image_block import ImageBlocks
+from edgevlm.chat.image_block import BlockCost, ImageBlockWriter, Tokenizer, label_tokens
 from edgevlm.chat.ledger import KvLedger
-from edgevlm.chat.prefix import NO_PREFIX, ImagePrefixes
+from edgevlm.chat.prefix import IN_CONTEXT, NO_PREFIX, ImagePrefixes
 from edgevlm.chat.prompts import PromptFormat
 from edgevlm.chat.records import (
     LiveImage,
@@ -29,13 +35,15 @@ from edgevlm.chat.records import (
     TurnParts,
     TurnRecord,
     TurnStats,
+    ViewSettings,
     to_plain,
 )
 from edgevlm.chat.replay import HistoryReplay
 from edgevlm.chat.stops import StopScanner
-from edgevlm.chat.swap import CAPTION_TOKENS, SummarySwap, caption_request
-from edgevlm.errors import ContextOverflowError, EmptyMessageError, Interrupted
-from edgevlm.llama.types import ImageEmbedding, RequestStats, Sampling
+from edgevlm.chat.swap import CAPTION_REQUEST, CAPTION_TOKENS, SummarySwap, caption_request
+from edgevlm.chat.turn_log import TurnLog
+from edgevlm.errors import ContextOverflowError, EmptyMessageError, EngineError, Interrupted
+from edgevlm.llama.types import ImageBlock, ImageEmbedding, RequestStats, Sampling
 from edgevlm.store.caches import CacheView, EmbeddingCache
 from edgevlm.store.prefix_cache import PrefixCache
 from edgevlm.vision.images import LoadedImage
@@ -44,17 +52,44 @@ from edgevlm.vision.llava15 import LabelledTiles
 from edgevlm.vision.registry import check_image_settings
 from edgevlm.vision.tiling import TurnCosts, useful_pixels
 
-if TYPE_CHECKING:  # a type only: importing it would load libllama
-    from edgevlm.llama.sequence import EngineSequence
-
 DEFAULT_QUESTION = "Describe this image in detail."
 SUMMARY_MODES = ("caption", "answer", "none")
 
 
-class Tokenizer(Protocol):
-    """Anything that turns text into the model's token ids (a loaded engine, or a vocab alone)."""
+class ChatSequence(Protocol):
+    """The sequence a conversation runs on (an EngineSequence, or a test's fake)."""
 
+    last_completion_tokens: list[int]
+
+    @property
+    def n_ctx(self) -> int: ...
+    @property
+    def n_past(self) -> int: ...
+    def kv_cells(self) -> int: ...
+    def can_cut(self) -> bool: ...
+    def can_shift(self) -> bool: ...
+    def truncate(self, pos: int) -> None: ...
+    def remove_range(self, p0: int, p1: int) -> None: ...
+    def eval_text(self, tokens: list[int]) -> None: ...
+    def eval_embedding(self, embedding: ImageEmbedding) -> None: ...
+    def save_partial(self) -> np.ndarray: ...
+    def restore_partial(self, state: np.ndarray, position: int) -> None: ...
+    def save_state(self) -> np.ndarray: ...
+    def restore_state(self, state: np.ndarray, n_positions: int) -> None: ...
+    def resync(self) -> None: ...
+    def interrupt(self) -> None: ...
+    def clear_interrupt(self) -> None: ...
     def tokenize(self, text: str, *, add_bos: bool = False) -> list[int]: ...
+    def detokenize(self, tokens: list[int]) -> str: ...
+    def image_tokens(self) -> int: ...
+    def encode_image(self, image: Image.Image) -> ImageEmbedding: ...
+    def encode_block(self, image: Image.Image) -> ImageBlock: ...
+    def generate(self, max_tokens: int, sampling: Sampling) -> Iterator[str]: ...
+    def aside(self) -> contextlib.AbstractContextManager[object]: ...
+    def begin_request(self, *, started: float | None = None) -> None: ...
+    def note_preprocess(self, seconds: float) -> None: ...
+    def note_restored(self, visual_tokens: int, restore_s: float) -> None: ...
+    def stats(self) -> RequestStats: ...
 
 
 def turn_costs(tokenizer: Tokenizer, fmt: PromptFormat, question: str, *, view_tokens: int,
@@ -62,7 +97,7 @@ def turn_costs(tokenizer: Tokenizer, fmt: PromptFormat, question: str, *, view_t
                layout: ImageLayout | None = None) -> TurnCosts:
     """The token costs of a fresh image turn: the one arithmetic `describe` and `plan` share."""
     tok = tokenizer.tokenize
-    whole, widest = _label_tokens(tokenizer, layout or LabelledTiles())
+    whole, widest = label_tokens(tokenizer, layout or LabelledTiles())
     text = (len(tok(fmt.user_prefix)) + len(tok(_tail_text(question, fmt, with_image=True)))
             + len(tok(fmt.assistant_suffix)))
     if caption_tokens:
@@ -78,16 +113,10 @@ def _tail_text(question: str, fmt: PromptFormat, *, with_image: bool) -> str:
     return f"{lead}{question}{fmt.user_suffix}"
 
 
-def _label_tokens(tokenizer: Tokenizer, layout: ImageLayout) -> tuple[int, int]:
-    """Tokens of the layout's whole-image label and of its widest label (every label fits)."""
-    return tuple(len(tokenizer.tokenize(text)) if text else 0  # type: ignore[return-value]
-                 for text in layout.label_texts())
-
-
-class Conversation(ImagePrefixes, ImageBlocks, SummarySwap, HistoryReplay, KvLedger):
+class Conversation:
     """Turns in one KV cache, with images swapped for summaries once answered."""
 
-    def __init__(self, sequence: EngineSequence, fmt: PromptFormat, *, tile_size: int, max_tokens: int = 512,
+    def __init__(self, sequence: ChatSequence, fmt: PromptFormat, *, tile_size: int, max_tokens: int = 512,
                  sampling: Sampling | None = None, max_tiles: int | None = None,
                  summary: str = "caption", keep_images: int = 0, system: str | None = None,
                  caption_tokens: int = CAPTION_TOKENS, pool: int | None = 1,
@@ -96,63 +125,173 @@ class Conversation(ImagePrefixes, ImageBlocks, SummarySwap, HistoryReplay, KvLed
                  prefix_cache: PrefixCache | None = None) -> None:
         if summary not in SUMMARY_MODES:
             raise ValueError(f"summary must be one of {SUMMARY_MODES}")
-        self.sequence = sequence
-        self.fmt = fmt
-        self.tile_size = tile_size
+        layout = layout or LabelledTiles()
+        check_image_settings(layout.name, native=layout.native, pool=pool, max_tiles=max_tiles)
+        self.sequence, self.fmt, self.layout, self.tile_size = sequence, fmt, layout, tile_size
+        # The settings a request may change (resent.py applies each request's options).
         self.max_tokens = max_tokens
         self.sampling = sampling or Sampling()
         self.max_tiles = max_tiles
         self.pool = pool  # 1, 2, or None for auto (pooled tiles only when they buy a larger grid)
-        self.summary = summary
-        self.keep_images = max(0, keep_images)
         self.system = system
-        self.caption_tokens = caption_tokens
-        self.layout = layout or LabelledTiles()
-        check_image_settings(self.layout.name, native=self.layout.native, pool=pool, max_tiles=max_tiles)
         self.stop: tuple[str, ...] = ()  # the answer ends before the first of these
-        self.on_summary: Callable[[TurnRecord], None] | None = None  # a summary is made
-        # CLIP, or a cache in front of it (store/caches.py's EmbeddingCache): views seen before skip CLIP.
-        self.encode = encoder or sequence.encode_image
-        # An mtmd family's blocks go through the same cache where there is one.
+        self.last_answer_interrupted = False  # the last answer was stopped before it ended
+        # CLIP, or a cache in front of it (store/caches.py's EmbeddingCache): views seen before
+        # skip CLIP; an mtmd family's blocks go through the same cache where there is one.
         cached = isinstance(encoder, (EmbeddingCache, CacheView))
-        self.encode_block = encoder.block if cached else sequence.encode_block  # type: ignore[union-attr]
-        self.prefix_cache = prefix_cache  # image prefixes kept across conversations (None: off)
+        self.ledger = KvLedger(sequence)
+        self.log = TurnLog()
+        self.blocks = ImageBlockWriter(
+            self.ledger, sequence, layout, encode=encoder or sequence.encode_image,
+            encode_block=encoder.block if cached else sequence.encode_block)  # type: ignore[union-attr]
+        self.prefixes = ImagePrefixes(self.ledger, sequence, self.blocks, format_name=fmt.name,
+                                      cache=prefix_cache)
+        self.swap = SummarySwap(self.ledger, sequence, fmt, self.log, mode=summary,
+                                keep_images=keep_images, caption_tokens=caption_tokens)
+        self.history = HistoryReplay(self.ledger, sequence, fmt, self.log, self.swap)
         self._prefix_tier = NO_PREFIX  # where the current turn's image block came from
         self._block_end: tuple[int, ImagePlan] | None = None  # the last image block's end, for ask_again
-        self.segments: list[Segment] = []
-        self.checkpoints = CheckpointList()  # where the cache cannot be cut (hybrid models)
-        self.records: list[TurnRecord] = []
-        self.last_answer_interrupted = False  # the last answer was stopped before it ended
-        self.turn = self.images_seen = 0
-        self._live: list[LiveImage] = []
-        self._whole_image_tokens, self._label_tokens = _label_tokens(sequence, self.layout)
-        self._tile_tokens = 0
-        self._tile_prefill_s = 0.0
         self.reset()
 
-    # -- the ledger -----------------------------------------------------------------------
+    # -- what the parts hold ------------------------------------------------------------------
+
+    @property
+    def segments(self) -> tuple[Segment, ...]:
+        """The ledger's segments, oldest first."""
+        return self.ledger.segments
+
+    @property
+    def checkpoints(self) -> CheckpointList:
+        """The ledger's checkpoints (hybrid and sliding-window models)."""
+        return self.ledger.checkpoints
+
+    @property
+    def kv_tokens(self) -> int:
+        """Positions the ledger accounts for."""
+        return self.ledger.kv_tokens
+
+    @property
+    def kv_positions(self) -> int:
+        """The next KV position."""
+        return self.ledger.kv_positions
+
+    @property
+    def visual_tokens_live(self) -> int:
+        """Image positions still in the cache."""
+        return self.ledger.visual_tokens_live
+
+    @property
+    def summary_tokens_live(self) -> int:
+        """Positions held by the summaries of answered images."""
+        return self.ledger.summary_tokens_live
+
+    def check(self) -> None:
+        """The ledger's invariant (see KvLedger.check)."""
+        self.ledger.check()
+
+    def interrupt(self) -> None:
+        """Stop the work running on this conversation at its next step; safe from any thread."""
+        self.sequence.interrupt()
+
+    def clear_interrupt(self) -> None:
+        """Forget an interrupt that found no work to stop."""
+        self.sequence.clear_interrupt()
+
+    @property
+    def records(self) -> list[TurnRecord]:
+        """The finished turns in the cache."""
+        return self.log.records
+
+    @property
+    def turn(self) -> int:
+        """The last finished turn's number."""
+        return self.log.turn
+
+    @property
+    def images_seen(self) -> int:
+        """Images shown so far."""
+        return self.log.images_seen
+
+    @property
+    def on_summary(self) -> Callable[[TurnRecord], None] | None:
+        """Called with a turn's record when its image's summary is made."""
+        return self.log.on_summary
+
+    @on_summary.setter
+    def on_summary(self, callback: Callable[[TurnRecord], None] | None) -> None:
+        self.log.on_summary = callback
+
+    @property
+    def summary(self) -> str:
+        """How answered images are summarised: "caption", "answer" or "none"."""
+        return self.swap.mode
+
+    @property
+    def caption_tokens(self) -> int:
+        """The most tokens an image's summary takes."""
+        return self.swap.caption_tokens
+
+    @property
+    def prefix_cache(self) -> PrefixCache | None:
+        """The image-prefix cache this conversation opens from (None: off)."""
+        return self.prefixes.cache
+
+    @property
+    def pending_summaries(self) -> int:
+        """Answered images whose summary has not replaced them yet."""
+        return self.swap.pending
 
     @property
     def useful_pixels(self) -> int:
         """Source pixels worth decoding for this projector's tiles (see images.load_image)."""
         return useful_pixels(self.tile_size)
 
+    @property
+    def view_settings(self) -> ViewSettings:
+        """How images are cut into views now."""
+        return ViewSettings(self.tile_size, self.pool, self.max_tiles)
+
+    # -- whole conversations ------------------------------------------------------------------
+
     def reset(self) -> None:
         """Forget every turn (and its record); decode the system prompt again."""
-        self.sequence.truncate(0)
-        self.segments = []
-        self.checkpoints.clear()
-        self._live = []
-        self.records = []
-        self.turn = self.images_seen = 0
+        self.swap.forget_turns(lambda _turn: False)
+        self.log.clear()
         tokens = self.sequence.tokenize(self.fmt.system(self.system), add_bos=self.fmt.add_bos)
-        self._append(Segment("system", 0, tuple(tokens)))
-        self._mark()
+        self.ledger.restart(Segment("system", 0, tuple(tokens)))
 
     def rewind(self) -> None:
         """Back to just the system prompt, keeping it in the cache (describe's next image)."""
-        self._truncate_to(1)
-        self._live = []
+        self.ledger.truncate_to(1)
+        self.swap.forget_turns(lambda _turn: False)
+
+    def restore(self, records: list[TurnRecord]) -> None:
+        """Rebuild the chat's text from a transcript: summaries stand in for images (no CLIP)."""
+        self.reset()
+        for record in records:
+            self.history.restore_turn(record, answer_room=self.max_tokens)
+
+    def replay(self, records: list[TurnRecord]) -> int:
+        """Make these finished turns the history, keeping the longest prefix already cached."""
+        return self.history.replay(records, answer_room=self.max_tokens)
+
+    def shared_turns(self, turns: list[tuple[str, str, str | None]]) -> int:
+        """How many of these (question, answer, image name) turns lead the cache's history."""
+        return self.log.shared_turns(turns)
+
+    def record_tokens(self, record: TurnRecord) -> int:
+        """What a finished turn costs as text in the cache (its image as its summary)."""
+        return self.history.record_tokens(record)
+
+    def history_room(self, question: str, *, with_image: bool) -> int:
+        """Tokens earlier turns may hold beside a new turn with this question (its answer, its
+        image's smallest view and its caption reserved), after the system prompt."""
+        parts = self._parts(self.turn + 1, question, with_image=with_image)
+        return self.sequence.n_ctx - self.ledger[0].n_tokens - parts.fixed - parts.image_floor
+
+    def summarise_pending(self, on_progress: Callable[[PrefillProgress], None] | None = None) -> float:
+        """Swap every due answered image for its summary; returns the seconds (see SummarySwap)."""
+        return self.swap.summarise_pending(on_progress)
 
     # -- a turn ---------------------------------------------------------------------------
 
@@ -165,6 +304,10 @@ class Conversation(ImagePrefixes, ImageBlocks, SummarySwap, HistoryReplay, KvLed
     def fresh_room(self, question: str) -> int:
         """Tokens an image block may use in a turn that starts from just the system prompt."""
         return self.costs(question).room(self.sequence.n_ctx, self.max_tokens)
+
+    def prepare(self, image: LoadedImage, room: int) -> PreparedImage:
+        """The CPU side of an image turn (grid, global view, tiles); safe on a helper thread."""
+        return self.blocks.prepare(image, room, self.view_settings, max_tokens=self.max_tokens)
 
     def ask(self, question: str, *, image: LoadedImage | PreparedImage | None = None,
             on_piece: Callable[[str], None] | None = None,
@@ -189,49 +332,89 @@ class Conversation(ImagePrefixes, ImageBlocks, SummarySwap, HistoryReplay, KvLed
             raise EmptyMessageError("nothing to ask: the message is empty")
         parts = self._parts(self.turn + 1, question, with_image=loaded is not None)
         self._check_budget(parts)
-        wait_s = self._settle(parts, on_progress)
-        dropped = self._make_room(parts.fixed + parts.image_floor)
-        plan = self._prefill(parts, loaded, prepared, on_progress)
+        overflow = self.kv_tokens + parts.fixed + parts.image_floor > self.sequence.n_ctx
+        wait_s = self.swap.settle(needs_room=bool(parts.image_floor), overflow=overflow,
+                                  on_progress=on_progress)
+        dropped = self.history.make_room(parts.fixed + parts.image_floor)
+        plan, tiles = self._prefill(parts, loaded, prepared, on_progress)
         prompt_tokens = self.kv_tokens
         answer, answer_tokens, interrupted = self._generate(parts, on_piece)
         generated = self.sequence.stats()  # the prefill is what came before the first token
-        self._append(Segment("answer", parts.turn, parts.suffix))  # the turn's end, after the answer
-        self._mark()
+        self.ledger.append(Segment("answer", parts.turn, parts.suffix))  # the turn's end, after the answer
+        self.ledger.mark()
         stats = self._turn_stats(parts.turn, plan, generated, dropped=dropped, wait_s=wait_s,
-                                 completion_tokens=len(answer_tokens), prompt_tokens=prompt_tokens)
-        self._after_answer(parts.turn, loaded)
-        self.turn = parts.turn
-        self._record(stats, question, answer, loaded, interrupted=interrupted)
+                                 completion_tokens=len(answer_tokens), prompt_tokens=prompt_tokens,
+                                 tiles=tiles)
+        image_index = self.images_seen + 1 if loaded is not None else None
+        if loaded is not None:  # it stays live, its summary pending (none in describe's mode)
+            self.swap.live.append(LiveImage(parts.turn, image_index, loaded.path.name))
+        self.log.add(TurnRecord(
+            turn=stats.turn, user=question, answer=answer, image=str(loaded.path) if loaded else None,
+            image_index=image_index, interrupted=interrupted, stats=to_plain(stats)))
         if on_answered is not None:
             on_answered(stats)
         return answer, stats
 
-    def _record(self, stats: TurnStats, question: str, answer: str, image: LoadedImage | None, *,
-                interrupted: bool) -> None:
-        self.records.append(TurnRecord(
-            turn=stats.turn, user=question, answer=answer, image=str(image.path) if image else None,
-            image_index=self.images_seen if image else None, interrupted=interrupted,
-            stats=to_plain(stats)))
+    def ask_again(self, question: str, *, on_piece: Callable[[str], None] | None = None,
+                  started: float | None = None) -> tuple[str, TurnStats]:
+        """Another question about the image the last turn showed, from the same prefill: the
+        cache goes back to the end of that image block, and only the question is decoded."""
+        if self._block_end is None or self.turn == 0:
+            raise EngineError("ask_again needs an answered image turn to go back to")
+        block_end, plan = self._block_end
+        self.sequence.begin_request(started=started)
+        self.ledger.truncate_to(block_end)
+        parts = self._parts(self.turn, question, with_image=True)
+        if self.kv_tokens + len(parts.tail) + self.max_tokens + len(parts.suffix) > self.sequence.n_ctx:
+            raise ContextOverflowError(f"the question is {len(parts.tail)} tokens, too long to ask "
+                                       "beside this image; shorten it", settings=("max_tokens",))
+        visual = sum(s.n_tokens for s in self.segments if s.visual and s.turn == self.turn)
+        self.sequence.note_restored(visual, 0.0)
+        self.ledger.append(Segment("user", parts.turn, parts.tail))
+        prompt_tokens = self.kv_tokens
+        answer, answer_tokens, _ = self._generate(parts, on_piece)
+        generated = self.sequence.stats()
+        self.ledger.append(Segment("answer", parts.turn, parts.suffix))
+        self._prefix_tier = IN_CONTEXT
+        stats = self._turn_stats(parts.turn, plan, generated, wait_s=0.0, dropped=0,
+                                 completion_tokens=len(answer_tokens), prompt_tokens=prompt_tokens)
+        return answer, stats
 
+    def summarise_image(self, image: LoadedImage) -> str:
+        """A summary of an image met only in past turns (an API client's history), with no trace.
+
+        The image is shown on top of the cache, captioned, and rolled back.
+        """
+        parts = self._parts(-1, CAPTION_REQUEST, with_image=True)
+        self.history.make_room(parts.fixed + parts.image_floor)
+        checkpoint = len(self.ledger)
+        self.ledger.mark()
+        caption = ""
+        try:
+            self._prefill(parts, image, None, None)
+            caption = "".join(self.sequence.generate(self.caption_tokens, Sampling(temperature=0.0)))
+        finally:
+            self.ledger.roll_back(checkpoint)
+        return " ".join(caption.split())
 
     # -- the steps of a turn ----------------------------------------------------------------
 
     def _parts(self, turn: int, question: str, *, with_image: bool) -> TurnParts:
         """Tokenize the text of a turn and count what it needs beside its image views."""
         tok = self.sequence.tokenize
-        first = [s.kind for s in self.segments] == ["system"]
-        head = tok(self.fmt.head(first=first, has_system=bool(self.fmt.system(self.system))))
+        has_system = bool(self.fmt.system(self.system))
+        head = tok(self.fmt.head(first=self.ledger.only_system, has_system=has_system))
         suffix = tok(self.fmt.assistant_suffix)
         tail = tok(_tail_text(question, self.fmt, with_image=with_image))
         # The caption is asked for at the end of the cache, after any follow-up that comes first.
-        caption = self._caption_reserve() if with_image or self._due() else 0
-        floor = self.sequence.image_tokens() + self._whole_image_tokens if with_image else 0
+        caption = self.swap.caption_reserve() if with_image or self.swap.due() else 0
+        floor = self.sequence.image_tokens() + self.blocks.whole_image_tokens if with_image else 0
         fixed = len(head) + len(tail) + self.max_tokens + len(suffix) + caption
         return TurnParts(turn, tuple(head), tuple(tail), tuple(suffix), fixed, floor, caption)
 
     def _check_budget(self, parts: TurnParts) -> None:
         """Refuse a turn that cannot fit even with every earlier turn dropped."""
-        n_ctx, system = self.sequence.n_ctx, self.segments[0].n_tokens
+        n_ctx, system = self.sequence.n_ctx, self.ledger[0].n_tokens
         if system + parts.fixed + parts.image_floor <= n_ctx:
             return
         limit = (n_ctx - system - self.max_tokens - parts.caption_reserve - parts.image_floor
@@ -246,12 +429,11 @@ class Conversation(ImagePrefixes, ImageBlocks, SummarySwap, HistoryReplay, KvLed
             f"max_tokens {self.max_tokens} in a context of {n_ctx}; shorten it", settings=("max_tokens",))
 
     def _prefill(self, parts: TurnParts, image: LoadedImage | None, prepared: PreparedImage | None,
-                 on_progress: Callable[[PrefillProgress], None] | None) -> ImagePlan | None:
+                 on_progress: Callable[[PrefillProgress], None] | None) -> tuple[ImagePlan | None, BlockCost]:
         """Decode the user turn (and its image); an interrupt rolls the cache back to before it."""
-        start_index = len(self.segments)
-        self._tile_tokens, self._tile_prefill_s = 0, 0.0
+        start_index = len(self.ledger)
         self._prefix_tier, self._block_end = NO_PREFIX, None
-        plan = None
+        plan, tiles = None, BlockCost()
         try:
             if image is not None:
                 room = self.sequence.n_ctx - self.kv_tokens - parts.fixed
@@ -260,21 +442,21 @@ class Conversation(ImagePrefixes, ImageBlocks, SummarySwap, HistoryReplay, KvLed
                     self.sequence.note_preprocess(prepared.preprocess_s)
                 plan = prepared.plan
                 # The turn's opening and its image block, restored when a conversation opens with it.
-                self._prefix_tier = self._eval_opening_block(prepared, parts, on_progress)
-                self._block_end = (len(self.segments), plan)
-                self._mark()  # a hybrid model's --ask goes back here, not to before the image
+                head = Segment("user", parts.turn, parts.head)
+                self._prefix_tier, tiles = self.prefixes.open_block(prepared, head, on_progress)
+                self._block_end = (len(self.ledger), plan)
+                self.ledger.mark()  # a hybrid model's --ask goes back here, not to before the image
             else:
-                self._append(Segment("user", parts.turn, parts.head))
-            self._append(Segment("user", parts.turn, parts.tail))
+                self.ledger.append(Segment("user", parts.turn, parts.head))
+            self.ledger.append(Segment("user", parts.turn, parts.tail))
         except (KeyboardInterrupt, Interrupted):
-            self._roll_back(start_index)
+            self.ledger.roll_back(start_index)
             raise Interrupted("interrupted; nothing was kept of this message") from None
-        return plan
+        return plan, tiles
 
     def _generate(self, parts: TurnParts, on_piece: Callable[[str], None] | None
                   ) -> tuple[str, list[int], bool]:
         """Stream the answer into the cache; an interrupt keeps what was shown as the answer."""
-        sequence = self.sequence
         scanner = StopScanner(self.stop)
         pieces: list[str] = []
         interrupted = False
@@ -285,7 +467,7 @@ class Conversation(ImagePrefixes, ImageBlocks, SummarySwap, HistoryReplay, KvLed
                 if on_piece is not None:
                     on_piece(text)
 
-        tokens = sequence.generate(self.max_tokens, self.sampling)
+        tokens = self.sequence.generate(self.max_tokens, self.sampling)
         try:
             for piece in tokens:
                 show(scanner.feed(piece))
@@ -297,23 +479,14 @@ class Conversation(ImagePrefixes, ImageBlocks, SummarySwap, HistoryReplay, KvLed
         finally:
             tokens.close()  # a stop sequence leaves the generator early: settle its timings now
             self.last_answer_interrupted = interrupted
-        answer_tokens = list(sequence.last_completion_tokens)
-        sequence.interrupt_requested = False
-        # An interrupt can land between a decode and its bookkeeping: trust the ledger.
-        sequence.resync()
-        sequence.truncate(min(sequence.n_past, self.kv_positions + len(answer_tokens)))
-        self.segments.append(Segment("answer", parts.turn, tuple(answer_tokens)))  # already decoded
+        answer_tokens = list(self.sequence.last_completion_tokens)
+        self.ledger.keep_answer(Segment("answer", parts.turn, tuple(answer_tokens)))  # already decoded
         return "".join(pieces).strip(), answer_tokens, interrupted
 
-    def _after_answer(self, turn: int, image: LoadedImage | None) -> None:
-        """An answered image stays live, its summary pending (none in describe's mode)."""
-        if image is None:
-            return
-        self.images_seen += 1
-        self._live.append(LiveImage(turn, self.images_seen, image.path.name))
-
     def _turn_stats(self, turn: int, plan: ImagePlan | None, generated: RequestStats, *,
-                    wait_s: float, dropped: int, completion_tokens: int, prompt_tokens: int) -> TurnStats:
+                    wait_s: float, dropped: int, completion_tokens: int, prompt_tokens: int,
+                    tiles: BlockCost | None = None) -> TurnStats:
+        tiles = tiles or BlockCost()
         return TurnStats(
             turn=turn, prefill_tokens=generated.prompt_tokens, kv_tokens=self.kv_tokens,
             visual_tokens_live=self.visual_tokens_live, clip_encodes=generated.clip_encodes,
@@ -324,7 +497,7 @@ class Conversation(ImagePrefixes, ImageBlocks, SummarySwap, HistoryReplay, KvLed
             preprocess_s=generated.preprocess_s, clip_encode_s=generated.clip_encode_s,
             prefill_s=generated.prefill_s, decode_s=generated.decode_s,
             prefill_tok_s=generated.prefill_tok_s, pool=plan.pool if plan else 1,
-            tile_tokens=self._tile_tokens, tile_prefill_s=self._tile_prefill_s,
+            tile_tokens=tiles.tile_tokens, tile_prefill_s=tiles.tile_prefill_s,
             itl_p50_s=generated.itl_p50_s, itl_p90_s=generated.itl_p90_s,
             layout=plan.layout if plan else "",
             cached_tokens=max(prompt_tokens - generated.prompt_tokens, 0),
@@ -333,11 +506,3 @@ class Conversation(ImagePrefixes, ImageBlocks, SummarySwap, HistoryReplay, KvLed
             image_box=plan.image_box if plan else (0, 0, 0, 0),
             prefix_cache=self._prefix_tier, restore_s=generated.restore_s,
             aside_prefill_tokens=generated.aside_tokens)
-
-    # -- images ---------------------------------------------------------------------------
-
-    # -- making room ----------------------------------------------------------------------
-
-    # -- plumbing -------------------------------------------------------------------------
-
-    # -- rebuilding from a transcript ---------------------------------------------------------

@@ -4,104 +4,141 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
 
 from PIL import Image
 
+from edgevlm.chat.ledger import KvLedger
 from edgevlm.chat.records import (
     PrefillProgress,
     PreparedImage,
     ProgressCounter,
     Segment,
+    ViewSettings,
 )
 from edgevlm.errors import ConfigError, ContextOverflowError
-from edgevlm.llama.types import ImageEmbedding
+from edgevlm.llama.types import ImageBlock, ImageEmbedding
 from edgevlm.vision.images import LoadedImage
-from edgevlm.vision.layout import ImagePlan, ViewBudget
+from edgevlm.vision.layout import ImageLayout, ImagePlan, ViewBudget
 from edgevlm.vision.native import BlockTooLarge
 
 
-class ImageBlocks:
-    """Planning and decoding an image block through the conversation's layout."""
+class BlockSequence(Protocol):
+    """What the block writer asks of a sequence besides the ledger's decoding."""
 
-    def prepare(self, image: LoadedImage, room: int) -> PreparedImage:
+    @property
+    def n_ctx(self) -> int: ...
+    def tokenize(self, text: str, *, add_bos: bool = False) -> list[int]: ...
+    def image_tokens(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class BlockCost:
+    """What a written block's tiles (the views past the global one) cost: tokens and seconds."""
+
+    tile_tokens: int = 0
+    tile_prefill_s: float = 0.0
+
+
+class ImageBlockWriter:
+    """Plans an image's views through the layout and decodes its block into the ledger."""
+
+    def __init__(self, ledger: KvLedger, sequence: BlockSequence, layout: ImageLayout, *,
+                 encode: Callable[[Image.Image], ImageEmbedding],
+                 encode_block: Callable[[Image.Image], ImageBlock]) -> None:
+        self._ledger, self._sequence, self.layout = ledger, sequence, layout
+        self._encode, self._encode_block = encode, encode_block
+        self.whole_image_tokens, self.label_tokens = label_tokens(sequence, layout)
+
+    def prepare(self, image: LoadedImage, room: int, settings: ViewSettings, *,
+                max_tokens: int) -> PreparedImage:
         """The CPU side of an image turn (grid, global view, tiles); safe on a helper thread."""
         started = time.perf_counter()
-        plan = self._plan(image, room)
+        plan = self._plan(image, room, settings, max_tokens)
         views = tuple(self.layout.views(image.image, plan))
-        return PreparedImage(image, plan, views, room, time.perf_counter() - started)
+        return PreparedImage(image, plan, views, room, time.perf_counter() - started, settings)
 
-    def _budget(self, room: int) -> ViewBudget:
-        return ViewBudget(room=room, tile_size=self.tile_size, view_tokens=self.sequence.image_tokens(),
-                          label_tokens=self._label_tokens, whole_label_tokens=self._whole_image_tokens,
-                          pool=self.pool, max_tiles=self.max_tiles)
+    def budget(self, room: int, settings: ViewSettings) -> ViewBudget:
+        """The room and the view costs the layout plans within."""
+        return ViewBudget(room=room, tile_size=settings.tile_size,
+                          view_tokens=self._sequence.image_tokens(), label_tokens=self.label_tokens,
+                          whole_label_tokens=self.whole_image_tokens, pool=settings.pool,
+                          max_tiles=settings.max_tiles)
 
-    def _plan(self, image: LoadedImage, room: int) -> ImagePlan:
+    def _plan(self, image: LoadedImage, room: int, settings: ViewSettings, max_tokens: int) -> ImagePlan:
         try:
-            return self.layout.plan(image.size, self._budget(room))
+            return self.layout.plan(image.size, self.budget(room, settings))
         except BlockTooLarge as exc:  # the context, not the pool: say which settings make room
             raise ContextOverflowError(
                 f"the image needs at least {exc.tokens} tokens (at its smallest size) and only "
-                f"{max(exc.room, 0)} are left beside the prompt and max_tokens {self.max_tokens} in a "
-                f"context of {self.sequence.n_ctx}; raise n_ctx or lower max_tokens",
+                f"{max(exc.room, 0)} are left beside the prompt and max_tokens {max_tokens} in a "
+                f"context of {self._sequence.n_ctx}; raise n_ctx or lower max_tokens",
                 settings=("n_ctx", "max_tokens")) from None
         except ValueError as exc:  # an explicit pool this projector's grid cannot take
-            raise ConfigError(f"pool {self.pool}: {exc}", settings=("pool",)) from None
+            raise ConfigError(f"pool {settings.pool}: {exc}", settings=("pool",)) from None
 
-    def _eval_block(self, prepared: PreparedImage, turn: int,
-                    on_progress: Callable[[PrefillProgress], None] | None) -> None:
+    def write(self, prepared: PreparedImage, turn: int,
+              on_progress: Callable[[PrefillProgress], None] | None) -> BlockCost:
         """Put the image block in the cache as the layout says: labels and views step by step,
         or every view encoded, packed into one block of rows and decoded at once."""
         plan, views, layout = prepared.plan, prepared.views, self.layout
         steps = layout.steps(plan)
-        progress = ProgressCounter(on_progress, views=len(views),
-                                    tokens=layout.block_tokens(plan, self._budget(prepared.room)))
+        budget = self.budget(prepared.room, prepared.settings)
+        progress = ProgressCounter(on_progress, views=len(views), tokens=layout.block_tokens(plan, budget))
         if layout.native:
-            self._eval_native(views[0], turn, progress)
-            return
+            self._write_native(views[0], turn, progress)
+            return BlockCost()
         if layout.packed:
             rows = []
             for step in steps:  # every view is a step of a packed layout
-                rows.append(self.encode(views[step.view or 0]).pooled(step.pool).rows)
+                rows.append(self._encode(views[step.view or 0]).pooled(step.pool).rows)
                 progress.add(0)
             tokens, decode_s = self._decode_image(ImageEmbedding(layout.pack(rows, plan)), turn)
-            self._tile_tokens, self._tile_prefill_s = tokens - len(rows[0]), decode_s
             progress.add(tokens, views=0)
-            return
-        labelled = 0  # a label's tokens are reported with the view it introduces
+            return BlockCost(tokens - len(rows[0]), decode_s)
+        tile_tokens, tile_s, labelled = 0, 0.0, 0  # a label's tokens go with the view it introduces
         for step in steps:
             if step.label is not None:
-                label = self.sequence.tokenize(step.label)
-                self._append(Segment("label", turn, tuple(label)))
+                label = self._sequence.tokenize(step.label)
+                self._ledger.append(Segment("label", turn, tuple(label)))
                 labelled += len(label)
                 continue
-            tokens, decode_s = self._append_image(views[step.view or 0], turn, pool=step.pool)
+            tokens, decode_s = self._decode_image(
+                self._encode(views[step.view or 0]).pooled(step.pool), turn)
             if step.tile:
-                self._tile_tokens += tokens
-                self._tile_prefill_s += decode_s
+                tile_tokens, tile_s = tile_tokens + tokens, tile_s + decode_s
             progress.add(tokens + labelled)
             labelled = 0
+        return BlockCost(tile_tokens, tile_s)
 
-    def _eval_native(self, view: Image.Image, turn: int, progress: ProgressCounter) -> None:
+    def _write_native(self, view: Image.Image, turn: int, progress: ProgressCounter) -> None:
         """mtmd's block for the view: the family's marker tokens as labels, each image chunk's
         rows (with their positions and attention) as an image segment."""
-        block = self.encode_block(view)
+        block = self._encode_block(view)
         progress.add(0)
         for piece in block.pieces:
             if isinstance(piece, ImageEmbedding):
                 tokens, _ = self._decode_image(piece, turn)
             else:
-                self._append(Segment("label", turn, piece))
+                self._ledger.append(Segment("label", turn, piece))
                 tokens = len(piece)
             progress.add(tokens, views=0)
-
-    def _append_image(self, view: Image.Image, turn: int, *, pool: int = 1) -> tuple[int, float]:
-        """Encode a view, pool its rows, decode them; returns (tokens, seconds decoding)."""
-        return self._decode_image(self.encode(view).pooled(pool), turn)
 
     def _decode_image(self, embedding: ImageEmbedding, turn: int) -> tuple[int, float]:
         """Decode projector rows as one image segment; returns (tokens, seconds decoding)."""
         started = time.perf_counter()
-        self.sequence.eval_embedding(embedding)
-        decode_s = time.perf_counter() - started
-        self.segments.append(Segment("image", turn, embedding=embedding))
-        return embedding.n_tokens, decode_s
+        self._ledger.append(Segment("image", turn, embedding=embedding))
+        return embedding.n_tokens, time.perf_counter() - started
+
+
+class Tokenizer(Protocol):
+    """Anything that turns text into the model's token ids (a loaded engine, or a vocab alone)."""
+
+    def tokenize(self, text: str, *, add_bos: bool = False) -> list[int]: ...
+
+
+def label_tokens(tokenizer: Tokenizer, layout: ImageLayout) -> tuple[int, int]:
+    """Tokens of the layout's whole-image label and of its widest label (every label fits)."""
+    whole, widest = (len(tokenizer.tokenize(text)) if text else 0 for text in layout.label_texts())
+    return whole, widest

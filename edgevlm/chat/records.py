@@ -43,6 +43,15 @@ class Segment:
         return self.embedding is not None
 
 
+@dataclass(frozen=True)
+class ViewSettings:
+    """How an image may be cut into views: the projector's tile side, pooling and a tile cap."""
+
+    tile_size: int
+    pool: int | None = 1  # 1, 2, or None for auto (pooled tiles only when they buy a larger grid)
+    max_tiles: int | None = None
+
+
 @dataclass(frozen=True, eq=False)
 class PreparedImage:
     """An image with its grid chosen and its views cut, ready to be encoded."""
@@ -52,6 +61,7 @@ class PreparedImage:
     views: tuple[Image.Image, ...]
     room: int
     preprocess_s: float
+    settings: ViewSettings  # what the views were planned with
 
 
 @dataclass(frozen=True)

@@ -110,11 +110,11 @@ class ResentChat:
 
     def interrupt(self) -> None:
         """Stop the running turn at its next decode step or token (from another thread)."""
-        self.conversation.sequence.interrupt_requested = True
+        self.conversation.interrupt()
 
     def clear_interrupt(self) -> None:
         """Forget a stop that found nothing left to stop."""
-        self.conversation.sequence.interrupt_requested = False
+        self.conversation.clear_interrupt()
 
     def summarise_pending(self) -> None:
         """Idle work: summarise the answered images (an interrupt leaves them live)."""

@@ -3,20 +3,16 @@ made in idle time (or when a turn cannot go on without it)."""
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Iterator
+from typing import Protocol
 
+from edgevlm.chat.ledger import KvLedger
 from edgevlm.chat.prompts import PromptFormat
-from edgevlm.chat.records import (
-    LiveImage,
-    PrefillProgress,
-    Segment,
-    TurnParts,
-)
-from edgevlm.errors import Interrupted
+from edgevlm.chat.records import LiveImage, PrefillProgress, Segment
+from edgevlm.chat.turn_log import TurnLog
 from edgevlm.llama.types import Sampling
-from edgevlm.vision.images import LoadedImage
 
 CAPTION_REQUEST = (
     "For your own later reference, summarise the image above in one dense factual paragraph: "
@@ -38,20 +34,41 @@ def summary_text(index: int, name: str, caption: str) -> str:
     return named + (f" — summary: {caption}]" if caption else "]")
 
 
+class SwapSequence(Protocol):
+    """What the summary swap asks of a sequence besides the ledger's decoding."""
+
+    last_completion_tokens: list[int]
+
+    def tokenize(self, text: str, *, add_bos: bool = False) -> list[int]: ...
+    def detokenize(self, tokens: list[int]) -> str: ...
+    def generate(self, max_tokens: int, sampling: Sampling) -> Iterator[str]: ...
+    def aside(self) -> contextlib.AbstractContextManager[object]: ...
+
+
 class SummarySwap:
-    """Summaries of answered images, and their swap into the cache."""
+    """The answered images still live, their summaries, and their swap into the cache."""
+
+    def __init__(self, ledger: KvLedger, sequence: SwapSequence, fmt: PromptFormat, log: TurnLog, *,
+                 mode: str, keep_images: int, caption_tokens: int) -> None:
+        self._ledger, self._sequence, self._fmt, self._log = ledger, sequence, fmt, log
+        self.mode, self.keep_images, self.caption_tokens = mode, max(0, keep_images), caption_tokens
+        self.live: list[LiveImage] = []  # answered images whose blocks are still in the cache
 
     @property
-    def pending_summaries(self) -> int:
+    def pending(self) -> int:
         """Answered images whose summary has not replaced them yet."""
-        return len(self._due())
+        return len(self.due())
+
+    def forget_turns(self, keep: Callable[[int], bool]) -> None:
+        """Forget the live images of the turns `keep` refuses (their turns left the cache)."""
+        self.live = [live for live in self.live if keep(live.turn)]
 
     def summarise_pending(self, on_progress: Callable[[PrefillProgress], None] | None = None) -> float:
         """Summarise every answered image that is due and swap it for its summary, oldest first;
         returns the seconds it took. An interrupt stops a caption between two tokens and raises
         Interrupted: that image stays live, and the tokens made so far are kept for next time."""
         began = time.perf_counter()
-        due = self._due()
+        due = self.due()
         for done, live in enumerate(due):
             if on_progress is not None:
                 on_progress(PrefillProgress(done, len(due), done * self.caption_tokens,
@@ -59,111 +76,75 @@ class SummarySwap:
             if live.caption is None:
                 live.caption = self._caption(live) or self._answer_start(live.turn)
             self._swap(live)
-            self._live.remove(live)
-            self._note_summary(live.turn, live.caption)
+            self.live.remove(live)
+            self._log.note_summary(live.turn, live.caption)
         return time.perf_counter() - began
 
-    def _due(self) -> list[LiveImage]:
+    def due(self) -> list[LiveImage]:
         """Live images past the --keep-images newest (none in describe's mode, which rewinds)."""
-        if self.summary == "none":
+        if self.mode == "none":
             return []
-        return self._live[:max(len(self._live) - self.keep_images, 0)]
+        return self.live[:max(len(self.live) - self.keep_images, 0)]
 
-    def _settle(self, parts: TurnParts, on_progress: Callable[[PrefillProgress], None] | None) -> float:
+    def settle(self, *, needs_room: bool, overflow: bool,
+               on_progress: Callable[[PrefillProgress], None] | None) -> float:
         """Before a turn, make the summaries it cannot go on without; returns the seconds waited.
 
         A text follow-up runs beside a live image while it fits; a new image needs the room for
-        its tiles, and an image may stay live for LIVE_FOLLOW_UPS follow-ups at most.
+        its tiles (needs_room), and an image may stay live for LIVE_FOLLOW_UPS follow-ups at most.
         """
-        due = self._due()
-        overflow = self.kv_tokens + parts.fixed + parts.image_floor > self.sequence.n_ctx
+        due = self.due()
         if not due:
             return 0.0
-        if parts.image_floor or overflow or any(live.follow_ups >= LIVE_FOLLOW_UPS for live in due):
-            with self.sequence.aside():  # not this turn's work: kept out of its TTFT and counts
+        if needs_room or overflow or any(live.follow_ups >= LIVE_FOLLOW_UPS for live in due):
+            with self._sequence.aside():  # not this turn's work: kept out of its TTFT and counts
                 return self.summarise_pending(on_progress)
         for live in due:
             live.follow_ups += 1
         return 0.0
 
-    def _note_summary(self, turn: int, summary: str) -> None:
-        """Put a finished summary in its turn's record, and tell whoever keeps summaries."""
-        for i, record in enumerate(self.records):
-            if record.turn == turn:
-                self.records[i] = replace(record, summary=summary)
-                if self.on_summary is not None:
-                    self.on_summary(self.records[i])
-
     def _answer_start(self, turn: int) -> str:
         """The turn's answer, cut to caption_tokens: the summary when no caption is made."""
-        return self._start_of(next((r.answer for r in self.records if r.turn == turn), ""))
+        return self.start_of(self._log.answer_of(turn))
 
-    def _start_of(self, answer: str) -> str:
-        tokens = self.sequence.tokenize(answer)[:self.caption_tokens]
-        return " ".join(self.sequence.detokenize(tokens).split())
-
-    def summarise_image(self, image: LoadedImage) -> str:
-        """A summary of an image met only in past turns (an API client's history), with no trace.
-
-        The image is shown on top of the cache, captioned, and rolled back.
-        """
-        parts = self._parts(-1, CAPTION_REQUEST, with_image=True)
-        self._make_room(parts.fixed + parts.image_floor)
-        checkpoint = len(self.segments)
-        self._mark()
-        caption = ""
-        try:
-            self._prefill(parts, image, None, None)
-            caption = "".join(self.sequence.generate(self.caption_tokens, Sampling(temperature=0.0)))
-        finally:
-            self._roll_back(checkpoint)
-        return " ".join(caption.split())
+    def start_of(self, answer: str) -> str:
+        """An answer's first caption_tokens tokens, on one line."""
+        tokens = self._sequence.tokenize(answer)[:self.caption_tokens]
+        return " ".join(self._sequence.detokenize(tokens).split())
 
     def _caption(self, live: LiveImage) -> str:
         """The image's caption, asked for at the end of the cache and rolled back. An interrupt
         keeps the tokens made so far: the next try decodes them as text and goes on from there."""
-        if self.summary == "answer":
+        if self.mode == "answer":
             return self._answer_start(live.turn)
-        checkpoint = len(self.segments)
-        self._mark()  # the caption request is rolled back to here
-        request = self.sequence.tokenize(caption_request(self.fmt))
+        checkpoint = len(self._ledger)
+        self._ledger.mark()  # the caption request is rolled back to here
+        request = self._sequence.tokenize(caption_request(self._fmt))
         try:
-            self._append(Segment("user", -1, (*request, *live.made)))
-            tokens = self.sequence.generate(self.caption_tokens - len(live.made), Sampling(temperature=0.0))
+            self._ledger.append(Segment("user", -1, (*request, *live.made)))
+            tokens = self._sequence.generate(self.caption_tokens - len(live.made), Sampling(temperature=0.0))
             try:
                 for _ in tokens:
                     pass
             finally:
                 tokens.close()
-                live.made += self.sequence.last_completion_tokens
+                live.made += self._sequence.last_completion_tokens
         finally:
-            self._roll_back(checkpoint)  # the request never happened
-        return " ".join(self.sequence.detokenize(live.made).split())
+            self._ledger.roll_back(checkpoint)  # the request never happened
+        return " ".join(self._sequence.detokenize(live.made).split())
 
     def _swap(self, live: LiveImage) -> None:
-        """Replace one image's block (views and labels) by its summary, in place. Not stopped by
-        an interrupt: the turns after the image must all be back in the cache."""
-        block = [i for i, s in enumerate(self.segments)
-                 if s.turn == live.turn and s.kind in ("image", "label")]
+        """Replace one image's block (views and labels) by its summary, in place."""
+        block = self._ledger.turn_indices(live.turn, ("image", "label"))
         if not block:
             return
-        first, last = block[0], block[-1]
         text = summary_text(live.index, live.name, live.caption or "")
-        rest = [Segment("summary", live.turn, tuple(self.sequence.tokenize(text))), *self.segments[last + 1:]]
-        self._truncate_to(first)
-        while rest:
-            try:
-                self._append(rest[0])
-                rest.pop(0)
-            except (Interrupted, KeyboardInterrupt):
-                self.sequence.interrupt_requested = False
-                self.sequence.resync()
-                self._truncate_to(len(self.segments))  # a part-decoded segment goes again
-        self._mark()
+        summary = Segment("summary", live.turn, tuple(self._sequence.tokenize(text)))
+        self._ledger.replace(block[0], block[-1] + 1, summary)
 
-    def _caption_reserve(self) -> int:
+    def caption_reserve(self) -> int:
         """The caption request and its answer, made while the image is still live (turn_costs
         counts the same from caption_tokens alone)."""
-        if self.summary != "caption":
+        if self.mode != "caption":
             return 0
-        return len(self.sequence.tokenize(caption_request(self.fmt))) + self.caption_tokens
+        return len(self._sequence.tokenize(caption_request(self._fmt))) + self.caption_tokens

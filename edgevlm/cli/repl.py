@@ -267,11 +267,11 @@ class ChatRepl:
         if idle is None:
             return
         sequence = self.conversation.sequence
-        sequence.interrupt_requested = True
+        sequence.interrupt()
         try:
             idle.result()
         finally:
-            sequence.interrupt_requested = False
+            sequence.clear_interrupt()
 
     def _summary_made(self, record: TurnRecord) -> None:
         if self.session is not None:
@@ -285,7 +285,7 @@ class ChatRepl:
             with interrupt_on_sigint([sequence]):
                 yield
         finally:
-            sequence.interrupt_requested = False
+            sequence.clear_interrupt()
 
     def _write_piece(self, piece: str) -> None:
         self._prefill.clear()

@@ -426,7 +426,7 @@ def _side_by_side(describers: list[Describer], work: Callable[[Describer], None]
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
             errors.append(exc)
             for other in describers:  # stop the others at their next step
-                other.engine.interrupt_requested = True
+                other.engine.interrupt()
 
     threads = [threading.Thread(target=run, args=(d,), name=f"edgevlm-describe{i}", daemon=True)
                for i, d in enumerate(describers)]
@@ -437,7 +437,7 @@ def _side_by_side(describers: list[Describer], work: Callable[[Describer], None]
             thread.join()
     except KeyboardInterrupt:  # stop every sequence before the engine may be closed under them
         for describer in describers:
-            describer.engine.interrupt_requested = True
+            describer.engine.interrupt()
         for thread in threads:
             thread.join()
         raise

@@ -84,7 +84,20 @@ class EngineSequence(SequenceStates):
         self._logits: np.ndarray | None = None  # a copy of this sequence's logits (batched mode)
         self._meter = RequestMeter()
         self.last_completion_tokens: list[int] = []
-        self.interrupt_requested = False
+        self._interrupt = threading.Event()  # set from any thread: stop at the next step
+
+    def interrupt(self) -> None:
+        """Ask this sequence's work to stop at its next step (Interrupted); safe from any thread."""
+        self._interrupt.set()
+
+    def clear_interrupt(self) -> None:
+        """Forget an interrupt (once the work it stopped has been settled)."""
+        self._interrupt.clear()
+
+    @property
+    def interrupt_requested(self) -> bool:
+        """Whether an interrupt waits to be taken at the next step."""
+        return self._interrupt.is_set()
 
     @property
     def n_ctx(self) -> int:
@@ -329,7 +342,7 @@ def interrupt_on_sigint(sequences: list[EngineSequence], *,
         if also is not None:
             also()
         for sequence in sequences:
-            sequence.interrupt_requested = True
+            sequence.interrupt()
 
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:

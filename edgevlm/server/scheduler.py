@@ -233,7 +233,7 @@ class Scheduler:
             if job is not None:
                 job.cancel()
         for session in self.sessions:
-            session.conversation.sequence.interrupt_requested = True
+            session.conversation.interrupt()
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Cancel what waits and what runs, and stop the workers."""
@@ -260,7 +260,7 @@ class Scheduler:
                 self._waiting -= 1
                 # Stop the slot's summary, if it is making one; the worker clears this once it
                 # has the job, so the flag is always set before and cleared after the hand-over.
-                self.sessions[slot].conversation.sequence.interrupt_requested = True
+                self.sessions[slot].conversation.interrupt()
             self._inboxes[slot].put(job)
         self._queue.task_done()
 
@@ -287,7 +287,7 @@ class Scheduler:
         if session.pending_summaries and not self._closed:
             try:  # a client that asks again at once finds the slot free, not mid-summary
                 job = inbox.get(timeout=IDLE_GRACE_S)
-                session.conversation.sequence.interrupt_requested = False
+                session.conversation.clear_interrupt()
                 return job
             except queue.Empty:
                 pass
@@ -305,5 +305,5 @@ class Scheduler:
                 self._idle_work[slot] = False
                 self._free.notify_all()
         job = inbox.get()
-        session.conversation.sequence.interrupt_requested = False
+        session.conversation.clear_interrupt()
         return job

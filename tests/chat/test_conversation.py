@@ -103,7 +103,7 @@ def test_an_interrupted_summary_keeps_the_image_live_and_its_tokens(sequence_4k:
     def stop_at_the_fourth_token(what: str) -> None:  # as a follow-up's arrival does
         steps.append(what)
         if steps.count("generation") == 4:
-            sequence_4k.interrupt_requested = True
+            sequence_4k.interrupt()
         check(what)
 
     monkeypatch.setattr(sequence_4k, "check_interrupt", stop_at_the_fourth_token)
@@ -112,7 +112,7 @@ def test_an_interrupted_summary_keeps_the_image_live_and_its_tokens(sequence_4k:
     monkeypatch.undo()
     chat.check()
     assert chat.kv_tokens == kv and chat.pending_summaries == 1  # rolled back, the image live
-    made = list(chat._live[0].made)
+    made = list(chat.swap.live[0].made)
     assert len(made) == 3 and not sequence_4k.interrupt_requested
     chat.summarise_pending()  # goes on from the tokens made
     chat.check()
@@ -190,7 +190,7 @@ def test_interrupt_while_prefilling_rolls_back(sequence_4k: EngineSequence) -> N
     chat = _chat(sequence_4k)
     chat.ask("First.")
     before = chat.kv_tokens
-    sequence_4k.interrupt_requested = True  # as Ctrl-C does: llama.cpp aborts the next decode
+    sequence_4k.interrupt()  # as Ctrl-C does: llama.cpp aborts the next decode
     with pytest.raises(Interrupted):
         chat.ask("Second?", image=_image(6))
     chat.check()
@@ -207,7 +207,7 @@ def test_interrupt_while_answering_keeps_what_was_shown(sequence_4k: EngineSeque
     def stop_after_two(piece: str) -> None:
         shown.append(piece)
         if len(shown) == 2:
-            sequence_4k.interrupt_requested = True
+            sequence_4k.interrupt()
 
     answer, stats = chat.ask("Tell me a long story.", on_piece=stop_after_two)
     chat.check()

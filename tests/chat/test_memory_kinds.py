@@ -88,10 +88,10 @@ def test_ten_image_turns_equal_a_fresh_prefill_after_every_turn(pair: tuple[str,
         chat.summarise_pending()  # as in idle time: this turn's image becomes its summary
         chat.check()
         work.append(stats.prefill_tokens + chat.sequence.stats().prompt_tokens)
-        chat._append(Segment("user", -1, tuple(probe)))
+        chat.ledger.append(Segment("user", -1, tuple(probe)))
         ours = chat.sequence._current_logits().copy()
         reference = _next_logits(fresh.sequence(), chat.segments[:-1], probe)
-        chat._truncate_to(len(chat.segments) - 1)  # the probe never happened: the one way back
+        chat.ledger.truncate_to(len(chat.segments) - 1)  # the probe never happened: the one way back
         chat.check()
         assert np.abs(ours - reference).max() < 1e-3, f"turn {turn}"
     assert chat.kv_positions > 200 and "image" not in [s.kind for s in chat.segments]
@@ -138,7 +138,7 @@ def test_an_interrupted_prefill_leaves_the_chat_as_it_was(pair: tuple[str, Engin
 
     def stop_at_the_image(what: str) -> None:  # as Ctrl-C's flag does, between two batches
         if what == "decode image":
-            chat.sequence.interrupt_requested = True
+            chat.interrupt()
         check(what)
 
     monkeypatch.setattr(chat.sequence, "check_interrupt", stop_at_the_image)
@@ -208,8 +208,8 @@ def test_a_further_question_reads_the_image_once_on_every_memory_kind(
     assert again.prefill_tokens == question  # only the question: the image block stayed
     assert again.visual_tokens == first.visual_tokens
     probe = chat.sequence.tokenize(" More?")
-    chat._append(Segment("user", -1, tuple(probe)))
+    chat.ledger.append(Segment("user", -1, tuple(probe)))
     ours = chat.sequence._current_logits().copy()
     reference = _next_logits(fresh.sequence(), chat.segments[:-1], probe)
-    chat._truncate_to(len(chat.segments) - 1)
+    chat.ledger.truncate_to(len(chat.segments) - 1)
     assert np.abs(ours - reference).max() < 1e-3

@@ -162,7 +162,7 @@ def test_ctrl_c_in_an_answer_writes_nothing_of_it(small_sequence: EngineSequence
 
     def stop_mid_answer(event) -> None:  # noqa: ANN001
         if isinstance(event, TextPiece):  # what Ctrl-C does to the running sequence
-            small_sequence.interrupt_requested = True
+            small_sequence.interrupt()
 
     with pytest.raises(Interrupted):
         caption_all(describer, targets, prompt="Describe.", jsonl=JsonlLog(log_path),

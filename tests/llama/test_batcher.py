@@ -52,7 +52,7 @@ def _logits_alone(prompt: str) -> np.ndarray:
 
 def _clear(engine: Engine) -> None:
     for sequence in engine.sequences():
-        sequence.interrupt_requested = False
+        sequence.clear_interrupt()
         sequence.truncate(0)
 
 
