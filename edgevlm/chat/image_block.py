@@ -48,7 +48,7 @@ class ImageBlockWriter:
                  encode: Callable[[Image.Image], ImageEmbedding],
                  encode_block: Callable[[Image.Image], ImageBlock]) -> None:
         self._ledger, self._sequence, self.layout = ledger, sequence, layout
-        self._encode, self._encode_block = encode, encode_block
+        self.encode, self._encode_block = encode, encode_block  # CLIP, or a cache in front of it
         self.whole_image_tokens, self.label_tokens = label_tokens(sequence, layout)
 
     def prepare(self, image: LoadedImage, room: int, settings: ViewSettings, *,
@@ -92,7 +92,7 @@ class ImageBlockWriter:
         if layout.packed:
             rows = []
             for step in steps:  # every view is a step of a packed layout
-                rows.append(self._encode(views[step.view or 0]).pooled(step.pool).rows)
+                rows.append(self.encode(views[step.view or 0]).pooled(step.pool).rows)
                 progress.add(0)
             tokens, decode_s = self._decode_image(ImageEmbedding(layout.pack(rows, plan)), turn)
             progress.add(tokens, views=0)
@@ -105,7 +105,7 @@ class ImageBlockWriter:
                 labelled += len(label)
                 continue
             tokens, decode_s = self._decode_image(
-                self._encode(views[step.view or 0]).pooled(step.pool), turn)
+                self.encode(views[step.view or 0]).pooled(step.pool), turn)
             if step.tile:
                 tile_tokens, tile_s = tile_tokens + tokens, tile_s + decode_s
             progress.add(tokens + labelled)

@@ -20,7 +20,7 @@ from edgevlm.errors import ContextOverflowError, EngineError, Interrupted
 from edgevlm.llama.logs import NATIVE_LOG
 from edgevlm.llama.meter import RequestMeter
 from edgevlm.llama.sampling import TokenPicker
-from edgevlm.llama.state import SequenceStates
+from edgevlm.llama.state import SequenceStateIO
 from edgevlm.llama.types import ImageBlock, ImageEmbedding, MemoryKind, RequestStats, Sampling
 from edgevlm.llama.vocab import is_end_of_generation, token_bytes, tokenize
 
@@ -71,7 +71,7 @@ class SequenceHost(Protocol):
     def count_block(self, image: Image.Image | np.ndarray) -> ImageBlock: ...
 
 
-class EngineSequence(SequenceStates):
+class EngineSequence:
     """A sequence's positions, requests and generation. With EngineConfig.n_seq > 1 each is driven
     from its own thread, and their decodes are merged into shared llama_decode steps by the
     engine's batcher (continuous batching). Only the sequence changes its ledger: the decode
@@ -79,6 +79,7 @@ class EngineSequence(SequenceStates):
 
     def __init__(self, host: SequenceHost, seq_id: int) -> None:
         self._host, self.seq_id = host, seq_id
+        self._states = SequenceStateIO(host, seq_id)
         self._n_past = 0
         self._logits_ready = False
         self._logits: np.ndarray | None = None  # a copy of this sequence's logits (batched mode)
@@ -147,6 +148,45 @@ class EngineSequence(SequenceStates):
     def resync(self) -> None:
         """Take the ledger from llama.cpp after an interrupted call."""
         self._n_past = self.kv_cells()
+
+    # -- the state, out and back ------------------------------------------------------------
+
+    def save_state(self) -> np.ndarray:
+        """This sequence's whole cache as bytes (see SequenceStateIO.save)."""
+        return self._states.save()
+
+    def restore_state(self, state: np.ndarray, n_positions: int) -> None:
+        """Replace the whole cache with a saved state of n_positions; EngineError if llama.cpp
+        refuses it (the cache is then empty)."""
+        self.truncate(0)
+        read = self._states.load(state)
+        self._logits_ready = False
+        # An M-RoPE image at the end keeps llama.cpp's last position below n_positions - 1.
+        self._n_past = n_positions
+        if not read or not 0 < self.kv_cells() <= n_positions:
+            self._n_past = self.kv_cells()
+            self.truncate(0)
+            raise EngineError(f"llama.cpp could not restore a saved state of {n_positions} positions")
+
+    def save_partial(self) -> np.ndarray:
+        """The sequence's recurrent (or window) state alone: what a checkpoint keeps (small)."""
+        return self._states.save_partial()
+
+    def restore_partial(self, state: np.ndarray, position: int) -> None:
+        """Back to a checkpoint taken at `position` (see SequenceStateIO.load_partial)."""
+        self._logits_ready = False
+        self._states.load_partial(state, position)
+        self._n_past = position
+
+    def remove_range(self, p0: int, p1: int) -> None:
+        """Drop positions [p0, p1) and shift everything after them back, with no re-decode."""
+        if not 0 <= p0 <= p1 <= self._n_past:
+            raise EngineError(f"cannot remove [{p0}, {p1}) from a cache of {self._n_past}")
+        if p0 == p1:
+            return
+        self._states.remove_and_shift(p0, p1)
+        self._n_past -= p1 - p0
+        self._logits_ready = False
 
     def can_shift(self) -> bool:
         """Whether KV positions can be removed from the middle and shifted (RoPE models with a

@@ -91,7 +91,7 @@ def loaded(test_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactor
 @pytest.fixture(scope="module")
 def server(loaded: object) -> Iterator[tuple[str, ServerState]]:
     state = build_state(loaded, ServeSettings(max_tokens=MAX_TOKENS, max_queue=8, cache=True))
-    assert "server-cache" in str(state.scheduler.session.conversation.encode.folder)  # not the user's
+    assert "server-cache" in str(state.scheduler.session.conversation.blocks.encode.folder)  # not the user's
     with serving(state) as url:
         yield url, state
 
