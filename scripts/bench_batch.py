@@ -24,11 +24,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from edgevlm.chat.prompts import detect_format  # noqa: E402
-from edgevlm.describe.describer import Describer  # noqa: E402
 from edgevlm.describe.folders import caption_all, find_images, plan_targets  # noqa: E402
 from edgevlm.llama.engine import Engine  # noqa: E402
 from edgevlm.llama.types import EngineConfig, Sampling, default_threads  # noqa: E402
 from edgevlm.models.gguf import read_text_model  # noqa: E402
+from edgevlm.runtime.conversations import ChatSettings, ModelSide, new_describer  # noqa: E402
 from edgevlm.vision.images import load_image  # noqa: E402
 
 MODELS = ROOT / "models" / "test"
@@ -65,8 +65,8 @@ def main() -> None:
         engine = Engine(EngineConfig(TEXT, MMPROJ, n_ctx=4096, n_gpu_layers=0, n_threads=threads))
         load_s = time.perf_counter() - started
         fmt = detect_format(read_text_model(TEXT).chat_template)
-        describer = Describer(engine.sequence(), fmt, tile_size=336, max_tokens=args.max_tokens,
-                              sampling=Sampling(temperature=0.0), max_tiles=0)
+        describer = new_describer(engine.sequence(), ModelSide(fmt, 336), ChatSettings(
+            max_tokens=args.max_tokens, sampling=Sampling(temperature=0.0), max_tiles=0))
 
         started = time.perf_counter()
         preprocess_inline = 0.0

@@ -27,11 +27,11 @@ from PIL import Image, ImageDraw
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from edgevlm.chat.conversation import Conversation  # noqa: E402
 from edgevlm.chat.prompts import detect_format  # noqa: E402
 from edgevlm.llama.engine import Engine  # noqa: E402
 from edgevlm.llama.types import EngineConfig, Sampling, default_threads  # noqa: E402
 from edgevlm.models.gguf import read_text_model  # noqa: E402
+from edgevlm.runtime.conversations import ChatSettings, ModelSide, open_conversation  # noqa: E402
 from edgevlm.vision.images import LoadedImage  # noqa: E402
 
 MODELS = ROOT / "models" / "test"
@@ -88,8 +88,8 @@ def run_edgevlm(turns: int, max_tokens: int, n_ctx: int, threads: int, *,
                 max_tiles: int | None) -> list[dict]:
     engine = Engine(EngineConfig(TEXT, MMPROJ, n_ctx=n_ctx, n_gpu_layers=0, n_threads=threads))
     fmt = detect_format(read_text_model(TEXT).chat_template)
-    chat = Conversation(engine.sequence(), fmt, tile_size=336, max_tokens=max_tokens, max_tiles=max_tiles,
-                        sampling=Sampling(temperature=0.0))
+    chat = open_conversation(engine.sequence(), ModelSide(fmt, 336), ChatSettings(
+        max_tokens=max_tokens, max_tiles=max_tiles, sampling=Sampling(temperature=0.0)))
     rows = []
     for turn in range(1, turns + 1):
         image = LoadedImage(Path(f"photo{turn}.jpg"), make_image(turn), (1280, 720))

@@ -16,7 +16,7 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +30,7 @@ from edgevlm.describe.describer import Describer  # noqa: E402
 from edgevlm.llama.engine import Engine  # noqa: E402
 from edgevlm.llama.types import EngineConfig, Sampling, default_threads  # noqa: E402
 from edgevlm.models.gguf import read_text_model  # noqa: E402
+from edgevlm.runtime.conversations import ChatSettings, ModelSide, new_describer  # noqa: E402
 from edgevlm.vision.images import load_image  # noqa: E402
 
 MODELS = ROOT / "models" / "test"
@@ -122,9 +123,10 @@ def main() -> None:
     edge_load_s = time.perf_counter() - t0
     fmt = detect_format(read_text_model(TEXT).chat_template)
     sampling = Sampling(temperature=0.0)
-    tiled = Describer(engine.sequence(), fmt, tile_size=336, max_tokens=args.max_tokens, sampling=sampling)
-    global_only = Describer(engine.sequence(), fmt, tile_size=336, max_tokens=args.max_tokens,
-                           sampling=sampling, max_tiles=0)
+    model = ModelSide(fmt, 336)
+    settings = ChatSettings(max_tokens=args.max_tokens, sampling=sampling)
+    tiled = new_describer(engine.sequence(), model, settings)
+    global_only = new_describer(engine.sequence(), model, replace(settings, max_tiles=0))
 
     t0 = time.perf_counter()
     stock = Llama(str(TEXT), chat_handler=Llava15ChatHandler(str(MMPROJ), verbose=False),

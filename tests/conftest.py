@@ -69,6 +69,18 @@ def make_engine(mmproj: Path, *, n_ctx: int = 2048, n_batch: int = 512,  # noqa:
                                n_ubatch=n_batch, swa_full=swa_full))
 
 
+def make_describer(sequence: object, fmt: object, *, tile_size: int, layout: object = None,  # noqa: ANN201
+                   encoder: object = None, prefix_cache: object = None, n_gpu_layers: int = 0,
+                   output: object = None, **settings: object):
+    """A describer on this sequence, made as the faces make one (runtime.conversations)."""
+    from edgevlm.chat.structured import TEXT
+    from edgevlm.runtime.conversations import ChatSettings, ModelSide, new_describer
+
+    return new_describer(sequence, ModelSide(fmt, tile_size, layout), ChatSettings(**settings),  # type: ignore[arg-type]
+                         output=output or TEXT, n_gpu_layers=n_gpu_layers, encoder=encoder,  # type: ignore[arg-type]
+                         prefix_cache=prefix_cache)  # type: ignore[arg-type]
+
+
 @contextlib.contextmanager
 def one_sequence(mmproj: Path, **sizes: int) -> Iterator[object]:
     """Sequence 0 of a fresh CPU engine (make_engine's), closed after the block."""

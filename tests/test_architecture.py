@@ -8,8 +8,6 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-import pytest
-
 PACKAGE = Path(__file__).resolve().parents[1] / "edgevlm"
 MODULES = sorted(PACKAGE.rglob("*.py"))
 # The top level holds the package's face and small shared leaves only; every concern is a folder.
@@ -118,3 +116,29 @@ def test_the_chat_and_llama_folders_hold_no_import_circle() -> None:
                   if m.startswith(folder)}
         circles = [(a, b) for a, deps in inside.items() for b in deps if a in inside.get(b, set())]
         assert circles == [], circles
+
+
+def _folder(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 else "(top)"  # edgevlm.errors and friends are shared leaves
+
+
+def test_no_folder_imports_a_folder_that_imports_it_back() -> None:
+    """Folders are floors: the facts (models/) below vision/ and planning/, the composition root
+    (runtime/) above them; an arrow both ways between two folders is a floor in the wrong place."""
+    arrows: dict[str, set[str]] = defaultdict(set)
+    for module, deps in _module_imports().items():
+        arrows[_folder(module)] |= {_folder(d) for d in deps} - {_folder(module), "(top)"}
+    both_ways = sorted((a, b) for a, targets in arrows.items() for b in targets if a < b and a in arrows[b])
+    assert both_ways == [], both_ways
+    core = ("chat", "describe", "vision", "planning", "models", "store", "llama")
+    assert "runtime" not in set().union(*(arrows[f] for f in core))
+
+
+def test_conversations_are_made_in_one_place() -> None:
+    """The composition root builds every Conversation; the faces hand it settings."""
+    makers = [path.relative_to(PACKAGE).as_posix() for path in MODULES
+              for node in ast.walk(_tree(path))
+              if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id == "Conversation"]
+    assert makers == ["runtime/conversations.py"]

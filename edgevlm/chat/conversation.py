@@ -16,7 +16,7 @@ the summary swap and the history replay. It orders a turn's steps; each part doe
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -32,6 +32,7 @@ from edgevlm.chat.records import (
     PrefillProgress,
     PreparedImage,
     Segment,
+    ShownImage,
     TurnParts,
     TurnRecord,
     TurnStats,
@@ -236,6 +237,11 @@ class Conversation:
         """The image-prefix cache this conversation opens from (None: off)."""
         return self.prefixes.cache
 
+    @prefix_cache.setter
+    def prefix_cache(self, cache: PrefixCache | None) -> None:
+        """Open later images from another cache (a restarted server's tiers)."""
+        self.prefixes.cache = cache
+
     @property
     def pending_summaries(self) -> int:
         """Answered images whose summary has not replaced them yet."""
@@ -283,10 +289,10 @@ class Conversation:
         """What a finished turn costs as text in the cache (its image as its summary)."""
         return self.history.record_tokens(record)
 
-    def history_room(self, question: str, *, with_image: bool) -> int:
+    def history_room(self, question: str, *, images: int) -> int:
         """Tokens earlier turns may hold beside a new turn with this question (its answer, its
-        image's smallest view and its caption reserved), after the system prompt."""
-        parts = self._parts(self.turn + 1, question, with_image=with_image)
+        images' smallest views and a caption reserved), after the system prompt."""
+        parts = self._parts(self.turn + 1, question, images=images)
         return self.sequence.n_ctx - self.ledger[0].n_tokens - parts.fixed - parts.image_floor
 
     def summarise_pending(self, on_progress: Callable[[PrefillProgress], None] | None = None) -> float:
@@ -310,33 +316,37 @@ class Conversation:
         return self.blocks.prepare(image, room, self.view_settings, max_tokens=self.max_tokens)
 
     def ask(self, question: str, *, image: LoadedImage | PreparedImage | None = None,
+            images: Sequence[LoadedImage | PreparedImage] = (),
             on_piece: Callable[[str], None] | None = None,
             on_progress: Callable[[PrefillProgress], None] | None = None,
             on_answered: Callable[[TurnStats], None] | None = None,
             started: float | None = None, new_request: bool = True) -> tuple[str, TurnStats]:
-        """One user turn (optionally with an image) and the streamed answer.
+        """One user turn (optionally with an image, or several: `images`, shown in order and
+        sharing the room) and the streamed answer.
 
-        The answered image stays live; its summary is made later (summarise_pending, in idle
+        The answered images stay live; its summary is made later (summarise_pending, in idle
         time), or at the start of a turn that cannot go on without it. on_answered gets the
         turn's numbers once the answer is complete. With new_request False, the engine's meter
         goes on counting from an earlier step.
         """
         if new_request:
             self.sequence.begin_request(started=started)
-        prepared = image if isinstance(image, PreparedImage) else None
-        loaded = prepared.image if prepared is not None else image
-        if prepared is not None:
-            self.sequence.note_preprocess(prepared.preprocess_s)
-        question = question.strip() or (DEFAULT_QUESTION if loaded is not None else "")
+        shown = [image] if image is not None else list(images)
+        prepared = [item if isinstance(item, PreparedImage) else None for item in shown]
+        loaded = [item.image if isinstance(item, PreparedImage) else item for item in shown]
+        for ready in prepared:
+            if ready is not None:
+                self.sequence.note_preprocess(ready.preprocess_s)
+        question = question.strip() or (DEFAULT_QUESTION if loaded else "")
         if not question:
             raise EmptyMessageError("nothing to ask: the message is empty")
-        parts = self._parts(self.turn + 1, question, with_image=loaded is not None)
+        parts = self._parts(self.turn + 1, question, images=len(loaded))
         self._check_budget(parts)
         overflow = self.kv_tokens + parts.fixed + parts.image_floor > self.sequence.n_ctx
         wait_s = self.swap.settle(needs_room=bool(parts.image_floor), overflow=overflow,
                                   on_progress=on_progress)
         dropped = self.history.make_room(parts.fixed + parts.image_floor)
-        plan, tiles = self._prefill(parts, loaded, prepared, on_progress)
+        plan, tiles, image_tokens = self._prefill(parts, loaded, prepared, on_progress)
         prompt_tokens = self.kv_tokens
         answer, answer_tokens, interrupted = self._generate(parts, on_piece)
         generated = self.sequence.stats()  # the prefill is what came before the first token
@@ -344,16 +354,25 @@ class Conversation:
         self.ledger.mark()
         stats = self._turn_stats(parts.turn, plan, generated, dropped=dropped, wait_s=wait_s,
                                  completion_tokens=len(answer_tokens), prompt_tokens=prompt_tokens,
-                                 tiles=tiles)
-        image_index = self.images_seen + 1 if loaded is not None else None
-        if loaded is not None:  # it stays live, its summary pending (none in describe's mode)
-            self.swap.live.append(LiveImage(parts.turn, image_index, loaded.path.name))
-        self.log.add(TurnRecord(
-            turn=stats.turn, user=question, answer=answer, image=str(loaded.path) if loaded else None,
-            image_index=image_index, interrupted=interrupted, stats=to_plain(stats)))
+                                 tiles=tiles, image_tokens=image_tokens)
+        self._keep_turn(stats, question, answer, loaded, interrupted=interrupted)
         if on_answered is not None:
             on_answered(stats)
         return answer, stats
+
+    def _keep_turn(self, stats: TurnStats, question: str, answer: str, images: list[LoadedImage], *,
+                   interrupted: bool) -> None:
+        """The finished turn's record, and its images live with their summaries pending (none in
+        describe's mode), numbered on from the images seen before."""
+        first = self.images_seen + 1
+        for slot, each in enumerate(images):
+            live = LiveImage(stats.turn, first + slot, each.path.name, slot=slot, of=len(images))
+            self.swap.live.append(live)
+        self.log.add(TurnRecord(
+            turn=stats.turn, user=question, answer=answer, image=str(images[0].path) if images else None,
+            image_index=first if images else None, interrupted=interrupted, stats=to_plain(stats),
+            more_images=tuple(ShownImage(str(each.path), first + slot)
+                              for slot, each in enumerate(images[1:], start=1))))
 
     def ask_again(self, question: str, *, on_piece: Callable[[str], None] | None = None,
                   started: float | None = None) -> tuple[str, TurnStats]:
@@ -364,7 +383,7 @@ class Conversation:
         block_end, plan = self._block_end
         self.sequence.begin_request(started=started)
         self.ledger.truncate_to(block_end)
-        parts = self._parts(self.turn, question, with_image=True)
+        parts = self._parts(self.turn, question, images=1)
         if self.kv_tokens + len(parts.tail) + self.max_tokens + len(parts.suffix) > self.sequence.n_ctx:
             raise ContextOverflowError(f"the question is {len(parts.tail)} tokens, too long to ask "
                                        "beside this image; shorten it", settings=("max_tokens",))
@@ -385,13 +404,13 @@ class Conversation:
 
         The image is shown on top of the cache, captioned, and rolled back.
         """
-        parts = self._parts(-1, CAPTION_REQUEST, with_image=True)
+        parts = self._parts(-1, CAPTION_REQUEST, images=1)
         self.history.make_room(parts.fixed + parts.image_floor)
         checkpoint = len(self.ledger)
         self.ledger.mark()
         caption = ""
         try:
-            self._prefill(parts, image, None, None)
+            self._prefill(parts, [image], [None], None)
             caption = "".join(self.sequence.generate(self.caption_tokens, Sampling(temperature=0.0)))
         finally:
             self.ledger.roll_back(checkpoint)
@@ -399,18 +418,29 @@ class Conversation:
 
     # -- the steps of a turn ----------------------------------------------------------------
 
-    def _parts(self, turn: int, question: str, *, with_image: bool) -> TurnParts:
+    def _parts(self, turn: int, question: str, *, images: int) -> TurnParts:
         """Tokenize the text of a turn and count what it needs beside its image views."""
         tok = self.sequence.tokenize
         has_system = bool(self.fmt.system(self.system))
         head = tok(self.fmt.head(first=self.ledger.only_system, has_system=has_system))
         suffix = tok(self.fmt.assistant_suffix)
-        tail = tok(_tail_text(question, self.fmt, with_image=with_image))
-        # The caption is asked for at the end of the cache, after any follow-up that comes first.
-        caption = self.swap.caption_reserve() if with_image or self.swap.due() else 0
-        floor = self.sequence.image_tokens() + self.blocks.whole_image_tokens if with_image else 0
+        tail = tok(_tail_text(question, self.fmt, with_image=images > 0))
+        # The caption is asked for at the end of the cache, after any follow-up that comes first;
+        # a turn's images are captioned one at a time, each rolled back, so one reserve serves all.
+        caption = self.swap.caption_reserve(max(images, 1)) if images or self.swap.due() else 0
+        labels = sum(len(label) for label in self._image_labels(images))
+        floor = images * (self.sequence.image_tokens() + self.blocks.whole_image_tokens) + labels
         fixed = len(head) + len(tail) + self.max_tokens + len(suffix) + caption
-        return TurnParts(turn, tuple(head), tuple(tail), tuple(suffix), fixed, floor, caption)
+        return TurnParts(turn, tuple(head), tuple(tail), tuple(suffix), fixed, floor, caption, images)
+
+    def _image_labels(self, images: int) -> list[tuple[int, ...]]:
+        """The text before each image of a turn: "Image 1:", "Image 2:"… for LLaVA's layouts,
+        which have no markers of their own, when a turn shows several; nothing for one image or
+        for mtmd's families (their own markers open each image, as their chat templates do)."""
+        if images < 2 or self.layout.native:
+            return [()] * images
+        tok = self.sequence.tokenize
+        return [tuple(tok(f"{'' if slot == 0 else chr(10)}Image {slot + 1}: ")) for slot in range(images)]
 
     def _check_budget(self, parts: TurnParts) -> None:
         """Refuse a turn that cannot fit even with every earlier turn dropped."""
@@ -420,30 +450,29 @@ class Conversation:
         limit = (n_ctx - system - self.max_tokens - parts.caption_reserve - parts.image_floor
                  - len(parts.head) - len(parts.suffix))
         if parts.image_floor and limit < 64:
+            shown = (f"one image ({self.sequence.image_tokens()} tokens)" if parts.n_images == 1 else
+                     f"{parts.n_images} images ({parts.image_floor} tokens at their smallest)")
             raise ContextOverflowError(
-                f"one image ({self.sequence.image_tokens()} tokens) plus the prompt and max_tokens "
+                f"{shown} plus the prompt and max_tokens "
                 f"{self.max_tokens} do not fit a context of {n_ctx}; raise n_ctx or lower max_tokens",
                 settings=("max_tokens", "n_ctx"))
         raise ContextOverflowError(
             f"the message is {len(parts.tail)} tokens; at most {max(limit, 0)} fit beside "
             f"max_tokens {self.max_tokens} in a context of {n_ctx}; shorten it", settings=("max_tokens",))
 
-    def _prefill(self, parts: TurnParts, image: LoadedImage | None, prepared: PreparedImage | None,
-                 on_progress: Callable[[PrefillProgress], None] | None) -> tuple[ImagePlan | None, BlockCost]:
-        """Decode the user turn (and its image); an interrupt rolls the cache back to before it."""
+    def _prefill(self, parts: TurnParts, images: list[LoadedImage], prepared: list[PreparedImage | None],
+                 on_progress: Callable[[PrefillProgress], None] | None
+                 ) -> tuple[ImagePlan | None, BlockCost, tuple[int, ...]]:
+        """Decode the user turn (and its images, in order); an interrupt rolls the cache back to
+        before it. Returns the first image's plan, what the tiles cost and each image's tokens."""
         start_index = len(self.ledger)
         self._prefix_tier, self._block_end = NO_PREFIX, None
-        plan, tiles = None, BlockCost()
+        plan, tiles, image_tokens = None, BlockCost(), ()
         try:
-            if image is not None:
-                room = self.sequence.n_ctx - self.kv_tokens - parts.fixed
-                if prepared is None or prepared.room > room:  # made for more room than there is
-                    prepared = self.prepare(image, room)
-                    self.sequence.note_preprocess(prepared.preprocess_s)
-                plan = prepared.plan
-                # The turn's opening and its image block, restored when a conversation opens with it.
-                head = Segment("user", parts.turn, parts.head)
-                self._prefix_tier, tiles = self.prefixes.open_block(prepared, head, on_progress)
+            if images:
+                views = self._fit(parts, images, prepared)
+                plan = views[0].plan
+                tiles, image_tokens = self._write_images(parts, views, on_progress)
                 self._block_end = (len(self.ledger), plan)
                 self.ledger.mark()  # a hybrid model's --ask goes back here, not to before the image
             else:
@@ -452,7 +481,56 @@ class Conversation:
         except (KeyboardInterrupt, Interrupted):
             self.ledger.roll_back(start_index)
             raise Interrupted("interrupted; nothing was kept of this message") from None
-        return plan, tiles
+        return plan, tiles, image_tokens
+
+    def _fit(self, parts: TurnParts, images: list[LoadedImage],
+             prepared: list[PreparedImage | None]) -> list[PreparedImage]:
+        """Each image's views within its share of the room left: the room is split evenly, and
+        what the images that need less leave over goes to the others (one more pass)."""
+        labels = sum(len(label) for label in self._image_labels(len(images)))
+        room = self.sequence.n_ctx - self.kv_tokens - parts.fixed - labels
+        share = room // len(images)
+        views = [ready if ready is not None and ready.room <= share else self._prepared(image, share)
+                 for image, ready in zip(images, prepared, strict=True)]
+        if len(views) > 1:
+            used = [self._block_tokens(view) for view in views]
+            spare = room - sum(used)
+            wanting = [i for i, view in enumerate(views) if used[i] >= share * 0.9]
+            if spare > 0 and wanting:
+                more = spare // len(wanting)
+                for i in wanting:
+                    views[i] = self._prepared(images[i], used[i] + more)
+        return views
+
+    def _prepared(self, image: LoadedImage, room: int) -> PreparedImage:
+        prepared = self.prepare(image, room)
+        self.sequence.note_preprocess(prepared.preprocess_s)
+        return prepared
+
+    def _block_tokens(self, prepared: PreparedImage) -> int:
+        """The tokens a prepared image's block takes in the cache (labels at their widest)."""
+        return self.layout.block_tokens(prepared.plan, self.blocks.budget(prepared.room, prepared.settings))
+
+    def _write_images(self, parts: TurnParts, views: list[PreparedImage],
+                      on_progress: Callable[[PrefillProgress], None] | None
+                      ) -> tuple[BlockCost, tuple[int, ...]]:
+        """The turn's opening and its first image block (from the prefix cache where it opens
+        the conversation), then each further image after its label, every one in its own slot."""
+        labels = self._image_labels(len(views))
+        progress = _TurnProgress(on_progress, views, [self._block_tokens(v) for v in views])
+        # The turn's opening and its first image block, restored when a conversation opens with it.
+        head = Segment("user", parts.turn, (*parts.head, *labels[0]))
+        self._prefix_tier, tiles = self.prefixes.open_block(views[0], head, progress.of(0))
+        for slot, view in enumerate(views[1:], start=1):
+            self.ledger.mark()  # where this image's summary will go
+            if labels[slot]:
+                self.ledger.append(Segment("label", parts.turn, labels[slot], slot=slot))
+            cost = self.blocks.write(view, parts.turn, progress.of(slot), slot=slot)
+            tiles = BlockCost(tiles.tile_tokens + cost.tile_tokens,
+                              tiles.tile_prefill_s + cost.tile_prefill_s)
+        turn = [s for s in self.segments if s.turn == parts.turn and s.visual]
+        tokens = tuple(sum(s.n_tokens for s in turn if s.slot == k) for k in range(len(views)))
+        return tiles, tokens
 
     def _generate(self, parts: TurnParts, on_piece: Callable[[str], None] | None
                   ) -> tuple[str, list[int], bool]:
@@ -485,7 +563,7 @@ class Conversation:
 
     def _turn_stats(self, turn: int, plan: ImagePlan | None, generated: RequestStats, *,
                     wait_s: float, dropped: int, completion_tokens: int, prompt_tokens: int,
-                    tiles: BlockCost | None = None) -> TurnStats:
+                    tiles: BlockCost | None = None, image_tokens: tuple[int, ...] = ()) -> TurnStats:
         tiles = tiles or BlockCost()
         return TurnStats(
             turn=turn, prefill_tokens=generated.prompt_tokens, kv_tokens=self.kv_tokens,
@@ -505,4 +583,27 @@ class Conversation:
             canvas_size=plan.canvas_size if plan else (0, 0),
             image_box=plan.image_box if plan else (0, 0, 0, 0),
             prefix_cache=self._prefix_tier, restore_s=generated.restore_s,
-            aside_prefill_tokens=generated.aside_tokens)
+            aside_prefill_tokens=generated.aside_tokens, image_tokens=image_tokens)
+
+
+class _TurnProgress:
+    """One progress count over a turn's images: each image's block reports from where the
+    images before it left off."""
+
+    def __init__(self, report: Callable[[PrefillProgress], None] | None, views: list[PreparedImage],
+                 tokens: list[int]) -> None:
+        self._report, self._views, self._tokens = report, [len(v.views) for v in views], tokens
+
+    def of(self, slot: int) -> Callable[[PrefillProgress], None] | None:
+        """The callback for the slot-th image's block (None when nobody listens)."""
+        if self._report is None:
+            return None
+        if len(self._views) == 1:
+            return self._report
+        views_before, tokens_before = sum(self._views[:slot]), sum(self._tokens[:slot])
+        report = self._report
+
+        def step(p: PrefillProgress) -> None:
+            report(PrefillProgress(views_before + p.views_done, sum(self._views),
+                                   tokens_before + p.tokens_done, sum(self._tokens), p.stage))
+        return step

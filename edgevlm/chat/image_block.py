@@ -79,56 +79,57 @@ class ImageBlockWriter:
             raise ConfigError(f"pool {settings.pool}: {exc}", settings=("pool",)) from None
 
     def write(self, prepared: PreparedImage, turn: int,
-              on_progress: Callable[[PrefillProgress], None] | None) -> BlockCost:
+              on_progress: Callable[[PrefillProgress], None] | None, *, slot: int = 0) -> BlockCost:
         """Put the image block in the cache as the layout says: labels and views step by step,
-        or every view encoded, packed into one block of rows and decoded at once."""
+        or every view encoded, packed into one block of rows and decoded at once. Its segments
+        belong to the turn's slot-th image (the swap replaces each image on its own)."""
         plan, views, layout = prepared.plan, prepared.views, self.layout
         steps = layout.steps(plan)
         budget = self.budget(prepared.room, prepared.settings)
         progress = ProgressCounter(on_progress, views=len(views), tokens=layout.block_tokens(plan, budget))
         if layout.native:
-            self._write_native(views[0], turn, progress)
+            self._write_native(views[0], turn, progress, slot)
             return BlockCost()
         if layout.packed:
             rows = []
             for step in steps:  # every view is a step of a packed layout
                 rows.append(self.encode(views[step.view or 0]).pooled(step.pool).rows)
                 progress.add(0)
-            tokens, decode_s = self._decode_image(ImageEmbedding(layout.pack(rows, plan)), turn)
+            tokens, decode_s = self._decode_image(ImageEmbedding(layout.pack(rows, plan)), turn, slot)
             progress.add(tokens, views=0)
             return BlockCost(tokens - len(rows[0]), decode_s)
         tile_tokens, tile_s, labelled = 0, 0.0, 0  # a label's tokens go with the view it introduces
         for step in steps:
             if step.label is not None:
                 label = self._sequence.tokenize(step.label)
-                self._ledger.append(Segment("label", turn, tuple(label)))
+                self._ledger.append(Segment("label", turn, tuple(label), slot=slot))
                 labelled += len(label)
                 continue
             tokens, decode_s = self._decode_image(
-                self.encode(views[step.view or 0]).pooled(step.pool), turn)
+                self.encode(views[step.view or 0]).pooled(step.pool), turn, slot)
             if step.tile:
                 tile_tokens, tile_s = tile_tokens + tokens, tile_s + decode_s
             progress.add(tokens + labelled)
             labelled = 0
         return BlockCost(tile_tokens, tile_s)
 
-    def _write_native(self, view: Image.Image, turn: int, progress: ProgressCounter) -> None:
+    def _write_native(self, view: Image.Image, turn: int, progress: ProgressCounter, slot: int) -> None:
         """mtmd's block for the view: the family's marker tokens as labels, each image chunk's
         rows (with their positions and attention) as an image segment."""
         block = self._encode_block(view)
         progress.add(0)
         for piece in block.pieces:
             if isinstance(piece, ImageEmbedding):
-                tokens, _ = self._decode_image(piece, turn)
+                tokens, _ = self._decode_image(piece, turn, slot)
             else:
-                self._ledger.append(Segment("label", turn, piece))
+                self._ledger.append(Segment("label", turn, piece, slot=slot))
                 tokens = len(piece)
             progress.add(tokens, views=0)
 
-    def _decode_image(self, embedding: ImageEmbedding, turn: int) -> tuple[int, float]:
+    def _decode_image(self, embedding: ImageEmbedding, turn: int, slot: int) -> tuple[int, float]:
         """Decode projector rows as one image segment; returns (tokens, seconds decoding)."""
         started = time.perf_counter()
-        self._ledger.append(Segment("image", turn, embedding=embedding))
+        self._ledger.append(Segment("image", turn, embedding=embedding, slot=slot))
         return embedding.n_tokens, time.perf_counter() - started
 
 

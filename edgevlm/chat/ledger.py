@@ -91,10 +91,11 @@ class KvLedger:
         """Positions held by the summaries that replaced answered images."""
         return sum(s.n_tokens for s in self._segments if s.kind == "summary")
 
-    def turn_indices(self, turn: int, kinds: tuple[str, ...] | None = None) -> list[int]:
-        """The indices of a turn's segments (of these kinds only, when given)."""
+    def turn_indices(self, turn: int, kinds: tuple[str, ...] | None = None, *,
+                     slot: int | None = None) -> list[int]:
+        """The indices of a turn's segments (of these kinds only, of this image only, when given)."""
         return [i for i, s in enumerate(self._segments)
-                if s.turn == turn and (kinds is None or s.kind in kinds)]
+                if s.turn == turn and (kinds is None or s.kind in kinds) and slot in (None, s.slot)]
 
     def first_index_from(self, turn: int) -> int:
         """The index of the first segment of this turn or a later one (the end when none)."""

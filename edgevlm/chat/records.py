@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from PIL import Image
@@ -21,6 +21,7 @@ class Segment:
     turn: int
     tokens: tuple[int, ...] = ()
     embedding: ImageEmbedding | None = None
+    slot: int = 0  # which of its turn's images a label or view belongs to (0: the first)
 
     @property
     def n_tokens(self) -> int:
@@ -101,6 +102,7 @@ class TurnStats:
     aside_prefill_tokens: int = 0  # decoded for an earlier image's summary swap before this turn
     prefix_cache: str = "none"  # the image block restored from the prefix cache: ram | disk | none
     restore_s: float = 0.0  # restoring it (part of TTFT; prefill_s is what was decoded)
+    image_tokens: tuple[int, ...] = ()  # each of the turn's images' visual tokens, in order
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,49 @@ class TurnRecord:
     summary: str | None = None
     interrupted: bool = False
     stats: dict[str, object] = field(default_factory=dict)
+    more_images: tuple[ShownImage, ...] = ()  # the turn's second and later images, in order
+
+    @property
+    def shown(self) -> tuple[ShownImage, ...]:
+        """Every image of the turn, the first (image, image_index, summary) included."""
+        if self.image is None:
+            return self.more_images
+        return (ShownImage(self.image, self.image_index or 0, self.summary), *self.more_images)
+
+    @property
+    def image_key(self) -> str | None:
+        """The turn's image names as one key (what a resent turn is matched on), None without."""
+        shown = self.shown
+        return "|".join(i.image for i in shown) if shown else None
+
+    @property
+    def last_image_index(self) -> int:
+        """The highest image number the turn used (0 without an image)."""
+        return max((i.index for i in self.shown), default=0)
+
+    @classmethod
+    def from_plain(cls, row: dict[str, Any]) -> TurnRecord:
+        """A record as to_plain wrote it (a transcript's row); unknown keys are ignored."""
+        known = {k: v for k, v in row.items() if k in cls.__dataclass_fields__}
+        more = tuple(ShownImage(**m) for m in known.pop("more_images", None) or ())
+        return cls(**known, more_images=more)
+
+    def with_summary(self, slot: int, summary: str | None) -> TurnRecord:
+        """The record with its slot-th image's summary made."""
+        if slot == 0 or slot > len(self.more_images):
+            return replace(self, summary=summary)
+        more = list(self.more_images)
+        more[slot - 1] = replace(more[slot - 1], summary=summary)
+        return replace(self, more_images=tuple(more))
+
+
+@dataclass(frozen=True)
+class ShownImage:
+    """One image a turn showed: its name, its number in the conversation and its summary."""
+
+    image: str
+    index: int
+    summary: str | None = None
 
 
 @dataclass(frozen=True)
@@ -137,8 +182,9 @@ class TurnParts:
     tail: tuple[int, ...]
     suffix: tuple[int, ...]
     fixed: int  # head + tail + suffix + answer + caption reserve
-    image_floor: int  # the global view and its label (0 without an image)
+    image_floor: int  # every image's global view and labels (0 without an image)
     caption_reserve: int
+    n_images: int = 0
 
 
 class ProgressCounter:
@@ -166,6 +212,8 @@ class LiveImage:
     turn: int
     index: int
     name: str
+    slot: int = 0  # its place among the turn's images
+    of: int = 1  # how many images the turn showed
     caption: str | None = None  # None: not made yet
     made: list[int] = field(default_factory=list)  # caption tokens made before an interruption
     follow_ups: int = 0  # turns answered while it waited for its summary

@@ -51,7 +51,7 @@ class HistoryReplay:
         after it are dropped and rebuilt as text, each leaving answer_room tokens free. Returns how
         many turns were kept.
         """
-        kept = self._log.shared_turns([(r.user, r.answer, r.image) for r in records])
+        kept = self._log.shared_turns([(r.user, r.answer, r.image_key) for r in records])
         if kept < len(self._log.records):
             self._forget_from(kept)
         for record in records[kept:]:
@@ -71,10 +71,10 @@ class HistoryReplay:
 
     def _turn_texts(self, record: TurnRecord) -> tuple[str, str]:
         summary = ""
-        if record.image is not None:
-            name = record.image.rsplit("/", 1)[-1]
-            made = record.summary if record.summary is not None else self._swap.start_of(record.answer)
-            summary = summary_text(record.image_index or 0, name, made) + "\n"
+        for shown in record.shown:  # each image as its own summary, so "the second photo" still means one
+            name = shown.image.rsplit("/", 1)[-1]
+            made = shown.summary if shown.summary is not None else self._swap.start_of(record.answer)
+            summary += summary_text(shown.index, name, made) + "\n"
         return (f"{self._fmt.user_prefix}{summary}{record.user}{self._fmt.user_suffix}",
                 f"{record.answer}{self._fmt.assistant_suffix}")
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from edgevlm.chat.conversation import Conversation
-from edgevlm.chat.records import PrefillProgress, TurnRecord, TurnStats
+from edgevlm.chat.records import PrefillProgress, ShownImage, TurnRecord, TurnStats
 from edgevlm.errors import Interrupted
 from edgevlm.llama.types import Sampling
 from edgevlm.store.caches import SummaryStore
@@ -38,11 +38,21 @@ class ChatImage:
 
 @dataclass(frozen=True)
 class PastTurn:
-    """A finished exchange the client sent back: its question, image and the answer given."""
+    """A finished exchange the client sent back: its question, images and the answer given."""
 
     user: str
     answer: str
-    image: ChatImage | None = None
+    images: tuple[ChatImage, ...] = ()
+
+    @property
+    def image(self) -> ChatImage | None:
+        """The turn's first image (None without one)."""
+        return self.images[0] if self.images else None
+
+    @property
+    def image_key(self) -> str | None:
+        """The turn's image names as TurnRecord.image_key says them."""
+        return "|".join(i.image.path.name for i in self.images) if self.images else None
 
 
 @dataclass(frozen=True)
@@ -63,8 +73,13 @@ class ChatTurn:
     system: str | None
     past: tuple[PastTurn, ...]
     question: str
-    image: ChatImage | None
+    images: tuple[ChatImage, ...]
     options: TurnOptions
+
+    @property
+    def image(self) -> ChatImage | None:
+        """The latest message's first image (None without one)."""
+        return self.images[0] if self.images else None
 
 
 class ResentChat:
@@ -90,7 +105,7 @@ class ResentChat:
         dropped = self._first_kept(turn)
         try:
             records = self._records(turn.past[dropped:], images_before=sum(
-                p.image is not None for p in turn.past[:dropped]))
+                len(p.images) for p in turn.past[:dropped]))
             side_work = conversation.sequence.stats().prompt_tokens  # summaries made, rolled back
             conversation.replay(records)
         except (Interrupted, KeyboardInterrupt):
@@ -99,10 +114,10 @@ class ResentChat:
             self.clear_interrupt()
             conversation.reset()
             raise Interrupted("stopped while the history was being prepared") from None
-        if turn.image is not None:
-            self._digests[turn.image.image.path.name] = turn.image.sha256
+        for image in turn.images:
+            self._digests[image.image.path.name] = image.sha256
         answer, stats = conversation.ask(
-            turn.question, image=turn.image.image if turn.image else None, on_piece=on_piece,
+            turn.question, images=[image.image for image in turn.images], on_piece=on_piece,
             on_progress=on_progress, new_request=False,
             on_answered=(lambda stats: on_answered(_reused(stats, side_work, dropped)))
             if on_answered else None)
@@ -125,11 +140,12 @@ class ResentChat:
         """Answered images still waiting for their summary."""
         return self.conversation.pending_summaries
 
-    def _keep_summary(self, record: TurnRecord) -> None:
+    def _keep_summary(self, record: TurnRecord, slot: int) -> None:
         """Keep a summary by its image's digest (even an empty one: the image has been seen)."""
-        digest = self._digests.pop(record.image.rsplit("/", 1)[-1], None) if record.image else None
+        shown = record.shown[slot]
+        digest = self._digests.pop(shown.image.rsplit("/", 1)[-1], None)
         if digest is not None:
-            self.summaries.put(digest, record.summary or "")
+            self.summaries.put(digest, shown.summary or "")
 
     def shared_turns(self, turn: ChatTurn) -> int:
         """How many of the request's past turns this session's cache holds already (-1: another
@@ -164,12 +180,12 @@ class ResentChat:
         kept part is cut to HISTORY_FILL of the room, so the next several follow-ups hit too.
         """
         conversation, past = self.conversation, turn.past
-        room = conversation.history_room(turn.question, with_image=turn.image is not None)
+        room = conversation.history_room(turn.question, images=len(turn.images))
         costs = [self._turn_tokens(p, number) for number, p in enumerate(past, start=1)]
         held = conversation.records
         if held:
             keys = _keys(past)
-            mine = (held[0].user, held[0].answer, held[0].image)
+            mine = (held[0].user, held[0].answer, held[0].image_key)
             for start in (i for i, key in enumerate(keys) if key == mine):
                 if conversation.shared_turns(keys[start:]) == len(held) and sum(costs[start:]) <= room:
                     return start
@@ -183,15 +199,13 @@ class ResentChat:
 
     def _turn_tokens(self, past: PastTurn, number: int) -> int:
         """A past turn's cost as text; an image's summary not made yet counts at its longest."""
-        summary = None
-        if past.image is not None:
-            summary = self.summaries.get(past.image.sha256)
-            if summary is None:
-                summary = "x " * self.conversation.caption_tokens  # at most this many tokens
-        record = TurnRecord(turn=number, user=past.user.strip(), answer=past.answer.strip(),
-                            image=past.image.image.path.name if past.image else None,
-                            image_index=number if past.image else None, summary=summary)
-        return self.conversation.record_tokens(record)
+        longest = "x " * self.conversation.caption_tokens  # at most this many tokens
+
+        def known(image: ChatImage) -> str:
+            found = self.summaries.get(image.sha256)
+            return longest if found is None else found
+
+        return self.conversation.record_tokens(_record(number, past, number, known))
 
     def _records(self, past: tuple[PastTurn, ...], *, images_before: int = 0) -> list[TurnRecord]:
         """The history as the conversation keeps it, images numbered in order and summarised
@@ -199,17 +213,12 @@ class ResentChat:
         records, images = [], images_before
         kept = self.conversation.shared_turns(_keys(past))
         for number, turn in enumerate(past, start=1):
-            image = turn.image
-            if image is not None:
-                images += 1
+            first = images + 1
+            images += len(turn.images)
             if number <= kept:
                 records.append(self.conversation.records[number - 1])
                 continue
-            records.append(TurnRecord(
-                turn=number, user=turn.user.strip(), answer=turn.answer.strip(),
-                image=image.image.path.name if image else None,
-                image_index=images if image else None,
-                summary=self._summary(image) if image else None))
+            records.append(_record(number, turn, first, self._summary))
         return records
 
     def _summary(self, image: ChatImage) -> str:
@@ -223,8 +232,18 @@ class ResentChat:
 
 
 def _keys(past: tuple[PastTurn, ...]) -> list[tuple[str, str, str | None]]:
-    """What matches a resent turn to one in the cache: its question, answer and image name."""
-    return [(p.user.strip(), p.answer.strip(), p.image.image.path.name if p.image else None) for p in past]
+    """What matches a resent turn to one in the cache: its question, answer and image names."""
+    return [(p.user.strip(), p.answer.strip(), p.image_key) for p in past]
+
+
+def _record(number: int, past: PastTurn, first_image: int, summary: Callable[[ChatImage], str]) -> TurnRecord:
+    """A resent turn as the conversation keeps it, its images numbered from first_image."""
+    shown = [ShownImage(image.image.path.name, first_image + k, summary(image))
+             for k, image in enumerate(past.images)]
+    lead = shown[0] if shown else None
+    return TurnRecord(turn=number, user=past.user.strip(), answer=past.answer.strip(),
+                      image=lead.image if lead else None, image_index=lead.index if lead else None,
+                      summary=lead.summary if lead else None, more_images=tuple(shown[1:]))
 
 
 def _reused(stats: TurnStats, side_work: int, dropped: int) -> TurnStats:

@@ -24,8 +24,12 @@ CAPTION_TOKENS = 120
 LIVE_FOLLOW_UPS = 1
 
 
-def caption_request(fmt: PromptFormat) -> str:
-    return f"{fmt.user_prefix}{CAPTION_REQUEST}{fmt.user_suffix}"
+def caption_request(fmt: PromptFormat, slot: int = 0, of: int = 1) -> str:
+    """The request for an image's summary; in a turn of several, it names which image (by the
+    "Image k" order the turn showed them in)."""
+    request = CAPTION_REQUEST if of == 1 else CAPTION_REQUEST.replace(
+        "the image above", f"image {slot + 1} of the {of} above", 1)
+    return f"{fmt.user_prefix}{request}{fmt.user_suffix}"
 
 
 def summary_text(index: int, name: str, caption: str) -> str:
@@ -77,7 +81,7 @@ class SummarySwap:
                 live.caption = self._caption(live) or self._answer_start(live.turn)
             self._swap(live)
             self.live.remove(live)
-            self._log.note_summary(live.turn, live.caption)
+            self._log.note_summary(live.turn, live.caption, live.slot)
         return time.perf_counter() - began
 
     def due(self) -> list[LiveImage]:
@@ -119,7 +123,7 @@ class SummarySwap:
             return self._answer_start(live.turn)
         checkpoint = len(self._ledger)
         self._ledger.mark()  # the caption request is rolled back to here
-        request = self._sequence.tokenize(caption_request(self._fmt))
+        request = self._sequence.tokenize(caption_request(self._fmt, live.slot, live.of))
         try:
             self._ledger.append(Segment("user", -1, (*request, *live.made)))
             tokens = self._sequence.generate(self.caption_tokens - len(live.made), Sampling(temperature=0.0))
@@ -135,16 +139,17 @@ class SummarySwap:
 
     def _swap(self, live: LiveImage) -> None:
         """Replace one image's block (views and labels) by its summary, in place."""
-        block = self._ledger.turn_indices(live.turn, ("image", "label"))
+        block = self._ledger.turn_indices(live.turn, ("image", "label"), slot=live.slot)
         if not block:
             return
         text = summary_text(live.index, live.name, live.caption or "")
         summary = Segment("summary", live.turn, tuple(self._sequence.tokenize(text)))
         self._ledger.replace(block[0], block[-1] + 1, summary)
 
-    def caption_reserve(self) -> int:
+    def caption_reserve(self, n_images: int = 1) -> int:
         """The caption request and its answer, made while the image is still live (turn_costs
-        counts the same from caption_tokens alone)."""
+        counts the same from caption_tokens alone); one at a time, each rolled back after."""
         if self.mode != "caption":
             return 0
-        return len(self._sequence.tokenize(caption_request(self._fmt))) + self.caption_tokens
+        request = caption_request(self._fmt, n_images - 1, n_images)
+        return len(self._sequence.tokenize(request)) + self.caption_tokens

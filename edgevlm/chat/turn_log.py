@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 
 from edgevlm.chat.records import TurnRecord
 
@@ -15,7 +14,8 @@ class TurnLog:
         self.records: list[TurnRecord] = []
         self.turn = 0  # the last finished turn's number
         self.images_seen = 0  # images shown so far (their summaries are numbered by it)
-        self.on_summary: Callable[[TurnRecord], None] | None = None  # a summary is made
+        # A summary is made: called with the turn's record and which of its images it is.
+        self.on_summary: Callable[[TurnRecord, int], None] | None = None
 
     def clear(self) -> None:
         """Forget every turn."""
@@ -25,25 +25,26 @@ class TurnLog:
         """Keep a finished turn's record; it becomes the last turn."""
         self.records.append(record)
         self.turn = record.turn
-        self.images_seen = max(self.images_seen, record.image_index or 0)
+        self.images_seen = max(self.images_seen, record.last_image_index)
 
     def answer_of(self, turn: int) -> str:
         """The answer given in this turn ("" when the turn is not kept)."""
         return next((r.answer for r in self.records if r.turn == turn), "")
 
-    def note_summary(self, turn: int, summary: str) -> None:
-        """Put a finished summary in its turn's record, and tell whoever keeps summaries."""
+    def note_summary(self, turn: int, summary: str, slot: int = 0) -> None:
+        """Put a finished summary of the turn's slot-th image in its record, and tell whoever
+        keeps summaries."""
         for i, record in enumerate(self.records):
             if record.turn == turn:
-                self.records[i] = replace(record, summary=summary)
+                self.records[i] = record.with_summary(slot, summary)
                 if self.on_summary is not None:
-                    self.on_summary(self.records[i])
+                    self.on_summary(self.records[i], slot)
 
     def shared_turns(self, turns: Sequence[tuple[str, str, str | None]]) -> int:
-        """How many of these (question, answer, image name) turns lead the log."""
+        """How many of these (question, answer, image key) turns lead the log."""
         kept = 0
         for mine, theirs in zip(self.records, turns, strict=False):
-            if (mine.user, mine.answer, mine.image) != theirs:
+            if (mine.user, mine.answer, mine.image_key) != theirs:
                 break
             kept += 1
         return kept
@@ -53,5 +54,5 @@ class TurnLog:
         first_turn = self.records[index].turn
         self.records = self.records[:index]
         self.turn = self.records[-1].turn if self.records else 0
-        self.images_seen = max((r.image_index or 0 for r in self.records), default=0)
+        self.images_seen = max((r.last_image_index for r in self.records), default=0)
         return first_turn

@@ -17,7 +17,6 @@ import typer
 from rich.markup import escape
 
 from edgevlm import __version__
-from edgevlm.chat.conversation import Conversation
 from edgevlm.cli import options as opt
 from edgevlm.cli.render import err
 from edgevlm.cli.repl_help import HELP
@@ -26,10 +25,11 @@ from edgevlm.models.catalog import DEFAULT_PRESET as DEFAULT_MODEL
 
 if TYPE_CHECKING:  # the heavy modules load inside the commands: `--help` stays instant
     from edgevlm.chat.structured import OutputFormat
-    from edgevlm.describe.describer import Question
-    from edgevlm.describe.folders import Target, XmpOutput
+    from edgevlm.cli.render import DescribeView
+    from edgevlm.describe.describer import Describer, Question
+    from edgevlm.describe.folders import BatchSummary, Found, Target, XmpOutput
     from edgevlm.llama.types import Sampling
-    from edgevlm.models.loading import Loaded, ModelFlags, Placement
+    from edgevlm.runtime.loading import Loaded, ModelFlags, Placement
 
 T = TypeVar("T")
 app = typer.Typer(
@@ -139,7 +139,7 @@ def describe(
     n_gpu_layers: opt.NGpuLayers = None, swa_full: opt.SwaFull = None, n_ctx: opt.NCtx = None,
     seed: opt.Seed = None, temperature: opt.Temperature = 0.0, json_out: opt.JsonOut = False,
     fmt: opt.Format = None, schema: opt.Schema = None, tags: opt.Tags = False,
-    max_tags: opt.MaxTags = 8, language: opt.Language = "English",
+    max_tags: opt.MaxTags = 8, language: opt.Language = "English", together: opt.Together = False,
     quiet: opt.Quiet = False, recursive: opt.Recursive = False, glob: opt.Glob = None,
     write_captions: opt.WriteCaptions = False, out_dir: opt.OutDir = None, jsonl: opt.Jsonl = None,
     write_xmp: opt.WriteXmp = False, embed: opt.Embed = False, xmp_name: opt.XmpName = "IMG.jpg.xmp",
@@ -150,8 +150,8 @@ def describe(
 ) -> None:
     """Describe photos and folders (see DESCRIBE_HELP)."""
     from edgevlm.cli.render import DescribeView
-    from edgevlm.describe.describer import Describer
     from edgevlm.describe.folders import BatchSummary, JsonlLog, caption_all, find_images, needs_work
+    from edgevlm.runtime.conversations import ChatSettings, describers_for
 
     _configure_logging(verbose)
     with _handled(debug):
@@ -162,26 +162,57 @@ def describe(
         output, prompt, budget = _answer_shape(fmt, schema, tags, max_tags, language, prompt, max_tokens)
         _check_describe_outputs(ctx, write_captions, jsonl, out_dir, write_xmp or embed, bool(ask or prompts))
         found = find_images(photos, recursive=recursive, pattern=glob)
+        writes = write_captions or write_xmp or jsonl is not None  # the text goes to files, not stdout
+        _check_together(together, found, writes or embed or out_dir is not None)
         targets, xmp = _describe_targets(found.images, write_captions, out_dir, write_xmp, embed, xmp_name,
                                          (model, mmproj, prompt, output, max_tiles, pool_factor, budget))
         log = JsonlLog(jsonl) if jsonl is not None else None
-        view = DescribeView(total=len(targets), json_out=json_out, quiet=quiet,
-                            text_to_stdout=not (write_captions or write_xmp) and jsonl is None,
-                            named=len(targets) + len(found.missing))
+        view = DescribeView(total=1 if together else len(targets), json_out=json_out, quiet=quiet,
+                            text_to_stdout=not writes, named=len(targets) + len(found.missing))
         summary = BatchSummary(skipped=len(targets))  # until something needs doing
-        if needs_work(targets, jsonl=log, overwrite=overwrite, xmp=xmp):
+        if together or needs_work(targets, jsonl=log, overwrite=overwrite, xmp=xmp):
             flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, budget, fetch_missing,
-                                 parallel=n_seq if len(targets) > 1 else 1, placement=placement,
-                                 swa_full=swa_full)
+                                 parallel=n_seq if len(targets) > 1 and not together else 1,
+                                 placement=placement, swa_full=swa_full)
+            settings = ChatSettings(max_tokens, _sampling(temperature, seed), max_tiles, pool_factor)
             with _loaded(flags, quiet=quiet or json_out, tiles=(max_tiles, pool_factor)) as loaded, view:
-                describers = Describer.for_sequences(
-                    loaded, max_tokens=max_tokens, max_tiles=max_tiles, sampling=_sampling(temperature, seed),
-                    pool=pool_factor, cache=not no_cache, output=output)
-                summary = caption_all(describers, targets, prompt=prompt, overwrite=overwrite, jsonl=log,
-                                      xmp=xmp, on_event=view.on_event, more=more)
-        folder = write_captions or write_xmp or embed or jsonl is not None or any(p.is_dir() for p in photos)
-        if view.summary(summary, found.missing, folder=folder):
+                describers = describers_for(loaded, settings, cache=not no_cache, output=output)
+                summary = (_answer_together(describers[0], found, prompt, view, more) if together
+                           else caption_all(describers, targets, prompt=prompt, overwrite=overwrite,
+                                            jsonl=log, xmp=xmp, on_event=view.on_event, more=more))
+        if view.summary(summary, found.missing, folder=writes or embed or any(p.is_dir() for p in photos)):
             raise typer.Exit(2)
+
+
+def _answer_together(describer: Describer, found: Found, prompt: str | None, view: DescribeView,
+                     more: list[Question]) -> BatchSummary:
+    """--together: one answer about every image, reported as one item."""
+    from edgevlm.describe.describer import DEFAULT_PROMPT, describe_together
+    from edgevlm.describe.folders import BatchSummary
+
+    paths = [path for path, _folder in found.images]
+    summary = BatchSummary()
+    summary.captioned = describe_together(describer, paths, prompt or DEFAULT_PROMPT, on_event=view.on_event,
+                                          more=more)
+    if not summary.captioned:
+        summary.failed.append((" + ".join(p.name for p in paths), "not answered"))
+    return summary
+
+
+def _check_together(together: bool, found: Found, writes_beside: bool) -> None:
+    """--together needs images that all exist, and writes one answer to stdout only."""
+    if not together:
+        return
+    if found.missing:
+        raise ConfigError(f"--together: {found.missing[0]} does not exist; every image of the question must",
+                          settings=("together",))
+    if len(found.images) < 2:
+        raise ConfigError("--together shows several images in one question; name two or more",
+                          settings=("together",))
+    if writes_beside:
+        raise ConfigError("--together gives one answer about all the images; it cannot be written beside "
+                          "each (--write-captions, --write-xmp, --embed, --jsonl, --out-dir)",
+                          settings=("together",))
 
 
 def _questions(prompt: str | None, asked: list[str], *, structured: bool
@@ -269,6 +300,7 @@ def chat(
     """Chat about images in the terminal (see CHAT_HELP)."""
     from edgevlm.cli.repl import check_session_target, load_transcript, run_chat
     from edgevlm.paths import check_writable
+    from edgevlm.runtime.conversations import ChatSettings, conversation_for
     from edgevlm.vision.images import max_pixels
 
     _configure_logging(verbose)
@@ -288,12 +320,10 @@ def chat(
                              placement=_placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device),
                              swa_full=swa_full)
         with _loaded(flags, quiet=False, tiles=(max_tiles, pool_factor)) as loaded:
-            conversation = Conversation(
-                loaded.engine.sequence(), loaded.prompt_format, tile_size=loaded.projector_facts.image_size,
+            conversation = conversation_for(loaded, ChatSettings(
                 max_tokens=max_tokens, sampling=_sampling(temperature, seed), max_tiles=max_tiles,
-                summary=summary, keep_images=keep_images, system=system, pool=pool_factor,
-                layout=loaded.layout, encoder=None if no_cache else loaded.image_cache(),
-                prefix_cache=None if no_cache else loaded.prefix_cache())
+                summary=summary, keep_images=keep_images, system=system, pool=pool_factor),
+                cache=not no_cache)
             run_chat(conversation, loaded, saved=saved, session=session or resume, stats_json=stats_json)
 
 
@@ -355,9 +385,9 @@ def plan(
 ) -> None:
     """The memory plan (see PLAN_HELP)."""
     from edgevlm.cli.render import render_plan
-    from edgevlm.models.loading import ModelFlags, describe_costs, inspect, make_plan
-    from edgevlm.models.loading import verify as verify_plan
     from edgevlm.planning.memory import parse_size
+    from edgevlm.runtime.loading import ModelFlags, describe_costs, inspect, make_plan
+    from edgevlm.runtime.loading import verify as verify_plan
 
     _configure_logging(verbose)
     with _handled(debug):
@@ -524,7 +554,7 @@ def _model_flags(model: str, mmproj: Path | None, n_ctx: int | None, n_gpu_layer
                  parallel: int | None = 1, placement: Placement | None = None,
                  swa_full: bool | None = None) -> ModelFlags:
     """The model flags every loading command shares."""
-    from edgevlm.models.loading import ModelFlags, Placement
+    from edgevlm.runtime.loading import ModelFlags, Placement
 
     return ModelFlags(str(model), str(mmproj) if mmproj else None, n_ctx, n_gpu_layers, threads,
                       answer_tokens=max_tokens, fetch=fetch, parallel=parallel, swa_full=swa_full,
@@ -534,8 +564,8 @@ def _model_flags(model: str, mmproj: Path | None, n_ctx: int | None, n_gpu_layer
 def _placement(rpc: str | None, tensor_split: str | None, split_mode: str, main_gpu: int,
                mmproj_device: str | None) -> Placement:
     """The device flags, checked for shape (the devices themselves are checked at planning)."""
-    from edgevlm.models.loading import Placement
     from edgevlm.rpc.endpoints import parse_endpoints
+    from edgevlm.runtime.loading import Placement
 
     weights = None
     if tensor_split is not None:
@@ -555,7 +585,7 @@ def _loaded(flags: ModelFlags, *, quiet: bool,
     """The model loaded (with a progress bar on a terminal), and closed however the block ends;
     `tiles` (max tiles, pool) is checked against the model's family first."""
     from edgevlm.cli.render import load_with_progress
-    from edgevlm.models.loading import load
+    from edgevlm.runtime.loading import load
 
     _check_family(flags, max_tiles=tiles[0], pool=tiles[1])
 
@@ -570,7 +600,7 @@ def _check_family(flags: ModelFlags, *, max_tiles: int | None, pool: int | None)
     """--pool and --tiles against the model's family, before it loads (GGUF facts only)."""
     if pool != 2 and max_tiles is None:
         return
-    from edgevlm.models.loading import inspect
+    from edgevlm.runtime.loading import inspect
     from edgevlm.vision.registry import check_projector_settings
 
     check_projector_settings(inspect(flags)[2], pool=pool, max_tiles=max_tiles)

@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 
-from edgevlm.chat.conversation import Conversation
 from edgevlm.chat.records import plain_value, to_plain
 from edgevlm.describe.describer import (
     DescribeEvent,
@@ -30,7 +29,8 @@ from edgevlm.describe.describer import (
 )
 from edgevlm.errors import ImageError, one_line
 from edgevlm.llama.types import Sampling
-from edgevlm.models.loading import Loaded
+from edgevlm.runtime.conversations import ChatSettings, conversation_for, describers_for
+from edgevlm.runtime.loading import Loaded
 from edgevlm.vision.images import load_image
 
 BENCH_PROMPT = "Describe this photo in detail."
@@ -204,8 +204,8 @@ def run_bench(loaded: Loaded, image_path: Path, *, turns: int = 4, max_tokens: i
     step = on_step or (lambda _label: None)
     engine = loaded.engine
     native = loaded.layout.native  # an mtmd family: one layout, mtmd's own, no tiles to compare
-    d = Describer.for_model(loaded, max_tokens=max_tokens, sampling=Sampling(temperature=0.0),
-                            max_tiles=None if native else 0)
+    d = describers_for(loaded, ChatSettings(max_tokens=max_tokens, sampling=Sampling(temperature=0.0),
+                                            max_tiles=None if native else 0))[0]
     step("warm-up")
     size = _describe_repeatedly(d, image_path, 1)[0].result.image_size  # upright, as shown
     runs = ([_native_run(d, image_path, repeats, step)] if native
@@ -295,9 +295,8 @@ def _median_run(label: str, samples: list[DescribeResult]) -> DescribeRun:
 def _chat_scenario(loaded: Loaded, image_path: Path, *, turns: int,
                    max_tokens: int) -> tuple[BenchChatTurn, ...]:
     """Image, follow-up, image, follow-up, …: what a chat costs per turn as it goes on."""
-    conversation = Conversation(loaded.engine.sequence(), loaded.prompt_format,
-                                tile_size=loaded.projector_facts.image_size, max_tokens=max_tokens,
-                                sampling=Sampling(temperature=0.0), pool=None, layout=loaded.layout)
+    settings = ChatSettings(max_tokens=max_tokens, sampling=Sampling(temperature=0.0), pool=None)
+    conversation = conversation_for(loaded, settings)
     out = []
     for turn in range(1, turns + 1):
         with_image = turn % 2 == 1

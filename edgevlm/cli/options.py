@@ -75,6 +75,9 @@ Photos = Annotated[list[Path], typer.Argument(show_default=False, metavar="IMAGE
 JsonOut = Annotated[bool, typer.Option("--json", help="One JSON object per image on stdout.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress or stats on stderr.")]
 Recursive = Annotated[bool, typer.Option("--recursive", "-r", help="Descend into subfolders.")]
+Together = Annotated[bool, typer.Option(
+    "--together", help="One answer about all the images, shown in one question (e.g. --prompt "
+    "'What changed?'); they share the context's room.")]
 Glob = Annotated[str | None, typer.Option(
     metavar="PATTERN", help="In folders, only images whose name matches this pattern (e.g. 'IMG_*').")]
 WriteCaptions = Annotated[bool, typer.Option(help="Write IMAGE.txt next to each image (or under --out-dir).")]

@@ -23,8 +23,8 @@ if TYPE_CHECKING:  # imported lazily at run time: `edgevlm --help` must not load
     from edgevlm.cli.bench import BenchReport
     from edgevlm.describe.describer import DescribeResult
     from edgevlm.describe.folders import BatchEvent, BatchSummary
-    from edgevlm.models.loading import Loaded, ModelFlags
     from edgevlm.planning.memory import Check, Plan
+    from edgevlm.runtime.loading import Loaded, ModelFlags
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -44,7 +44,10 @@ def stats_line(r: DescribeResult) -> str:
     reused = {"ram": f", image prefix from RAM in {r.restore_s:.2f} s",
               "disk": f", image prefix from disk in {r.restore_s:.2f} s",
               "context": ", image block reused"}.get(r.prefix_cache, "")
-    return (f"[dim]{escape(Path(r.image).name)}: {grid}, {r.visual_tokens} visual tokens | "
+    if len(r.images) > 1:  # --together: the first image's grid, and what each image took
+        grid = f"{len(r.images)} images ({' + '.join(map(str, r.image_tokens))} tokens), first: {grid}"
+    names = " + ".join(Path(name).name for name in r.images) or Path(r.image).name
+    return (f"[dim]{escape(names)}: {grid}, {r.visual_tokens} visual tokens | "
             f"TTFT {r.ttft_s:.2f} s (prefill {r.prompt_tokens - r.cached_tokens} tok at "
             f"{r.prefill_tok_s:.0f} tok/s, CLIP {r.clip_encode_s:.2f} s{reused}) | "
             f"decode {r.decode_tok_s:.1f} tok/s, {r.completion_tokens} tokens[/]")

@@ -8,7 +8,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
@@ -28,7 +28,7 @@ from edgevlm.vision.images import IMAGE_SUFFIXES, load_image
 from edgevlm.vision.tiling import parse_pool, parse_tiles
 
 if TYPE_CHECKING:
-    from edgevlm.models.loading import Loaded
+    from edgevlm.runtime.loading import Loaded
 
 T = TypeVar("T")
 
@@ -62,15 +62,15 @@ def load_transcript(path: Path) -> SavedSession:
         raise UserError(f"{path}: not an edgevlm chat session (expected the JSONL that `edgevlm chat` "
                         "writes); pass a session file, or --session to start a new one")
     header = next((r for r in rows if r and r["type"] == "session"), {})
-    fields = set(TurnRecord.__dataclass_fields__)
     records: list[TurnRecord] = []
     for row in rows:
         if row and row["type"] == "reset":
             records = []
         elif row and row["type"] == "turn":
-            records.append(TurnRecord(**{k: v for k, v in row.items() if k in fields}))
+            records.append(TurnRecord.from_plain(row))
         elif row and row["type"] == "summary":  # made after its turn, in idle time
-            records = [replace(r, summary=row.get("summary")) if r.turn == row.get("turn") else r
+            slot = int(row.get("slot", 0))
+            records = [r.with_summary(slot, row.get("summary")) if r.turn == row.get("turn") else r
                        for r in records]
     return SavedSession(records, header.get("model"), header.get("mmproj"))
 
@@ -161,13 +161,13 @@ class ChatRepl:
         if not line:
             return True
         try:
-            image_path, question = _dropped_image(line)  # before commands: /home/… is a path
-            if image_path is not None:
-                self._turn(question, image_path)
+            image_paths, question = _dropped_images(line)  # before commands: /home/… is a path
+            if image_paths:
+                self._turn(question, image_paths)
             elif line.startswith("/"):
                 return self._command(line)
             else:
-                self._turn(line, None)
+                self._turn(line, [])
         except Interrupted as exc:
             self._note(str(exc))
         except EdgeVLMError as exc:
@@ -185,9 +185,10 @@ class ChatRepl:
         elif name == "/image":
             path, question = _split_path(rest)
             if not path:
-                self._error("usage: /image PATH [question]")
+                self._error("usage: /image PATH [PATH…] [question]")
             else:
-                self._turn(question, path)
+                more, question = _dropped_images(question)  # further images, shown in one question
+                self._turn(question, [path, *more])
         elif name == "/tiles":
             self._set_tiles(rest.strip())
         elif name == "/pool":
@@ -208,18 +209,19 @@ class ChatRepl:
 
     # -- turns ------------------------------------------------------------------------------
 
-    def _turn(self, question: str, image_path: str | None) -> None:
+    def _turn(self, question: str, image_paths: list[str]) -> None:
         self.stop_idle()  # at most one decode step; the turn's clock starts after it
         started = time.perf_counter()
-        image = (load_image(Path(image_path).expanduser(), useful_pixels=self.conversation.useful_pixels)
-                 if image_path else None)
-        if image is not None and image.note:
-            self._note(f"{image.path.name}: {image.note}")
+        images = [load_image(Path(path).expanduser(), useful_pixels=self.conversation.useful_pixels)
+                  for path in image_paths]
+        for image in images:
+            if image.note:
+                self._note(f"{image.path.name}: {image.note}")
         try:
             with self._interruptible():
                 answer, stats = self._on_engine_thread(
-                    lambda: self.conversation.ask(question or (DEFAULT_QUESTION if image else ""),
-                                                  image=image, on_piece=self._write_piece,
+                    lambda: self.conversation.ask(question or (DEFAULT_QUESTION if images else ""),
+                                                  images=images, on_piece=self._write_piece,
                                                   on_progress=self._prefill.update, started=started))
         finally:
             self._prefill.clear()
@@ -273,9 +275,10 @@ class ChatRepl:
         finally:
             sequence.clear_interrupt()
 
-    def _summary_made(self, record: TurnRecord) -> None:
+    def _summary_made(self, record: TurnRecord, slot: int) -> None:
         if self.session is not None:
-            self.session.append({"type": "summary", "turn": record.turn, "summary": record.summary})
+            row = {"type": "summary", "turn": record.turn, "summary": record.shown[slot].summary}
+            self.session.append(row if slot == 0 else {**row, "slot": slot})
 
     @contextlib.contextmanager
     def _interruptible(self) -> Iterator[None]:
@@ -389,12 +392,16 @@ def piped_lines(stream: TextIO = sys.stdin) -> Iterator[str]:
         yield line.rstrip("\n")
 
 
-def _dropped_image(line: str) -> tuple[str | None, str]:
-    """A line that starts with an existing image path (typed, pasted or dropped) is an image turn."""
-    path, rest = _split_path(line)
-    if path and Path(path).suffix.lower() in IMAGE_SUFFIXES and _is_file(path):
-        return str(Path(path).expanduser()), rest
-    return None, line
+def _dropped_images(line: str) -> tuple[list[str], str]:
+    """A line that starts with existing image paths (typed, pasted or dropped: one or several)
+    is an image turn; the rest of the line is its question."""
+    paths: list[str] = []
+    while True:
+        path, rest = _split_path(line)
+        if not (path and Path(path).suffix.lower() in IMAGE_SUFFIXES and _is_file(path)):
+            return paths, line
+        paths.append(str(Path(path).expanduser()))
+        line = rest
 
 
 # Longer than any path a system accepts (PATH_MAX is 4096): such a line is a message, not a path.

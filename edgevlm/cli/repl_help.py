@@ -3,7 +3,8 @@ at start-up)."""
 
 HELP = """\
 Type a question, or:
-  /image PATH [question]   show the model an image (a plain or dropped path works too)
+  /image PATH… [question]  show the model an image, or several in one question (a plain or
+                           dropped path works too)
   /tiles auto|N            close-up tiles per image (0: global view only)
   /pool auto|1|2           pool tiles 2x2 (576 -> 144 tokens each): more tiles, faster, less detail
   /stats                   what the cache holds and what the last turn cost

@@ -15,22 +15,14 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from edgevlm.chat.conversation import DEFAULT_QUESTION, Conversation
-from edgevlm.chat.prompts import PromptFormat
 from edgevlm.chat.records import PrefillProgress, PreparedImage, TurnStats, to_plain
 from edgevlm.chat.structured import TEXT, OutputFormat, answer_tokens_needed
 from edgevlm.errors import ImageError, Interrupted
-from edgevlm.llama.types import Sampling
-from edgevlm.store.caches import CacheView, EmbeddingCache
 from edgevlm.store.prefix_cache import PrefixCache
 from edgevlm.vision.images import LoadedImage, load_image
-from edgevlm.vision.layout import ImageLayout
-
-if TYPE_CHECKING:
-    from edgevlm.llama.sequence import EngineSequence
-    from edgevlm.models.loading import Loaded
 
 DEFAULT_PROMPT = DEFAULT_QUESTION
 # A further question about the same image, and its answer's format (None: the describer's own).
@@ -74,6 +66,8 @@ class DescribeResult:
     question: str = ""  # what was asked
     data: object = None  # the parsed answer, with --format json, --schema or --tags
     memory: str = "attention"  # the model's memory kind: attention, sliding-window, hybrid, recurrent
+    images: tuple[str, ...] = ()  # with --together, every image shown, in order (image is the first)
+    image_tokens: tuple[int, ...] = ()  # each image's visual tokens, in order
 
     def to_json(self) -> dict[str, Any]:
         """A plain dict for --json (floats rounded for reading; the parsed answer as it is)."""
@@ -146,62 +140,25 @@ def answer_budget(output: OutputFormat, max_tokens: int) -> int:
 class Describer:
     """Describe requests on a loaded engine; the system prompt is decoded once for all images."""
 
-    def __init__(self, engine: EngineSequence, fmt: PromptFormat, *, tile_size: int, max_tokens: int = 512,
-                 sampling: Sampling | None = None, max_tiles: int | None = None,
-                 n_gpu_layers: int = 0, pool: int | None = 1, layout: ImageLayout | None = None,
-                 encoder: EmbeddingCache | CacheView | None = None,
-                 output: OutputFormat = TEXT, prefix_cache: PrefixCache | None = None) -> None:
-        self.engine = engine
+    def __init__(self, conversation: Conversation, *, output: OutputFormat = TEXT, max_tokens: int = 512,
+                 n_gpu_layers: int = 0, system_prefill_s: float = 0.0) -> None:
+        # Made by runtime.conversations.new_describer, which sets the conversation's answer
+        # budget and grammar from the output format.
+        self._conversation = conversation
         self.output = output
-        sampling = replace(sampling or Sampling(), grammar=output.grammar())  # None for text
         self.max_tokens = max_tokens  # the user's cap; a --tags answer may need more (answer_budget)
         self.n_gpu_layers = n_gpu_layers
-        started = time.perf_counter()
-        self._conversation = Conversation(engine, fmt, tile_size=tile_size,
-                                          max_tokens=answer_budget(output, max_tokens),
-                                          sampling=sampling, max_tiles=max_tiles, summary="none",
-                                          pool=pool, layout=layout, encoder=encoder,
-                                          prefix_cache=prefix_cache)
-        # The system prompt is decoded now, before any request's clock starts: the first
-        # image is charged for it (prefill and TTFT alike), so its figures add up.
-        self._system_prefill_s: float | None = time.perf_counter() - started
+        # The system prompt's decode, charged to the first image so its figures add up.
+        self._system_prefill_s: float | None = system_prefill_s
 
-    @classmethod
-    def for_model(cls, loaded: Loaded, *, max_tokens: int = 512, sampling: Sampling | None = None,
-                  max_tiles: int | None = None, pool: int | None = 1, cache: bool = False,
-                  output: OutputFormat = TEXT) -> Describer:
-        """A describer on a freshly loaded model, with its prompt format and projector's view size.
-
-        With cache, projector rows and image prefixes are kept (RAM and disk), so an image seen
-        before skips CLIP, and its prefill too where restoring its KV is faster.
-        """
-        return cls.for_sequences(loaded, max_tokens=max_tokens, sampling=sampling, max_tiles=max_tiles,
-                                 pool=pool, cache=cache, output=output)[0]
-
-    @classmethod
-    def for_sequences(cls, loaded: Loaded, *, max_tokens: int = 512, sampling: Sampling | None = None,
-                      max_tiles: int | None = None, pool: int | None = 1, cache: bool = False,
-                      output: OutputFormat = TEXT) -> list[Describer]:
-        """One describer per sequence of the loaded engine (one without --parallel)."""
-        pairs = zip(loaded.engine.sequences(), loaded.encoders(cache=cache), strict=True)
-        prefixes = loaded.prefix_cache() if cache else None
-        return [cls._on(loaded, sequence, encoder, max_tokens=max_tokens, sampling=sampling,
-                        max_tiles=max_tiles, pool=pool, output=output, prefix_cache=prefixes)
-                for sequence, encoder in pairs]
-
-    @classmethod
-    def _on(cls, loaded: Loaded, sequence: EngineSequence,
-            encoder: EmbeddingCache | CacheView | None, *, max_tokens: int,
-            sampling: Sampling | None, max_tiles: int | None, pool: int | None,
-            output: OutputFormat, prefix_cache: PrefixCache | None) -> Describer:
-        return cls(sequence, loaded.prompt_format, tile_size=loaded.projector_facts.image_size,
-                   max_tokens=max_tokens, sampling=sampling, max_tiles=max_tiles,
-                   n_gpu_layers=loaded.n_gpu_layers, pool=pool, layout=loaded.layout, encoder=encoder,
-                   output=output, prefix_cache=prefix_cache)
+    def interrupt(self) -> None:
+        """Stop this describer's work at its next step; safe from any thread."""
+        self._conversation.interrupt()
 
     @property
     def n_ctx(self) -> int:
-        return self.engine.n_ctx
+        """The context the describer's sequence holds."""
+        return self._conversation.sequence.n_ctx
 
     @property
     def prefix_cache(self) -> PrefixCache | None:
@@ -264,6 +221,19 @@ class Describer:
         self._refuse_cut_answer()
         return self._result(image, prompt, text, stats, system_s=system_s, read_s=read_s)
 
+    def describe_together(self, images: Sequence[LoadedImage], prompt: str = DEFAULT_PROMPT, *,
+                          started: float | None = None, on_piece: Callable[[str], None] | None = None,
+                          on_progress: Callable[[PrefillProgress], None] | None = None,
+                          read_s: float = 0.0) -> DescribeResult:
+        """One answer about several images shown in one question (--together), sharing the room."""
+        self._conversation.rewind()
+        system_s, self._system_prefill_s = self._system_prefill_s, None
+        text, stats = self._conversation.ask(prompt, images=list(images), on_piece=on_piece,
+                                             on_progress=on_progress, started=started)
+        self._refuse_cut_answer()
+        result = self._result(images[0], prompt, text, stats, system_s=system_s, read_s=read_s)
+        return replace(result, images=tuple(str(image.path) for image in images))
+
     def ask_again(self, image: LoadedImage | PreparedImage, question: str, *,
                   output: OutputFormat | None = None, started: float | None = None,
                   on_piece: Callable[[str], None] | None = None) -> DescribeResult:
@@ -303,13 +273,13 @@ class Describer:
             preprocess_s=stats.preprocess_s + read_s, clip_encode_s=stats.clip_encode_s,
             prefill_s=prefill_s, ttft_s=stats.ttft_s + (system_s or 0.0), decode_s=stats.decode_s,
             prefill_tok_s=(stats.prefill_tokens + system) / prefill_s if prefill_s else 0.0,
-            decode_tok_s=stats.decode_tok_s, n_ctx=self.engine.n_ctx,
+            decode_tok_s=stats.decode_tok_s, n_ctx=self.n_ctx,
             n_gpu_layers=self.n_gpu_layers, note=note or loaded.note, pool=stats.pool,
             tile_tokens=stats.tile_tokens, tile_prefill_s=stats.tile_prefill_s,
             itl_p50_s=stats.itl_p50_s, itl_p90_s=stats.itl_p90_s, read_s=read_s,
             image_size=loaded.size, layout=stats.layout, prefix_cache=stats.prefix_cache,
             restore_s=stats.restore_s, question=question, data=data,
-            memory=self._conversation.sequence.memory_kind)
+            memory=self._conversation.sequence.memory_kind, image_tokens=stats.image_tokens)
 
     def _parsed(self, text: str) -> tuple[object, str]:
         """The answer as data (JSON formats only), or why it is not."""
@@ -426,7 +396,7 @@ def _side_by_side(describers: list[Describer], work: Callable[[Describer], None]
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
             errors.append(exc)
             for other in describers:  # stop the others at their next step
-                other.engine.interrupt()
+                other.interrupt()
 
     threads = [threading.Thread(target=run, args=(d,), name=f"edgevlm-describe{i}", daemon=True)
                for i, d in enumerate(describers)]
@@ -437,13 +407,43 @@ def _side_by_side(describers: list[Describer], work: Callable[[Describer], None]
             thread.join()
     except KeyboardInterrupt:  # stop every sequence before the engine may be closed under them
         for describer in describers:
-            describer.engine.interrupt()
+            describer.interrupt()
         for thread in threads:
             thread.join()
         raise
     if errors:
         first = next((e for e in errors if not isinstance(e, Interrupted)), errors[0])
         raise first
+
+
+def describe_together(describer: Describer, paths: Sequence[Path], prompt: str = DEFAULT_PROMPT, *,
+                      on_event: Callable[[DescribeEvent], None], more: Sequence[Question] = ()) -> int:
+    """Describe several images in one question (--together): one answer, reported as one item
+    named by all the files; returns 1 when it was answered. An unreadable file fails the whole
+    question (an answer about the others would not be the one asked for)."""
+    started = time.perf_counter()
+    images, label = [], Path(" + ".join(path.name for path in paths))
+    for path in paths:
+        try:
+            images.append(load_image(path, useful_pixels=describer.useful_pixels))
+        except ImageError as exc:
+            on_event(ImageFailed(0, 1, label, str(exc)))
+            return 0
+    read_s = time.perf_counter() - started
+    notes = "; ".join(f"{image.path.name}: {image.note}" for image in images if image.note)
+    on_event(ImageStarted(0, 1, label, notes, question=prompt if more else ""))
+    on_piece, on_progress = _forwarders(on_event, 0)
+    result = describer.describe_together(images, prompt, started=started, on_piece=on_piece,
+                                         on_progress=on_progress, read_s=read_s)
+    if describer.output.is_json and result.data is None:
+        on_event(ImageFailed(0, 1, label, result.note))
+        return 0
+    on_event(ImageDone(0, 1, label, result))
+    for question, output in more:
+        on_event(ImageStarted(0, 1, label, question=question))
+        further = describer.ask_again(images[0], question, output=output, on_piece=on_piece)
+        on_event(ImageDone(0, 1, label, replace(further, images=result.images), further=True))
+    return 1
 
 
 def _forwarders(on_event: Callable[[DescribeEvent], None], index: int

@@ -1,1 +1,1 @@
-"""Models: GGUF facts, the catalog of presets, fetching them, and loading a pair for use."""
+"""Models, as facts: what a GGUF holds, the catalog of presets, and fetching them."""

@@ -2,7 +2,8 @@
 
 Both APIs resend the whole conversation with every request. Here it is folded into
 exchanges (user, then assistant); the last user message is the one answered. Earlier
-images become summaries in the core (chat/resent.py), so only the latest costs CLIP.
+images become summaries in the core (chat/resent.py), so only the latest message's images
+cost CLIP. A message may hold several images; they are shown in the order given.
 """
 
 from __future__ import annotations
@@ -61,10 +62,10 @@ def chat_turn(messages: Sequence[Message], options: TurnOptions, tools: ToolUse 
     question = "\n\n".join(latest.user).strip()
     if not question and not latest.images:
         raise bad_request("the last message has no text and no image", latest.where)
-    past = tuple(PastTurn("\n\n".join(e.user), "\n\n".join(e.answer),
-                          e.images[0] if e.images else None) for e in exchanges[:-1])
+    past = tuple(PastTurn("\n\n".join(e.user), "\n\n".join(e.answer), tuple(e.images))
+                 for e in exchanges[:-1])
     return ChatTurn(system="\n\n".join(systems) if systems else None, past=past, question=question,
-                    image=latest.images[0] if latest.images else None, options=options)
+                    images=tuple(latest.images), options=options)
 
 
 def _exchanges(messages: Sequence[Message]) -> list[_Exchange]:
@@ -76,10 +77,7 @@ def _exchanges(messages: Sequence[Message]) -> list[_Exchange]:
                 exchanges.append(_Exchange(where=message.where))
             current = exchanges[-1]
             current.user.append(message.text)
-            current.images.extend(message.images)
-            if len(current.images) > 1:
-                raise bad_request("edgevlm shows one image per user message; send the others in "
-                                  "messages of their own", message.where, code="too_many_images")
+            current.images.extend(message.images)  # several images: shown in order, one budget
         else:
             if not exchanges:
                 exchanges.append(_Exchange(where=message.where))

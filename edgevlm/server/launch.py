@@ -7,23 +7,18 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from edgevlm.chat.conversation import Conversation
 from edgevlm.chat.resent import ResentChat
 from edgevlm.errors import ConfigError
 from edgevlm.llama.types import Sampling
 from edgevlm.models.gguf import TextModelFacts
-from edgevlm.models.loading import Loaded
 from edgevlm.network import check_port, is_loopback
+from edgevlm.runtime.conversations import ChatSettings, slot_conversations
+from edgevlm.runtime.loading import Loaded
 from edgevlm.server.app import create_app, run
 from edgevlm.server.scheduler import Scheduler
 from edgevlm.server.turns import ModelInfo, ServerState
-from edgevlm.store.caches import CacheView, EmbeddingCache, SummaryStore
-from edgevlm.store.prefix_cache import PrefixCache
-
-if TYPE_CHECKING:  # a type only: importing it would load libllama
-    from edgevlm.llama.sequence import EngineSequence
+from edgevlm.store.caches import SummaryStore
 
 
 @dataclass(frozen=True)
@@ -59,10 +54,10 @@ def check(settings: ServeSettings) -> None:
 def build_state(loaded: Loaded, settings: ServeSettings) -> ServerState:
     """A slot per llama.cpp sequence, each with its conversation; the scheduler in front."""
     summaries = SummaryStore(loaded.cache_identity(), persist=settings.cache)
-    prefixes = loaded.prefix_cache() if settings.cache else None
-    sessions = [ResentChat(_conversation(loaded, sequence, settings, encoder, prefixes), summaries)
-                for sequence, encoder in zip(loaded.engine.sequences(), loaded.encoders(cache=settings.cache),
-                                             strict=True)]
+    chat = ChatSettings(max_tokens=settings.max_tokens, sampling=settings.sampling,
+                        max_tiles=settings.max_tiles, summary=settings.summary, pool=settings.pool)
+    sessions = [ResentChat(conversation, summaries)
+                for conversation in slot_conversations(loaded, chat, cache=settings.cache)]
     first = sessions[0].conversation
     return ServerState(
         scheduler=Scheduler(sessions, max_queue=settings.max_queue), model=_model_info(loaded),
@@ -71,16 +66,6 @@ def build_state(loaded: Loaded, settings: ServeSettings) -> ServerState:
         max_tiles=settings.max_tiles, useful_pixels=first.useful_pixels, pool=settings.pool,
         temperature=settings.sampling.temperature, summaries=summaries, plan=loaded.plan.to_json(),
         tokens=first.sequence)
-
-
-def _conversation(loaded: Loaded, sequence: EngineSequence, settings: ServeSettings,
-                  encoder: EmbeddingCache | CacheView | None, prefixes: PrefixCache | None) -> Conversation:
-    """One slot's conversation, on its own sequence."""
-    return Conversation(
-        sequence, loaded.prompt_format, tile_size=loaded.projector_facts.image_size,
-        max_tokens=settings.max_tokens, sampling=settings.sampling, max_tiles=settings.max_tiles,
-        summary=settings.summary, pool=settings.pool, layout=loaded.layout, encoder=encoder,
-        prefix_cache=prefixes)
 
 
 def _model_info(loaded: Loaded) -> ModelInfo:

@@ -172,7 +172,7 @@ def edgevlm_numbers(answered: Answered, n_ctx: int) -> dict[str, object]:
             "layout": s.layout, "prefix_cache": s.prefix_cache, "restore_s": round(s.restore_s, 4),
             "dropped_turns": s.dropped_turns, "queue_s": round(answered.queue_s, 4),
             "summary_wait_s": round(s.summary_wait_s, 4), "ttft_s": round(s.ttft_s, 4),
-            "decode_tok_s": round(s.decode_tok_s, 2),
+            "decode_tok_s": round(s.decode_tok_s, 2), "image_tokens": list(s.image_tokens),
             "kv": _kv_split(s, n_ctx)}
 
 
@@ -188,10 +188,10 @@ def past_summaries(turn: ChatTurn, store: SummaryStore | None) -> list[dict[str,
     an image still live in the cache: its summary is made in idle time, after a follow-up)."""
     found = []
     for number, past in enumerate(turn.past, start=1):
-        if past.image is not None:
-            summary = store.get(past.image.sha256) if store is not None else None
-            found.append({"turn": number, "image": past.image.image.path.name,
-                          "sha256": past.image.sha256, "summary": summary})
+        for image in past.images:
+            summary = store.get(image.sha256) if store is not None else None
+            found.append({"turn": number, "image": image.image.path.name,
+                          "sha256": image.sha256, "summary": summary})
     return found
 
 

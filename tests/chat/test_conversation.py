@@ -84,7 +84,7 @@ def test_idle_summary_then_no_wait(sequence_4k: EngineSequence) -> None:
     chat = _chat(sequence_4k)
     chat.ask("Describe it.", image=_image(12))
     made: list[str] = []
-    chat.on_summary = lambda record: made.append(record.summary or "")
+    chat.on_summary = lambda record, _slot: made.append(record.summary or "")
     assert chat.summarise_pending() > 0
     chat.check()
     assert made == [chat.records[0].summary] and made[0] and chat.visual_tokens_live == 0

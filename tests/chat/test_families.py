@@ -175,7 +175,7 @@ def _family_chat(family: str, engine: Engine, test_models: dict[str, Path],
                  **options: object) -> Conversation:
     from edgevlm.models.catalog import resolve
     from edgevlm.models.gguf import read_text_model
-    from edgevlm.models.loading import prompt_format
+    from edgevlm.runtime.loading import prompt_format
 
     text, mmproj = test_models[f"{family}_text"], test_models[f"{family}_mmproj"]
     projector = read_projector(mmproj)

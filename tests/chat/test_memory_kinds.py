@@ -21,7 +21,7 @@ from edgevlm.llama.sequence import EngineSequence
 from edgevlm.llama.types import Sampling
 from edgevlm.models.catalog import resolve
 from edgevlm.models.gguf import TextModelFacts, read_projector, read_text_model
-from edgevlm.models.loading import prompt_format
+from edgevlm.runtime.loading import prompt_format
 from edgevlm.vision.images import LoadedImage
 from edgevlm.vision.registry import layout_for
 
@@ -204,7 +204,7 @@ def test_a_further_question_reads_the_image_once_on_every_memory_kind(
     _, first = chat.ask("What is in the picture?", image=_image(40))
     answer, again = chat.ask_again("And its colours?")
     chat.check()
-    question = len(chat._parts(chat.turn, "And its colours?", with_image=True).tail)
+    question = len(chat._parts(chat.turn, "And its colours?", images=1).tail)
     assert again.prefill_tokens == question  # only the question: the image block stayed
     assert again.visual_tokens == first.visual_tokens
     probe = chat.sequence.tokenize(" More?")

@@ -74,7 +74,7 @@ def test_a_template_that_cannot_be_followed_turn_by_turn_is_refused() -> None:
 def test_the_qwen_test_model_is_prompted_with_its_own_template(test_models: dict[str, Path]) -> None:
     from edgevlm.models.catalog import resolve
     from edgevlm.models.gguf import read_projector, read_text_model
-    from edgevlm.models.loading import prompt_format
+    from edgevlm.runtime.loading import prompt_format
 
     writers = load_script("make_test_models")
     text = read_text_model(test_models["qwen_text"])

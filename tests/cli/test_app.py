@@ -342,3 +342,29 @@ def test_plan_of_a_preset_not_downloaded_says_what_plan_needs() -> None:
     qwen = run_cli("plan", "qwen2.5-vl-7b")
     assert qwen.returncode == 2 and "`edgevlm fetch qwen2.5-vl-7b`" in qwen.stderr
     assert "only the LLaVA presets" in qwen.stderr
+
+
+def test_describe_together_answers_once_about_every_image(test_models: dict[str, Path],
+                                                        tmp_path: Path) -> None:
+    paths = []
+    for seed, size in enumerate([(800, 600), (400, 700), (90, 60)]):
+        path = tmp_path / f"p{seed}.jpg"
+        pixels = np.random.default_rng(seed).integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(path)
+        paths.append(str(path))
+    pair = ["--model", str(test_models["qwen_text"]), "--mmproj", str(test_models["qwen_mmproj"]),
+            "--n-ctx", "2048", "--max-tokens", "16"]
+    result = run_cli("describe", *paths, "--together", "--prompt", "What changed?", "--json", *pair)
+    assert result.returncode == 0, result.stderr
+    rows = result.stdout.splitlines()
+    assert len(rows) == 1  # one answer about the three
+    answer = json.loads(rows[0])
+    assert answer["images"] == paths and len(answer["image_tokens"]) == 3
+    assert sum(answer["image_tokens"]) == answer["visual_tokens"]
+    assert answer["image_tokens"][2] < answer["image_tokens"][0]  # the small photo took less
+    assert answer["prompt_tokens"] + 16 <= 2048
+    alone = run_cli("describe", paths[0], "--together", *pair)
+    assert alone.returncode == 2 and "two or more" in alone.stderr
+    beside = run_cli("describe", *paths, "--together", "--write-captions", *pair)
+    assert beside.returncode == 2 and "--write-captions" in beside.stderr
+    assert len(beside.stderr.strip().splitlines()) == 1 and not (tmp_path / "p0.jpg.txt").exists()

@@ -302,3 +302,24 @@ def test_save_and_session_never_spoil_an_existing_file(test_models: dict[str, Pa
     resumed = run_cli(*_args(test_models, tmp_path)[:-2], "--resume", str(session), stdin="more\n")
     assert resumed.returncode == 0, resumed.stderr
     assert [t["user"] for t in _turns(session)] == ["hello", "more"]
+
+
+def test_two_images_in_one_question_are_kept_and_resumed_each_with_its_summary(
+        test_models: dict[str, Path], tmp_path: Path, photo: Path) -> None:
+    blue = tmp_path / "blue.png"
+    Image.new("RGB", (600, 800), (20, 40, 220)).save(blue)
+    script = f"/image '{photo}' {blue} which is redder?\nwhy?\nand?\n"
+    stats = tmp_path / "stats.jsonl"
+    result = run_cli(*_args(test_models, tmp_path, "--stats-json", str(stats)), stdin=script)
+    assert result.returncode == 0, result.stderr
+    first = json.loads(stats.read_text().splitlines()[0])
+    assert len(first["image_tokens"]) == 2 and sum(first["image_tokens"]) == first["visual_tokens"]
+    turns = _turns(tmp_path / "session.jsonl")
+    assert turns[0]["user"] == "which is redder?" and turns[0]["image"].endswith("red square.jpg")
+    assert [m["image"] for m in turns[0]["more_images"]] == [str(blue)]
+    saved = load_transcript(tmp_path / "session.jsonl").records[0]
+    assert saved.summary is not None and saved.more_images[0].summary is not None  # each its own
+    resumed = run_cli(*_args(test_models, tmp_path, "--resume", str(tmp_path / "session.jsonl")),
+                      stdin="the second one?\n")
+    assert resumed.returncode == 0, resumed.stderr
+    assert _turns(tmp_path / "session.jsonl")[-1]["stats"]["clip_encodes"] == 0  # summaries, no CLIP

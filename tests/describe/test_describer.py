@@ -13,7 +13,7 @@ from edgevlm.errors import ContextOverflowError
 from edgevlm.llama.sequence import EngineSequence
 from edgevlm.vision.images import LoadedImage
 
-from ..conftest import one_sequence
+from ..conftest import make_describer, one_sequence
 
 TILE = 112  # the fast test projector: 64 tokens per view
 
@@ -23,7 +23,7 @@ def _image(size: tuple[int, int], name: str = "photo.jpg") -> LoadedImage:
 
 
 def _describer(sequence: EngineSequence, **kwargs: object) -> Describer:
-    return Describer(sequence, CHATML, tile_size=TILE, **{"max_tokens": 6, **kwargs})  # type: ignore[arg-type]
+    return make_describer(sequence, CHATML, tile_size=TILE, **{"max_tokens": 6, **kwargs})  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("size", [(3840, 2160), (2160, 3840), (900, 900), (1, 5000), (100, 80)])
@@ -75,7 +75,7 @@ def test_system_prompt_is_decoded_once(small_sequence: EngineSequence) -> None:
 def test_a_context_too_small_for_one_image_says_what_to_do(test_models: dict[str, Path]) -> None:
     with one_sequence(test_models["mmproj_336"], n_ctx=512) as tiny:
         with pytest.raises(ContextOverflowError, match="raise n_ctx or lower max_tokens") as refused:
-            Describer(tiny, CHATML, tile_size=336, max_tokens=64).describe(_image((800, 600)))
+            make_describer(tiny, CHATML, tile_size=336, max_tokens=64).describe(_image((800, 600)))
     # the core names settings; the command line says them as flags
     from edgevlm.cli.options import flag_word
     from edgevlm.errors import in_words
@@ -107,7 +107,7 @@ def test_pool_auto_buys_a_larger_grid_when_full_tiles_do_not_fit(small_sequence:
 @pytest.mark.parametrize("n_ctx", [2048, 3072, 4096])
 def test_plan_reports_the_grid_describe_uses(test_models: dict[str, Path], n_ctx: int) -> None:
     from edgevlm.describe.describer import DEFAULT_PROMPT
-    from edgevlm.models.loading import ModelFlags, describe_costs, inspect, make_plan
+    from edgevlm.runtime.loading import ModelFlags, describe_costs, inspect, make_plan
 
     flags = ModelFlags(str(test_models["text"]), str(test_models["mmproj_336"]), n_ctx=n_ctx)
     choice, text, projector = inspect(flags)
@@ -115,7 +115,8 @@ def test_plan_reports_the_grid_describe_uses(test_models: dict[str, Path], n_ctx
     photo = _image((3840, 2160))
     with one_sequence(test_models["mmproj_336"], n_ctx=n_ctx) as sequence:
         for pool in (None, 1, 2):
-            describer = Describer(sequence, CHATML, tile_size=336, max_tokens=flags.answer_tokens, pool=pool)
+            describer = make_describer(sequence, CHATML, tile_size=336, max_tokens=flags.answer_tokens,
+                                       pool=pool)
             grid = describer.prepare(photo, describer.room_for(DEFAULT_PROMPT)).plan
             if pool is None:  # what plan shows for a 4K photo (--pool auto)
                 assert (grid.grid, grid.pool) == (plan.photo_grid, plan.photo_pool)

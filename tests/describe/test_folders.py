@@ -11,13 +11,13 @@ import pytest
 from PIL import Image
 
 from edgevlm.chat.prompts import CHATML
-from edgevlm.describe.describer import Describer, ImageDone
+from edgevlm.describe.describer import ImageDone
 from edgevlm.describe.folders import JsonlLog, caption_all, find_images, plan_targets
 from edgevlm.errors import UserError
 from edgevlm.llama.sequence import EngineSequence
 from edgevlm.store.files import write_atomically
 
-from ..conftest import run_cli
+from ..conftest import make_describer, run_cli
 
 
 @pytest.fixture()
@@ -87,7 +87,7 @@ class _Crash(Exception):
 
 def test_a_crashed_run_resumes_without_captioning_twice(small_sequence: EngineSequence, folder: Path,
                                                         tmp_path: Path) -> None:
-    describer = Describer(small_sequence, CHATML, tile_size=112, max_tokens=4, max_tiles=0)
+    describer = make_describer(small_sequence, CHATML, tile_size=112, max_tokens=4, max_tiles=0)
     calls: list[str] = []
     original = describer.describe
 
@@ -119,7 +119,7 @@ def test_each_image_starts_from_the_shared_prefix(small_sequence: EngineSequence
     image = Image.fromarray(np.random.default_rng(3).integers(0, 255, (90, 120, 3), dtype=np.uint8))
     for name in ("one.png", "two.png", "three.png"):
         image.save(tmp_path / name)
-    describer = Describer(small_sequence, CHATML, tile_size=112, max_tokens=6, max_tiles=0)
+    describer = make_describer(small_sequence, CHATML, tile_size=112, max_tokens=6, max_tiles=0)
     results = []
     targets = plan_targets(find_images([tmp_path], recursive=False, pattern=None).images,
                            write_captions=False, out_dir=None)
@@ -155,7 +155,7 @@ def test_ctrl_c_in_an_answer_writes_nothing_of_it(small_sequence: EngineSequence
     from edgevlm.describe.describer import TextPiece
     from edgevlm.errors import Interrupted
 
-    describer = Describer(small_sequence, CHATML, tile_size=112, max_tokens=8, max_tiles=0)
+    describer = make_describer(small_sequence, CHATML, tile_size=112, max_tokens=8, max_tiles=0)
     targets = plan_targets(find_images([folder], recursive=False, pattern=None).images, write_captions=True,
                            out_dir=None)
     log_path = tmp_path / "run.jsonl"
@@ -204,7 +204,7 @@ def test_a_failed_write_fails_that_image_not_the_run(small_sequence: EngineSeque
         real_write(path, data, **kwargs)
 
     monkeypatch.setattr(folders_module, "write_atomically", full_disk_for_a)
-    describer = Describer(small_sequence, CHATML, tile_size=112, max_tokens=4, max_tiles=0)
+    describer = make_describer(small_sequence, CHATML, tile_size=112, max_tokens=4, max_tiles=0)
     targets = plan_targets(find_images([folder], recursive=False, pattern=None).images, write_captions=True,
                            out_dir=None)
     summary = caption_all(describer, targets, prompt="Describe.", on_event=lambda event: None)

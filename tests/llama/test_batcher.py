@@ -180,7 +180,7 @@ def test_folder_captioning_in_parallel_matches_one_at_a_time(test_models: dict[s
 @pytest.fixture(scope="module")
 def parallel_server(test_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
                     ) -> Iterator[tuple[str, object]]:
-    from edgevlm.models.loading import ModelFlags, load
+    from edgevlm.runtime.loading import ModelFlags, load
     from edgevlm.server.launch import ServeSettings, build_state
 
     from ..server.test_app import serving

@@ -104,8 +104,10 @@ def test_first_answer_logits_equal_mtmds_own_path(qwen: tuple[object, object, ob
 GEMMA_QUESTION = "<start_of_turn>user\n{marker}What is it?<end_of_turn>\n<start_of_turn>model\n"
 
 
-def _reference_logits(model_path: Path, mmproj_path: Path, prompt: str, pixels: np.ndarray) -> np.ndarray:
-    """The next-token logits of llama.cpp's own path: mtmd_tokenize, then mtmd_helper_eval_chunks."""
+def _reference_logits(model_path: Path, mmproj_path: Path, prompt: str,
+                      pixels: np.ndarray | list[np.ndarray]) -> np.ndarray:
+    """The next-token logits of llama.cpp's own path: mtmd_tokenize, then mtmd_helper_eval_chunks
+    (one bitmap per marker in the prompt, in order)."""
     defaults = llama_cpp.llama_model_default_params()
     model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), defaults)
     params = llama_cpp.llama_context_default_params()
@@ -114,16 +116,16 @@ def _reference_logits(model_path: Path, mmproj_path: Path, prompt: str, pixels: 
     options = mtmd.mtmd_context_params_default()
     options.use_gpu, options.n_threads, options.print_timings, options.warmup = False, 2, False, False
     projector = mtmd.mtmd_init_from_file(str(mmproj_path).encode(), model, options)
-    height, width = pixels.shape[:2]
-    raw = (ctypes.c_uint8 * pixels.size).from_buffer_copy(pixels.tobytes())
-    bitmap = mtmd.mtmd_bitmap_init(width, height, raw)
+    shown = pixels if isinstance(pixels, list) else [pixels]
+    bitmaps = [mtmd.mtmd_bitmap_init(p.shape[1], p.shape[0],
+                                     (ctypes.c_uint8 * p.size).from_buffer_copy(p.tobytes())) for p in shown]
     text = prompt.format(marker=mtmd.mtmd_default_marker().decode()).encode()
     request = mtmd.mtmd_input_text()
     request.text, request.text_len, request.add_special, request.parse_special = text, len(text), True, True
     chunks = mtmd.mtmd_input_chunks_init()
     try:
         assert mtmd.mtmd_tokenize(projector, chunks, ctypes.byref(request),
-                                  (mtmd.mtmd_bitmap_p_ctypes * 1)(bitmap), 1) == 0
+                                  (mtmd.mtmd_bitmap_p_ctypes * len(bitmaps))(*bitmaps), len(bitmaps)) == 0
         n_past = llama_cpp.llama_pos(0)
         assert mtmd.mtmd_helper_eval_chunks(projector, ctx, chunks, 0, 0, 512, True,
                                             ctypes.byref(n_past)) == 0
@@ -131,7 +133,8 @@ def _reference_logits(model_path: Path, mmproj_path: Path, prompt: str, pixels: 
         return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(n_vocab,)).copy()
     finally:
         mtmd.mtmd_input_chunks_free(chunks)
-        mtmd.mtmd_bitmap_free(bitmap)
+        for bitmap in bitmaps:
+            mtmd.mtmd_bitmap_free(bitmap)
         mtmd.mtmd_free(projector)
         llama_cpp.llama_free(ctx)
         llama_cpp.llama_model_free(model)
@@ -164,6 +167,37 @@ def test_other_families_equal_mtmds_own_path(test_models: dict[str, Path], famil
         assert len(images) == n_images and all(p.non_causal == (family == "gemma") for p in images)
         for piece in block.pieces:
             sequence.eval_text(list(piece)) if isinstance(piece, tuple) else sequence.eval_embedding(piece)
+        sequence.eval_text(sequence.tokenize(tail))
+        ours = sequence._current_logits().copy()
+    assert np.abs(ours - reference).max() < 1e-3
+
+
+@pytest.mark.parametrize(("family", "prompt", "add_bos"), [
+    ("qwen", QUESTION, False), ("gemma", GEMMA_QUESTION, True), ("smolvlm", SMOLVLM_QUESTION, False)])
+def test_two_images_in_one_prompt_equal_mtmds_own_path(test_models: dict[str, Path], family: str,
+                                                      prompt: str, add_bos: bool) -> None:
+    """Two photos of different sizes in one question, written block after block as a turn of
+    several images writes them: Qwen's M-RoPE positions run on from the first image's end, each
+    Gemma block attends non-causally in its own batch, and the logits equal the reference's."""
+    from edgevlm.llama.engine import Engine
+    from edgevlm.llama.types import EngineConfig
+
+    text, mmproj = test_models[f"{family}_text"], test_models[f"{family}_mmproj"]
+    rng = np.random.default_rng(7)
+    photos = [rng.integers(0, 255, (200, 300, 3), dtype=np.uint8),
+              rng.integers(0, 255, (260, 180, 3), dtype=np.uint8)]
+    two = prompt.replace("{marker}", "{marker}{marker}", 1)
+    reference = _reference_logits(text, mmproj, two, photos)
+    with Engine(EngineConfig(text, mmproj, n_ctx=1024, n_gpu_layers=0)) as engine:
+        sequence = engine.sequence()
+        head, tail = prompt.split("{marker}")
+        sequence.eval_text(sequence.tokenize(head, add_bos=add_bos))
+        for photo in photos:
+            for piece in sequence.encode_block(photo).pieces:
+                if isinstance(piece, tuple):
+                    sequence.eval_text(list(piece))
+                else:
+                    sequence.eval_embedding(piece)
         sequence.eval_text(sequence.tokenize(tail))
         ours = sequence._current_logits().copy()
     assert np.abs(ours - reference).max() < 1e-3

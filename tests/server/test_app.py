@@ -77,7 +77,7 @@ def serving(state: ServerState) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def loaded(test_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    from edgevlm.models.loading import ModelFlags, load
+    from edgevlm.runtime.loading import ModelFlags, load
 
     # Module fixtures start before the per-test isolation: give this module its own cache folder.
     with pytest.MonkeyPatch.context() as patch:

@@ -68,7 +68,7 @@ def get_weather(city: str, days: int) -> str:
 @pytest.fixture(scope="module")
 def server(test_models: dict[str, Path],
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, ServerState]]:
-    from edgevlm.models.loading import ModelFlags, load
+    from edgevlm.runtime.loading import ModelFlags, load
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("clients-cache")))
@@ -148,6 +148,25 @@ def test_openai(server: tuple[str, ServerState]) -> None:
     after = client.chat.completions.create(model="", messages=messages, tools=[WEATHER_TOOL],
                                            tool_choice="none")
     assert after.choices[0].message.content and after.usage.prompt_tokens_details.cached_tokens > 0
+
+
+def test_two_images_in_one_message_on_the_llava_pair(server: tuple[str, ServerState]) -> None:
+    """The openai and ollama clients send two photos in one message: LLaVA sees them labelled
+    "Image 1:" and "Image 2:", each with its own view, and answers."""
+    import ollama
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{server[0]}/v1", api_key="unused", max_retries=0, timeout=120)
+    content = [{"type": "text", "text": "What changed?"},
+               {"type": "image_url", "image_url": {"url": data_url(33)}},
+               {"type": "image_url", "image_url": {"url": data_url(34)}}]
+    answer = client.chat.completions.create(model="", messages=[{"role": "user", "content": content}])
+    extra = answer.model_extra["edgevlm"]
+    assert answer.choices[0].message.content and len(extra["image_tokens"]) == 2
+    assert min(extra["image_tokens"]) >= 64 and sum(extra["image_tokens"]) == extra["visual_tokens"]
+    reply = ollama.Client(host=server[0], timeout=120).chat(model=server[1].model.id, messages=[
+        {"role": "user", "content": "Compare.", "images": [photo_bytes(35), photo_bytes(36)]}])
+    assert reply.done and reply.message.content and reply.prompt_eval_count > 128
 
 
 def test_openai_streams_a_named_tool_call(server: tuple[str, ServerState]) -> None:

@@ -17,7 +17,7 @@ from .test_app import data_url, photo_bytes, serving
 @pytest.fixture(scope="module")
 def qwen_server(test_models: dict[str, Path],
                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, ServerState]]:
-    from edgevlm.models.loading import ModelFlags, load
+    from edgevlm.runtime.loading import ModelFlags, load
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("qwen-cache")))
@@ -70,7 +70,7 @@ def test_a_resent_history_on_checkpointed_memory_reuses_its_cache(
     time with a new photo every other turn; the cached prefix grows."""
     from openai import OpenAI
 
-    from edgevlm.models.loading import ModelFlags, load
+    from edgevlm.runtime.loading import ModelFlags, load
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp(f"{family}-cache")))
@@ -95,3 +95,30 @@ def test_a_resent_history_on_checkpointed_memory_reuses_its_cache(
         loaded.engine.close()
     assert cached[0] <= 1 and all(c > least_cached for c in cached[1:]), cached  # never the whole prompt
     assert cached[-1] > 2 * cached[1], cached
+
+
+def test_two_images_in_one_message_from_both_clients_on_the_qwen_pair(
+        qwen_server: tuple[str, ServerState]) -> None:
+    """Several image parts in one OpenAI message, several `images` in one Ollama message: both
+    shown, in order, each counted in the edgevlm block; the history resent keeps their cache."""
+    import ollama
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{qwen_server[0]}/v1", api_key="unused", max_retries=0, timeout=120)
+    content = [{"type": "text", "text": "What changed?"},
+               {"type": "image_url", "image_url": {"url": data_url(43)}},
+               {"type": "image_url", "image_url": {"url": data_url(44)}}]
+    first = client.chat.completions.create(model="", messages=[{"role": "user", "content": content}])
+    extra = first.model_extra["edgevlm"]
+    assert first.choices[0].message.content and len(extra["image_tokens"]) == 2
+    assert sum(extra["image_tokens"]) == extra["visual_tokens"] and extra["clip_encodes"] == 2
+    follow = client.chat.completions.create(model="", messages=[
+        {"role": "user", "content": content},
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "Which is brighter?"}])
+    assert follow.usage.prompt_tokens_details.cached_tokens > extra["visual_tokens"]
+    assert follow.model_extra["edgevlm"]["clip_encodes"] == 0
+
+    reply = ollama.Client(host=qwen_server[0], timeout=120).chat(model=qwen_server[1].model.id, messages=[
+        {"role": "user", "content": "Compare.", "images": [photo_bytes(45), photo_bytes(46)]}])
+    assert reply.done and reply.message.content and reply.prompt_eval_count > sum(extra["image_tokens"]) // 2

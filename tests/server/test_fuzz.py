@@ -23,7 +23,7 @@ CHECKS = [checks.not_a_server_error, checks.status_code_conformance, checks.cont
 
 @pytest.fixture(scope="module")
 def api_schema(test_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    from edgevlm.models.loading import ModelFlags, load
+    from edgevlm.runtime.loading import ModelFlags, load
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("fuzz-cache")))

@@ -52,7 +52,12 @@ def test_bad_histories_name_the_message(messages: list[Message], param: str, wor
     assert words in caught.value.message
 
 
-def test_two_images_in_one_message_are_refused_with_a_way_out() -> None:
-    both = (_image((1, 2, 3)), _image((4, 5, 6)))
-    with pytest.raises(ApiError, match="one image per user message"):
-        chat_turn([Message("user", "compare", both, "messages[0]")], OPTIONS)
+def test_several_images_in_one_message_stay_in_order_in_the_turn_and_its_history() -> None:
+    red, green, blue = _image((1, 2, 3)), _image((4, 5, 6)), _image((7, 8, 9))
+    turn = chat_turn([Message("user", "compare", (red, green), "messages[0]"),
+                      Message("assistant", "The first is red.", where="messages[1]"),
+                      Message("user", "and", (blue,), "messages[2]"),
+                      Message("user", "this?", (red,), "messages[3]")], OPTIONS)
+    assert turn.past[0].images == (red, green) and turn.past[0].image == red
+    assert turn.past[0].image_key == f"{red.image.path.name}|{green.image.path.name}"
+    assert turn.images == (blue, red) and turn.question == "and\n\nthis?"

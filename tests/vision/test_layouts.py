@@ -18,7 +18,7 @@ from edgevlm.vision.images import LoadedImage
 from edgevlm.vision.llava_next import fit_next_grid, next_views, select_best_resolution
 from edgevlm.vision.registry import layout_for
 
-from ..conftest import one_sequence
+from ..conftest import make_describer, one_sequence
 
 PINPOINTS = ((336, 672), (672, 336), (672, 672), (1008, 336), (336, 1008))  # LLaVA-NeXT's, released
 
@@ -173,15 +173,15 @@ def test_presets_and_prompt_formats_for_small_cards() -> None:
 
 @pytest.mark.parametrize("n_ctx", [2048, 4096])
 def test_plan_reports_the_grid_describe_uses(test_models: dict[str, Path], n_ctx: int) -> None:
-    from edgevlm.describe.describer import DEFAULT_PROMPT, Describer
-    from edgevlm.models.loading import ModelFlags, describe_costs, inspect, make_plan
+    from edgevlm.describe.describer import DEFAULT_PROMPT
+    from edgevlm.runtime.loading import ModelFlags, describe_costs, inspect, make_plan
 
     flags = ModelFlags(str(test_models["text"]), str(test_models["mmproj_next"]), n_ctx=n_ctx)
     choice, text, projector = inspect(flags)
     plan = make_plan(flags, text, projector, costs=describe_costs(choice, text, projector))
     photo = LoadedImage(Path("4k.jpg"), Image.new("RGB", (3840, 2160)), (3840, 2160))
     with one_sequence(test_models["mmproj_next"], n_ctx=n_ctx) as sequence:
-        describer = Describer(sequence, CHATML, tile_size=112, max_tokens=flags.answer_tokens, pool=None,
+        describer = make_describer(sequence, CHATML, tile_size=112, max_tokens=flags.answer_tokens, pool=None,
                               layout=layout_for(projector))
         chosen = describer.prepare(photo, describer.room_for(DEFAULT_PROMPT)).plan
     assert (plan.layout, plan.photo_grid) == (LLAVA_NEXT, chosen.grid)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from edgevlm.errors import EngineError, ModelError
-from edgevlm.models import loading as runtime
-from edgevlm.models.loading import ModelFlags, load
+from edgevlm.runtime import loading as runtime
+from edgevlm.runtime.loading import ModelFlags, load
 
 
 def _flags(models: dict[str, Path], **extra: object) -> ModelFlags:
