@@ -7,7 +7,10 @@ import contextlib
 import ctypes
 import logging
 import re
+import signal
+import threading
 from collections.abc import Iterator
+from types import FrameType
 
 import llama_cpp
 from llama_cpp import mtmd_cpp
@@ -49,7 +52,25 @@ class NativeLog:
         llama_cpp.llama_log_set(self._callback, ctypes.c_void_p(0))
         mtmd_cpp.mtmd_log_set(self._callback, ctypes.c_void_p(0))
         mtmd_cpp.mtmd_helper_log_set(self._callback, ctypes.c_void_p(0))
+        self._guard_sigint()
         self.installed = True
+
+    def _guard_sigint(self) -> None:
+        """Keep a Ctrl-C that lands inside the callback, even on its first line (before its own
+        `try` could catch it): Python's default handler would raise it there, and ctypes drops
+        it. Only the default handler is wrapped (an ignored SIGINT stays ignored); main thread."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, self._on_sigint)
+
+    def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
+        while frame is not None:
+            if frame.f_code in _CALLBACK_CODES:
+                self._sigint = True  # raised at the next check (take_sigint)
+                return
+            frame = frame.f_back
+        signal.default_int_handler(signum, frame)
 
     @contextlib.contextmanager
     def buffers(self) -> Iterator[list[BufferReport]]:
@@ -101,4 +122,6 @@ class NativeLog:
             self._buffers.append(("mmproj", "", float(match.group(1)) * (1 << 20)))
 
 
+_CALLBACK_CODES = frozenset({NativeLog._on_log.__code__, NativeLog._lines.__code__,
+                             NativeLog._record_buffer.__code__})
 NATIVE_LOG = NativeLog()

@@ -168,3 +168,31 @@ def test_a_ctrl_c_inside_llama_cpps_log_callback_is_not_lost(sequence: EngineSeq
     with pytest.raises(KeyboardInterrupt):
         sequence.check_interrupt("decode text")  # the next check between batches raises it
     sequence.check_interrupt("decode text")  # once
+
+
+def test_a_ctrl_c_inside_the_log_callback_is_kept_for_the_next_check() -> None:
+    """A Ctrl-C that arrives while llama.cpp's log callback runs (even before its own `try`) is
+    kept as a flag that the next check raises; anywhere else it is a KeyboardInterrupt as usual."""
+    import logging
+    import signal
+
+    from edgevlm.llama.logs import NATIVE_LOG
+
+    class RaisesSigint(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            signal.raise_signal(signal.SIGINT)  # handled at the next bytecode: inside the callback
+
+    previous = signal.signal(signal.SIGINT, NATIVE_LOG._on_sigint)
+    logger, handler = logging.getLogger("edgevlm.llama"), RaisesSigint(logging.WARNING)
+    logger.addHandler(handler)
+    try:
+        NATIVE_LOG.take_sigint()
+        NATIVE_LOG._on_log(3, b"a warning from llama.cpp\n", None)  # 3: GGML_LOG_LEVEL_WARN
+        assert NATIVE_LOG.take_sigint() and not NATIVE_LOG.take_sigint()
+        logger.removeHandler(handler)
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+            sum(range(1000))  # a few bytecodes for the handler to run on
+    finally:
+        logger.removeHandler(handler)
+        signal.signal(signal.SIGINT, previous)
