@@ -184,6 +184,9 @@ def test_a_ctrl_c_inside_the_log_callback_is_kept_for_the_next_check() -> None:
 
     previous = signal.signal(signal.SIGINT, NATIVE_LOG._on_sigint)
     logger, handler = logging.getLogger("edgevlm.llama"), RaisesSigint(logging.WARNING)
+    level, disabled = logger.level, logger.disabled  # another test's CLI run may have quietened it
+    logger.setLevel(logging.DEBUG)
+    logger.disabled = False
     logger.addHandler(handler)
     try:
         NATIVE_LOG.take_sigint()
@@ -195,4 +198,6 @@ def test_a_ctrl_c_inside_the_log_callback_is_kept_for_the_next_check() -> None:
             sum(range(1000))  # a few bytecodes for the handler to run on
     finally:
         logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.disabled = disabled
         signal.signal(signal.SIGINT, previous)
