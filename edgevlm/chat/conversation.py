@@ -324,7 +324,7 @@ class Conversation:
         """One user turn (optionally with an image, or several: `images`, shown in order and
         sharing the room) and the streamed answer.
 
-        The answered images stay live; its summary is made later (summarise_pending, in idle
+        The answered images stay live; their summaries are made later (summarise_pending, in idle
         time), or at the start of a turn that cannot go on without it. on_answered gets the
         turn's numbers once the answer is complete. With new_request False, the engine's meter
         goes on counting from an earlier step.
@@ -368,11 +368,9 @@ class Conversation:
         for slot, each in enumerate(images):
             live = LiveImage(stats.turn, first + slot, each.path.name, slot=slot, of=len(images))
             self.swap.live.append(live)
-        self.log.add(TurnRecord(
-            turn=stats.turn, user=question, answer=answer, image=str(images[0].path) if images else None,
-            image_index=first if images else None, interrupted=interrupted, stats=to_plain(stats),
-            more_images=tuple(ShownImage(str(each.path), first + slot)
-                              for slot, each in enumerate(images[1:], start=1))))
+        shown = [ShownImage(str(each.path), first + slot) for slot, each in enumerate(images)]
+        self.log.add(TurnRecord.showing(shown, turn=stats.turn, user=question, answer=answer,
+                                        interrupted=interrupted, stats=to_plain(stats)))
 
     def ask_again(self, question: str, *, on_piece: Callable[[str], None] | None = None,
                   started: float | None = None) -> tuple[str, TurnStats]:
@@ -428,19 +426,20 @@ class Conversation:
         # The caption is asked for at the end of the cache, after any follow-up that comes first;
         # a turn's images are captioned one at a time, each rolled back, so one reserve serves all.
         caption = self.swap.caption_reserve(max(images, 1)) if images or self.swap.due() else 0
-        labels = sum(len(label) for label in self._image_labels(images))
-        floor = images * (self.sequence.image_tokens() + self.blocks.whole_image_tokens) + labels
+        labels = self._image_labels(images)
+        floor = (images * (self.sequence.image_tokens() + self.blocks.whole_image_tokens)
+                 + sum(len(label) for label in labels))
         fixed = len(head) + len(tail) + self.max_tokens + len(suffix) + caption
-        return TurnParts(turn, tuple(head), tuple(tail), tuple(suffix), fixed, floor, caption, images)
+        return TurnParts(turn, tuple(head), tuple(tail), tuple(suffix), fixed, floor, caption, labels)
 
-    def _image_labels(self, images: int) -> list[tuple[int, ...]]:
+    def _image_labels(self, images: int) -> tuple[tuple[int, ...], ...]:
         """The text before each image of a turn: "Image 1:", "Image 2:"… for LLaVA's layouts,
         which have no markers of their own, when a turn shows several; nothing for one image or
         for mtmd's families (their own markers open each image, as their chat templates do)."""
         if images < 2 or self.layout.native:
-            return [()] * images
-        tok = self.sequence.tokenize
-        return [tuple(tok(f"{'' if slot == 0 else chr(10)}Image {slot + 1}: ")) for slot in range(images)]
+            return ((),) * images
+        texts = [f"{'' if slot == 0 else chr(10)}Image {slot + 1}: " for slot in range(images)]
+        return tuple(tuple(self.sequence.tokenize(text)) for text in texts)
 
     def _check_budget(self, parts: TurnParts) -> None:
         """Refuse a turn that cannot fit even with every earlier turn dropped."""
@@ -487,8 +486,7 @@ class Conversation:
              prepared: list[PreparedImage | None]) -> list[PreparedImage]:
         """Each image's views within its share of the room left: the room is split evenly, and
         what the images that need less leave over goes to the others (one more pass)."""
-        labels = sum(len(label) for label in self._image_labels(len(images)))
-        room = self.sequence.n_ctx - self.kv_tokens - parts.fixed - labels
+        room = self.sequence.n_ctx - self.kv_tokens - parts.fixed - sum(len(label) for label in parts.labels)
         share = room // len(images)
         views = [ready if ready is not None and ready.room <= share else self._prepared(image, share)
                  for image, ready in zip(images, prepared, strict=True)]
@@ -516,7 +514,7 @@ class Conversation:
                       ) -> tuple[BlockCost, tuple[int, ...]]:
         """The turn's opening and its first image block (from the prefix cache where it opens
         the conversation), then each further image after its label, every one in its own slot."""
-        labels = self._image_labels(len(views))
+        labels = parts.labels
         progress = _TurnProgress(on_progress, views, [self._block_tokens(v) for v in views])
         # The turn's opening and its first image block, restored when a conversation opens with it.
         head = Segment("user", parts.turn, (*parts.head, *labels[0]))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -129,13 +129,21 @@ class TurnRecord:
     @property
     def image_key(self) -> str | None:
         """The turn's image names as one key (what a resent turn is matched on), None without."""
-        shown = self.shown
-        return "|".join(i.image for i in shown) if shown else None
+        return image_key([i.image for i in self.shown])
 
     @property
     def last_image_index(self) -> int:
         """The highest image number the turn used (0 without an image)."""
         return max((i.index for i in self.shown), default=0)
+
+    @classmethod
+    def showing(cls, shown: Sequence[ShownImage], *, turn: int, user: str, answer: str,
+                **rest: Any) -> TurnRecord:
+        """A record of a turn that showed these images (none, one, or several in order)."""
+        lead = shown[0] if shown else None
+        return cls(turn=turn, user=user, answer=answer, image=lead.image if lead else None,
+                   image_index=lead.index if lead else None, summary=lead.summary if lead else None,
+                   more_images=tuple(shown[1:]), **rest)
 
     @classmethod
     def from_plain(cls, row: dict[str, Any]) -> TurnRecord:
@@ -145,12 +153,19 @@ class TurnRecord:
         return cls(**known, more_images=more)
 
     def with_summary(self, slot: int, summary: str | None) -> TurnRecord:
-        """The record with its slot-th image's summary made."""
-        if slot == 0 or slot > len(self.more_images):
+        """The record with its slot-th image's summary made (a slot it does not have: as it is)."""
+        if slot == 0:
             return replace(self, summary=summary)
+        if slot > len(self.more_images):
+            return self
         more = list(self.more_images)
         more[slot - 1] = replace(more[slot - 1], summary=summary)
         return replace(self, more_images=tuple(more))
+
+
+def image_key(names: Sequence[str]) -> str | None:
+    """Image names as the one key a turn is matched on ("a.jpg|b.jpg"), None without images."""
+    return "|".join(names) if names else None
 
 
 @dataclass(frozen=True)
@@ -184,7 +199,12 @@ class TurnParts:
     fixed: int  # head + tail + suffix + answer + caption reserve
     image_floor: int  # every image's global view and labels (0 without an image)
     caption_reserve: int
-    n_images: int = 0
+    labels: tuple[tuple[int, ...], ...] = ()  # the text before each image ("Image 2:"), one per image
+
+    @property
+    def n_images(self) -> int:
+        """How many images the turn shows."""
+        return len(self.labels)
 
 
 class ProgressCounter:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from edgevlm.chat.conversation import Conversation
-from edgevlm.chat.records import PrefillProgress, ShownImage, TurnRecord, TurnStats
+from edgevlm.chat.records import PrefillProgress, ShownImage, TurnRecord, TurnStats, image_key
 from edgevlm.errors import Interrupted
 from edgevlm.llama.types import Sampling
 from edgevlm.store.caches import SummaryStore
@@ -52,7 +52,7 @@ class PastTurn:
     @property
     def image_key(self) -> str | None:
         """The turn's image names as TurnRecord.image_key says them."""
-        return "|".join(i.image.path.name for i in self.images) if self.images else None
+        return image_key([i.image.path.name for i in self.images])
 
 
 @dataclass(frozen=True)
@@ -240,10 +240,7 @@ def _record(number: int, past: PastTurn, first_image: int, summary: Callable[[Ch
     """A resent turn as the conversation keeps it, its images numbered from first_image."""
     shown = [ShownImage(image.image.path.name, first_image + k, summary(image))
              for k, image in enumerate(past.images)]
-    lead = shown[0] if shown else None
-    return TurnRecord(turn=number, user=past.user.strip(), answer=past.answer.strip(),
-                      image=lead.image if lead else None, image_index=lead.index if lead else None,
-                      summary=lead.summary if lead else None, more_images=tuple(shown[1:]))
+    return TurnRecord.showing(shown, turn=number, user=past.user.strip(), answer=past.answer.strip())
 
 
 def _reused(stats: TurnStats, side_work: int, dropped: int) -> TurnStats:

@@ -142,12 +142,10 @@ class Describer:
 
     def __init__(self, conversation: Conversation, *, output: OutputFormat = TEXT, max_tokens: int = 512,
                  n_gpu_layers: int = 0, system_prefill_s: float = 0.0) -> None:
-        # Made by runtime.conversations.new_describer, which sets the conversation's answer
-        # budget and grammar from the output format.
-        self._conversation = conversation
-        self.output = output
+        self._conversation = conversation  # made by runtime.conversations.new_describer
         self.max_tokens = max_tokens  # the user's cap; a --tags answer may need more (answer_budget)
         self.n_gpu_layers = n_gpu_layers
+        self._use_output(output)  # the answer's grammar and token budget
         # The system prompt's decode, charged to the first image so its figures add up.
         self._system_prefill_s: float | None = system_prefill_s
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from edgevlm.chat.conversation import ChatSequence, Conversation
 from edgevlm.chat.prompts import PromptFormat
 from edgevlm.chat.structured import TEXT, OutputFormat
-from edgevlm.describe.describer import Describer, answer_budget
+from edgevlm.describe.describer import Describer
 from edgevlm.llama.types import Sampling
 from edgevlm.runtime.loading import Loaded
 from edgevlm.store.caches import CacheView, EmbeddingCache
@@ -79,12 +79,11 @@ def slot_conversations(loaded: Loaded, settings: ChatSettings, *, cache: bool) -
 def new_describer(sequence: ChatSequence, model: ModelSide, settings: ChatSettings, *,
                   output: OutputFormat = TEXT, n_gpu_layers: int = 0, encoder: Encoder = None,
                   prefix_cache: PrefixCache | None = None) -> Describer:
-    """A describer on this sequence: single turns from the cached system prompt, no summaries,
-    the answer's grammar and token budget from its output format."""
-    answering = replace(settings, summary="none", max_tokens=answer_budget(output, settings.max_tokens),
-                        sampling=replace(settings.sampling, grammar=output.grammar()))
+    """A describer on this sequence: single turns from the cached system prompt, no summaries
+    (the describer sets the answer's grammar and token budget from its output format)."""
     started = time.perf_counter()
-    conversation = open_conversation(sequence, model, answering, encoder=encoder, prefix_cache=prefix_cache)
+    conversation = open_conversation(sequence, model, replace(settings, summary="none"), encoder=encoder,
+                                     prefix_cache=prefix_cache)
     # The system prompt is decoded now, before any request's clock starts: the first image is
     # charged for it (prefill and TTFT alike), so its figures add up.
     return Describer(conversation, output=output, max_tokens=settings.max_tokens, n_gpu_layers=n_gpu_layers,

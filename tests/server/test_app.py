@@ -51,10 +51,14 @@ def data_url(seed: int) -> str:
     return "data:image/png;base64," + base64.b64encode(photo_bytes(seed)).decode()
 
 
+def images_content(text: str, *seeds: int, detail: str = "auto") -> list[dict[str, object]]:
+    """An OpenAI user message's content: the text, then one image part per seed, in order."""
+    parts = [{"type": "image_url", "image_url": {"url": data_url(seed), "detail": detail}} for seed in seeds]
+    return [{"type": "text", "text": text}, *parts]
+
+
 def image_message(text: str, seed: int, detail: str = "auto") -> dict[str, object]:
-    return {"role": "user", "content": [{"type": "text", "text": text},
-                                        {"type": "image_url", "image_url": {"url": data_url(seed),
-                                                                            "detail": detail}}]}
+    return {"role": "user", "content": images_content(text, seed, detail=detail)}
 
 
 @contextlib.contextmanager

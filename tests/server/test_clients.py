@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 from edgevlm.server.launch import ServeSettings, build_state
 from edgevlm.server.turns import ServerState
 
-from .test_app import data_url, photo_bytes, serving
+from .test_app import data_url, images_content, photo_bytes, serving
 
 MAX_TOKENS = 96  # enough for a tool call or a small JSON object, and the server's cap
 
@@ -157,9 +157,7 @@ def test_two_images_in_one_message_on_the_llava_pair(server: tuple[str, ServerSt
     from openai import OpenAI
 
     client = OpenAI(base_url=f"{server[0]}/v1", api_key="unused", max_retries=0, timeout=120)
-    content = [{"type": "text", "text": "What changed?"},
-               {"type": "image_url", "image_url": {"url": data_url(33)}},
-               {"type": "image_url", "image_url": {"url": data_url(34)}}]
+    content = images_content("What changed?", 33, 34)
     answer = client.chat.completions.create(model="", messages=[{"role": "user", "content": content}])
     extra = answer.model_extra["edgevlm"]
     assert answer.choices[0].message.content and len(extra["image_tokens"]) == 2

@@ -11,7 +11,7 @@ import pytest
 from edgevlm.server.launch import ServeSettings, build_state
 from edgevlm.server.turns import ServerState
 
-from .test_app import data_url, photo_bytes, serving
+from .test_app import data_url, images_content, photo_bytes, serving
 
 
 @pytest.fixture(scope="module")
@@ -105,9 +105,7 @@ def test_two_images_in_one_message_from_both_clients_on_the_qwen_pair(
     from openai import OpenAI
 
     client = OpenAI(base_url=f"{qwen_server[0]}/v1", api_key="unused", max_retries=0, timeout=120)
-    content = [{"type": "text", "text": "What changed?"},
-               {"type": "image_url", "image_url": {"url": data_url(43)}},
-               {"type": "image_url", "image_url": {"url": data_url(44)}}]
+    content = images_content("What changed?", 43, 44)
     first = client.chat.completions.create(model="", messages=[{"role": "user", "content": content}])
     extra = first.model_extra["edgevlm"]
     assert first.choices[0].message.content and len(extra["image_tokens"]) == 2
