@@ -51,7 +51,7 @@ from edgevlm.vision.images import LoadedImage
 from edgevlm.vision.layout import ImageLayout, ImagePlan
 from edgevlm.vision.llava15 import LabelledTiles
 from edgevlm.vision.registry import check_image_settings
-from edgevlm.vision.tiling import TurnCosts, useful_pixels
+from edgevlm.vision.tiling import PLANNED_IMAGES, TurnCosts, useful_pixels
 
 DEFAULT_QUESTION = "Describe this image in detail."
 SUMMARY_MODES = ("caption", "answer", "none")
@@ -103,9 +103,16 @@ def turn_costs(tokenizer: Tokenizer, fmt: PromptFormat, question: str, *, view_t
             + len(tok(fmt.assistant_suffix)))
     if caption_tokens:
         text += len(tok(caption_request(fmt))) + caption_tokens
+    labelled = layout is None or not layout.native  # mtmd's families open each image with their markers
+    labels = tuple(len(tok(image_label(slot))) for slot in range(PLANNED_IMAGES)) if labelled else ()
     return TurnCosts(system_tokens=len(tok(fmt.system(system), add_bos=fmt.add_bos)),
                      text_tokens=text, whole_image_tokens=whole, label_tokens=widest,
-                     view_tokens=view_tokens)
+                     view_tokens=view_tokens, image_label_tokens=labels)
+
+
+def image_label(slot: int) -> str:
+    """The text before image slot+1 of a turn of several on a layout without markers of its own."""
+    return f"{'' if slot == 0 else chr(10)}Image {slot + 1}: "
 
 
 def _tail_text(question: str, fmt: PromptFormat, *, with_image: bool) -> str:
@@ -289,11 +296,13 @@ class Conversation:
         """What a finished turn costs as text in the cache (its image as its summary)."""
         return self.history.record_tokens(record)
 
-    def history_room(self, question: str, *, images: int) -> int:
+    def history_room(self, question: str, *, images: int, image_tokens: int | None = None) -> int:
         """Tokens earlier turns may hold beside a new turn with this question (its answer, its
-        images' smallest views and a caption reserved), after the system prompt."""
+        images' smallest views, or `image_tokens` for views cut already, and a caption reserved),
+        after the system prompt."""
         parts = self._parts(self.turn + 1, question, images=images)
-        return self.sequence.n_ctx - self.ledger[0].n_tokens - parts.fixed - parts.image_floor
+        shown = parts.image_floor if image_tokens is None else image_tokens + sum(map(len, parts.labels))
+        return self.sequence.n_ctx - self.ledger[0].n_tokens - parts.fixed - shown
 
     def summarise_pending(self, on_progress: Callable[[PrefillProgress], None] | None = None) -> float:
         """Swap every due answered image for its summary; returns the seconds (see SummarySwap)."""
@@ -320,9 +329,11 @@ class Conversation:
             on_piece: Callable[[str], None] | None = None,
             on_progress: Callable[[PrefillProgress], None] | None = None,
             on_answered: Callable[[TurnStats], None] | None = None,
-            started: float | None = None, new_request: bool = True) -> tuple[str, TurnStats]:
+            started: float | None = None, new_request: bool = True,
+            transcribed: bool = False) -> tuple[str, TurnStats]:
         """One user turn (optionally with an image, or several: `images`, shown in order and
-        sharing the room) and the streamed answer.
+        sharing the room) and the streamed answer. With transcribed (a document's page), the
+        answer is the transcript: the swap later leaves the page's name alone in its place.
 
         The answered images stay live; their summaries are made later (summarise_pending, in idle
         time), or at the start of a turn that cannot go on without it. on_answered gets the
@@ -355,18 +366,20 @@ class Conversation:
         stats = self._turn_stats(parts.turn, plan, generated, dropped=dropped, wait_s=wait_s,
                                  completion_tokens=len(answer_tokens), prompt_tokens=prompt_tokens,
                                  tiles=tiles, image_tokens=image_tokens)
-        self._keep_turn(stats, question, answer, loaded, interrupted=interrupted)
+        self._keep_turn(stats, question, answer, loaded, interrupted=interrupted, transcribed=transcribed)
         if on_answered is not None:
             on_answered(stats)
         return answer, stats
 
     def _keep_turn(self, stats: TurnStats, question: str, answer: str, images: list[LoadedImage], *,
-                   interrupted: bool) -> None:
+                   interrupted: bool, transcribed: bool = False) -> None:
         """The finished turn's record, and its images live with their summaries pending (none in
-        describe's mode), numbered on from the images seen before."""
+        describe's mode), numbered on from the images seen before. A transcribed page's summary
+        is empty: its answer already holds all of it, and the cache should not hold it twice."""
         first = self.images_seen + 1
         for slot, each in enumerate(images):
-            live = LiveImage(stats.turn, first + slot, each.path.name, slot=slot, of=len(images))
+            live = LiveImage(stats.turn, first + slot, each.name, slot=slot, of=len(images),
+                             caption="" if transcribed and not interrupted else None)
             self.swap.live.append(live)
         shown = [ShownImage(str(each.path), first + slot) for slot, each in enumerate(images)]
         self.log.add(TurnRecord.showing(shown, turn=stats.turn, user=question, answer=answer,
@@ -438,8 +451,7 @@ class Conversation:
         for mtmd's families (their own markers open each image, as their chat templates do)."""
         if images < 2 or self.layout.native:
             return ((),) * images
-        texts = [f"{'' if slot == 0 else chr(10)}Image {slot + 1}: " for slot in range(images)]
-        return tuple(tuple(self.sequence.tokenize(text)) for text in texts)
+        return tuple(tuple(self.sequence.tokenize(image_label(slot))) for slot in range(images))
 
     def _check_budget(self, parts: TurnParts) -> None:
         """Refuse a turn that cannot fit even with every earlier turn dropped."""
@@ -488,10 +500,12 @@ class Conversation:
         what the images that need less leave over goes to the others (one more pass)."""
         room = self.sequence.n_ctx - self.kv_tokens - parts.fixed - sum(len(label) for label in parts.labels)
         share = room // len(images)
-        views = [ready if ready is not None and ready.room <= share else self._prepared(image, share)
-                 for image, ready in zip(images, prepared, strict=True)]
+        # A view cut beforehand is kept when it fits its share (so its projector rows are the
+        # cached ones), even if it was planned for more room than that.
+        views = [ready if ready is not None and (ready.room <= share or self.block_tokens(ready) <= share)
+                 else self._prepared(image, share) for image, ready in zip(images, prepared, strict=True)]
         if len(views) > 1:
-            used = [self._block_tokens(view) for view in views]
+            used = [self.block_tokens(view) for view in views]
             spare = room - sum(used)
             wanting = [i for i, view in enumerate(views) if used[i] >= share * 0.9]
             if spare > 0 and wanting:
@@ -505,7 +519,7 @@ class Conversation:
         self.sequence.note_preprocess(prepared.preprocess_s)
         return prepared
 
-    def _block_tokens(self, prepared: PreparedImage) -> int:
+    def block_tokens(self, prepared: PreparedImage) -> int:
         """The tokens a prepared image's block takes in the cache (labels at their widest)."""
         return self.layout.block_tokens(prepared.plan, self.blocks.budget(prepared.room, prepared.settings))
 
@@ -515,7 +529,7 @@ class Conversation:
         """The turn's opening and its first image block (from the prefix cache where it opens
         the conversation), then each further image after its label, every one in its own slot."""
         labels = parts.labels
-        progress = _TurnProgress(on_progress, views, [self._block_tokens(v) for v in views])
+        progress = _TurnProgress(on_progress, views, [self.block_tokens(v) for v in views])
         # The turn's opening and its first image block, restored when a conversation opens with it.
         head = Segment("user", parts.turn, (*parts.head, *labels[0]))
         self._prefix_tier, tiles = self.prefixes.open_block(views[0], head, progress.of(0))

@@ -17,6 +17,7 @@ from edgevlm.chat.records import PrefillProgress, ShownImage, TurnRecord, TurnSt
 from edgevlm.errors import Interrupted
 from edgevlm.llama.types import Sampling
 from edgevlm.store.caches import SummaryStore
+from edgevlm.vision.documents import render_document_bytes
 from edgevlm.vision.images import LoadedImage, load_image_bytes
 
 HISTORY_FILL = 0.75  # a cut history fills this share of the room, leaving some for follow-ups
@@ -35,6 +36,15 @@ class ChatImage:
         digest = hashlib.sha256(data).hexdigest()
         return cls(digest, load_image_bytes(data, f"image-{digest[:8]}", useful_pixels=useful_pixels))
 
+    @classmethod
+    def pages_of(cls, data: bytes, *, useful_pixels: int | None = None) -> tuple[ChatImage, ...]:
+        """A PDF upload's pages, in order, each named and keyed by the document's digest and its
+        page number (`document-1a2b3c4d.pdf, page 2`)."""
+        digest = hashlib.sha256(data).hexdigest()
+        pages = render_document_bytes(data, f"document-{digest[:8]}.pdf", useful_pixels=useful_pixels)
+        return tuple(cls(hashlib.sha256(f"{digest}#page={page.page}".encode()).hexdigest(), page)
+                     for page in pages)
+
 
 @dataclass(frozen=True)
 class PastTurn:
@@ -52,7 +62,7 @@ class PastTurn:
     @property
     def image_key(self) -> str | None:
         """The turn's image names as TurnRecord.image_key says them."""
-        return image_key([i.image.path.name for i in self.images])
+        return image_key([i.image.name for i in self.images])
 
 
 @dataclass(frozen=True)
@@ -115,7 +125,7 @@ class ResentChat:
             conversation.reset()
             raise Interrupted("stopped while the history was being prepared") from None
         for image in turn.images:
-            self._digests[image.image.path.name] = image.sha256
+            self._digests[image.image.name] = image.sha256
         answer, stats = conversation.ask(
             turn.question, images=[image.image for image in turn.images], on_piece=on_piece,
             on_progress=on_progress, new_request=False,
@@ -238,7 +248,7 @@ def _keys(past: tuple[PastTurn, ...]) -> list[tuple[str, str, str | None]]:
 
 def _record(number: int, past: PastTurn, first_image: int, summary: Callable[[ChatImage], str]) -> TurnRecord:
     """A resent turn as the conversation keeps it, its images numbered from first_image."""
-    shown = [ShownImage(image.image.path.name, first_image + k, summary(image))
+    shown = [ShownImage(image.image.name, first_image + k, summary(image))
              for k, image in enumerate(past.images)]
     return TurnRecord.showing(shown, turn=number, user=past.user.strip(), answer=past.answer.strip())
 

@@ -9,7 +9,7 @@ import os
 import random
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, TypeVar
 
@@ -27,9 +27,10 @@ if TYPE_CHECKING:  # the heavy modules load inside the commands: `--help` stays 
     from edgevlm.chat.structured import OutputFormat
     from edgevlm.cli.render import DescribeView
     from edgevlm.describe.describer import Describer, Question
-    from edgevlm.describe.folders import BatchSummary, Found, Target, XmpOutput
+    from edgevlm.describe.folders import BatchEvent, BatchSummary, Found, JsonlLog, Target, XmpOutput
     from edgevlm.llama.types import Sampling
     from edgevlm.runtime.loading import Loaded, ModelFlags, Placement
+    from edgevlm.vision.documents import Source
 
 T = TypeVar("T")
 app = typer.Typer(
@@ -138,8 +139,8 @@ def describe(
     pool: opt.Pool = "auto", model: opt.Model = DEFAULT_MODEL, mmproj: opt.Mmproj = None,
     n_gpu_layers: opt.NGpuLayers = None, swa_full: opt.SwaFull = None, n_ctx: opt.NCtx = None,
     seed: opt.Seed = None, temperature: opt.Temperature = 0.0, json_out: opt.JsonOut = False,
-    fmt: opt.Format = None, schema: opt.Schema = None, tags: opt.Tags = False,
-    max_tags: opt.MaxTags = 8, language: opt.Language = "English", together: opt.Together = False,
+    fmt: opt.Format = None, schema: opt.Schema = None, tags: opt.Tags = False, max_tags: opt.MaxTags = 8,
+    language: opt.Language = "English", together: opt.Together = False, pages: opt.Pages = None,
     quiet: opt.Quiet = False, recursive: opt.Recursive = False, glob: opt.Glob = None,
     write_captions: opt.WriteCaptions = False, out_dir: opt.OutDir = None, jsonl: opt.Jsonl = None,
     write_xmp: opt.WriteXmp = False, embed: opt.Embed = False, xmp_name: opt.XmpName = "IMG.jpg.xmp",
@@ -150,7 +151,7 @@ def describe(
 ) -> None:
     """Describe photos and folders (see DESCRIBE_HELP)."""
     from edgevlm.cli.render import DescribeView
-    from edgevlm.describe.folders import BatchSummary, JsonlLog, caption_all, find_images, needs_work
+    from edgevlm.describe.folders import BatchSummary, JsonlLog, find_images, needs_work
     from edgevlm.runtime.conversations import ChatSettings, describers_for
 
     _configure_logging(verbose)
@@ -158,14 +159,14 @@ def describe(
         max_tiles, pool_factor = _tiles_option(ctx, tiles), _pool_option(ctx, pool)
         n_seq = _parallel_option(ctx, parallel)
         placement = _placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device)
-        prompt, more = _questions(prompt, _asked(ask, prompts), structured=bool(fmt or schema or tags))
-        output, prompt, budget = _answer_shape(fmt, schema, tags, max_tags, language, prompt, max_tokens)
+        questions, output, budget = _describe_questions(prompt, _asked(ask, prompts), fmt, schema, tags,
+                                                        max_tags, language, max_tokens)
         _check_describe_outputs(ctx, write_captions, jsonl, out_dir, write_xmp or embed, bool(ask or prompts))
         found = find_images(photos, recursive=recursive, pattern=glob)
         writes = write_captions or write_xmp or jsonl is not None  # the text goes to files, not stdout
-        _check_together(together, found, writes or embed or out_dir is not None)
-        targets, xmp = _describe_targets(found.images, write_captions, out_dir, write_xmp, embed, xmp_name,
-                                         (model, mmproj, prompt, output, max_tiles, pool_factor, budget))
+        targets, xmp = _describe_targets(found, pages, together, write_captions, out_dir, write_xmp, embed,
+                                         xmp_name, (model, mmproj, questions.prompt, output, max_tiles,
+                                                    pool_factor, budget))
         log = JsonlLog(jsonl) if jsonl is not None else None
         view = DescribeView(total=1 if together else len(targets), json_out=json_out, quiet=quiet,
                             text_to_stdout=not writes, named=len(targets) + len(found.missing))
@@ -177,20 +178,61 @@ def describe(
             settings = ChatSettings(max_tokens, _sampling(temperature, seed), max_tiles, pool_factor)
             with _loaded(flags, quiet=quiet or json_out, tiles=(max_tiles, pool_factor)) as loaded, view:
                 describers = describers_for(loaded, settings, cache=not no_cache, output=output)
-                summary = (_answer_together(describers[0], found, prompt, view, more) if together
-                           else caption_all(describers, targets, prompt=prompt, overwrite=overwrite,
-                                            jsonl=log, xmp=xmp, on_event=view.on_event, more=more))
+                summary = _describe_all(describers, targets, questions, view, together=together,
+                                        overwrite=overwrite, log=log, xmp=xmp)
         if view.summary(summary, found.missing, folder=writes or embed or any(p.is_dir() for p in photos)):
             raise typer.Exit(2)
 
 
-def _answer_together(describer: Describer, found: Found, prompt: str | None, view: DescribeView,
+@dataclass(frozen=True)
+class _Asked:
+    """What describe asks: the first question and the further ones per image, every --ask as
+    given (a document's are answered over it), and what a page is asked (None: the prompt)."""
+
+    prompt: str
+    more: list[Question]
+    asked: list[str]
+    document_prompt: str | None
+
+
+def _describe_questions(prompt: str | None, asked: list[str], fmt: str | None, schema: Path | None,
+                        tags: bool, max_tags: int, language: str, max_tokens: int
+                        ) -> tuple[_Asked, OutputFormat, int]:
+    """What describe asks, the answer's format and the room its longest answer needs."""
+    from edgevlm.describe.describer import DOCUMENT_PROMPT
+
+    structured = bool(fmt or schema or tags)
+    # A page is transcribed unless the user asks it something (or for a structured answer);
+    # an --ask about a document is answered over all of its pages (see _read_and_ask).
+    document_prompt = None if prompt or structured else DOCUMENT_PROMPT
+    first, more = _questions(prompt, asked, structured=structured)
+    output, first, budget = _answer_shape(fmt, schema, tags, max_tags, language, first, max_tokens)
+    return _Asked(first, more, asked, document_prompt), output, budget
+
+
+def _describe_all(describers: list[Describer], targets: list[Target], questions: _Asked, view: DescribeView,
+                  *, together: bool, overwrite: bool, log: JsonlLog | None, xmp: XmpOutput | None
+                  ) -> BatchSummary:
+    """The run: one answer about all (--together), documents read and then asked (--ask with a
+    PDF), or every image (and page) on its own."""
+    from edgevlm.describe.folders import caption_all
+    from edgevlm.vision.documents import DocumentPage
+
+    q = questions
+    if together:
+        return _answer_together(describers[0], [t.path for t in targets], q.prompt, view, q.more)
+    if q.asked and any(isinstance(t.path, DocumentPage) for t in targets):
+        return _read_and_ask(describers, targets, q.prompt, q.more, q.asked, q.document_prompt, view)
+    return caption_all(describers, targets, prompt=q.prompt, overwrite=overwrite, jsonl=log, xmp=xmp,
+                       on_event=view.on_event, more=q.more, document_prompt=q.document_prompt)
+
+
+def _answer_together(describer: Describer, paths: list[Source], prompt: str | None, view: DescribeView,
                      more: list[Question]) -> BatchSummary:
-    """--together: one answer about every image, reported as one item."""
+    """--together: one answer about every image (or page), reported as one item."""
     from edgevlm.describe.describer import DEFAULT_PROMPT, describe_together
     from edgevlm.describe.folders import BatchSummary
 
-    paths = [path for path, _folder in found.images]
     summary = BatchSummary()
     summary.captioned = describe_together(describer, paths, prompt or DEFAULT_PROMPT, on_event=view.on_event,
                                           more=more)
@@ -199,14 +241,46 @@ def _answer_together(describer: Describer, found: Found, prompt: str | None, vie
     return summary
 
 
-def _check_together(together: bool, found: Found, writes_beside: bool) -> None:
+def _read_and_ask(describers: list[Describer], targets: list[Target], prompt: str, more: list[Question],
+                  asked: list[str], document_prompt: str | None, view: DescribeView) -> BatchSummary:
+    """--ask with documents: photos are asked as ever; each document's pages are read (and
+    shown as they are transcribed), then every question is answered over the whole document."""
+    from edgevlm.describe.describer import ImageDone, page_room, reading_room
+    from edgevlm.describe.documents import ReadPage, ask_documents
+    from edgevlm.describe.folders import caption_all
+    from edgevlm.vision.documents import DocumentPage
+
+    photos = [t for t in targets if not isinstance(t.path, DocumentPage)]
+    pages = [t for t in targets if isinstance(t.path, DocumentPage)]
+    summary = caption_all(describers, photos, prompt=prompt, on_event=view.on_event, more=more,
+                          overwrite=True) if photos else None
+    read: list[ReadPage] = []
+
+    def keep(event: BatchEvent) -> None:
+        if isinstance(event, ImageDone) and isinstance(event.path, DocumentPage):
+            read.append(ReadPage(event.path, event.result.text))
+        view.on_event(event)
+
+    pages_summary = caption_all(describers, pages, prompt=prompt, on_event=keep, overwrite=True,
+                                document_prompt=document_prompt)
+    if read:
+        room = page_room(reading_room(describers[0], [document_prompt or prompt]))  # as describe_images
+        ask_documents(describers[0], read, asked, page_room=room, on_event=view.on_event)
+    if summary is None:
+        return pages_summary
+    summary.captioned += pages_summary.captioned
+    summary.failed += pages_summary.failed
+    return summary
+
+
+def _check_together(together: bool, found: Found, n_images: int, writes_beside: bool) -> None:
     """--together needs images that all exist, and writes one answer to stdout only."""
     if not together:
         return
     if found.missing:
         raise ConfigError(f"--together: {found.missing[0]} does not exist; every image of the question must",
                           settings=("together",))
-    if len(found.images) < 2:
+    if n_images < 2:
         raise ConfigError("--together shows several images in one question; name two or more",
                           settings=("together",))
     if writes_beside:
@@ -267,13 +341,23 @@ def _answer_shape(fmt: str | None, schema: Path | None, tags: bool, max_tags: in
     return output, prompt or output.prompt or DEFAULT_PROMPT, answer_budget(output, max_tokens)
 
 
-def _describe_targets(images: list[tuple[Path, Path]], write_captions: bool, out_dir: Path | None,
-                      write_xmp: bool, embed: bool, xmp_name: str, settings: tuple[object, ...]
-                      ) -> tuple[list[Target], XmpOutput | None]:
-    """Where each image's outputs go, and what its XMP files hold now (when XMP is asked for)."""
-    from edgevlm.describe.folders import check_targets_writable, plan_targets, read_xmp, settings_stamp
+def _describe_targets(found: Found, pages: str | None, together: bool, write_captions: bool,
+                      out_dir: Path | None, write_xmp: bool, embed: bool, xmp_name: str,
+                      settings: tuple[object, ...]) -> tuple[list[Target], XmpOutput | None]:
+    """Each image (and each chosen page of a PDF, checked now) with where its outputs go, and
+    what its XMP files hold now (when XMP is asked for)."""
+    from edgevlm.describe.folders import (
+        check_targets_writable,
+        plan_targets,
+        read_xmp,
+        settings_stamp,
+        with_pages,
+    )
     from edgevlm.describe.xmp import check_exiftool
+    from edgevlm.vision.documents import parse_pages
 
+    images = with_pages(found.images, parse_pages(pages) if pages is not None else None)
+    _check_together(together, found, len(images), write_captions or write_xmp or embed or out_dir is not None)
     targets = plan_targets(images, write_captions=write_captions, out_dir=out_dir,
                            xmp_name=xmp_name if write_xmp else None, embed=embed)
     check_targets_writable(targets)  # a read-only folder is refused before the model loads
@@ -380,8 +464,8 @@ def plan(
     flash_attn: opt.FlashAttn = True, swa_full: opt.SwaFull = None, max_tokens: opt.AnswerRoom = 512,
     parallel: opt.PlanParallel = "1", rpc: opt.Rpc = None, tensor_split: opt.TensorSplit = None,
     split_mode: opt.SplitMode = "layer", main_gpu: opt.MainGpu = 0, mmproj_device: opt.MmprojDevice = None,
-    verify: opt.Verify = False, json_out: opt.PlanJson = False, verbose: opt.Verbose = False,
-    debug: opt.Debug = False,
+    verify: opt.Verify = False, json_out: opt.PlanJson = False, images: opt.PlanImages = 1,
+    verbose: opt.Verbose = False, debug: opt.Debug = False,
 ) -> None:
     """The memory plan (see PLAN_HELP)."""
     from edgevlm.cli.render import render_plan
@@ -398,7 +482,8 @@ def plan(
         flags = ModelFlags(preset or model, str(mmproj) if mmproj else None, n_ctx=n_ctx,
                            answer_tokens=max_tokens, vram=cards, kv_type=kv_type, flash_attn=flash_attn,
                            swa_full=swa_full, parallel=_parallel_option(ctx, parallel),
-                           placement=_placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device))
+                           placement=_placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device),
+                           images_per_turn=images)
         choice, text, projector = inspect(flags, catalog_if_missing=not verify)
         the_plan = make_plan(flags, text, projector, costs=describe_costs(choice, text, projector))
         if not choice.model_path.exists() and choice.preset is not None:

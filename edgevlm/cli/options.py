@@ -78,6 +78,8 @@ Recursive = Annotated[bool, typer.Option("--recursive", "-r", help="Descend into
 Together = Annotated[bool, typer.Option(
     "--together", help="One answer about all the images, shown in one question (e.g. --prompt "
     "'What changed?'); they share the context's room.")]
+Pages = Annotated[str | None, typer.Option(
+    metavar="RANGES", help="Which pages of each PDF to read, e.g. 1-5,9 or 12- (default: all).")]
 Glob = Annotated[str | None, typer.Option(
     metavar="PATTERN", help="In folders, only images whose name matches this pattern (e.g. 'IMG_*').")]
 WriteCaptions = Annotated[bool, typer.Option(help="Write IMAGE.txt next to each image (or under --out-dir).")]
@@ -168,6 +170,9 @@ SwaFull = Annotated[bool | None, typer.Option(
     "checkpoints in RAM. Default: whole where it costs no layers or context.")]
 AnswerRoom = Annotated[int, typer.Option(
     "--max-tokens", metavar="N", help="Answer length to leave room for.", min=1)]
+PlanImages = Annotated[int, typer.Option(
+    "--images", metavar="N", help="Plan the example 4K photo as one of N shown in one question "
+    "(describe --together, several images in a message): each one's tokens, and how many fit.")]
 Verify = Annotated[bool, typer.Option(
     help="Load the model with the plan and compare the estimate with llama.cpp's report.")]
 PlanJson = Annotated[bool, typer.Option("--json", help="The plan as JSON, sizes in bytes.")]

@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # imported lazily at run time: `edgevlm --help` must not load
     from edgevlm.describe.folders import BatchEvent, BatchSummary
     from edgevlm.planning.memory import Check, Plan
     from edgevlm.runtime.loading import Loaded, ModelFlags
+    from edgevlm.vision.documents import Source
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -46,7 +47,11 @@ def stats_line(r: DescribeResult) -> str:
               "context": ", image block reused"}.get(r.prefix_cache, "")
     if len(r.images) > 1:  # --together: the first image's grid, and what each image took
         grid = f"{len(r.images)} images ({' + '.join(map(str, r.image_tokens))} tokens), first: {grid}"
-    names = " + ".join(Path(name).name for name in r.images) or Path(r.image).name
+    if not r.visual_tokens and not r.n_tiles:  # a question over a document's transcripts alone
+        grid = "text only"
+    page = f", page {r.page}" if r.page else ""
+    names = " + ".join(Path(name).name.replace("#page=", ", page ") for name in r.images)
+    names = names or Path(r.image).name + page
     return (f"[dim]{escape(names)}: {grid}, {r.visual_tokens} visual tokens | "
             f"TTFT {r.ttft_s:.2f} s (prefill {r.prompt_tokens - r.cached_tokens} tok at "
             f"{r.prefill_tok_s:.0f} tok/s, CLIP {r.clip_encode_s:.2f} s{reused}) | "
@@ -150,6 +155,7 @@ class DescribeView:
             ImageStarted,
             TextPiece,
         )
+        from edgevlm.vision.documents import source_fields
 
         if isinstance(event, ImageProgress):
             self._prefill.update(event.progress)
@@ -166,11 +172,11 @@ class DescribeView:
             self._advance()
             self._bar.console.print(f"[red]edgevlm: error:[/] {escape(event.error)}")
             if self.json_out:  # a script counts one row per image it named
-                self._json_row({"image": str(event.path), "error": event.error})
+                self._json_row(source_fields(event.path) | {"error": event.error})
         else:  # skipped: already captioned
             self._advance()
 
-    def _started_image(self, path: Path, note: str, question: str) -> None:
+    def _started_image(self, path: Source, note: str, question: str) -> None:
         self._bar.update(self._bar_task, description=escape(path.name[:40]))
         if self.text and (self.several or question):
             asked = f" · {question}" if question else ""
@@ -234,11 +240,19 @@ def render_plan(p: Plan, model_name: str, checks: tuple[Check, ...]) -> None:
     if p.photo_visual_tokens:  # an mtmd family: no tiles of edgevlm's own
         photo, tiles = f"{p.photo_visual_tokens} visual tokens at {p.photo_shown[0]}x{p.photo_shown[1]}", ""
     parallel = f" × {p.n_seq} sequences (--parallel {p.n_seq})" if p.n_seq > 1 else ""
+    example = "a 3840x2160 photo"
+    if p.images_per_turn > 1:
+        example = f"each of {p.images_per_turn} 3840x2160 photos"
+        if p.most_images_per_turn < p.images_per_turn:
+            photo = "they do not fit one question"
     out.print(f"  n_gpu_layers {p.n_gpu_layers}/{p.n_layers} · n_ctx {p.n_ctx}{parallel} "
               f"(trained {p.n_ctx_train}) "
               f"· KV {p.type_k} · flash attention {'on' if p.flash_attn else 'off'} · projector on "
               f"{'GPU' if p.mmproj_on_gpu else 'CPU'} · ubatch {p.n_ubatch} · {tiles}"
-              f"a 3840x2160 photo: {photo} · layout {p.layout} · memory {_memory(p)}")
+              f"{example}: {photo} · layout {p.layout} · memory {_memory(p)}")
+    if p.most_images_per_turn:
+        out.print(f"  one question holds up to {p.most_images_per_turn} such photos at their smallest "
+                  "views (describe --together, several images in a message)")
     out.print(_devices_table(p) if p.devices else _plan_table(p))
     if p.photo_prefix_bytes:
         count = p.photo_prefixes_in_ram

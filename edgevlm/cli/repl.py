@@ -6,7 +6,7 @@ import contextlib
 import json
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from datetime import datetime
@@ -20,11 +20,13 @@ from edgevlm.chat.records import TurnRecord, TurnStats, to_plain
 from edgevlm.cli.options import flag_word
 from edgevlm.cli.render import PrefillDisplay
 from edgevlm.cli.repl_help import HELP
+from edgevlm.describe.describer import DOCUMENT_PROMPT
 from edgevlm.errors import EdgeVLMError, EngineError, Interrupted, UserError, in_words
 from edgevlm.llama.sequence import interrupt_on_sigint
 from edgevlm.paths import data_dir
 from edgevlm.store.files import USER_FILE_MODE, JsonlAppender, write_atomically
-from edgevlm.vision.images import IMAGE_SUFFIXES, load_image
+from edgevlm.vision.documents import DocumentPage, load_source, open_document, parse_pages
+from edgevlm.vision.images import IMAGE_SUFFIXES
 from edgevlm.vision.tiling import parse_pool, parse_tiles
 
 if TYPE_CHECKING:
@@ -189,6 +191,8 @@ class ChatRepl:
             else:
                 more, question = _dropped_images(question)  # further images, shown in one question
                 self._turn(question, [path, *more])
+        elif name == "/doc":
+            self._read_document(rest.strip())
         elif name == "/tiles":
             self._set_tiles(rest.strip())
         elif name == "/pool":
@@ -209,11 +213,12 @@ class ChatRepl:
 
     # -- turns ------------------------------------------------------------------------------
 
-    def _turn(self, question: str, image_paths: list[str]) -> None:
+    def _turn(self, question: str, image_paths: Sequence[str | DocumentPage], *,
+              transcribed: bool = False) -> None:
         self.stop_idle()  # at most one decode step; the turn's clock starts after it
         started = time.perf_counter()
-        images = [load_image(Path(path).expanduser(), useful_pixels=self.conversation.useful_pixels)
-                  for path in image_paths]
+        images = [load_source(path if isinstance(path, DocumentPage) else Path(path).expanduser(),
+                              useful_pixels=self.conversation.useful_pixels) for path in image_paths]
         for image in images:
             if image.note:
                 self._note(f"{image.path.name}: {image.note}")
@@ -222,7 +227,8 @@ class ChatRepl:
                 answer, stats = self._on_engine_thread(
                     lambda: self.conversation.ask(question or (DEFAULT_QUESTION if images else ""),
                                                   images=images, on_piece=self._write_piece,
-                                                  on_progress=self._prefill.update, started=started))
+                                                  on_progress=self._prefill.update, started=started,
+                                                  transcribed=transcribed))
         finally:
             self._prefill.clear()
         self.out.write("\n")
@@ -238,6 +244,21 @@ class ChatRepl:
         if self.interactive:
             self.err.print(f"[dim]{_brief(stats, self.conversation.sequence.n_ctx)}[/]", highlight=False)
         self._start_idle()
+
+    def _read_document(self, rest: str) -> None:
+        """`/doc FILE.pdf [PAGES]`: each page read as its own turn, its transcript streamed and kept
+        as the answer; the page itself is then swapped for its name, so the chat goes on over
+        the transcripts without the pages' visual tokens."""
+        path, pages = _split_path(rest)
+        if not path:
+            self._error("usage: /doc FILE.pdf [PAGES, e.g. 1-5,9]")
+            return
+        document = open_document(Path(path).expanduser(), pages=parse_pages(pages) if pages.strip() else None)
+        for page in document.pages:
+            self.out.write(f"==> {page.name} <==\n")
+            self._turn(DOCUMENT_PROMPT, [page], transcribed=True)
+        self._note(f"read {len(document.pages)} of {document.n_pages} pages of {document.path.name}; "
+                   "ask about them")
 
     def _on_engine_thread(self, work: Callable[[], T]) -> T:
         """Run llama.cpp work on the one engine thread, once the idle summary has stopped.

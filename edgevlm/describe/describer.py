@@ -18,17 +18,24 @@ from pathlib import Path
 from typing import Any
 
 from edgevlm.chat.conversation import DEFAULT_QUESTION, Conversation
-from edgevlm.chat.records import PrefillProgress, PreparedImage, TurnStats, to_plain
+from edgevlm.chat.records import PrefillProgress, PreparedImage, ShownImage, TurnRecord, TurnStats, to_plain
 from edgevlm.chat.structured import TEXT, OutputFormat, answer_tokens_needed
 from edgevlm.errors import ImageError, Interrupted
 from edgevlm.store.prefix_cache import PrefixCache
-from edgevlm.vision.images import LoadedImage, load_image
+from edgevlm.vision.documents import DocumentPage, Source, load_source
+from edgevlm.vision.images import LoadedImage
 
 DEFAULT_PROMPT = DEFAULT_QUESTION
+# A document's page, unless the user asks something else: its transcript is what stands for it.
+DOCUMENT_PROMPT = ("Transcribe this page as markdown: all of its text in reading order, headings as "
+                   "headings, tables as markdown tables, and one line describing each figure.")
+# What each page was asked, as the history of a question over a document records it (short: it
+# is repeated once per page).
+PAGE_READ = "Transcribe this page."
 # A further question about the same image, and its answer's format (None: the describer's own).
 Question = tuple[str, OutputFormat | None]
-# A path with its prepared image (or the error reading it) and the seconds reading took.
-Prefetched = tuple[Path, PreparedImage | None, ImageError | None, float]
+# A source with its prepared image (or the error reading it) and the seconds reading took.
+Prefetched = tuple[Source, PreparedImage | None, ImageError | None, float]
 
 
 @dataclass(frozen=True)
@@ -68,10 +75,18 @@ class DescribeResult:
     memory: str = "attention"  # the model's memory kind: attention, sliding-window, hybrid, recurrent
     images: tuple[str, ...] = ()  # with --together, every image shown, in order (image is the first)
     image_tokens: tuple[int, ...] = ()  # each image's visual tokens, in order
+    page: int = 0  # for a document's page, its number (from 1); `image` is then the PDF
 
     def to_json(self) -> dict[str, Any]:
         """A plain dict for --json (floats rounded for reading; the parsed answer as it is)."""
         return to_plain(self) | {"data": self.data}
+
+
+def _page_records(transcripts: Sequence[tuple[str, str]]) -> list[TurnRecord]:
+    """Pages read, as the finished turns a question over the document follows: the page stands
+    as its name (its transcript is the answer, so it is not repeated as a summary)."""
+    return [TurnRecord.showing([ShownImage(name, k, summary="")], turn=k, user=PAGE_READ, answer=transcript)
+            for k, (name, transcript) in enumerate(transcripts, start=1)]
 
 
 # -- events ---------------------------------------------------------------------------------
@@ -83,7 +98,7 @@ class ImageStarted:
 
     index: int
     total: int
-    path: Path
+    path: Source
     note: str = ""  # e.g. "animated image: using frame 1 of 12"
     question: str = ""  # with --ask, the question about to be answered
 
@@ -110,7 +125,7 @@ class ImageDone:
 
     index: int
     total: int
-    path: Path
+    path: Source
     result: DescribeResult
     further: bool = False  # an --ask answer about an image already answered once
 
@@ -121,7 +136,7 @@ class ImageFailed:
 
     index: int
     total: int
-    path: Path
+    path: Source
     error: str
 
 
@@ -230,7 +245,7 @@ class Describer:
                                              on_progress=on_progress, started=started)
         self._refuse_cut_answer()
         result = self._result(images[0], prompt, text, stats, system_s=system_s, read_s=read_s)
-        return replace(result, images=tuple(str(image.path) for image in images))
+        return replace(result, images=tuple(image.key for image in images))
 
     def ask_again(self, image: LoadedImage | PreparedImage, question: str, *,
                   output: OutputFormat | None = None, started: float | None = None,
@@ -245,6 +260,29 @@ class Describer:
         finally:
             self._use_output(kept)
 
+    def answer_over(self, transcripts: Sequence[tuple[str, str]], views: Sequence[PreparedImage],
+                    asked: str, question: str, *, started: float | None = None, read_s: float = 0.0,
+                    on_piece: Callable[[str], None] | None = None) -> DescribeResult:
+        """A question over pages already read: each (name, transcript) an earlier turn's text,
+        `views` shown again live beside it (a document's --ask; `asked` is the question as the
+        model reads it, `question` as the user wrote it)."""
+        self._conversation.sequence.begin_request(started=started)  # the transcripts' prefill counts
+        self._conversation.restore(_page_records(transcripts))
+        text, stats = self._conversation.ask(asked, images=list(views), on_piece=on_piece, new_request=False)
+        self._refuse_cut_answer()
+        result = self._result(views[0] if views else None, question, text, stats, system_s=None,
+                              read_s=read_s)
+        return replace(result, images=tuple(view.image.key for view in views))
+
+    def transcript_costs(self, transcripts: Sequence[tuple[str, str]]) -> list[int]:
+        """What each (name, transcript) costs as an earlier turn's text."""
+        return [self._conversation.record_tokens(record) for record in _page_records(transcripts)]
+
+    def transcript_room(self, asked: str, views: Sequence[PreparedImage]) -> int:
+        """Tokens transcripts may take beside this question and these views cut already."""
+        shown = sum(self._conversation.block_tokens(view) for view in views)
+        return self._conversation.history_room(asked, images=len(views), image_tokens=shown)
+
     def _refuse_cut_answer(self) -> None:
         """A stopped answer is not a description: describe ends (exit 130) and writes nothing of
         it, so a rerun describes that image again. Only chat keeps a stopped answer."""
@@ -257,27 +295,29 @@ class Describer:
         conversation.sampling = replace(conversation.sampling, grammar=output.grammar())
         conversation.max_tokens = answer_budget(output, self.max_tokens)  # --ask text keeps the cap
 
-    def _result(self, image: LoadedImage | PreparedImage, question: str, text: str, stats: TurnStats, *,
-                system_s: float | None, read_s: float) -> DescribeResult:
+    def _result(self, image: LoadedImage | PreparedImage | None, question: str, text: str,
+                stats: TurnStats, *, system_s: float | None, read_s: float) -> DescribeResult:
         """The turn's numbers as describe reports them (the first image is charged the system prompt)."""
         system = self.shared_prefix_len() if system_s is not None else 0
         prefill_s = stats.prefill_s + (system_s or 0.0)
         loaded = image.image if isinstance(image, PreparedImage) else image
         data, note = self._parsed(text)
         return DescribeResult(
-            image=str(loaded.path), text=text, grid=stats.grid, n_tiles=stats.n_tiles,
+            image=str(loaded.path) if loaded else "", text=text, grid=stats.grid, n_tiles=stats.n_tiles,
             visual_tokens=stats.visual_tokens, prompt_tokens=stats.prompt_tokens,
             cached_tokens=stats.cached_tokens - system, completion_tokens=stats.completion_tokens,
             preprocess_s=stats.preprocess_s + read_s, clip_encode_s=stats.clip_encode_s,
             prefill_s=prefill_s, ttft_s=stats.ttft_s + (system_s or 0.0), decode_s=stats.decode_s,
             prefill_tok_s=(stats.prefill_tokens + system) / prefill_s if prefill_s else 0.0,
             decode_tok_s=stats.decode_tok_s, n_ctx=self.n_ctx,
-            n_gpu_layers=self.n_gpu_layers, note=note or loaded.note, pool=stats.pool,
+            n_gpu_layers=self.n_gpu_layers, note=note or (loaded.note if loaded else ""), pool=stats.pool,
             tile_tokens=stats.tile_tokens, tile_prefill_s=stats.tile_prefill_s,
             itl_p50_s=stats.itl_p50_s, itl_p90_s=stats.itl_p90_s, read_s=read_s,
-            image_size=loaded.size, layout=stats.layout, prefix_cache=stats.prefix_cache,
+            image_size=loaded.size if loaded else (0, 0), layout=stats.layout,
+            prefix_cache=stats.prefix_cache,
             restore_s=stats.restore_s, question=question, data=data,
-            memory=self._conversation.sequence.memory_kind, image_tokens=stats.image_tokens)
+            memory=self._conversation.sequence.memory_kind, image_tokens=stats.image_tokens,
+            page=loaded.page if loaded else 0)
 
     def _parsed(self, text: str) -> tuple[object, str]:
         """The answer as data (JSON formats only), or why it is not."""
@@ -292,9 +332,9 @@ class Describer:
 # -- the one loop ------------------------------------------------------------------------------
 
 
-def describe_images(describer: Describer | Sequence[Describer], paths: Sequence[Path],
+def describe_images(describer: Describer | Sequence[Describer], paths: Sequence[Source],
                     prompt: str = DEFAULT_PROMPT, *, on_event: Callable[[DescribeEvent], None],
-                    more: Sequence[Question] = ()) -> int:
+                    more: Sequence[Question] = (), document_prompt: str | None = None) -> int:
     """Describe each image, reporting events; returns how many were described.
 
     `more` asks each image further questions (--ask) from the same prefill: the image block is
@@ -307,10 +347,14 @@ def describe_images(describer: Describer | Sequence[Describer], paths: Sequence[
     events arrive together once it is done, so outputs never interleave.
     """
     describers = [describer] if isinstance(describer, Describer) else list(describer)
-    room = min(describers[0].room_for(question) for question in [prompt, *(q for q, _ in more)])
-    loaded = prefetched(paths, lambda image: describers[0].prepare(image, room),
+    asked = [q for q, _ in more]
+    room = reading_room(describers[0], [prompt, *asked])
+    pages = page_room(reading_room(describers[0], [document_prompt or prompt, *asked])) if any(
+        isinstance(path, DocumentPage) for path in paths) else room
+    loaded = prefetched(paths, lambda image: describers[0].prepare(image, pages if image.page else room),
                         useful_pixels=describers[0].useful_pixels, ahead=len(describers))
-    feed = _Feed(enumerate(loaded), len(paths), on_event, buffered=len(describers) > 1, more=more)
+    feed = _Feed(enumerate(loaded), len(paths), on_event, buffered=len(describers) > 1, more=more,
+                 document_prompt=document_prompt)
     if len(describers) == 1:
         feed.work(describers[0], prompt)
     else:
@@ -321,14 +365,25 @@ def describe_images(describer: Describer | Sequence[Describer], paths: Sequence[
     return feed.described
 
 
+def reading_room(describer: Describer, prompts: Sequence[str]) -> int:
+    """The room every image of a run is planned for: the least any of its questions leaves."""
+    return min(describer.room_for(question) for question in prompts)
+
+
+def page_room(room: int) -> int:
+    """A document's page gets half the room, so that a question over the document can show it
+    again beside the transcripts in the same views (whose projector rows are then cached)."""
+    return max(room // 2, 1)
+
+
 class _Feed:
     """Prepared images handed to describers one at a time, and their events passed on."""
 
     def __init__(self, items: Iterator[tuple[int, Prefetched]], total: int,
                  on_event: Callable[[DescribeEvent], None], *, buffered: bool,
-                 more: Sequence[Question] = ()) -> None:
+                 more: Sequence[Question] = (), document_prompt: str | None = None) -> None:
         self._items, self.total, self._on_event, self._buffered = items, total, on_event, buffered
-        self._more = more
+        self._more, self._document_prompt = more, document_prompt
         self._feed_lock = threading.Lock()  # taking the next image
         self._lock = threading.Lock()  # passing events on
         self.described = 0
@@ -340,13 +395,15 @@ class _Feed:
             if prepared is None:
                 self._emit([ImageFailed(index, self.total, path, str(error))])
                 continue
-            self._describe(describer, index, path, prepared, read_s, prompt)
+            page = isinstance(path, DocumentPage) and self._document_prompt
+            asked = self._document_prompt if page else prompt
+            self._describe(describer, index, path, prepared, read_s, asked)
 
     def _next(self) -> tuple[int, Prefetched] | None:
         with self._feed_lock:
             return next(self._items, None)
 
-    def _describe(self, describer: Describer, index: int, path: Path, prepared: PreparedImage,
+    def _describe(self, describer: Describer, index: int, path: Source, prepared: PreparedImage,
                   read_s: float, prompt: str) -> None:
         held: list[DescribeEvent] = []
         # One describer streams as it goes; side by side, an image's events go out together.
@@ -367,7 +424,7 @@ class _Feed:
         self._emit(held)
 
     def _answered(self, is_json: bool, sink: Callable[[DescribeEvent], None], index: int,
-                  path: Path, result: DescribeResult, *, further: bool = False) -> bool:
+                  path: Source, result: DescribeResult, *, further: bool = False) -> bool:
         """Pass on a finished answer; False for a JSON answer cut off before it closed."""
         if is_json and result.data is None:
             sink(ImageFailed(index, self.total, path, result.note))
@@ -414,7 +471,7 @@ def _side_by_side(describers: list[Describer], work: Callable[[Describer], None]
         raise first
 
 
-def describe_together(describer: Describer, paths: Sequence[Path], prompt: str = DEFAULT_PROMPT, *,
+def describe_together(describer: Describer, paths: Sequence[Source], prompt: str = DEFAULT_PROMPT, *,
                       on_event: Callable[[DescribeEvent], None], more: Sequence[Question] = ()) -> int:
     """Describe several images in one question (--together): one answer, reported as one item
     named by all the files; returns 1 when it was answered. An unreadable file fails the whole
@@ -423,12 +480,12 @@ def describe_together(describer: Describer, paths: Sequence[Path], prompt: str =
     images, label = [], Path(" + ".join(path.name for path in paths))
     for path in paths:
         try:
-            images.append(load_image(path, useful_pixels=describer.useful_pixels))
+            images.append(load_source(path, useful_pixels=describer.useful_pixels))
         except ImageError as exc:
             on_event(ImageFailed(0, 1, label, str(exc)))
             return 0
     read_s = time.perf_counter() - started
-    notes = "; ".join(f"{image.path.name}: {image.note}" for image in images if image.note)
+    notes = "; ".join(f"{image.name}: {image.note}" for image in images if image.note)
     on_event(ImageStarted(0, 1, label, notes, question=prompt if more else ""))
     on_piece, on_progress = _forwarders(on_event, 0)
     result = describer.describe_together(images, prompt, started=started, on_piece=on_piece,
@@ -451,7 +508,7 @@ def _forwarders(on_event: Callable[[DescribeEvent], None], index: int
             lambda progress: on_event(ImageProgress(index, progress)))
 
 
-def prefetched(paths: Sequence[Path], prepare: Callable[[LoadedImage], PreparedImage], *,
+def prefetched(paths: Sequence[Source], prepare: Callable[[LoadedImage], PreparedImage], *,
                useful_pixels: int | None = None, ahead: int = 1
                ) -> Iterator[Prefetched]:
     """Each path with its image read and tiled on helper threads, `ahead` images ahead.
@@ -460,9 +517,9 @@ def prefetched(paths: Sequence[Path], prepare: Callable[[LoadedImage], PreparedI
     Yields (path, prepared image or None, error or None, seconds reading the file took).
     """
 
-    def work(path: Path) -> tuple[PreparedImage, float]:
+    def work(path: Source) -> tuple[PreparedImage, float]:
         started = time.perf_counter()
-        image = load_image(path, useful_pixels=useful_pixels)
+        image = load_source(path, useful_pixels=useful_pixels)
         return prepare(image), time.perf_counter() - started
 
     with ThreadPoolExecutor(max_workers=ahead, thread_name_prefix="edgevlm-prefetch") as pool:

@@ -25,14 +25,15 @@ from edgevlm.describe.xmp import write as write_xmp
 from edgevlm.errors import UserError
 from edgevlm.paths import check_writable
 from edgevlm.store.files import USER_FILE_MODE, append_jsonl, write_atomically
+from edgevlm.vision.documents import DocumentPage, Source, is_document, open_document
 from edgevlm.vision.images import IMAGE_SUFFIXES
 
 
 @dataclass(frozen=True)
 class Target:
-    """One image to caption and where its results go."""
+    """One image (or a document's page) to caption and where its results go."""
 
-    path: Path
+    path: Source
     key: str  # the path as given/found, used in JSONL rows and for resume
     caption_path: Path | None
     xmp_paths: tuple[Path, ...] = ()  # sidecar and/or the image itself (--embed)
@@ -123,21 +124,50 @@ def _nothing_found(inputs: list[Path], *, recursive: bool, pattern: str | None) 
     return f"no images found in {where} (looked for {looked}){hint}"
 
 
-def plan_targets(found: list[tuple[Path, Path]], *, write_captions: bool, out_dir: Path | None,
-                 xmp_name: str | None = None, embed: bool = False) -> list[Target]:
-    """Where each image's caption goes: next to it, or mirrored under out_dir; and its XMP."""
-    targets = []
+def with_pages(found: list[tuple[Path, Path]], pages: tuple[tuple[int, int], ...] | None
+               ) -> list[tuple[Source, Path]]:
+    """Each PDF replaced by its chosen pages, in order (opened and checked now, before any model
+    loads); photos as they are."""
+    if pages is not None and not any(is_document(path) for path, _root in found):
+        raise UserError("--pages chooses pages of a PDF; none of the inputs is one")
+    sources: list[tuple[Source, Path]] = []
     for path, root in found:
+        if is_document(path):
+            sources.extend((page, root) for page in open_document(path, pages=pages).pages)
+        else:
+            sources.append((path, root))
+    return sources
+
+
+def plan_targets(found: Sequence[tuple[Source, Path]], *, write_captions: bool, out_dir: Path | None,
+                 xmp_name: str | None = None, embed: bool = False) -> list[Target]:
+    """Where each image's caption goes: next to it, or mirrored under out_dir; and its XMP.
+    A document's page writes `doc.pdf.page-3.txt` and keys its JSONL row `doc.pdf#page=3`."""
+    targets = []
+    for source, root in found:
+        path = source.path if isinstance(source, DocumentPage) else source
+        if isinstance(source, DocumentPage) and (xmp_name or embed):
+            raise UserError(f"{path}: a PDF's pages have no XMP to write; drop --write-xmp and --embed "
+                            "for documents (--write-captions or --jsonl keep their transcripts)")
+        name = f"{path.name}{_page_suffix(source)}.txt"
         caption = None
         if write_captions:
             if out_dir is not None:
                 relative = path.relative_to(root) if path.is_relative_to(root) else Path(path.name)
-                caption = out_dir / relative.parent / f"{relative.name}.txt"
+                caption = out_dir / relative.parent / name
             else:
-                caption = path.with_name(f"{path.name}.txt")
+                caption = path.with_name(name)
         sidecar = (sidecar_path(path, xmp_name),) if xmp_name else ()
-        targets.append(Target(path, str(path), caption, sidecar + ((path,) if embed else ())))
+        key = source.key if isinstance(source, DocumentPage) else str(path)
+        targets.append(Target(source, key, caption, sidecar + ((path,) if embed else ())))
     return targets
+
+
+def _page_suffix(source: Source) -> str:
+    """`.page-03` for page 3 of a document of 10-99 pages (padded, so the files sort in order)."""
+    if not isinstance(source, DocumentPage):
+        return ""
+    return f".page-{source.number:0{len(str(source.of))}d}"
 
 
 class JsonlLog:
@@ -210,9 +240,11 @@ BatchEvent = DescribeEvent | ImageSkipped
 def caption_all(describer: Describer | list[Describer], targets: list[Target], *,
                 prompt: str = DEFAULT_PROMPT,
                 overwrite: bool = False, jsonl: JsonlLog | None = None, xmp: XmpOutput | None = None,
-                on_event: Callable[[BatchEvent], None], more: Sequence[Question] = ()) -> BatchSummary:
+                on_event: Callable[[BatchEvent], None], more: Sequence[Question] = (),
+                document_prompt: str | None = None) -> BatchSummary:
     """Describe every target once, writing its caption, XMP and JSONL row as soon as it is done
-    (`more`: further questions per image, answered to on_event only).
+    (`more`: further questions per image, answered to on_event only; `document_prompt`: what a
+    document's page is asked, when it is not the prompt).
 
     Targets already captioned (caption file, current XMP, JSONL row) are skipped unless overwrite.
     """
@@ -232,7 +264,8 @@ def caption_all(describer: Describer | list[Describer], targets: list[Target], *
             summary.failed.append((todo[event.index].key, event.error))
         on_event(event)
 
-    describe_images(describer, [t.path for t in todo], prompt, on_event=store, more=more)
+    describe_images(describer, [t.path for t in todo], prompt, on_event=store, more=more,
+                    document_prompt=document_prompt)
     return summary
 
 

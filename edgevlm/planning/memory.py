@@ -53,6 +53,7 @@ CPU_AUTO_CTX_CAP = 4096
 # --parallel auto on a GPU: up to this many sequences, each with up to PARALLEL_CTX positions.
 MAX_AUTO_PARALLEL = 4
 PARALLEL_CTX = 4096
+MAX_IMAGES_PER_TURN = 64  # what `plan --images` accepts, and the most it counts
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ class Settings:
     mmproj_device: str | None = None  # several devices: None puts it where most room is left
     blocks: BlockCounter | None = None  # an mtmd family's image blocks as mtmd counts them
     swa_full: bool | None = None  # sliding-window models: keep the whole window cache; None: choose
+    images_per_turn: int = 1  # the example photo planned as one of this many in one question
 
 
 @dataclass(frozen=True)
@@ -179,6 +181,8 @@ class Plan:
     photo_shown: tuple[int, int] = (0, 0)  # … and the size it is handed to mtmd at
     prefix_ram_bytes: int = 0  # the prefix cache's RAM tier: its cap, or the RAM the model leaves
     swa_full: bool = False  # a sliding-window model's window cache kept whole (else: checkpoints)
+    images_per_turn: int = 1  # the example photo's figures are for one of this many in one question
+    most_images_per_turn: int = 0  # how many example photos one question can show (0: not counted)
 
     @property
     def photo_tiles(self) -> int:
@@ -203,7 +207,9 @@ class Plan:
             "max_pooled_tiles": self.max_pooled_tiles, "n_ubatch": self.n_ubatch, "layout": self.layout,
             "example_photo": {"size": list(EXAMPLE_PHOTO), "grid": list(self.photo_grid),
                               "tiles": self.photo_tiles, "pool": self.photo_pool,
-                              "visual_tokens": self.photo_visual_tokens, "shown": list(self.photo_shown)},
+                              "visual_tokens": self.photo_visual_tokens, "shown": list(self.photo_shown),
+                              "of_images": self.images_per_turn,
+                              "most_per_turn": self.most_images_per_turn},
             "bytes": {
                 "weights_gpu": b.weights_gpu, "weights_host": b.weights_host,
                 "kv": b.kv, "kv_gpu": b.kv_gpu, "kv_host": b.kv_host,
@@ -448,19 +454,36 @@ class TileCounts:
 
 
 def tiles_at(costs: TurnCosts, projector: ProjectorFacts, n_ctx: int, answer_tokens: int, *,
-             blocks: BlockCounter | None = None) -> TileCounts:
-    """The tiles describe's own arithmetic gives at this context (full and pooled, and EXAMPLE_PHOTO)."""
+             blocks: BlockCounter | None = None, images: int = 1) -> TileCounts:
+    """The tiles describe's own arithmetic gives at this context (full and pooled, and
+    EXAMPLE_PHOTO, as one of `images` alike in one turn)."""
+    share = costs.share(n_ctx, answer_tokens, images)
     if projector.projector_type not in LLAVA_PROJECTORS:
-        return _native_at(costs.room(n_ctx, answer_tokens), projector, blocks)
+        return _native_at(share, projector, blocks)
+    if share < costs.whole_image_tokens + costs.view_tokens:
+        return TileCounts(0, 0, (0, 0), 1)  # not even the global view fits
     if projector.layout == LLAVA_NEXT:
-        return _next_tiles_at(costs.room(n_ctx, answer_tokens), projector)
+        return _next_tiles_at(share, projector)
     photo = costs.plan(*EXAMPLE_PHOTO, n_ctx=n_ctx, answer_tokens=answer_tokens,
-                       tile_size=projector.image_size, pool=None)
+                       tile_size=projector.image_size, pool=None, images=images)
     tiles = photo.n_tiles * (pooled_tokens(costs.view_tokens, photo.pool) + costs.label_tokens)
     return TileCounts(max_tiles=costs.max_tiles(n_ctx=n_ctx, answer_tokens=answer_tokens),
                       max_pooled_tiles=costs.max_tiles(n_ctx=n_ctx, answer_tokens=answer_tokens, pool=2),
                       photo_grid=photo.grid, photo_pool=photo.pool,
                       photo_tokens=costs.whole_image_tokens + costs.view_tokens + tiles)
+
+
+def most_images_at(costs: TurnCosts, projector: ProjectorFacts, n_ctx: int, answer_tokens: int, *,
+                   blocks: BlockCounter | None = None, limit: int = 64) -> int:
+    """How many EXAMPLE_PHOTOs one turn can show, each at its smallest view at least (0: not one)."""
+    def fits(n: int) -> bool:
+        return tiles_at(costs, projector, n_ctx, answer_tokens, blocks=blocks, images=n).photo_tokens > 0
+
+    low, high = 0, limit  # fits() only turns false as n grows: a binary search
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle - 1)
+    return low
 
 
 def _native_at(room: int, projector: ProjectorFacts, blocks: BlockCounter | None) -> TileCounts:
@@ -646,7 +669,8 @@ class _Planner:
                              type_v=kv, flash_attn=fa, mmproj_on_gpu=clip_on_gpu, n_ubatch=self.n_ubatch,
                              on_gpu=gpu, overhead_bytes=s.overhead_bytes, margin_bytes=s.margin_bytes,
                              n_seq=self.n_seq, swa_full=self.swa_full)
-        tiles = tiles_at(self.costs, self.projector, n_ctx, s.answer_tokens, blocks=s.blocks)
+        tiles = tiles_at(self.costs, self.projector, n_ctx, s.answer_tokens, blocks=s.blocks,
+                         images=s.images_per_turn)
         split = self.split(n_ctx, layers, kv, fa) if gpu and self.device.is_split else None
         return Plan(
             device=("split" if split else "cuda") if gpu else "cpu", n_gpu_layers=layers if on_gpu else 0,
@@ -659,7 +683,8 @@ class _Planner:
             layout=_layout_name(self.projector), n_seq=self.n_seq, memory=self.text.memory_kind,
             photo_visual_tokens=tiles.photo_visual_tokens, photo_shown=tiles.photo_shown,
             photo_prefix_bytes=prefix_bytes(self.text, self.costs.system_tokens + tiles.photo_tokens, kv),
-            prefix_ram_bytes=self._prefix_ram(breakdown), swa_full=self.swa_full, **(split or {}))
+            prefix_ram_bytes=self._prefix_ram(breakdown), swa_full=self.swa_full,
+            images_per_turn=s.images_per_turn, **(split or {}))
 
     def _prefix_ram(self, breakdown: Breakdown) -> int:
         """The prefix cache's RAM tier: its cap, or less where the model leaves less RAM free."""

@@ -30,12 +30,15 @@ from edgevlm.models.gguf import (
 from edgevlm.planning import devices
 from edgevlm.planning.memory import (
     KV_TYPES,
+    MAX_IMAGES_PER_TURN,
     Check,
     MachineMemory,
     Plan,
     Settings,
     choose,
     compare,
+    estimated_costs,
+    most_images_at,
 )
 from edgevlm.planning.split import GpuBudget
 from edgevlm.rpc import endpoints as rpc
@@ -83,6 +86,7 @@ class ModelFlags:
     fetch: bool = False  # download a missing preset instead of failing
     parallel: int | None = 1  # requests decoded together; None: the plan chooses
     placement: Placement = Placement()
+    images_per_turn: int = 1  # the example photo as one of this many shown in one question
 
 
 @dataclass(frozen=True)
@@ -180,9 +184,14 @@ def make_plan(flags: ModelFlags, text: TextModelFacts, projector: ProjectorFacts
     if flags.kv_type is not None and flags.kv_type not in KV_TYPES:
         raise ConfigError(f"--kv-type must be {', '.join(KV_TYPES)}, not '{flags.kv_type}'")
     device, notes = _devices(flags)
+    if not 1 <= flags.images_per_turn <= MAX_IMAGES_PER_TURN:
+        raise ConfigError(f"images per turn must be 1-{MAX_IMAGES_PER_TURN}, not {flags.images_per_turn}",
+                          settings=("images",))
     with _mtmd_blocks(text, projector) as blocks:
         plan = choose(text, projector, device, _settings(flags, costs=costs, blocks=blocks))
-    return replace(plan, notes=notes + plan.notes) if notes else plan
+        most = most_images_at(costs or estimated_costs(projector), projector, plan.n_ctx, flags.answer_tokens,
+                              blocks=blocks, limit=MAX_IMAGES_PER_TURN)
+    return replace(plan, notes=notes + plan.notes, most_images_per_turn=most)
 
 
 def _settings(flags: ModelFlags, *, costs: TurnCosts | None, blocks: BlockCounter | None) -> Settings:
@@ -191,7 +200,8 @@ def _settings(flags: ModelFlags, *, costs: TurnCosts | None, blocks: BlockCounte
     return Settings(n_ctx=flags.n_ctx, n_gpu_layers=flags.n_gpu_layers, kv_type=flags.kv_type,
                     flash_attn=flags.flash_attn, swa_full=flags.swa_full,
                     answer_tokens=flags.answer_tokens, costs=costs, n_seq=flags.parallel,
-                    tensor_split=where.tensor_split, mmproj_device=where.mmproj_device, blocks=blocks)
+                    tensor_split=where.tensor_split, mmproj_device=where.mmproj_device, blocks=blocks,
+                    images_per_turn=flags.images_per_turn)
 
 
 @contextlib.contextmanager

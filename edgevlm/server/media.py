@@ -1,4 +1,5 @@
-"""Images as the APIs send them (data: URLs, base64, file:// inside --media-dir), decoded or refused."""
+"""Images as the APIs send them (data: URLs, base64, file:// inside --media-dir) and PDFs as their
+pages, decoded or refused."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from urllib.parse import unquote, urlparse
 from edgevlm.chat.resent import ChatImage
 from edgevlm.errors import ImageError
 from edgevlm.server.http import ApiError, bad_request, shown
+
+PDF_MAGIC = b"%PDF-"
 
 
 def image_from_url(url: object, param: str, *, media_dir: Path | None,
@@ -29,11 +32,46 @@ def image_from_url(url: object, param: str, *, media_dir: Path | None,
 
 
 def image_from_base64(data: object, param: str, *, useful_pixels: int | None) -> ChatImage:
-    """An Ollama `images` entry: base64 (a data: URL is accepted too)."""
+    """An Ollama `images` entry: base64 (a data: URL is accepted too). A PDF is refused: the
+    Ollama API has no documents."""
     if not isinstance(data, str) or not data:
         raise bad_request("expected a base64-encoded image", param)
     raw = _data_url_bytes(data, param) if data.startswith("data:") else _b64(data, param)
+    if raw.startswith(PDF_MAGIC):
+        raise bad_request("this is a PDF, and the Ollama API takes images only; send its pages as "
+                          "images, or the PDF as a file part to /v1/chat/completions", param,
+                          code="documents_unsupported")
     return decode(raw, param, useful_pixels)
+
+
+def document_pages(part: object, param: str, *, useful_pixels: int | None) -> tuple[ChatImage, ...]:
+    """An OpenAI `file` part's PDF (`file_data`, a data:application/pdf;base64 URL) as its pages."""
+    if not isinstance(part, dict):
+        raise bad_request("expected an object with file_data (and filename)", param)
+    if part.get("file_id") is not None and part.get("file_data") is None:
+        raise bad_request("this server keeps no uploaded files; send the PDF inline as file_data "
+                          "(a data:application/pdf;base64 URL)", f"{param}.file_id",
+                          code="file_id_unsupported")
+    url = part.get("file_data")
+    where = f"{param}.file_data"
+    if not isinstance(url, str) or not url:
+        raise bad_request("expected the PDF as a data:application/pdf;base64 URL", where)
+    header, sep, payload = url.partition(",")
+    if sep and header.startswith("data:"):
+        media_type = header[5:].split(";", 1)[0].lower()
+        if media_type and media_type != "application/pdf":
+            raise bad_request(f"file_data holds {shown(media_type, 40)}; a file part takes a PDF "
+                              "(send images as image_url parts)", where, code="invalid_document")
+        raw = _data_url_bytes(url, where, kind="application/pdf")
+    else:  # bare base64, as some clients send it
+        raw = _b64(url, where)
+    if not raw.startswith(PDF_MAGIC):
+        raise bad_request("file_data is not a PDF", where, code="invalid_document")
+    try:
+        return ChatImage.pages_of(raw, useful_pixels=useful_pixels)
+    except ImageError as exc:
+        reason = str(exc).split(": ", 1)[-1]  # the made-up name means nothing to a client
+        raise bad_request(reason, where, code="invalid_document") from None
 
 
 def decode(data: bytes, param: str, useful_pixels: int | None) -> ChatImage:
@@ -45,13 +83,16 @@ def decode(data: bytes, param: str, useful_pixels: int | None) -> ChatImage:
         raise bad_request(reason, param, code="invalid_image") from None
 
 
-def _data_url_bytes(url: str, param: str) -> bytes:
+def _data_url_bytes(url: str, param: str, *, kind: str = "image/") -> bytes:
     header, sep, payload = url.partition(",")
     if not sep or not header.endswith(";base64"):
-        raise bad_request("a data: URL must be base64 (data:image/png;base64,…)", param)
+        example = "image/png" if kind == "image/" else kind
+        raise bad_request(f"a data: URL must be base64 (data:{example};base64,…)", param)
     media_type = header[5:-7].lower()
-    if media_type and not media_type.startswith("image/"):
-        raise bad_request(f"the data: URL holds {media_type}, not an image", param, code="invalid_image")
+    if media_type and not media_type.startswith(kind):
+        hint = "; send a PDF as a file part" if media_type == "application/pdf" else ""
+        raise bad_request(f"the data: URL holds {shown(media_type, 40)}, not an image{hint}", param,
+                          code="invalid_image")
     return _b64(payload, param)
 
 

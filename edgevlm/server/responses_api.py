@@ -94,8 +94,12 @@ def _message(item: object, where: str) -> dict[str, object]:
                                   f"{where}.content[{j}].image_url")
             detail = part.get("detail") or "auto"
             parts.append({"type": "image_url", "image_url": {"url": url, "detail": detail}})
+        elif kind == "input_file":  # a PDF: the chat completions' file part, field for field
+            fields = {k: part.get(k) for k in ("file_data", "filename", "file_id")}
+            parts.append({"type": "file", "file": fields})
         else:
-            raise bad_request("expected a part of type input_text or input_image", f"{where}.content[{j}]")
+            raise bad_request("expected a part of type input_text, input_image or input_file",
+                              f"{where}.content[{j}]")
     return {"role": item.get("role"), "content": parts}
 
 

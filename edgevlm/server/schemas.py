@@ -20,10 +20,16 @@ class ImageUrl(_Open):
     detail: Literal["auto", "low", "high"] | None = None
 
 
+class FileData(_Open):
+    file_data: str | None = Field(None, description="the PDF as a data:application/pdf;base64 URL")
+    filename: str | None = None
+
+
 class ContentPart(_Open):
-    type: Literal["text", "image_url"]
+    type: Literal["text", "image_url", "file"]
     text: str | None = None
     image_url: ImageUrl | None = None
+    file: FileData | None = Field(None, description="a PDF: each page is shown as an image of the message")
 
 
 class FunctionSpec(_Open):
@@ -147,9 +153,11 @@ class CompletionRequest(_Open):
 
 
 class ResponseInputPart(_Open):
-    type: Literal["input_text", "input_image", "output_text"]
+    type: Literal["input_text", "input_image", "input_file", "output_text"]
     text: str | None = None
     image_url: str | None = None
+    file_data: str | None = Field(None, description="input_file: a data:application/pdf;base64 URL")
+    filename: str | None = None
     detail: Literal["auto", "low", "high"] | None = None
 
 

@@ -190,7 +190,7 @@ def past_summaries(turn: ChatTurn, store: SummaryStore | None) -> list[dict[str,
     for number, past in enumerate(turn.past, start=1):
         for image in past.images:
             summary = store.get(image.sha256) if store is not None else None
-            found.append({"turn": number, "image": image.image.path.name,
+            found.append({"turn": number, "image": image.image.name,
                           "sha256": image.sha256, "summary": summary})
     return found
 

@@ -37,11 +37,27 @@ class LoadedImage:
     source_size: tuple[int, int]
     note: str = ""
     full_size: tuple[int, int] | None = None  # upright size before any JPEG draft reduction
+    page: int = 0  # a document's page, numbered from 1 (0: a photo)
+
+    @property
+    def name(self) -> str:
+        """How the image is named in summaries: the file's name, and its page for a document."""
+        return f"{self.path.name}, page {self.page}" if self.page else self.path.name
+
+    @property
+    def key(self) -> str:
+        """The image as rows and results name it: its path, or `doc.pdf#page=3` for a page."""
+        return page_key(self.path, self.page) if self.page else str(self.path)
 
     @property
     def size(self) -> tuple[int, int]:
         """The upright full-resolution size; `image` may be a draft-reduced copy of it."""
         return self.full_size or self.image.size
+
+
+def page_key(path: Path, number: int) -> str:
+    """A document's page as one key (`report.pdf#page=3`, the form PDF viewers open)."""
+    return f"{path}#page={number}"
 
 
 def max_pixels() -> int:
@@ -67,7 +83,7 @@ def load_image(path: str | os.PathLike[str], *, pixel_limit: int | None = None,
     1/8) that still keeps at least that many pixels: much faster, and nothing shown is lost.
     """
     path = Path(path)
-    _check_path(path)
+    check_readable(path)
     return _decode(path, path, pixel_limit=pixel_limit, useful_pixels=useful_pixels)
 
 
@@ -152,11 +168,12 @@ def _high_depth_to_rgb(image: Image.Image) -> Image.Image:
     return Image.fromarray(grey).convert("RGB")
 
 
-def _check_path(path: Path) -> None:
+def check_readable(path: Path, kind: str = "an image") -> None:
+    """A file that exists, is not a folder, can be read and is not empty; else an ImageError."""
     if not path.exists():
         raise ImageError(f"{path}: no such file")
     if path.is_dir():
-        raise ImageError(f"{path}: is a directory, not an image")
+        raise ImageError(f"{path}: is a directory, not {kind}")
     if not os.access(path, os.R_OK):
         raise ImageError(f"{path}: permission denied")
     if path.stat().st_size == 0:

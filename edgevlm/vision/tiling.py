@@ -173,6 +173,9 @@ def plan_image(width: int, height: int, *, room: int, tile_size: int, view_token
     return best
 
 
+PLANNED_IMAGES = 16  # images per turn whose labels TurnCosts counts exactly (more: the widest again)
+
+
 @dataclass(frozen=True)
 class TurnCosts:
     """The tokens of one image turn around its views, as the model's tokenizer counts them.
@@ -186,15 +189,28 @@ class TurnCosts:
     whole_image_tokens: int  # the "Whole image:" label before the global view
     label_tokens: int  # one tile's label (the widest one, so every label fits)
     view_tokens: int  # one 336² view from the projector
+    # "Image 1: ", "Image 2: "… before each image of a turn of several (layouts without markers
+    # of their own; empty for mtmd's families), for the first PLANNED_IMAGES images
+    image_label_tokens: tuple[int, ...] = ()
 
     def room(self, n_ctx: int, answer_tokens: int) -> int:
         """Tokens an image block may use in a turn that starts from just the system prompt."""
         return n_ctx - self.system_tokens - self.text_tokens - answer_tokens
 
+    def share(self, n_ctx: int, answer_tokens: int, images: int) -> int:
+        """Each image's room in a fresh turn of `images` alike: the room, less their labels,
+        split evenly (what the conversation gives images of one size)."""
+        if images <= 1:
+            return self.room(n_ctx, answer_tokens)
+        labels = self.image_label_tokens
+        label_cost = sum(labels[:images]) + max(labels, default=0) * max(images - len(labels), 0)
+        return (self.room(n_ctx, answer_tokens) - label_cost) // images
+
     def plan(self, width: int, height: int, *, n_ctx: int, answer_tokens: int, tile_size: int,
-             pool: int | None = 1, max_tiles: int | None = None) -> TilePlan:
-        """The grid for a width x height image in a fresh turn at this context size."""
-        return plan_image(width, height, room=self.room(n_ctx, answer_tokens), tile_size=tile_size,
+             pool: int | None = 1, max_tiles: int | None = None, images: int = 1) -> TilePlan:
+        """The grid for a width x height image in a fresh turn at this context size (one of
+        `images` alike shown together)."""
+        return plan_image(width, height, room=self.share(n_ctx, answer_tokens, images), tile_size=tile_size,
                           view_tokens=self.view_tokens, label_tokens=self.label_tokens,
                           reserved_tokens=self.whole_image_tokens, pool=pool, max_tiles=max_tiles)
 

@@ -113,6 +113,35 @@ def test_plan_predicts_the_visual_tokens_describe_reports(test_models: dict[str,
     assert result["prompt_tokens"] + 512 <= 2048
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["qwen", "gemma", "smolvlm"])
+def test_plan_predicts_each_of_four_photos_tokens_describe_together_reports(
+        test_models: dict[str, Path], tmp_path: Path, family: str) -> None:
+    """Four 4K photos in one question at n_ctx 4096: every one gets a view, the answer keeps
+    its max_tokens, and `plan --images 4` says each one's tokens before anything loads."""
+    import json
+
+    from ..conftest import run_cli
+
+    photos = []
+    for seed in range(4):
+        photo = tmp_path / f"photo{seed}.png"
+        pixels = np.random.default_rng(seed).integers(0, 255, (2160, 3840, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(photo)
+        photos.append(str(photo))
+    pair = ["--model", str(test_models[f"{family}_text"]), "--mmproj", str(test_models[f"{family}_mmproj"]),
+            "--n-ctx", "4096", "--max-tokens", "512"]
+    planned = run_cli("plan", *pair[:-2], "--images", "4", "--json")
+    assert planned.returncode == 0, planned.stderr
+    example = json.loads(planned.stdout)["example_photo"]
+    assert example["of_images"] == 4 and example["most_per_turn"] >= 4
+    described = run_cli("describe", *photos, "--together", *pair, "--json")
+    assert described.returncode == 0, described.stderr
+    result = json.loads(described.stdout)
+    assert result["image_tokens"] == [example["visual_tokens"]] * 4 and example["visual_tokens"] > 0
+    assert result["prompt_tokens"] + 512 <= 4096
+
+
 @pytest.fixture(scope="module")
 def gemma_engine(test_models: dict[str, Path]) -> Iterator[Engine]:
     # A small batch keeps llama.cpp's window cache small (window + ubatch): the chat outgrows it.

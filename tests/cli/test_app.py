@@ -368,3 +368,30 @@ def test_describe_together_answers_once_about_every_image(test_models: dict[str,
     beside = run_cli("describe", *paths, "--together", "--write-captions", *pair)
     assert beside.returncode == 2 and "--write-captions" in beside.stderr
     assert len(beside.stderr.strip().splitlines()) == 1 and not (tmp_path / "p0.jpg.txt").exists()
+
+
+def test_describe_reads_a_pdf_page_by_page_and_answers_a_question_over_it(test_models: dict[str, Path],
+                                                                          tmp_path: Path) -> None:
+    from ..vision.test_documents import A4_LANDSCAPE, LETTER, SQUARE, encrypted_pdf, write_pdf
+
+    pdf = write_pdf(tmp_path / "doc.pdf", [LETTER, A4_LANDSCAPE, SQUARE])
+    pair = ["--model", str(test_models["qwen_text"]), "--mmproj", str(test_models["qwen_mmproj"]),
+            "--n-ctx", "4096", "--max-tokens", "8"]
+    chosen = run_cli("describe", str(pdf), "--pages", "3,1", "--json", *pair)
+    assert chosen.returncode == 0, chosen.stderr
+    rows = [json.loads(line) for line in chosen.stdout.splitlines()]
+    assert [(r["image"], r["page"]) for r in rows] == [(str(pdf), 3), (str(pdf), 1)]
+    assert all(0 < r["visual_tokens"] <= 2048 for r in rows)  # a page gets half the room
+    asked = run_cli("describe", str(pdf), "--ask", "What is on page 2?", *pair, env={"EDGEVLM_NO_CACHE": "0"})
+    assert asked.returncode == 0, asked.stderr
+    headers = [line for line in asked.stdout.splitlines() if line.startswith("==>")]
+    pages = [f"==> {pdf}, page {n} <==" for n in (1, 2, 3)]
+    assert headers == [*pages, f"==> {pdf} · What is on page 2? <=="]
+    assert "doc.pdf, page 2: mtmd-" in asked.stderr.splitlines()[-1]  # the page shown again
+    assert "CLIP 0.00 s" in asked.stderr.splitlines()[-1]  # from the projector-row cache
+    locked = run_cli("describe", str(encrypted_pdf(tmp_path / "locked.pdf")), *pair)
+    assert locked.returncode == 2 and locked.stderr.strip().splitlines() == [
+        f"edgevlm: error: {tmp_path / 'locked.pdf'}: the PDF is password-protected; edgevlm reads "
+        "unprotected PDFs only (save or print an unprotected copy)"]
+    xmp = run_cli("describe", str(pdf), "--write-xmp", *pair)
+    assert xmp.returncode == 2 and "have no XMP" in xmp.stderr

@@ -323,3 +323,26 @@ def test_two_images_in_one_question_are_kept_and_resumed_each_with_its_summary(
                       stdin="the second one?\n")
     assert resumed.returncode == 0, resumed.stderr
     assert _turns(tmp_path / "session.jsonl")[-1]["stats"]["clip_encodes"] == 0  # summaries, no CLIP
+
+
+def test_doc_reads_each_page_as_a_turn_and_keeps_only_its_transcript(test_models: dict[str, Path],
+                                                                     tmp_path: Path) -> None:
+    from edgevlm.describe.describer import DOCUMENT_PROMPT
+
+    from ..vision.test_documents import write_pdf
+
+    pdf = write_pdf(tmp_path / "notes.pdf", [(90, 120), (80, 80), (120, 90), (80, 80)])
+    stats = tmp_path / "stats.jsonl"
+    result = run_cli(*_args(test_models, tmp_path, "--stats-json", str(stats)),
+                     stdin=f"/doc {pdf} 1-3\nwhat does the second page say?\n/doc {tmp_path}/none.pdf\n")
+    assert result.returncode == 0, result.stderr
+    assert [line for line in result.stdout.splitlines() if line.startswith("==>")] == [
+        f"==> notes.pdf, page {n} <==" for n in (1, 2, 3)]
+    assert "read 3 of 4 pages of notes.pdf" in result.stderr and "none.pdf: no such file" in result.stderr
+    turns = _turns(tmp_path / "session.jsonl")
+    assert [t["user"] for t in turns] == [DOCUMENT_PROMPT] * 3 + ["what does the second page say?"]
+    rows = [json.loads(line) for line in stats.read_text().splitlines()]
+    for row in rows[:3]:  # each page alone in the cache: the one before it was swapped for its name
+        assert row["visual_tokens_live"] == row["visual_tokens"] > 0
+    summaries = _rows(tmp_path / "session.jsonl", "summary")
+    assert summaries and all(row["summary"] == "" for row in summaries)  # the answer is the transcript
