@@ -51,7 +51,7 @@ from edgevlm.vision.images import LoadedImage
 from edgevlm.vision.layout import ImageLayout, ImagePlan
 from edgevlm.vision.llava15 import LabelledTiles
 from edgevlm.vision.registry import check_image_settings
-from edgevlm.vision.tiling import PLANNED_IMAGES, TurnCosts, useful_pixels
+from edgevlm.vision.tiling import PLANNED_IMAGES, TurnCosts, even_share, useful_pixels
 
 DEFAULT_QUESTION = "Describe this image in detail."
 SUMMARY_MODES = ("caption", "answer", "none")
@@ -499,7 +499,7 @@ class Conversation:
         """Each image's views within its share of the room left: the room is split evenly, and
         what the images that need less leave over goes to the others (one more pass)."""
         room = self.sequence.n_ctx - self.kv_tokens - parts.fixed - sum(len(label) for label in parts.labels)
-        share = room // len(images)
+        share = even_share(room, len(images))
         # A view cut beforehand is kept when it fits its share (so its projector rows are the
         # cached ones), even if it was planned for more room than that.
         views = [ready if ready is not None and (ready.room <= share or self.block_tokens(ready) <= share)

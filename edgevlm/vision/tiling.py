@@ -204,7 +204,13 @@ class TurnCosts:
             return self.room(n_ctx, answer_tokens)
         labels = self.image_label_tokens
         label_cost = sum(labels[:images]) + max(labels, default=0) * max(images - len(labels), 0)
-        return (self.room(n_ctx, answer_tokens) - label_cost) // images
+        return even_share(self.room(n_ctx, answer_tokens) - label_cost, images)
+
+
+def even_share(room: int, images: int) -> int:
+    """Each image's first share of a turn's room: an even split (what one image does not need
+    goes to the others afterwards; see Conversation._fit)."""
+    return room // max(images, 1)
 
     def plan(self, width: int, height: int, *, n_ctx: int, answer_tokens: int, tile_size: int,
              pool: int | None = 1, max_tiles: int | None = None, images: int = 1) -> TilePlan:
