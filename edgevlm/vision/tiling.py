@@ -206,12 +206,6 @@ class TurnCosts:
         label_cost = sum(labels[:images]) + max(labels, default=0) * max(images - len(labels), 0)
         return even_share(self.room(n_ctx, answer_tokens) - label_cost, images)
 
-
-def even_share(room: int, images: int) -> int:
-    """Each image's first share of a turn's room: an even split (what one image does not need
-    goes to the others afterwards; see Conversation._fit)."""
-    return room // max(images, 1)
-
     def plan(self, width: int, height: int, *, n_ctx: int, answer_tokens: int, tile_size: int,
              pool: int | None = 1, max_tiles: int | None = None, images: int = 1) -> TilePlan:
         """The grid for a width x height image in a fresh turn at this context size (one of
@@ -229,6 +223,12 @@ def even_share(room: int, images: int) -> int:
             global_tokens=self.view_tokens,
             tokens_per_tile=pooled_tokens(self.view_tokens, pool) + self.label_tokens,
             cap=MAX_AUTO_TILES if pool == 1 else MAX_POOLED_TILES)
+
+
+def even_share(room: int, images: int) -> int:
+    """Each image's first share of a turn's room: an even split (what one image does not need
+    goes to the others afterwards; see Conversation._fit)."""
+    return room // max(images, 1)
 
 
 def parse_tiles(value: str) -> int | None:
