@@ -248,3 +248,33 @@ def test_an_mtmd_image_is_not_called_a_global_view(qwen_server: str, browser: we
     caption = _turns(browser)[0].find_element(By.CSS_SELECTOR, ".saw-caption").text
     assert "global view" not in caption and "as its family lays it out" in caption
     assert "mtmd-qwen2.5vl_merger" in caption
+
+
+def test_several_photos_and_a_pdf_go_in_one_message(qwen_server: str, browser: webdriver.Chrome,
+                                                    tmp_path: Path) -> None:
+    """Attach several files at once (and drop one again): the photos go as image_url parts and the
+    PDF as a file part, in the order chosen; the server counts every image and page."""
+    from ..vision.test_documents import write_pdf
+
+    browser.get(qwen_server)
+    browser.execute_script("localStorage.clear()")
+    browser.refresh()
+    WebDriverWait(browser, 30).until(lambda d: d.find_element(By.ID, "model-name").text)
+    files = [_photo(tmp_path / "a.jpg"), _photo(tmp_path / "b.jpg", 300), _photo(tmp_path / "c.jpg", 200),
+             write_pdf(tmp_path / "notes.pdf", [(90, 120), (80, 80)])]
+    browser.find_element(By.ID, "file-input").send_keys("\n".join(str(f) for f in files))
+    chips = lambda d: d.find_elements(By.CSS_SELECTOR, "#attachment .chip")  # noqa: E731
+    WebDriverWait(browser, 10).until(lambda d: len(chips(d)) == 4)
+    chips(browser)[2].find_element(By.TAG_NAME, "button").click()  # c.jpg is not wanted after all
+    names = [c.find_element(By.CSS_SELECTOR, ".name").text for c in chips(browser)]
+    assert names == ["a.jpg", "b.jpg", "notes.pdf"]
+    _send(browser, "Compare them.")
+    _wait_for_states(browser, "done")
+    turn = _stored(browser)["turns"][0]
+    assert [a["kind"] for a in turn["images"]] == ["image", "image", "pdf"]
+    assert len(turn["numbers"]["image_tokens"]) == 4  # two photos, two pages
+    shown = _turns(browser)[0]
+    assert shown.find_element(By.CSS_SELECTOR, ".saw").is_displayed()  # the first photo, with its layout
+    beside = [c.text for c in shown.find_elements(By.CSS_SELECTOR, ".more-images .name")]
+    assert beside == ["b.jpg", "notes.pdf"]
+    assert not browser.find_element(By.ID, "attachment").is_displayed()  # sent: the composer is empty

@@ -10,7 +10,7 @@ const $ = (id) => document.getElementById(id);
 let chat = loadChat();
 let info = null;
 let running = null; // {turn, controller} while an answer is coming
-let attached = null; // {url, name} of the image waiting to be sent
+let attached = []; // {url, name, kind} of each image or PDF waiting to be sent
 const views = new Map(); // turn id -> its <section>
 
 // -- storage ----------------------------------------------------------------------------
@@ -25,6 +25,8 @@ function loadChat() {
     if (!saved || !Array.isArray(saved.turns)) return freshChat();
     for (const turn of saved.turns) {
       if (turn.state === "waiting" || turn.state === "streaming") turn.state = "dropped"; // reloaded mid-answer
+      if (!turn.images) turn.images = turn.image ? [turn.image] : []; // saved before several images
+      delete turn.image;
     }
     return { ...freshChat(), ...saved };
   } catch {
@@ -112,9 +114,12 @@ function showFacts(facts) {
 // -- requests ---------------------------------------------------------------------------
 
 function userMessage(turn, detail) {
-  if (!turn.image) return { role: "user", content: turn.text };
-  return { role: "user", content: [{ type: "text", text: turn.text },
-                                   { type: "image_url", image_url: { url: turn.image.url, detail } }] };
+  if (!turn.images.length) return { role: "user", content: turn.text };
+  // Images as image_url parts, a PDF as a file part (each of its pages becomes an image).
+  const parts = turn.images.map((a) => (a.kind === "pdf"
+    ? { type: "file", file: { file_data: a.url, filename: a.name } }
+    : { type: "image_url", image_url: { url: a.url, detail } }));
+  return { role: "user", content: [{ type: "text", text: turn.text }, ...parts] };
 }
 
 function history(upTo) {
@@ -206,7 +211,7 @@ async function refused(turn, response) {
   const error = await errorOf(response);
   if (response.status === 401 && askForKey()) {
     turn.error = "API key set: retry";
-  } else if (error.code === "invalid_image" || error.param.includes("image_url")) {
+  } else if (["invalid_image", "invalid_document"].includes(error.code) || /image_url|\.file/.test(error.param)) {
     turn.imageError = error.message; // the server's own words, next to the image
   } else {
     turn.error = error.message;
@@ -219,7 +224,7 @@ function took(turn, past, numbers) {
   chat.kv = numbers.kv;
   for (const found of numbers.summaries || []) {
     const earlier = past[found.turn - 1];
-    if (earlier && earlier.image) {
+    if (earlier && earlier.images.length) {
       earlier.summary = found.summary;
       update(earlier);
     }
@@ -272,22 +277,28 @@ function numbersText(n) {
 
 function showWaiting(turn, started) {
   if (turn.state !== "waiting") return;
-  const what = turn.image ? "reading the image" : "reading the prompt";
+  const n = turn.images.length;
+  const what = n > 1 ? `reading the ${n} attachments` : n ? "reading the image" : "reading the prompt";
   view(turn).querySelector(".status").textContent = `${what}… ${((performance.now() - started) / 1000).toFixed(1)} s`;
 }
 
 function showImage(section, turn) {
+  // The first image with the grid the server chose for it; any others (and PDFs) beside it.
+  const first = turn.images[0]?.kind === "image" || (turn.images[0] && !turn.images[0].kind)
+    ? turn.images[0] : undefined; // the server's grid is for the message's first image
   const figure = section.querySelector(".saw");
-  figure.hidden = !turn.image;
+  figure.hidden = !first;
+  section.querySelector(".more-images").replaceChildren(
+    ...turn.images.filter((a) => a !== first).map((a) => attachmentChip(a)));
   const error = section.querySelector(".image-error");
   error.textContent = turn.imageError || "";
   error.hidden = !turn.imageError;
   const summary = section.querySelector(".summary");
   summary.hidden = turn.summary === undefined || turn.summary === null;
   section.querySelector(".summary-text").textContent = turn.summary || "(the summary was empty)";
-  if (!turn.image) return;
+  if (!first) return;
   const photo = figure.querySelector(".photo");
-  if (photo.getAttribute("src") !== turn.image.url) photo.src = turn.image.url;
+  if (photo.getAttribute("src") !== first.url) photo.src = first.url;
   drawGrid(figure, turn.imageError ? null : turn.numbers);
 }
 
@@ -390,30 +401,62 @@ async function prepareImage(file) {
   return { url: canvas.toDataURL("image/jpeg", 0.92), name: file.name };
 }
 
-async function attach(file) {
-  if (!file) return;
-  if (file.type && !file.type.startsWith("image/")) {
-    notice(`${file.name} is not an image.`);
-    return;
+function isPdf(file) {
+  return file.type === "application/pdf" || file.name.toLowerCase().endsWith(".pdf");
+}
+
+async function attach(files) {
+  // Several at once are shown in one question, in the order chosen.
+  for (const file of files || []) {
+    if (isPdf(file)) {
+      attached.push({ url: await readDataUrl(file), name: file.name, kind: "pdf" });
+    } else if (!file.type || file.type.startsWith("image/")) {
+      attached.push({ ...(await prepareImage(file)), kind: "image" });
+    } else {
+      notice(`${file.name} is neither an image nor a PDF.`);
+      continue;
+    }
+    notice("");
   }
-  attached = await prepareImage(file);
-  $("attachment-thumb").src = attached.url;
-  $("attachment-name").textContent = attached.name;
-  $("attachment").hidden = false;
-  notice("");
+  showAttachments();
+}
+
+function attachmentChip(a, onRemove) {
+  const chip = Object.assign(document.createElement("span"), { className: "chip" });
+  chip.append(a.kind === "pdf"
+    ? Object.assign(document.createElement("span"), { className: "pdf", textContent: "PDF" })
+    : Object.assign(document.createElement("img"), { src: a.url, alt: a.name }));
+  chip.append(Object.assign(document.createElement("span"), { className: "muted name", textContent: a.name }));
+  if (onRemove) {
+    const remove = Object.assign(document.createElement("button"), { type: "button", textContent: "×" });
+    remove.setAttribute("aria-label", `Remove ${a.name}`);
+    remove.addEventListener("click", onRemove);
+    chip.append(remove);
+  }
+  return chip;
+}
+
+function showAttachments() {
+  $("attachment").replaceChildren(...attached.map((a, k) => attachmentChip(a, () => {
+    attached.splice(k, 1);
+    showAttachments();
+  })));
+  $("attachment").hidden = !attached.length;
+  $("file-input").value = "";
 }
 
 function detach() {
-  attached = null;
-  $("attachment").hidden = true;
-  $("file-input").value = "";
+  attached = [];
+  showAttachments();
 }
 
 function submit() {
   const text = $("prompt").value.trim();
-  if (running || (!text && !attached)) return;
+  if (running || (!text && !attached.length)) return;
+  const several = attached.length > 1 || attached.some((a) => a.kind === "pdf");
+  const asked = several ? "Describe these." : "Describe this image.";
   const turn = { id: `t${Date.now().toString(36)}${Math.random().toString(36).slice(2, 6)}`,
-                 text: text || "Describe this image.", image: attached, answer: "", state: "waiting" };
+                 text: text || asked, images: [...attached], answer: "", state: "waiting" };
   chat.turns.push(turn);
   $("prompt").value = "";
   detach();
@@ -463,21 +506,20 @@ function wireComposer() {
   });
   $("stop").addEventListener("click", () => running && running.controller.abort());
   $("new-chat").addEventListener("click", newChat);
-  $("file-input").addEventListener("change", () => attach($("file-input").files[0]));
-  $("attachment-remove").addEventListener("click", detach);
+  $("file-input").addEventListener("change", () => attach([...$("file-input").files]));
   document.querySelector("label.attach").addEventListener("keydown", (e) => {
     if (e.key === "Enter" || e.key === " ") { e.preventDefault(); $("file-input").click(); }
   });
   document.addEventListener("paste", (e) => {
-    const file = [...(e.clipboardData?.files || [])].find((f) => f.type.startsWith("image/"));
-    if (file) { e.preventDefault(); attach(file); }
+    const files = [...(e.clipboardData?.files || [])].filter((f) => f.type.startsWith("image/") || isPdf(f));
+    if (files.length) { e.preventDefault(); attach(files); }
   });
   window.addEventListener("dragover", (e) => { e.preventDefault(); document.body.classList.add("dragging"); });
   window.addEventListener("dragleave", () => document.body.classList.remove("dragging"));
   window.addEventListener("drop", (e) => {
     e.preventDefault();
     document.body.classList.remove("dragging");
-    attach(e.dataTransfer?.files[0]);
+    attach([...(e.dataTransfer?.files || [])]);
   });
 }
 
