@@ -357,7 +357,7 @@ class Conversation:
         wait_s = self.swap.settle(needs_room=bool(parts.image_floor), overflow=overflow,
                                   on_progress=on_progress)
         dropped = self.history.make_room(parts.fixed + parts.image_floor)
-        plan, tiles, image_tokens = self._prefill(parts, loaded, prepared, on_progress)
+        plan, tiles, image_tokens, canvases = self._prefill(parts, loaded, prepared, on_progress)
         prompt_tokens = self.kv_tokens
         answer, answer_tokens, interrupted = self._generate(parts, on_piece)
         generated = self.sequence.stats()  # the prefill is what came before the first token
@@ -365,7 +365,7 @@ class Conversation:
         self.ledger.mark()
         stats = self._turn_stats(parts.turn, plan, generated, dropped=dropped, wait_s=wait_s,
                                  completion_tokens=len(answer_tokens), prompt_tokens=prompt_tokens,
-                                 tiles=tiles, image_tokens=image_tokens)
+                                 tiles=tiles, image_tokens=image_tokens, canvases=canvases)
         self._keep_turn(stats, question, answer, loaded, interrupted=interrupted, transcribed=transcribed)
         if on_answered is not None:
             on_answered(stats)
@@ -473,16 +473,18 @@ class Conversation:
 
     def _prefill(self, parts: TurnParts, images: list[LoadedImage], prepared: list[PreparedImage | None],
                  on_progress: Callable[[PrefillProgress], None] | None
-                 ) -> tuple[ImagePlan | None, BlockCost, tuple[int, ...]]:
+                 ) -> tuple[ImagePlan | None, BlockCost, tuple[int, ...], tuple[tuple[int, int], ...]]:
         """Decode the user turn (and its images, in order); an interrupt rolls the cache back to
-        before it. Returns the first image's plan, what the tiles cost and each image's tokens."""
+        before it. Returns the first image's plan, what the tiles cost, and each image's tokens
+        and canvas."""
         start_index = len(self.ledger)
         self._prefix_tier, self._block_end = NO_PREFIX, None
-        plan, tiles, image_tokens = None, BlockCost(), ()
+        plan, tiles, image_tokens, canvases = None, BlockCost(), (), ()
         try:
             if images:
                 views = self._fit(parts, images, prepared)
                 plan = views[0].plan
+                canvases = tuple(view.plan.canvas_size for view in views)
                 tiles, image_tokens = self._write_images(parts, views, on_progress)
                 self._block_end = (len(self.ledger), plan)
                 self.ledger.mark()  # a hybrid model's --ask goes back here, not to before the image
@@ -492,7 +494,7 @@ class Conversation:
         except (KeyboardInterrupt, Interrupted):
             self.ledger.roll_back(start_index)
             raise Interrupted("interrupted; nothing was kept of this message") from None
-        return plan, tiles, image_tokens
+        return plan, tiles, image_tokens, canvases
 
     def _fit(self, parts: TurnParts, images: list[LoadedImage],
              prepared: list[PreparedImage | None]) -> list[PreparedImage]:
@@ -575,7 +577,8 @@ class Conversation:
 
     def _turn_stats(self, turn: int, plan: ImagePlan | None, generated: RequestStats, *,
                     wait_s: float, dropped: int, completion_tokens: int, prompt_tokens: int,
-                    tiles: BlockCost | None = None, image_tokens: tuple[int, ...] = ()) -> TurnStats:
+                    tiles: BlockCost | None = None, image_tokens: tuple[int, ...] = (),
+                    canvases: tuple[tuple[int, int], ...] = ()) -> TurnStats:
         tiles = tiles or BlockCost()
         return TurnStats(
             turn=turn, prefill_tokens=generated.prompt_tokens, kv_tokens=self.kv_tokens,
@@ -595,7 +598,7 @@ class Conversation:
             canvas_size=plan.canvas_size if plan else (0, 0),
             image_box=plan.image_box if plan else (0, 0, 0, 0),
             prefix_cache=self._prefix_tier, restore_s=generated.restore_s,
-            aside_prefill_tokens=generated.aside_tokens, image_tokens=image_tokens)
+            aside_prefill_tokens=generated.aside_tokens, image_tokens=image_tokens, canvas_sizes=canvases)
 
 
 class _TurnProgress:

@@ -103,6 +103,7 @@ class TurnStats:
     prefix_cache: str = "none"  # the image block restored from the prefix cache: ram | disk | none
     restore_s: float = 0.0  # restoring it (part of TTFT; prefill_s is what was decoded)
     image_tokens: tuple[int, ...] = ()  # each of the turn's images' visual tokens, in order
+    canvas_sizes: tuple[tuple[int, int], ...] = ()  # … and each one's canvas (canvas_size for all)
 
 
 @dataclass(frozen=True)
