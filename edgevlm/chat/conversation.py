@@ -281,8 +281,7 @@ class Conversation:
     def restore(self, records: list[TurnRecord]) -> None:
         """Rebuild the chat's text from a transcript: summaries stand in for images (no CLIP)."""
         self.reset()
-        for record in records:
-            self.history.restore_turn(record, answer_room=self.max_tokens)
+        self.history.restore_turns(records, answer_room=self.max_tokens)
 
     def replay(self, records: list[TurnRecord]) -> int:
         """Make these finished turns the history, keeping the longest prefix already cached."""

@@ -13,7 +13,7 @@ boundary and re-decodes only the segments between the two.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -135,6 +135,20 @@ class KvLedger:
         else:
             self._sequence.eval_text(list(segment.tokens))
         self._segments.append(segment)
+
+    def extend(self, segments: Sequence[Segment]) -> None:
+        """Decode text segments at the end of the cache in one go and record them (restoring a
+        history: one decode instead of one per segment). An interrupt keeps none of them."""
+        if any(segment.embedding is not None for segment in segments):
+            raise ValueError("extend decodes text segments only")
+        before = len(self._segments)
+        try:
+            self._sequence.eval_text([token for segment in segments for token in segment.tokens])
+        except (Interrupted, KeyboardInterrupt):
+            self._settle_interrupt()
+            self.truncate_to(before)  # the part decoded goes too: the ledger and the cache agree
+            raise
+        self._segments.extend(segments)
 
     def record_decoded(self, *segments: Segment) -> None:
         """Record segments the sequence already holds (a generated answer, a restored prefix)."""

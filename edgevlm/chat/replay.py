@@ -54,8 +54,9 @@ class HistoryReplay:
         kept = self._log.shared_turns([(r.user, r.answer, r.image_key) for r in records])
         if kept < len(self._log.records):
             self._forget_from(kept)
-        for record in records[kept:]:
-            self.restore_turn(replace(record, turn=self._log.turn + 1), answer_room=answer_room)
+        first = self._log.turn + 1
+        self.restore_turns([replace(record, turn=first + k) for k, record in enumerate(records[kept:])],
+                           answer_room=answer_room)
         return kept
 
     def _forget_from(self, index: int) -> None:
@@ -78,12 +79,30 @@ class HistoryReplay:
         return (f"{self._fmt.user_prefix}{summary}{record.user}{self._fmt.user_suffix}",
                 f"{record.answer}{self._fmt.assistant_suffix}")
 
-    def restore_turn(self, record: TurnRecord, *, answer_room: int) -> None:
-        """Decode one finished turn as text, its image as a summary (older turns dropped so that
-        answer_room tokens stay free after it)."""
-        user, answer = self._turn_texts(record)
-        tokenize = self._sequence.tokenize
-        self.make_room(len(tokenize(user + answer)) + answer_room)
-        self._ledger.append(Segment("user", record.turn, tuple(tokenize(user))))
-        self._ledger.append(Segment("answer", record.turn, tuple(tokenize(answer))))
-        self._log.add(record)
+    def restore_turns(self, records: Sequence[TurnRecord], *, answer_room: int) -> None:
+        """Decode finished turns as text, each image as its summary (older turns dropped so that
+        answer_room tokens stay free after each). Turns that fit are decoded together, in one
+        decode: a history of many short turns costs its tokens, not a decode call per turn."""
+        pending: list[Segment] = []
+        waiting: list[TurnRecord] = []
+        for record in records:
+            user, answer = self._turn_texts(record)
+            tokenize = self._sequence.tokenize
+            turn = [Segment("user", record.turn, tuple(tokenize(user))),
+                    Segment("answer", record.turn, tuple(tokenize(answer)))]
+            need = sum(s.n_tokens for s in turn) + answer_room
+            if self._ledger.kv_tokens + sum(s.n_tokens for s in pending) + need > self._sequence.n_ctx:
+                self._decode(pending, waiting)  # what is waiting goes in first: the room is made after it
+                self.make_room(need)
+            pending += turn
+            waiting.append(record)
+        self._decode(pending, waiting)
+
+    def _decode(self, pending: list[Segment], waiting: list[TurnRecord]) -> None:
+        """Decode the turns waiting and log them; both lists are emptied."""
+        if pending:
+            self._ledger.extend(pending)
+        for record in waiting:
+            self._log.add(record)
+        pending.clear()
+        waiting.clear()
