@@ -104,7 +104,8 @@ def edgevlm_run(pdf: Path) -> dict[str, object]:
 
 def page_urls(pdf: Path) -> list[str]:
     """Every page rendered as edgevlm renders it, as PNG data URLs (what a client would send)."""
-    from edgevlm.vision.documents import load_source, open_document
+    from edgevlm.vision.documents import open_document
+    from edgevlm.vision.sources import load_source
 
     urls = []
     for page in open_document(pdf).pages:

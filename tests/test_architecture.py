@@ -16,7 +16,8 @@ PURE = ["edgevlm.vision.tiling", "edgevlm.vision.layout", "edgevlm.vision.llava1
         "edgevlm.vision.llava_next", "edgevlm.vision.registry", "edgevlm.planning.memory",
         "edgevlm.planning.split", "edgevlm.planning.devices", "edgevlm.models.catalog",
         "edgevlm.models.gguf", "edgevlm.llama.types", "edgevlm.store.caches", "edgevlm.chat.resent",
-        "edgevlm.server.fields", "edgevlm.vision.documents"]
+        "edgevlm.server.fields", "edgevlm.vision.documents", "edgevlm.vision.video",
+        "edgevlm.vision.sources"]
 MAX_FUNCTION_LINES = 50
 
 

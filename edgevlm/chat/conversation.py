@@ -329,10 +329,11 @@ class Conversation:
             on_progress: Callable[[PrefillProgress], None] | None = None,
             on_answered: Callable[[TurnStats], None] | None = None,
             started: float | None = None, new_request: bool = True,
-            transcribed: bool = False) -> tuple[str, TurnStats]:
+            transcribed: bool = False, labels: Sequence[str] | None = None) -> tuple[str, TurnStats]:
         """One user turn (optionally with an image, or several: `images`, shown in order and
         sharing the room) and the streamed answer. With transcribed (a document's page), the
         answer is the transcript: the swap later leaves the page's name alone in its place.
+        `labels`, one per image, is the text before each (a video frame's time), in every family.
 
         The answered images stay live; their summaries are made later (summarise_pending, in idle
         time), or at the start of a turn that cannot go on without it. on_answered gets the
@@ -350,7 +351,7 @@ class Conversation:
         question = question.strip() or (DEFAULT_QUESTION if loaded else "")
         if not question:
             raise EmptyMessageError("nothing to ask: the message is empty")
-        parts = self._parts(self.turn + 1, question, images=len(loaded))
+        parts = self._parts(self.turn + 1, question, images=len(loaded), label_texts=labels)
         self._check_budget(parts)
         overflow = self.kv_tokens + parts.fixed + parts.image_floor > self.sequence.n_ctx
         wait_s = self.swap.settle(needs_room=bool(parts.image_floor), overflow=overflow,
@@ -428,7 +429,8 @@ class Conversation:
 
     # -- the steps of a turn ----------------------------------------------------------------
 
-    def _parts(self, turn: int, question: str, *, images: int) -> TurnParts:
+    def _parts(self, turn: int, question: str, *, images: int,
+               label_texts: Sequence[str] | None = None) -> TurnParts:
         """Tokenize the text of a turn and count what it needs beside its image views."""
         tok = self.sequence.tokenize
         has_system = bool(self.fmt.system(self.system))
@@ -438,16 +440,21 @@ class Conversation:
         # The caption is asked for at the end of the cache, after any follow-up that comes first;
         # a turn's images are captioned one at a time, each rolled back, so one reserve serves all.
         caption = self.swap.caption_reserve(max(images, 1)) if images or self.swap.due() else 0
-        labels = self._image_labels(images)
+        labels = self._image_labels(images, label_texts)
         floor = (images * (self.sequence.image_tokens() + self.blocks.whole_image_tokens)
                  + sum(len(label) for label in labels))
         fixed = len(head) + len(tail) + self.max_tokens + len(suffix) + caption
         return TurnParts(turn, tuple(head), tuple(tail), tuple(suffix), fixed, floor, caption, labels)
 
-    def _image_labels(self, images: int) -> tuple[tuple[int, ...], ...]:
-        """The text before each image of a turn: "Image 1:", "Image 2:"… for LLaVA's layouts,
-        which have no markers of their own, when a turn shows several; nothing for one image or
-        for mtmd's families (their own markers open each image, as their chat templates do)."""
+    def _image_labels(self, images: int, texts: Sequence[str] | None = None) -> tuple[tuple[int, ...], ...]:
+        """The text before each image of a turn: `texts` where given (a video's frame times);
+        else "Image 1:", "Image 2:"… for LLaVA's layouts, which have no markers of their own,
+        when a turn shows several; nothing for one image or for mtmd's families (their own
+        markers open each image, as their chat templates do)."""
+        if texts is not None:
+            if len(texts) != images:
+                raise ValueError(f"{len(texts)} labels for {images} images")
+            return tuple(tuple(self.sequence.tokenize(text)) for text in texts)
         if images < 2 or self.layout.native:
             return ((),) * images
         return tuple(tuple(self.sequence.tokenize(image_label(slot))) for slot in range(images))

@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # the heavy modules load inside the commands: `--help` stays 
     from edgevlm.describe.folders import BatchEvent, BatchSummary, Found, JsonlLog, Target, XmpOutput
     from edgevlm.llama.types import Sampling
     from edgevlm.runtime.loading import Loaded, ModelFlags, Placement
-    from edgevlm.vision.documents import Source
+    from edgevlm.vision.sources import Source
 
 T = TypeVar("T")
 app = typer.Typer(
@@ -141,7 +141,7 @@ def describe(
     seed: opt.Seed = None, temperature: opt.Temperature = 0.0, json_out: opt.JsonOut = False,
     fmt: opt.Format = None, schema: opt.Schema = None, tags: opt.Tags = False, max_tags: opt.MaxTags = 8,
     language: opt.Language = "English", together: opt.Together = False, pages: opt.Pages = None,
-    quiet: opt.Quiet = False, recursive: opt.Recursive = False, glob: opt.Glob = None,
+    fps: opt.Fps = 1.0, quiet: opt.Quiet = False, recursive: opt.Recursive = False, glob: opt.Glob = None,
     write_captions: opt.WriteCaptions = False, out_dir: opt.OutDir = None, jsonl: opt.Jsonl = None,
     write_xmp: opt.WriteXmp = False, embed: opt.Embed = False, xmp_name: opt.XmpName = "IMG.jpg.xmp",
     overwrite: opt.Overwrite = False, fetch_missing: opt.Fetch = False, threads: opt.Threads = None,
@@ -164,7 +164,8 @@ def describe(
         _check_describe_outputs(ctx, write_captions, jsonl, out_dir, write_xmp or embed, bool(ask or prompts))
         found = find_images(photos, recursive=recursive, pattern=glob)
         writes = write_captions or write_xmp or jsonl is not None  # the text goes to files, not stdout
-        targets, xmp = _describe_targets(found, pages, together, write_captions, out_dir, write_xmp, embed,
+        parts = (pages, fps, bool(questions.more or questions.asked))
+        targets, xmp = _describe_targets(found, parts, together, write_captions, out_dir, write_xmp, embed,
                                          xmp_name, (model, mmproj, questions.prompt, output, max_tiles,
                                                     pool_factor, budget))
         log = JsonlLog(jsonl) if jsonl is not None else None
@@ -341,8 +342,8 @@ def _answer_shape(fmt: str | None, schema: Path | None, tags: bool, max_tags: in
     return output, prompt or output.prompt or DEFAULT_PROMPT, answer_budget(output, max_tokens)
 
 
-def _describe_targets(found: Found, pages: str | None, together: bool, write_captions: bool,
-                      out_dir: Path | None, write_xmp: bool, embed: bool, xmp_name: str,
+def _describe_targets(found: Found, parts: tuple[str | None, float, bool], together: bool,
+                      write_captions: bool, out_dir: Path | None, write_xmp: bool, embed: bool, xmp_name: str,
                       settings: tuple[object, ...]) -> tuple[list[Target], XmpOutput | None]:
     """Each image (and each chosen page of a PDF, checked now) with where its outputs go, and
     what its XMP files hold now (when XMP is asked for)."""
@@ -351,12 +352,16 @@ def _describe_targets(found: Found, pages: str | None, together: bool, write_cap
         plan_targets,
         read_xmp,
         settings_stamp,
-        with_pages,
+        with_parts,
     )
     from edgevlm.describe.xmp import check_exiftool
     from edgevlm.vision.documents import parse_pages
+    from edgevlm.vision.video import VideoWindow
 
-    images = with_pages(found.images, parse_pages(pages) if pages is not None else None)
+    pages, fps, asking = parts
+    images = with_parts(found.images, parse_pages(pages) if pages is not None else None, fps=fps)
+    if (together or asking) and any(isinstance(image, VideoWindow) for image, _root in images):
+        raise ConfigError("a video is described stretch by stretch; --together and --ask do not take one yet")
     _check_together(together, found, len(images), write_captions or write_xmp or embed or out_dir is not None)
     targets = plan_targets(images, write_captions=write_captions, out_dir=out_dir,
                            xmp_name=xmp_name if write_xmp else None, embed=embed)

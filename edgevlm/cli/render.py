@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # imported lazily at run time: `edgevlm --help` must not load
     from edgevlm.describe.folders import BatchEvent, BatchSummary
     from edgevlm.planning.memory import Check, Plan
     from edgevlm.runtime.loading import Loaded, ModelFlags
-    from edgevlm.vision.documents import Source
+    from edgevlm.vision.sources import Source
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -38,6 +38,8 @@ def write_stdout(text: str) -> None:
 
 def stats_line(r: DescribeResult) -> str:
     """One image's grid, tokens, time to first token (with prefill) and decode speed."""
+    from edgevlm.vision.images import clock
+
     pooled = f", pooled {r.pool}x{r.pool}" if r.pool > 1 else ""
     grid = f"{r.grid[0]}x{r.grid[1]} grid ({r.n_tiles} tiles{pooled})" if r.n_tiles else "global view only"
     if r.layout.startswith("mtmd-"):  # laid out by mtmd for its family: no tiles of edgevlm's own
@@ -52,6 +54,10 @@ def stats_line(r: DescribeResult) -> str:
     page = f", page {r.page}" if r.page else ""
     names = " + ".join(Path(name).name.replace("#page=", ", page ") for name in r.images)
     names = names or Path(r.image).name + page
+    if r.window != (0.0, 0.0):  # a stretch of a video: its frames
+        dropped = f", {r.skipped_frames} dropped as duplicates" if r.skipped_frames else ""
+        names = f"{Path(r.image).name}, {clock(r.window[0])}–{clock(r.window[1])}"
+        grid = f"{len(r.frame_times_s)} frames ({' + '.join(map(str, r.image_tokens))} tokens{dropped})"
     return (f"[dim]{escape(names)}: {grid}, {r.visual_tokens} visual tokens | "
             f"TTFT {r.ttft_s:.2f} s (prefill {r.prompt_tokens - r.cached_tokens} tok at "
             f"{r.prefill_tok_s:.0f} tok/s, CLIP {r.clip_encode_s:.2f} s{reused}) | "
@@ -155,7 +161,7 @@ class DescribeView:
             ImageStarted,
             TextPiece,
         )
-        from edgevlm.vision.documents import source_fields
+        from edgevlm.vision.sources import source_fields
 
         if isinstance(event, ImageProgress):
             self._prefill.update(event.progress)

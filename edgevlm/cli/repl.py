@@ -25,8 +25,9 @@ from edgevlm.errors import EdgeVLMError, EngineError, Interrupted, UserError, in
 from edgevlm.llama.sequence import interrupt_on_sigint
 from edgevlm.paths import data_dir
 from edgevlm.store.files import USER_FILE_MODE, JsonlAppender, write_atomically
-from edgevlm.vision.documents import DocumentPage, load_source, open_document, parse_pages
+from edgevlm.vision.documents import DocumentPage, open_document, parse_pages
 from edgevlm.vision.images import IMAGE_SUFFIXES
+from edgevlm.vision.sources import load_source
 from edgevlm.vision.tiling import parse_pool, parse_tiles
 
 if TYPE_CHECKING:

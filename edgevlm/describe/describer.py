@@ -22,20 +22,26 @@ from edgevlm.chat.records import PrefillProgress, PreparedImage, ShownImage, Tur
 from edgevlm.chat.structured import TEXT, OutputFormat, answer_tokens_needed
 from edgevlm.errors import ImageError, Interrupted
 from edgevlm.store.prefix_cache import PrefixCache
-from edgevlm.vision.documents import DocumentPage, Source, load_source
-from edgevlm.vision.images import LoadedImage
+from edgevlm.vision.documents import DocumentPage
+from edgevlm.vision.images import LoadedImage, clock
+from edgevlm.vision.sources import Source, load_source
+from edgevlm.vision.video import VideoWindow, WindowFrames, read_window
 
 DEFAULT_PROMPT = DEFAULT_QUESTION
 # A document's page, unless the user asks something else: its transcript is what stands for it.
 DOCUMENT_PROMPT = ("Transcribe this page as markdown: all of its text in reading order, headings as "
                    "headings, tables as markdown tables, and one line describing each figure.")
+# A stretch of a video, unless the user asks something else: its caption is its place in the timeline.
+VIDEO_PROMPT = ("These are {n} frames of a video, from {start} to {end} of its {length}, in order. Describe "
+                "what happens in them: what is there, what moves or changes, and any text shown.")
 # What each page was asked, as the history of a question over a document records it (short: it
 # is repeated once per page).
 PAGE_READ = "Transcribe this page."
 # A further question about the same image, and its answer's format (None: the describer's own).
 Question = tuple[str, OutputFormat | None]
-# A source with its prepared image (or the error reading it) and the seconds reading took.
-Prefetched = tuple[Source, PreparedImage | None, ImageError | None, float]
+# A source with its prepared image, or a window's frames (or the error reading it), and the
+# seconds reading took.
+Prefetched = tuple[Source, PreparedImage | WindowFrames | None, ImageError | None, float]
 
 
 @dataclass(frozen=True)
@@ -76,10 +82,18 @@ class DescribeResult:
     images: tuple[str, ...] = ()  # with --together, every image shown, in order (image is the first)
     image_tokens: tuple[int, ...] = ()  # each image's visual tokens, in order
     page: int = 0  # for a document's page, its number (from 1); `image` is then the PDF
+    window: tuple[float, float] = (0.0, 0.0)  # for a stretch of a video, its start and end (s)
+    frame_times_s: tuple[float, ...] = ()  # … the times of the frames shown, in order
+    skipped_frames: int = 0  # … and how many sampled frames were dropped as duplicates
 
     def to_json(self) -> dict[str, Any]:
         """A plain dict for --json (floats rounded for reading; the parsed answer as it is)."""
         return to_plain(self) | {"data": self.data}
+
+
+def frame_label(time_s: float, slot: int) -> str:
+    """The text before a video frame: its time in the clip (each frame on its own line)."""
+    return f"{'' if slot == 0 else chr(10)}Frame at {clock(time_s)}: "
 
 
 def _page_records(transcripts: Sequence[tuple[str, str]]) -> list[TurnRecord]:
@@ -247,6 +261,26 @@ class Describer:
         result = self._result(images[0], prompt, text, stats, system_s=system_s, read_s=read_s)
         return replace(result, images=tuple(image.key for image in images))
 
+    def describe_window(self, window: VideoWindow, frames: WindowFrames, prompt: str | None = None, *,
+                        started: float | None = None, on_piece: Callable[[str], None] | None = None,
+                        on_progress: Callable[[PrefillProgress], None] | None = None,
+                        read_s: float = 0.0) -> DescribeResult:
+        """One stretch of a video: its frames in one question, each after its time, sharing the room."""
+        self._conversation.rewind()
+        system_s, self._system_prefill_s = self._system_prefill_s, None
+        shown = list(frames.frames)
+        asked = prompt or VIDEO_PROMPT.format(n=len(shown), start=clock(window.start_s),
+                                              end=clock(window.end_s), length=clock(window.duration_s))
+        labels = [frame_label(frame.time_s or 0.0, slot) for slot, frame in enumerate(shown)]
+        text, stats = self._conversation.ask(asked, images=shown, labels=labels, on_piece=on_piece,
+                                             on_progress=on_progress, started=started)
+        self._refuse_cut_answer()
+        result = self._result(shown[0], asked, text, stats, system_s=system_s, read_s=read_s)
+        return replace(result, images=tuple(frame.key for frame in shown),
+                       window=(window.start_s, window.end_s),
+                       frame_times_s=tuple(frame.time_s or 0.0 for frame in shown),
+                       skipped_frames=frames.skipped)
+
     def ask_again(self, image: LoadedImage | PreparedImage, question: str, *,
                   output: OutputFormat | None = None, started: float | None = None,
                   on_piece: Callable[[str], None] | None = None) -> DescribeResult:
@@ -395,6 +429,10 @@ class _Feed:
             if prepared is None:
                 self._emit([ImageFailed(index, self.total, path, str(error))])
                 continue
+            if isinstance(prepared, WindowFrames):  # with a document prompt, a window gets VIDEO_PROMPT too
+                own = None if self._document_prompt else prompt
+                self._describe_window(describer, index, path, prepared, read_s, own)  # type: ignore[arg-type]
+                continue
             page = isinstance(path, DocumentPage) and self._document_prompt
             asked = self._document_prompt if page else prompt
             self._describe(describer, index, path, prepared, read_s, asked)
@@ -421,6 +459,22 @@ class _Feed:
             sink(ImageStarted(index, self.total, path, question=question))
             result = describer.ask_again(prepared, question, output=output, on_piece=on_piece)
             self._answered((output or describer.output).is_json, sink, index, path, result, further=True)
+        self._emit(held)
+
+    def _describe_window(self, describer: Describer, index: int, window: VideoWindow,
+                         frames: WindowFrames, read_s: float, prompt: str | None) -> None:
+        held: list[DescribeEvent] = []
+        sink = held.append if self._buffered else self._emit_one
+        dropped = f"{frames.skipped} of {len(window.times_s)} frames dropped as duplicates"
+        note = dropped if frames.skipped else ""
+        sink(ImageStarted(index, self.total, window, note))
+        on_piece, on_progress = _forwarders(sink, index)
+        result = describer.describe_window(window, frames, prompt, started=time.perf_counter() - read_s,
+                                           read_s=read_s, on_piece=on_piece,
+                                           on_progress=None if self._buffered else on_progress)
+        if self._answered(describer.output.is_json, sink, index, window, result):
+            with self._lock:
+                self.described += 1
         self._emit(held)
 
     def _answered(self, is_json: bool, sink: Callable[[DescribeEvent], None], index: int,
@@ -517,13 +571,15 @@ def prefetched(paths: Sequence[Source], prepare: Callable[[LoadedImage], Prepare
     Yields (path, prepared image or None, error or None, seconds reading the file took).
     """
 
-    def work(path: Source) -> tuple[PreparedImage, float]:
+    def work(path: Source) -> tuple[PreparedImage | WindowFrames, float]:
         started = time.perf_counter()
+        if isinstance(path, VideoWindow):  # frames are fitted when the window is asked about
+            return read_window(path, useful_pixels=useful_pixels), time.perf_counter() - started
         image = load_source(path, useful_pixels=useful_pixels)
         return prepare(image), time.perf_counter() - started
 
     with ThreadPoolExecutor(max_workers=ahead, thread_name_prefix="edgevlm-prefetch") as pool:
-        pending: deque[Future[tuple[PreparedImage, float]]] = deque(
+        pending: deque[Future[tuple[PreparedImage | WindowFrames, float]]] = deque(
             pool.submit(work, path) for path in paths[:ahead])
         for index, path in enumerate(paths):
             current = pending.popleft()
@@ -534,4 +590,5 @@ def prefetched(paths: Sequence[Source], prepare: Callable[[LoadedImage], Prepare
             except ImageError as exc:
                 yield path, None, exc, 0.0
                 continue
-            yield path, prepared, None, max(elapsed_s - prepared.preprocess_s, 0.0)
+            preprocess_s = prepared.preprocess_s if isinstance(prepared, PreparedImage) else 0.0
+            yield path, prepared, None, max(elapsed_s - preprocess_s, 0.0)

@@ -23,7 +23,8 @@ from edgevlm.describe.describer import (
     ImageStarted,
     TextPiece,
 )
-from edgevlm.vision.documents import DocumentPage, load_source
+from edgevlm.vision.documents import DocumentPage
+from edgevlm.vision.sources import load_source
 
 # Pages a question may bring back live beside the transcripts: each costs its full visual tokens.
 MOST_LIVE_PAGES = 2

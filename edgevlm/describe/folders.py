@@ -25,8 +25,17 @@ from edgevlm.describe.xmp import write as write_xmp
 from edgevlm.errors import UserError
 from edgevlm.paths import check_writable
 from edgevlm.store.files import USER_FILE_MODE, append_jsonl, write_atomically
-from edgevlm.vision.documents import DocumentPage, Source, is_document, open_document
+from edgevlm.vision.documents import DocumentPage, is_document, open_document
 from edgevlm.vision.images import IMAGE_SUFFIXES
+from edgevlm.vision.sources import Source
+from edgevlm.vision.video import (
+    DEFAULT_FPS,
+    MAX_WINDOW_FRAMES,
+    VideoWindow,
+    is_video,
+    plan_windows,
+    probe_video,
+)
 
 
 @dataclass(frozen=True)
@@ -124,16 +133,19 @@ def _nothing_found(inputs: list[Path], *, recursive: bool, pattern: str | None) 
     return f"no images found in {where} (looked for {looked}){hint}"
 
 
-def with_pages(found: list[tuple[Path, Path]], pages: tuple[tuple[int, int], ...] | None
-               ) -> list[tuple[Source, Path]]:
-    """Each PDF replaced by its chosen pages, in order (opened and checked now, before any model
-    loads); photos as they are."""
+def with_parts(found: list[tuple[Path, Path]], pages: tuple[tuple[int, int], ...] | None = None, *,
+               fps: float = DEFAULT_FPS, window_frames: int = MAX_WINDOW_FRAMES) -> list[tuple[Source, Path]]:
+    """Each PDF replaced by its chosen pages and each video by its windows, in order (opened
+    and checked now, before any model loads); photos as they are."""
     if pages is not None and not any(is_document(path) for path, _root in found):
         raise UserError("--pages chooses pages of a PDF; none of the inputs is one")
     sources: list[tuple[Source, Path]] = []
     for path, root in found:
         if is_document(path):
             sources.extend((page, root) for page in open_document(path, pages=pages).pages)
+        elif is_video(path):
+            windows = plan_windows(probe_video(path), fps=fps, frames_per_window=window_frames)
+            sources.extend((window, root) for window in windows)
         else:
             sources.append((path, root))
     return sources
@@ -145,10 +157,10 @@ def plan_targets(found: Sequence[tuple[Source, Path]], *, write_captions: bool, 
     A document's page writes `doc.pdf.page-3.txt` and keys its JSONL row `doc.pdf#page=3`."""
     targets = []
     for source, root in found:
-        path = source.path if isinstance(source, DocumentPage) else source
-        if isinstance(source, DocumentPage) and (xmp_name or embed):
-            raise UserError(f"{path}: a PDF's pages have no XMP to write; drop --write-xmp and --embed "
-                            "for documents (--write-captions or --jsonl keep their transcripts)")
+        path = source if isinstance(source, Path) else source.path
+        if not isinstance(source, Path) and (xmp_name or embed):
+            raise UserError(f"{path}: a PDF's pages and a video's stretches have no XMP to write; drop "
+                            "--write-xmp and --embed for them (--write-captions or --jsonl keep their text)")
         name = f"{path.name}{_page_suffix(source)}.txt"
         caption = None
         if write_captions:
@@ -158,16 +170,19 @@ def plan_targets(found: Sequence[tuple[Source, Path]], *, write_captions: bool, 
             else:
                 caption = path.with_name(name)
         sidecar = (sidecar_path(path, xmp_name),) if xmp_name else ()
-        key = source.key if isinstance(source, DocumentPage) else str(path)
+        key = str(path) if isinstance(source, Path) else source.key
         targets.append(Target(source, key, caption, sidecar + ((path,) if embed else ())))
     return targets
 
 
 def _page_suffix(source: Source) -> str:
-    """`.page-03` for page 3 of a document of 10-99 pages (padded, so the files sort in order)."""
-    if not isinstance(source, DocumentPage):
-        return ""
-    return f".page-{source.number:0{len(str(source.of))}d}"
+    """`.page-03` for page 3 of a document of 10-99 pages, `.window-03` for a video's third
+    stretch (padded, so the files sort in order)."""
+    if isinstance(source, DocumentPage):
+        return f".page-{source.number:0{len(str(source.of))}d}"
+    if isinstance(source, VideoWindow):
+        return f".window-{source.index:0{len(str(source.of))}d}"
+    return ""
 
 
 class JsonlLog:

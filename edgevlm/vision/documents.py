@@ -25,7 +25,6 @@ from edgevlm.vision.images import (
     MAX_PIXELS_ENV,
     LoadedImage,
     check_readable,
-    load_image,
     max_pixels,
     page_key,
     to_rgb,
@@ -67,10 +66,6 @@ class DocumentPage:
 
     def __str__(self) -> str:
         return f"{self.path}, page {self.number}"
-
-
-# What describe reads: a photo's path or a document's page.
-Source = Path | DocumentPage
 
 
 @dataclass(frozen=True)
@@ -215,17 +210,3 @@ def page_scale(width_pt: float, height_pt: float, useful_pixels: int | None) -> 
     if useful_pixels is None or width_pt <= 0 or height_pt <= 0:
         return DEFAULT_SCALE
     return min(MAX_SCALE, max(MIN_SCALE, math.sqrt(useful_pixels / (width_pt * height_pt))))
-
-
-def load_source(source: Source, *, useful_pixels: int | None = None) -> LoadedImage:
-    """A photo read from its file, or a document's page rendered."""
-    if isinstance(source, DocumentPage):
-        return render_page(source, useful_pixels=useful_pixels)
-    return load_image(source, useful_pixels=useful_pixels)
-
-
-def source_fields(source: Source) -> dict[str, object]:
-    """How a JSON row names a source: `{"image": path}`, with `"page"` for a document's page."""
-    if isinstance(source, DocumentPage):
-        return {"image": str(source.path), "page": source.number}
-    return {"image": str(source)}

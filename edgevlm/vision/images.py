@@ -38,21 +38,35 @@ class LoadedImage:
     note: str = ""
     full_size: tuple[int, int] | None = None  # upright size before any JPEG draft reduction
     page: int = 0  # a document's page, numbered from 1 (0: a photo)
+    time_s: float | None = None  # a video frame's time in its clip
 
     @property
     def name(self) -> str:
-        """How the image is named in summaries: the file's name, and its page for a document."""
-        return f"{self.path.name}, page {self.page}" if self.page else self.path.name
+        """How the image is named in summaries: the file's name, and its page or time."""
+        if self.page:
+            return f"{self.path.name}, page {self.page}"
+        return self.path.name if self.time_s is None else f"{self.path.name} at {clock(self.time_s)}"
 
     @property
     def key(self) -> str:
-        """The image as rows and results name it: its path, or `doc.pdf#page=3` for a page."""
-        return page_key(self.path, self.page) if self.page else str(self.path)
+        """The image as rows and results name it: its path, `doc.pdf#page=3` for a page, or
+        `clip.mp4#t=12.5` for a video frame."""
+        if self.page:
+            return page_key(self.path, self.page)
+        return str(self.path) if self.time_s is None else f"{self.path}#t={self.time_s:g}"
 
     @property
     def size(self) -> tuple[int, int]:
         """The upright full-resolution size; `image` may be a draft-reduced copy of it."""
         return self.full_size or self.image.size
+
+
+def clock(seconds: float) -> str:
+    """Seconds as a clip's time: `0:05`, `12:40`, `1:02:03`."""
+    whole = int(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
 def page_key(path: Path, number: int) -> str:

@@ -395,3 +395,26 @@ def test_describe_reads_a_pdf_page_by_page_and_answers_a_question_over_it(test_m
         "unprotected PDFs only (save or print an unprotected copy)"]
     xmp = run_cli("describe", str(pdf), "--write-xmp", *pair)
     assert xmp.returncode == 2 and "have no XMP" in xmp.stderr
+
+
+def test_describe_reads_a_video_window_by_window(test_models: dict[str, Path], tmp_path: Path) -> None:
+    from ..vision.test_video import moving_square, write_clip
+
+    clip = write_clip(tmp_path / "square.mp4", 12, draw=moving_square)
+    pair = ["--model", str(test_models["qwen_text"]), "--mmproj", str(test_models["qwen_mmproj"]),
+            "--n-ctx", "2048", "--max-tokens", "8"]
+    rows = run_cli("describe", str(clip), "--json", "--fps", "0.5", *pair)
+    assert rows.returncode == 0, rows.stderr
+    found = [json.loads(line) for line in rows.stdout.splitlines()]
+    assert [(r["image"], r["window"], r["frame_times_s"]) for r in found] == [
+        (str(clip), [0.0, 12.0], [1.0, 3.0, 5.0, 7.0, 9.0, 11.0])]
+    text = run_cli("describe", str(clip), *pair)
+    assert text.returncode == 0, text.stderr
+    assert [line for line in text.stdout.splitlines() if line.startswith("==>")] == [
+        f"==> {clip}, 0:00–0:08 <==", f"==> {clip}, 0:08–0:12 <=="]
+    assert "square.mp4, 0:00–0:08: 8 frames (" in text.stderr
+    asked = run_cli("describe", str(clip), "--ask", "What moves?", *pair)
+    assert asked.returncode == 2 and "--ask do not take one yet" in asked.stderr
+    (tmp_path / "bad.mp4").write_text("no")
+    bad = run_cli("describe", str(tmp_path / "bad.mp4"), *pair)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "not a video" in bad.stderr

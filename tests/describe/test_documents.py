@@ -27,7 +27,7 @@ from edgevlm.describe.documents import (
     pages_to_show,
     shown_again,
 )
-from edgevlm.describe.folders import JsonlLog, caption_all, plan_targets, with_pages
+from edgevlm.describe.folders import JsonlLog, caption_all, plan_targets, with_parts
 from edgevlm.llama.sequence import EngineSequence
 from edgevlm.store.caches import EmbeddingCache
 from edgevlm.vision.documents import DocumentPage, open_document
@@ -81,7 +81,7 @@ def test_transcripts_kept_fit_the_room_and_follow_the_priority(costs: list[int],
 def test_a_document_run_resumes_after_an_interrupt(small_sequence: EngineSequence, tmp_path: Path) -> None:
     pdf = write_pdf(tmp_path / "five.pdf", [SQUARE] * 5)
     log_path = tmp_path / "rows.jsonl"
-    targets = plan_targets(with_pages([(pdf, tmp_path)], None), write_captions=True, out_dir=None)
+    targets = plan_targets(with_parts([(pdf, tmp_path)], None), write_captions=True, out_dir=None)
     assert [t.key for t in targets] == [f"{pdf}#page={k}" for k in range(1, 6)]
     assert targets[2].caption_path == tmp_path / "five.pdf.page-3.txt"
     seen: list[int] = []

@@ -15,12 +15,11 @@ from edgevlm.vision.documents import (
     MIN_SCALE,
     DocumentPage,
     choose_pages,
-    load_source,
     open_document,
     page_scale,
     parse_pages,
-    source_fields,
 )
+from edgevlm.vision.sources import load_source, source_fields
 
 LETTER, A4_LANDSCAPE, SQUARE = (612, 792), (842, 595), (300, 300)
 

@@ -1,0 +1,74 @@
+"""A video on real llama.cpp: a clip of any length read window by window with the KV cache flat,
+each window's frames labelled with their times and counted as mtmd counts them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from edgevlm.chat.prompts import CHATML
+from edgevlm.describe.describer import DescribeEvent, ImageDone, ImageStarted, describe_images, frame_label
+from edgevlm.describe.folders import plan_targets, with_parts
+from edgevlm.llama.engine import Engine
+from edgevlm.models.gguf import read_projector
+from edgevlm.vision.registry import layout_for
+from edgevlm.vision.video import VideoWindow
+
+from ..conftest import make_describer, make_engine
+from ..vision.test_video import write_clip
+
+
+@pytest.fixture(scope="module")
+def qwen(test_models: dict[str, Path]) -> Iterator[Engine]:
+    engine = make_engine(test_models["qwen_mmproj"], text=test_models["qwen_text"], n_ctx=2048)
+    yield engine
+    engine.close()
+
+
+def _sweep(pixels: np.ndarray, t: float) -> None:
+    """A bar sweeping across the frame every 8 s, so that no two sampled frames are alike."""
+    x = int(t * 8) % (pixels.shape[1] - 8)
+    pixels[:, x:x + 8] = (250, 250, 250)
+
+
+def test_a_ten_minute_clip_is_read_window_by_window_with_the_cache_flat(
+        qwen: Engine, test_models: dict[str, Path], tmp_path: Path) -> None:
+    clip = write_clip(tmp_path / "ten.mp4", 600, fps=1, size=(64, 48), draw=_sweep)
+    windows = [source for source, _root in with_parts([(clip, tmp_path)])]
+    assert len(windows) == 75 and all(isinstance(w, VideoWindow) for w in windows)  # 8 s each at 1 fps
+    describer = make_describer(qwen.sequence(), CHATML, tile_size=560, max_tokens=4,
+                               layout=layout_for(read_projector(test_models["qwen_mmproj"])))
+    cells: list[int] = []
+    done: list[ImageDone] = []
+    started: list[ImageStarted] = []
+
+    def on_event(event: DescribeEvent) -> None:
+        if isinstance(event, ImageDone):
+            describer.check()
+            done.append(event)
+            cells.append(qwen.sequence().kv_cells())
+        elif isinstance(event, ImageStarted):
+            started.append(event)
+
+    assert describe_images(describer, windows, "What happens?", on_event=on_event, document_prompt="x") == 75
+    assert max(cells) <= 1.1 * cells[0]  # one window in the cache at a time, however long the clip
+    first, last = done[0].result, done[-1].result
+    assert first.window == (0.0, 8.0) and last.window == (592.0, 600.0)
+    assert first.frame_times_s == (0.5, 1.5, 2.5, 3.5, 4.5, 5.5, 6.5, 7.5) and first.skipped_frames == 0
+    assert len(first.image_tokens) == 8 and sum(first.image_tokens) == first.visual_tokens
+    expected = qwen.sequence().count_block(Image.new("RGB", (64, 48))).visual_tokens
+    assert set(first.image_tokens) == {expected}  # each frame as mtmd counts its size
+    assert first.question.startswith("These are 8 frames of a video, from 0:00 to 0:08 of its 10:00")
+    assert str(started[1].path).endswith("ten.mp4, 0:08–0:16")
+
+
+def test_a_frame_is_labelled_by_its_time_and_a_window_keyed_for_resume(tmp_path: Path) -> None:
+    assert frame_label(65.5, 0) == "Frame at 1:05: " and frame_label(3, 1) == "\nFrame at 0:03: "
+    clip = write_clip(tmp_path / "short.mp4", 20, fps=2)
+    targets = plan_targets(with_parts([(clip, tmp_path)], fps=0.5), write_captions=True, out_dir=None)
+    assert [t.key for t in targets] == [f"{clip}#t=0.0,16.0", f"{clip}#t=16.0,20.0"]
+    assert targets[1].caption_path == tmp_path / "short.mp4.window-2.txt"

@@ -1,0 +1,129 @@
+"""Video as windows of frames: probing, the planned times and windows, decoding, duplicates."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from edgevlm.errors import ConfigError, ImageError
+from edgevlm.vision.images import clock
+from edgevlm.vision.video import (
+    VideoFacts,
+    is_duplicate,
+    plan_windows,
+    probe_video,
+    read_window,
+    sample_times,
+)
+
+
+def write_clip(path: Path, seconds: float, *, fps: int = 10, size: tuple[int, int] = (160, 120),
+               draw: Callable[[np.ndarray, float], None] | None = None) -> Path:
+    """An H.264 clip of `seconds` at `fps`, each frame drawn by draw(pixels, t) on dark grey."""
+    import av
+
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream("libx264", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = size[0], size[1], "yuv420p"
+        for k in range(round(seconds * fps)):
+            pixels = np.full((size[1], size[0], 3), 40, np.uint8)
+            if draw is not None:
+                draw(pixels, k / fps)
+            for packet in stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    return path
+
+
+def moving_square(pixels: np.ndarray, t: float) -> None:
+    """A bright square crossing the frame, 10 px a second."""
+    x = int(10 * t) % (pixels.shape[1] - 20)
+    pixels[40:60, x:x + 20] = (255, 200, 0)
+
+
+def box_after_five(pixels: np.ndarray, t: float) -> None:
+    """A white box that appears at t = 5 s (the "digit" a question can ask about)."""
+    if t >= 5:
+        pixels[30:90, 60:100] = 255
+
+
+def test_a_clip_is_probed_and_cut_into_the_planned_windows(tmp_path: Path) -> None:
+    facts = probe_video(write_clip(tmp_path / "square.mp4", 10, draw=moving_square))
+    assert (facts.duration_s, facts.fps, facts.size) == (10.0, 10.0, (160, 120))
+    windows = plan_windows(facts, fps=2, frames_per_window=4)
+    assert [w.times_s for w in windows[:2]] == [(0.25, 0.75, 1.25, 1.75), (2.25, 2.75, 3.25, 3.75)]
+    assert [(w.start_s, w.end_s) for w in windows] == [(0.0, 2.0), (2.0, 4.0), (4.0, 6.0), (6.0, 8.0),
+                                                       (8.0, 10.0)]
+    assert [w.index for w in windows] == [1, 2, 3, 4, 5] and {w.of for w in windows} == {5}
+    assert windows[1].name == "square.mp4, 0:02–0:04" and windows[1].key.endswith("square.mp4#t=2.0,4.0")
+    read = read_window(windows[1])
+    assert [f.time_s for f in read.frames] == [2.25, 2.75, 3.25, 3.75] and read.skipped == 0
+    assert read.frames[0].name == "square.mp4 at 0:02" and read.frames[0].size == (160, 120)
+
+
+def test_the_frames_show_what_was_drawn_at_their_time(tmp_path: Path) -> None:
+    clip = write_clip(tmp_path / "box.mp4", 8, draw=box_after_five)
+    window = plan_windows(probe_video(clip), fps=1, frames_per_window=8)[0]
+    read = read_window(window)
+    bright = [float(np.asarray(f.image)[30:90, 60:100].mean()) > 200 for f in read.frames]
+    # The dark scene until 5 s, then the box: each shown once, the unchanged frames dropped.
+    assert [f.time_s for f in read.frames] == [0.5, 5.5] and bright == [False, True] and read.skipped == 6
+
+
+def test_a_static_scene_keeps_one_frame_and_counts_the_rest(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+
+    def noise(pixels: np.ndarray, _t: float) -> None:  # a static camera: sensor noise only
+        pixels += rng.integers(0, 4, pixels.shape, dtype=np.uint8)
+
+    clip = write_clip(tmp_path / "static.mp4", 8, draw=noise)
+    read = read_window(plan_windows(probe_video(clip), fps=1, frames_per_window=8)[0])
+    assert len(read.frames) == 1 and read.skipped == 7
+
+
+@given(st.floats(0.1, 5000), st.floats(0.05, 8))
+def test_sampled_times_lie_inside_the_clip_in_order(duration: float, fps: float) -> None:
+    times = sample_times(duration, fps)
+    assert times == sorted(times) and len(times) >= 1
+    assert times[0] > 0 and (len(times) == 1 or times[-1] < duration)
+    windows = plan_windows(VideoFacts(Path("c.mp4"), duration, 25.0, (64, 64)), fps=fps, frames_per_window=8)
+    assert sum(len(w.times_s) for w in windows) == len(times)
+    assert all(w.start_s <= t <= w.end_s for w in windows for t in w.times_s)
+
+
+def test_duplicates_are_judged_by_what_changed_most() -> None:
+    still = np.full((64, 64), 100, np.float32)
+    moved = still.copy()
+    moved[10:16, 10:16] = 220  # a small object appears: a few pixels change a lot
+    assert is_duplicate(still + 3, still) and not is_duplicate(moved, still)
+
+
+def test_bad_videos_are_one_line_each(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "text.mp4").write_text("not a video")
+    (tmp_path / "empty.mp4").write_bytes(b"")
+    for path, why in {tmp_path / "text.mp4": "not a video edgevlm can read",
+                      tmp_path / "empty.mp4": "file is empty", tmp_path / "none.mp4": "no such file"}.items():
+        with pytest.raises(ImageError) as caught:
+            probe_video(path)
+        assert str(caught.value).startswith(f"{path}: ") and why in str(caught.value)
+    long = write_clip(tmp_path / "long.mp4", 6, fps=2)
+    monkeypatch.setenv("EDGEVLM_MAX_VIDEO_S", "5")
+    with pytest.raises(ImageError, match="0:06 long, more than the limit of 0:05.*EDGEVLM_MAX_VIDEO_S=6"):
+        probe_video(long)
+    monkeypatch.setenv("EDGEVLM_MAX_VIDEO_S", "soon")
+    with pytest.raises(ConfigError, match="EDGEVLM_MAX_VIDEO_S=soon"):
+        probe_video(long)
+    monkeypatch.delenv("EDGEVLM_MAX_VIDEO_S")
+    monkeypatch.setenv("EDGEVLM_MAX_PIXELS", "1000")
+    with pytest.raises(ImageError, match="160x120 frames are more pixels than the limit"):
+        probe_video(long)
+
+
+def test_clock_reads_as_a_clip_time() -> None:
+    assert [clock(t) for t in (0, 5.9, 65, 3723)] == ["0:00", "0:05", "1:05", "1:02:03"]
