@@ -217,12 +217,11 @@ def _describe_all(describers: list[Describer], targets: list[Target], questions:
     """The run: one answer about all (--together), documents read and then asked (--ask with a
     PDF), or every image (and page) on its own."""
     from edgevlm.describe.folders import caption_all
-    from edgevlm.vision.documents import DocumentPage
 
     q = questions
     if together:
         return _answer_together(describers[0], [t.path for t in targets], q.prompt, view, q.more)
-    if q.asked and any(isinstance(t.path, DocumentPage) for t in targets):
+    if q.asked and any(not isinstance(t.path, Path) for t in targets):  # a document's pages, a clip's windows
         return _read_and_ask(describers, targets, q.prompt, q.more, q.asked, q.document_prompt, view)
     return caption_all(describers, targets, prompt=q.prompt, overwrite=overwrite, jsonl=log, xmp=xmp,
                        on_event=view.on_event, more=q.more, document_prompt=q.document_prompt)
@@ -244,21 +243,21 @@ def _answer_together(describer: Describer, paths: list[Source], prompt: str | No
 
 def _read_and_ask(describers: list[Describer], targets: list[Target], prompt: str, more: list[Question],
                   asked: list[str], document_prompt: str | None, view: DescribeView) -> BatchSummary:
-    """--ask with documents: photos are asked as ever; each document's pages are read (and
-    shown as they are transcribed), then every question is answered over the whole document."""
+    """--ask with documents or videos: photos are asked as ever; each document's pages (each
+    clip's windows) are read, and shown as they are, then every question is answered over the
+    whole document (clip)."""
     from edgevlm.describe.describer import ImageDone, page_room, reading_room
     from edgevlm.describe.documents import ReadPage, ask_documents
     from edgevlm.describe.folders import caption_all
-    from edgevlm.vision.documents import DocumentPage
 
-    photos = [t for t in targets if not isinstance(t.path, DocumentPage)]
-    pages = [t for t in targets if isinstance(t.path, DocumentPage)]
+    photos = [t for t in targets if isinstance(t.path, Path)]
+    pages = [t for t in targets if not isinstance(t.path, Path)]
     summary = caption_all(describers, photos, prompt=prompt, on_event=view.on_event, more=more,
                           overwrite=True) if photos else None
     read: list[ReadPage] = []
 
     def keep(event: BatchEvent) -> None:
-        if isinstance(event, ImageDone) and isinstance(event.path, DocumentPage):
+        if isinstance(event, ImageDone) and not isinstance(event.path, Path):
             read.append(ReadPage(event.path, event.result.text))
         view.on_event(event)
 
@@ -360,8 +359,8 @@ def _describe_targets(found: Found, parts: tuple[str | None, float, bool], toget
 
     pages, fps, asking = parts
     images = with_parts(found.images, parse_pages(pages) if pages is not None else None, fps=fps)
-    if (together or asking) and any(isinstance(image, VideoWindow) for image, _root in images):
-        raise ConfigError("a video is described stretch by stretch; --together and --ask do not take one yet")
+    if together and any(isinstance(image, VideoWindow) for image, _root in images):
+        raise ConfigError("a video is described window by window; --together does not take one")
     _check_together(together, found, len(images), write_captions or write_xmp or embed or out_dir is not None)
     targets = plan_targets(images, write_captions=write_captions, out_dir=out_dir,
                            xmp_name=xmp_name if write_xmp else None, embed=embed)

@@ -39,9 +39,6 @@ VIDEO_PROMPT = ("These are {n} frames of a video, from {start} to {end} of its {
 PAGE_READ = "Transcribe this page."
 # A further question about the same image, and its answer's format (None: the describer's own).
 Question = tuple[str, OutputFormat | None]
-# A source with its prepared image, or a window's frames (or the error reading it), and the
-# seconds reading took.
-Prefetched = tuple[Source, PreparedImage | WindowFrames | None, ImageError | None, float]
 
 
 @dataclass(frozen=True)
@@ -101,6 +98,26 @@ def _page_records(transcripts: Sequence[tuple[str, str]]) -> list[TurnRecord]:
     as its name (its transcript is the answer, so it is not repeated as a summary)."""
     return [TurnRecord.showing([ShownImage(name, k, summary="")], turn=k, user=PAGE_READ, answer=transcript)
             for k, (name, transcript) in enumerate(transcripts, start=1)]
+
+
+@dataclass(frozen=True)
+class PreparedWindow:
+    """A stretch of video's frames, each cut for an even share of a page's room (half the room),
+    so that a question can show them again in the same views; and the duplicates dropped."""
+
+    views: tuple[PreparedImage, ...]
+    skipped: int
+
+    @classmethod
+    def of(cls, frames: WindowFrames, describer: Describer, room: int) -> PreparedWindow:
+        """The window's frames cut for their share of `room` (CPU only; safe on a helper thread)."""
+        share = max(room // len(frames.frames), 1)
+        return cls(tuple(describer.prepare(frame, share) for frame in frames.frames), frames.skipped)
+
+
+# A source with its prepared image, or a window's frames (or the error reading it), and the
+# seconds reading took.
+Prefetched = tuple[Source, PreparedImage | PreparedWindow | None, ImageError | None, float]
 
 
 # -- events ---------------------------------------------------------------------------------
@@ -261,24 +278,24 @@ class Describer:
         result = self._result(images[0], prompt, text, stats, system_s=system_s, read_s=read_s)
         return replace(result, images=tuple(image.key for image in images))
 
-    def describe_window(self, window: VideoWindow, frames: WindowFrames, prompt: str | None = None, *,
+    def describe_window(self, window: VideoWindow, frames: PreparedWindow, prompt: str | None = None, *,
                         started: float | None = None, on_piece: Callable[[str], None] | None = None,
                         on_progress: Callable[[PrefillProgress], None] | None = None,
                         read_s: float = 0.0) -> DescribeResult:
         """One stretch of a video: its frames in one question, each after its time, sharing the room."""
         self._conversation.rewind()
         system_s, self._system_prefill_s = self._system_prefill_s, None
-        shown = list(frames.frames)
+        shown = list(frames.views)
         asked = prompt or VIDEO_PROMPT.format(n=len(shown), start=clock(window.start_s),
                                               end=clock(window.end_s), length=clock(window.duration_s))
-        labels = [frame_label(frame.time_s or 0.0, slot) for slot, frame in enumerate(shown)]
+        labels = [frame_label(view.image.time_s or 0.0, slot) for slot, view in enumerate(shown)]
         text, stats = self._conversation.ask(asked, images=shown, labels=labels, on_piece=on_piece,
                                              on_progress=on_progress, started=started)
         self._refuse_cut_answer()
         result = self._result(shown[0], asked, text, stats, system_s=system_s, read_s=read_s)
-        return replace(result, images=tuple(frame.key for frame in shown),
+        return replace(result, images=tuple(view.image.key for view in shown),
                        window=(window.start_s, window.end_s),
-                       frame_times_s=tuple(frame.time_s or 0.0 for frame in shown),
+                       frame_times_s=tuple(view.image.time_s or 0.0 for view in shown),
                        skipped_frames=frames.skipped)
 
     def ask_again(self, image: LoadedImage | PreparedImage, question: str, *,
@@ -296,13 +313,15 @@ class Describer:
 
     def answer_over(self, transcripts: Sequence[tuple[str, str]], views: Sequence[PreparedImage],
                     asked: str, question: str, *, started: float | None = None, read_s: float = 0.0,
-                    on_piece: Callable[[str], None] | None = None) -> DescribeResult:
+                    on_piece: Callable[[str], None] | None = None,
+                    labels: Sequence[str] | None = None) -> DescribeResult:
         """A question over pages already read: each (name, transcript) an earlier turn's text,
         `views` shown again live beside it (a document's --ask; `asked` is the question as the
         model reads it, `question` as the user wrote it)."""
         self._conversation.sequence.begin_request(started=started)  # the transcripts' prefill counts
         self._conversation.restore(_page_records(transcripts))
-        text, stats = self._conversation.ask(asked, images=list(views), on_piece=on_piece, new_request=False)
+        text, stats = self._conversation.ask(asked, images=list(views), on_piece=on_piece, new_request=False,
+                                             labels=labels)
         self._refuse_cut_answer()
         result = self._result(views[0] if views else None, question, text, stats, system_s=None,
                               read_s=read_s)
@@ -384,9 +403,10 @@ def describe_images(describer: Describer | Sequence[Describer], paths: Sequence[
     asked = [q for q, _ in more]
     room = reading_room(describers[0], [prompt, *asked])
     pages = page_room(reading_room(describers[0], [document_prompt or prompt, *asked])) if any(
-        isinstance(path, DocumentPage) for path in paths) else room
+        not isinstance(path, Path) for path in paths) else room  # a document's pages, a video's windows
     loaded = prefetched(paths, lambda image: describers[0].prepare(image, pages if image.page else room),
-                        useful_pixels=describers[0].useful_pixels, ahead=len(describers))
+                        useful_pixels=describers[0].useful_pixels, ahead=len(describers),
+                        prepare_window=lambda frames: PreparedWindow.of(frames, describers[0], pages))
     feed = _Feed(enumerate(loaded), len(paths), on_event, buffered=len(describers) > 1, more=more,
                  document_prompt=document_prompt)
     if len(describers) == 1:
@@ -429,7 +449,7 @@ class _Feed:
             if prepared is None:
                 self._emit([ImageFailed(index, self.total, path, str(error))])
                 continue
-            if isinstance(prepared, WindowFrames):  # with a document prompt, a window gets VIDEO_PROMPT too
+            if isinstance(prepared, PreparedWindow):  # with a document prompt, a window gets VIDEO_PROMPT too
                 own = None if self._document_prompt else prompt
                 self._describe_window(describer, index, path, prepared, read_s, own)  # type: ignore[arg-type]
                 continue
@@ -462,7 +482,7 @@ class _Feed:
         self._emit(held)
 
     def _describe_window(self, describer: Describer, index: int, window: VideoWindow,
-                         frames: WindowFrames, read_s: float, prompt: str | None) -> None:
+                         frames: PreparedWindow, read_s: float, prompt: str | None) -> None:
         held: list[DescribeEvent] = []
         sink = held.append if self._buffered else self._emit_one
         dropped = f"{frames.skipped} of {len(window.times_s)} frames dropped as duplicates"
@@ -563,7 +583,8 @@ def _forwarders(on_event: Callable[[DescribeEvent], None], index: int
 
 
 def prefetched(paths: Sequence[Source], prepare: Callable[[LoadedImage], PreparedImage], *,
-               useful_pixels: int | None = None, ahead: int = 1
+               useful_pixels: int | None = None, ahead: int = 1,
+               prepare_window: Callable[[WindowFrames], PreparedWindow] | None = None
                ) -> Iterator[Prefetched]:
     """Each path with its image read and tiled on helper threads, `ahead` images ahead.
 
@@ -571,15 +592,18 @@ def prefetched(paths: Sequence[Source], prepare: Callable[[LoadedImage], Prepare
     Yields (path, prepared image or None, error or None, seconds reading the file took).
     """
 
-    def work(path: Source) -> tuple[PreparedImage | WindowFrames, float]:
+    def work(path: Source) -> tuple[PreparedImage | PreparedWindow, float]:
         started = time.perf_counter()
-        if isinstance(path, VideoWindow):  # frames are fitted when the window is asked about
-            return read_window(path, useful_pixels=useful_pixels), time.perf_counter() - started
+        if isinstance(path, VideoWindow):
+            if prepare_window is None:
+                raise ValueError("a video window needs prepare_window")
+            frames = read_window(path, useful_pixels=useful_pixels)
+            return prepare_window(frames), time.perf_counter() - started
         image = load_source(path, useful_pixels=useful_pixels)
         return prepare(image), time.perf_counter() - started
 
     with ThreadPoolExecutor(max_workers=ahead, thread_name_prefix="edgevlm-prefetch") as pool:
-        pending: deque[Future[tuple[PreparedImage | WindowFrames, float]]] = deque(
+        pending: deque[Future[tuple[PreparedImage | PreparedWindow, float]]] = deque(
             pool.submit(work, path) for path in paths[:ahead])
         for index, path in enumerate(paths):
             current = pending.popleft()

@@ -1,11 +1,13 @@
-"""A question over a whole document: each page read once and kept as its transcript, the
-answer made over the transcripts with the pages it needs shown again.
+"""A question over a whole document or clip: each page (or stretch of video) read once and kept
+as its transcript (caption), the answer made over them with the parts it needs shown again.
 
 The pages were read one at a time (describe's loop: every page a fresh turn, so the KV cache
 stays flat from page 1 to page N). A question then becomes one chat turn: every transcript as
 an earlier turn's text (the page itself swapped for its transcript, as the summary swap does
 in chat), and the pages the question names, or whose transcripts match it best, shown again
 live. Their projector rows come from the projector-row cache, so no page is encoded twice.
+A video's windows are the same: a question that names a time ("at 0:42") shows that window's
+frames again, otherwise the windows whose captions match it best.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+from edgevlm.chat.records import PreparedImage
 from edgevlm.describe.describer import (
     DescribeEvent,
     Describer,
@@ -22,12 +25,15 @@ from edgevlm.describe.describer import (
     ImageDone,
     ImageStarted,
     TextPiece,
+    frame_label,
 )
 from edgevlm.vision.documents import DocumentPage
 from edgevlm.vision.sources import load_source
+from edgevlm.vision.video import VideoWindow, read_window
 
 # Pages a question may bring back live beside the transcripts: each costs its full visual tokens.
 MOST_LIVE_PAGES = 2
+MOST_LIVE_WINDOWS = 1  # a window is several frames
 _WORD = re.compile(r"[^\W_]{3,}")
 _NAMED_PAGES = re.compile(r"\bpages?\s+(\d+(?:\s*(?:-|–|to|and|,|&)\s*\d+)*)", re.IGNORECASE)
 _COMMON = frozenset(
@@ -36,12 +42,32 @@ _COMMON = frozenset(
     "there their them they its it's is on in of to a an".split())
 
 
+_TIME = re.compile(r"\b(?:(\d+):)?(\d{1,2}):(\d{2})\b"  # 0:42, 1:02:03
+                   r"|\b(\d+(?:\.\d+)?)\s*(?:s|secs?|seconds?)\b", re.IGNORECASE)  # 90 s
+
+
 @dataclass(frozen=True)
 class ReadPage:
-    """A page as read: where it is and its transcript."""
+    """A page (or a stretch of video) as read: where it is and its transcript (caption)."""
 
-    page: DocumentPage
+    page: DocumentPage | VideoWindow
     transcript: str
+
+    @property
+    def number(self) -> int:
+        """Its place in the document or clip, from 1."""
+        return self.page.number if isinstance(self.page, DocumentPage) else self.page.index
+
+
+def named_times(question: str) -> list[float]:
+    """The clip times a question names ("at 0:42", "1:02:03", "after 90 s"), in seconds, in order."""
+    times = []
+    for match in _TIME.finditer(question):
+        if match[4] is not None:
+            times.append(float(match[4]))
+        else:
+            times.append(int(match[1] or 0) * 3600 + int(match[2]) * 60 + int(match[3]))
+    return times
 
 
 def named_pages(question: str, n_pages: int) -> list[int]:
@@ -68,8 +94,14 @@ def overlap(question: str, transcript: str) -> int:
 def pages_to_show(question: str, pages: Sequence[ReadPage], *, most: int = MOST_LIVE_PAGES) -> list[int]:
     """The pages a question brings back live: those it names, else the best-matching transcripts
     (ties to the earlier page); none when nothing matches. Indices into `pages`, in page order."""
-    by_number = {read.page.number: k for k, read in enumerate(pages)}
-    named = [by_number[n] for n in named_pages(question, max(by_number, default=0)) if n in by_number]
+    if pages and isinstance(pages[0].page, VideoWindow):
+        most = min(most, MOST_LIVE_WINDOWS)
+        named = [k for t in named_times(question) for k, read in enumerate(pages)
+                 if isinstance(read.page, VideoWindow) and read.page.start_s <= t < read.page.end_s]
+    else:
+        by_number = {read.number: k for k, read in enumerate(pages)}
+        named = [by_number[n] for n in named_pages(question, max(by_number, default=0)) if n in by_number]
+    named = list(dict.fromkeys(named))
     if named:
         return sorted(named[:most])
     scores = [(overlap(question, read.transcript), -k) for k, read in enumerate(pages)]
@@ -98,23 +130,28 @@ def shown_again(question: str, names: Sequence[str]) -> str:
 
 def ask_document(describer: Describer, pages: Sequence[ReadPage], question: str, *, page_room: int,
                  on_event: Callable[[DescribeEvent], None], index: int = 0, total: int = 1) -> DescribeResult:
-    """Answer a question over a document's transcripts, its best pages shown again (cut for
-    `page_room` as when they were read, so their projector rows come from the cache); reported
-    as one item named by the PDF. The transcripts that do not fit are left out, the shown pages'
-    first, then the best-matching."""
+    """Answer a question over a document's transcripts (or a clip's captions), its best parts
+    shown again (cut for `page_room` as when they were read, so their projector rows come from
+    the cache); reported as one item named by the file. The transcripts that do not fit are
+    left out, the shown parts' first, then the best-matching."""
     started = time.perf_counter()
     document = pages[0].page.path
     live = pages_to_show(question, pages)
-    views = [describer.prepare(load_source(pages[k].page, useful_pixels=describer.useful_pixels), page_room)
-             for k in live]
+    shown = [_views(describer, pages[k].page, page_room) for k in live]
     transcripts = [(read.page.name, read.transcript) for read in pages]
     costs = describer.transcript_costs(transcripts)
-    names = [view.image.name for view in views]
-    while views and describer.transcript_room(shown_again(question, names), views) < 0:
-        views.pop()  # the pages do not all fit beside the question: show fewer
+    names = [pages[k].page.name for k in live]
+
+    def flat(parts: list[tuple[list[PreparedImage], list[str] | None]]) -> list[PreparedImage]:
+        return [view for views, _labels in parts for view in views]
+
+    while shown and describer.transcript_room(shown_again(question, names), flat(shown)) < 0:
+        shown.pop()  # the parts do not all fit beside the question: show fewer
         live.pop()
         names.pop()
     asked = shown_again(question, names)
+    views = flat(shown)
+    labels = [label for _views, part in shown for label in part or []] if any(p for _v, p in shown) else None
     scores = [overlap(question, read.transcript) for read in pages]
     rest = sorted((k for k in range(len(pages)) if k not in live), key=lambda k: (-scores[k], k))
     priority = [*live, *rest]
@@ -122,10 +159,27 @@ def ask_document(describer: Describer, pages: Sequence[ReadPage], question: str,
     read_s = time.perf_counter() - started
     on_event(ImageStarted(index, total, document, question=question))
     result = describer.answer_over([transcripts[k] for k in kept], views, asked, question, started=started,
-                                   read_s=read_s, on_piece=lambda text: on_event(TextPiece(index, text)))
+                                   read_s=read_s, on_piece=lambda text: on_event(TextPiece(index, text)),
+                                   labels=labels)
     result = replace(result, image=str(document), page=0)  # the answer is the document's
+    windows = [pages[k].page for k in live if isinstance(pages[k].page, VideoWindow)]
+    if windows:  # a clip's answer says which stretch it saw again
+        result = replace(result, window=(windows[0].start_s, windows[-1].end_s),
+                         frame_times_s=tuple(view.image.time_s or 0.0 for view in views))
     on_event(ImageDone(index, total, document, result, further=True))
     return result
+
+
+def _views(describer: Describer, part: DocumentPage | VideoWindow, room: int
+           ) -> tuple[list[PreparedImage], list[str] | None]:
+    """A part shown again in the views it was read in: a page at `room`, a window's frames at an
+    even share of it, each after its time."""
+    if isinstance(part, DocumentPage):
+        return [describer.prepare(load_source(part, useful_pixels=describer.useful_pixels), room)], None
+    frames = read_window(part, useful_pixels=describer.useful_pixels).frames
+    share = max(room // len(frames), 1)
+    return ([describer.prepare(frame, share) for frame in frames],
+            [frame_label(frame.time_s or 0.0, slot) for slot, frame in enumerate(frames)])
 
 
 def ask_documents(describer: Describer, read: Sequence[ReadPage], questions: Sequence[str], *,
@@ -138,7 +192,7 @@ def ask_documents(describer: Describer, read: Sequence[ReadPage], questions: Seq
     answered = 0
     for pages in documents.values():
         for question in questions:
-            ordered = sorted(pages, key=lambda r: r.page.number)
+            ordered = sorted(pages, key=lambda r: r.number)
             ask_document(describer, ordered, question, page_room=page_room, on_event=on_event)
             answered += 1
     return answered

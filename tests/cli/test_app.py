@@ -413,8 +413,14 @@ def test_describe_reads_a_video_window_by_window(test_models: dict[str, Path], t
     assert [line for line in text.stdout.splitlines() if line.startswith("==>")] == [
         f"==> {clip}, 0:00–0:08 <==", f"==> {clip}, 0:08–0:12 <=="]
     assert "square.mp4, 0:00–0:08: 8 frames (" in text.stderr
-    asked = run_cli("describe", str(clip), "--ask", "What moves?", *pair)
-    assert asked.returncode == 2 and "--ask do not take one yet" in asked.stderr
+    asked = run_cli("describe", str(clip), "--ask", "What happens at 0:09?", *pair,
+                    env={"EDGEVLM_NO_CACHE": "0"})
+    assert asked.returncode == 0, asked.stderr
+    assert asked.stdout.splitlines()[-2] == f"==> {clip} · What happens at 0:09? <=="
+    shown = asked.stderr.splitlines()[-1]
+    assert "square.mp4, 0:08–0:12: 4 frames" in shown and "CLIP 0.00 s" in shown  # again, from the cache
+    together = run_cli("describe", str(clip), str(clip), "--together", *pair)
+    assert together.returncode == 2 and "--together does not take one" in together.stderr
     (tmp_path / "bad.mp4").write_text("no")
     bad = run_cli("describe", str(tmp_path / "bad.mp4"), *pair)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "not a video" in bad.stderr

@@ -54,6 +54,19 @@ def test_named_pages_reads_numbers_ranges_and_lists() -> None:
     assert named_pages("What is the total?", 10) == []
 
 
+def test_a_question_names_clip_times_and_brings_back_the_window_holding_them(tmp_path: Path) -> None:
+    from edgevlm.describe.documents import named_times
+    from edgevlm.vision.video import VideoFacts, plan_windows
+
+    assert named_times("What happens at 0:42, and after 90 s? At 1:02:03?") == [42, 90, 3723]
+    windows = plan_windows(VideoFacts(tmp_path / "c.mp4", 40.0, 25.0, (64, 64)))  # 8 s each
+    read = [ReadPage(w, f"Caption {w.index}.") for w in windows]
+    read[3] = ReadPage(windows[3], "A red kite lands on the beach.")
+    assert pages_to_show("What happens at 0:17?", read) == [2]
+    assert pages_to_show("Where does the kite land?", read) == [3]
+    assert pages_to_show("What happens at 0:01 and 0:30?", read) == [0]  # one window at a time
+
+
 def test_the_question_brings_back_the_pages_it_names_or_matches(tmp_path: Path) -> None:
     pages = _read(tmp_path / "d.pdf", 6)
     pages[4] = ReadPage(pages[4].page, "Invoice total: 42 euros, due in March.")

@@ -72,3 +72,30 @@ def test_a_frame_is_labelled_by_its_time_and_a_window_keyed_for_resume(tmp_path:
     targets = plan_targets(with_parts([(clip, tmp_path)], fps=0.5), write_captions=True, out_dir=None)
     assert [t.key for t in targets] == [f"{clip}#t=0.0,16.0", f"{clip}#t=16.0,20.0"]
     assert targets[1].caption_path == tmp_path / "short.mp4.window-2.txt"
+
+
+def test_a_question_naming_a_time_shows_that_window_again_without_an_encode(
+        qwen: Engine, test_models: dict[str, Path], tmp_path: Path) -> None:
+    from edgevlm.describe.describer import DOCUMENT_PROMPT, page_room, reading_room
+    from edgevlm.describe.documents import ReadPage, ask_document
+    from edgevlm.store.caches import EmbeddingCache
+
+    sequence = qwen.sequence()
+    cache = EmbeddingCache(sequence.encode_image, "qwen-pair", folder=tmp_path / "rows",
+                           encode_block=sequence.encode_block)
+    describer = make_describer(sequence, CHATML, tile_size=560, max_tokens=4, encoder=cache,
+                               layout=layout_for(read_projector(test_models["qwen_mmproj"])))
+    clip = write_clip(tmp_path / "sweep.mp4", 24, fps=2, size=(96, 64), draw=_sweep)
+    windows = [source for source, _root in with_parts([(clip, tmp_path)])]
+    read: list[ReadPage] = []
+    describe_images(describer, windows, "What happens?", document_prompt=DOCUMENT_PROMPT,
+                    on_event=lambda e: read.append(ReadPage(e.path, e.result.text))  # type: ignore[arg-type]
+                    if isinstance(e, ImageDone) else None)
+    encoded = cache.stats().misses
+    room = page_room(reading_room(describer, [DOCUMENT_PROMPT]))
+    answer = ask_document(describer, read, "What happens at 0:10?", page_room=room, on_event=lambda _e: None)
+    describer.check()
+    assert cache.stats().misses == encoded  # the window's frames came from the projector-row cache
+    assert answer.window == (8.0, 16.0)
+    assert answer.frame_times_s == (8.5, 9.5, 10.5, 11.5, 12.5, 13.5, 14.5, 15.5)
+    assert answer.image == str(clip)
