@@ -329,7 +329,7 @@ class Conversation:
             on_progress: Callable[[PrefillProgress], None] | None = None,
             on_answered: Callable[[TurnStats], None] | None = None,
             started: float | None = None, new_request: bool = True,
-            transcribed: bool = False, labels: Sequence[str] | None = None) -> tuple[str, TurnStats]:
+            transcribed: bool = False, labels: Sequence[str | None] | None = None) -> tuple[str, TurnStats]:
         """One user turn (optionally with an image, or several: `images`, shown in order and
         sharing the room) and the streamed answer. With transcribed (a document's page), the
         answer is the transcript: the swap later leaves the page's name alone in its place.
@@ -430,7 +430,7 @@ class Conversation:
     # -- the steps of a turn ----------------------------------------------------------------
 
     def _parts(self, turn: int, question: str, *, images: int,
-               label_texts: Sequence[str] | None = None) -> TurnParts:
+               label_texts: Sequence[str | None] | None = None) -> TurnParts:
         """Tokenize the text of a turn and count what it needs beside its image views."""
         tok = self.sequence.tokenize
         has_system = bool(self.fmt.system(self.system))
@@ -446,18 +446,19 @@ class Conversation:
         fixed = len(head) + len(tail) + self.max_tokens + len(suffix) + caption
         return TurnParts(turn, tuple(head), tuple(tail), tuple(suffix), fixed, floor, caption, labels)
 
-    def _image_labels(self, images: int, texts: Sequence[str] | None = None) -> tuple[tuple[int, ...], ...]:
+    def _image_labels(self, images: int, texts: Sequence[str | None] | None = None
+                      ) -> tuple[tuple[int, ...], ...]:
         """The text before each image of a turn: `texts` where given (a video's frame times);
-        else "Image 1:", "Image 2:"… for LLaVA's layouts, which have no markers of their own,
-        when a turn shows several; nothing for one image or for mtmd's families (their own
-        markers open each image, as their chat templates do)."""
-        if texts is not None:
-            if len(texts) != images:
-                raise ValueError(f"{len(texts)} labels for {images} images")
-            return tuple(tuple(self.sequence.tokenize(text)) for text in texts)
-        if images < 2 or self.layout.native:
-            return ((),) * images
-        return tuple(tuple(self.sequence.tokenize(image_label(slot))) for slot in range(images))
+        else, for an image without one, "Image 1:", "Image 2:"… for LLaVA's layouts, which
+        have no markers of their own, when a turn shows several; nothing for one image or for
+        mtmd's families (their own markers open each image, as their chat templates do)."""
+        texts = list(texts) if texts is not None else [None] * images
+        if len(texts) != images:
+            raise ValueError(f"{len(texts)} labels for {images} images")
+        numbered = images >= 2 and not self.layout.native
+        return tuple(tuple(self.sequence.tokenize(text if text is not None else
+                                                  image_label(slot) if numbered else ""))
+                     for slot, text in enumerate(texts))
 
     def _check_budget(self, parts: TurnParts) -> None:
         """Refuse a turn that cannot fit even with every earlier turn dropped."""

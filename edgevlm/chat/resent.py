@@ -19,6 +19,7 @@ from edgevlm.llama.types import Sampling
 from edgevlm.store.caches import SummaryStore
 from edgevlm.vision.documents import render_document_bytes
 from edgevlm.vision.images import LoadedImage, load_image_bytes
+from edgevlm.vision.video import MAX_WINDOW_FRAMES, frame_label, read_video_bytes
 
 HISTORY_FILL = 0.75  # a cut history fills this share of the room, leaving some for follow-ups
 
@@ -29,12 +30,24 @@ class ChatImage:
 
     sha256: str
     image: LoadedImage
+    label: str | None = None  # the text before it (a video frame's time); None: the family's own
 
     @classmethod
     def from_bytes(cls, data: bytes, *, useful_pixels: int | None = None) -> ChatImage:
         """Decode an upload; it is named by its digest, which is how summaries find it again."""
         digest = hashlib.sha256(data).hexdigest()
         return cls(digest, load_image_bytes(data, f"image-{digest[:8]}", useful_pixels=useful_pixels))
+
+    @classmethod
+    def frames_of(cls, data: bytes, *, suffix: str = ".mp4", useful_pixels: int | None = None,
+                  most: int = MAX_WINDOW_FRAMES) -> tuple[ChatImage, ...]:
+        """A video upload's frames, at most `most` spread over the clip (one window), each with
+        its time as its label; named and keyed by the clip's digest and the time."""
+        digest = hashlib.sha256(data).hexdigest()
+        frames = read_video_bytes(data, f"video-{digest[:8]}{suffix}", useful_pixels=useful_pixels, most=most)
+        return tuple(cls(hashlib.sha256(f"{digest}#t={frame.time_s}".encode()).hexdigest(), frame,
+                         label=frame_label(frame.time_s or 0.0, slot))
+                     for slot, frame in enumerate(frames))
 
     @classmethod
     def pages_of(cls, data: bytes, *, useful_pixels: int | None = None) -> tuple[ChatImage, ...]:
@@ -126,8 +139,10 @@ class ResentChat:
             raise Interrupted("stopped while the history was being prepared") from None
         for image in turn.images:
             self._digests[image.image.name] = image.sha256
+        labels = [image.label for image in turn.images]
         answer, stats = conversation.ask(
             turn.question, images=[image.image for image in turn.images], on_piece=on_piece,
+            labels=labels if any(label is not None for label in labels) else None,
             on_progress=on_progress, new_request=False,
             on_answered=(lambda stats: on_answered(_reused(stats, side_work, dropped)))
             if on_answered else None)

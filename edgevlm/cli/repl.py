@@ -20,15 +20,16 @@ from edgevlm.chat.records import TurnRecord, TurnStats, to_plain
 from edgevlm.cli.options import flag_word
 from edgevlm.cli.render import PrefillDisplay
 from edgevlm.cli.repl_help import HELP
-from edgevlm.describe.describer import DOCUMENT_PROMPT
+from edgevlm.describe.describer import DOCUMENT_PROMPT, VIDEO_PROMPT
 from edgevlm.errors import EdgeVLMError, EngineError, Interrupted, UserError, in_words
 from edgevlm.llama.sequence import interrupt_on_sigint
 from edgevlm.paths import data_dir
 from edgevlm.store.files import USER_FILE_MODE, JsonlAppender, write_atomically
 from edgevlm.vision.documents import DocumentPage, open_document, parse_pages
-from edgevlm.vision.images import IMAGE_SUFFIXES
+from edgevlm.vision.images import IMAGE_SUFFIXES, LoadedImage, clock
 from edgevlm.vision.sources import load_source
 from edgevlm.vision.tiling import parse_pool, parse_tiles
+from edgevlm.vision.video import frame_label, plan_windows, probe_video, read_window
 
 if TYPE_CHECKING:
     from edgevlm.runtime.loading import Loaded
@@ -194,6 +195,8 @@ class ChatRepl:
                 self._turn(question, [path, *more])
         elif name == "/doc":
             self._read_document(rest.strip())
+        elif name == "/video":
+            self._read_video(rest.strip())
         elif name == "/tiles":
             self._set_tiles(rest.strip())
         elif name == "/pool":
@@ -214,11 +217,12 @@ class ChatRepl:
 
     # -- turns ------------------------------------------------------------------------------
 
-    def _turn(self, question: str, image_paths: Sequence[str | DocumentPage], *,
-              transcribed: bool = False) -> None:
+    def _turn(self, question: str, image_paths: Sequence[str | DocumentPage | LoadedImage], *,
+              transcribed: bool = False, labels: Sequence[str] | None = None) -> None:
         self.stop_idle()  # at most one decode step; the turn's clock starts after it
         started = time.perf_counter()
-        images = [load_source(path if isinstance(path, DocumentPage) else Path(path).expanduser(),
+        images = [path if isinstance(path, LoadedImage) else
+                  load_source(path if isinstance(path, DocumentPage) else Path(path).expanduser(),
                               useful_pixels=self.conversation.useful_pixels) for path in image_paths]
         for image in images:
             if image.note:
@@ -229,7 +233,7 @@ class ChatRepl:
                     lambda: self.conversation.ask(question or (DEFAULT_QUESTION if images else ""),
                                                   images=images, on_piece=self._write_piece,
                                                   on_progress=self._prefill.update, started=started,
-                                                  transcribed=transcribed))
+                                                  transcribed=transcribed, labels=labels))
         finally:
             self._prefill.clear()
         self.out.write("\n")
@@ -260,6 +264,24 @@ class ChatRepl:
             self._turn(DOCUMENT_PROMPT, [page], transcribed=True)
         self._note(f"read {len(document.pages)} of {document.n_pages} pages of {document.path.name}; "
                    "ask about them")
+
+    def _read_video(self, rest: str) -> None:
+        """`/video CLIP`: each window of the clip read as its own turn (its frames, each after its
+        time), its description streamed and kept as the answer; the frames are then swapped for
+        their names, so the chat goes on over the timeline without the frames' visual tokens."""
+        path, _rest = _split_path(rest)
+        if not path:
+            self._error("usage: /video CLIP.mp4")
+            return
+        windows = plan_windows(probe_video(Path(path).expanduser()))
+        for window in windows:
+            self.out.write(f"==> {window.name} <==\n")
+            frames = read_window(window, useful_pixels=self.conversation.useful_pixels).frames
+            asked = VIDEO_PROMPT.format(n=len(frames), start=clock(window.start_s), end=clock(window.end_s),
+                                        length=clock(window.duration_s))
+            labels = [frame_label(frame.time_s or 0.0, slot) for slot, frame in enumerate(frames)]
+            self._turn(asked, list(frames), transcribed=True, labels=labels)
+        self._note(f"read {len(windows)} windows of {Path(path).name}; ask about them")
 
     def _on_engine_thread(self, work: Callable[[], T]) -> T:
         """Run llama.cpp work on the one engine thread, once the idle summary has stopped.

@@ -25,7 +25,7 @@ from edgevlm.store.prefix_cache import PrefixCache
 from edgevlm.vision.documents import DocumentPage
 from edgevlm.vision.images import LoadedImage, clock
 from edgevlm.vision.sources import Source, load_source
-from edgevlm.vision.video import VideoWindow, WindowFrames, read_window
+from edgevlm.vision.video import VideoWindow, WindowFrames, frame_label, read_window
 
 DEFAULT_PROMPT = DEFAULT_QUESTION
 # A document's page, unless the user asks something else: its transcript is what stands for it.
@@ -86,11 +86,6 @@ class DescribeResult:
     def to_json(self) -> dict[str, Any]:
         """A plain dict for --json (floats rounded for reading; the parsed answer as it is)."""
         return to_plain(self) | {"data": self.data}
-
-
-def frame_label(time_s: float, slot: int) -> str:
-    """The text before a video frame: its time in the clip (each frame on its own line)."""
-    return f"{'' if slot == 0 else chr(10)}Frame at {clock(time_s)}: "
 
 
 def _page_records(transcripts: Sequence[tuple[str, str]]) -> list[TurnRecord]:

@@ -25,11 +25,10 @@ from edgevlm.describe.describer import (
     ImageDone,
     ImageStarted,
     TextPiece,
-    frame_label,
 )
 from edgevlm.vision.documents import DocumentPage
 from edgevlm.vision.sources import load_source
-from edgevlm.vision.video import VideoWindow, read_window
+from edgevlm.vision.video import VideoWindow, frame_label, read_window
 
 # Pages a question may bring back live beside the transcripts: each costs its full visual tokens.
 MOST_LIVE_PAGES = 2

@@ -13,6 +13,14 @@ from edgevlm.errors import ImageError
 from edgevlm.server.http import ApiError, bad_request, shown
 
 PDF_MAGIC = b"%PDF-"
+VIDEO_TYPES = {"video/mp4": ".mp4", "video/webm": ".webm", "video/quicktime": ".mov",
+               "video/x-matroska": ".mkv", "video/x-msvideo": ".avi"}
+
+
+def is_video_bytes(raw: bytes) -> bool:
+    """Whether bytes open a video container: MP4/MOV (`ftyp` box), WebM/MKV (EBML), AVI (RIFF)."""
+    avi = raw[:4] == b"RIFF" and raw[8:11] == b"AVI"
+    return raw[4:8] == b"ftyp" or raw[:4] == b"\x1a\x45\xdf\xa3" or avi
 
 
 def image_from_url(url: object, param: str, *, media_dir: Path | None,
@@ -41,7 +49,40 @@ def image_from_base64(data: object, param: str, *, useful_pixels: int | None) ->
         raise bad_request("this is a PDF, and the Ollama API takes images only; send its pages as "
                           "images, or the PDF as a file part to /v1/chat/completions", param,
                           code="documents_unsupported")
+    if is_video_bytes(raw):
+        raise bad_request("this is a video, and the Ollama API takes images only; send it as a "
+                          "video_url part to /v1/chat/completions", param, code="video_unsupported")
     return decode(raw, param, useful_pixels)
+
+
+def video_frames(part: object, param: str, *, media_dir: Path | None, useful_pixels: int | None,
+                 max_file_bytes: int | None = None) -> tuple[ChatImage, ...]:
+    """A video as frames of the message: OpenAI-style `video_url` ({"url": a data:video/…;base64
+    URL or file:// inside --media-dir}) or llama-server's `input_video` ({"data": base64,
+    "format": "mp4"}); at most one window's frames, spread over the clip, each after its time."""
+    if not isinstance(part, dict):
+        raise bad_request("expected an object with the video's url (or data)", param)
+    if "url" in part:
+        url, where = part.get("url"), f"{param}.url"
+        if not isinstance(url, str) or not url:
+            raise bad_request("expected the video as a data:video/…;base64 URL or a file:// URL", where)
+        scheme = url.split(":", 1)[0].lower()
+        if scheme == "data":
+            media_type = url[5:].split(";", 1)[0].lower()
+            raw, suffix = _data_url_bytes(url, where, kind="video/"), VIDEO_TYPES.get(media_type, ".mp4")
+        elif scheme == "file":
+            raw, suffix = _media_file_bytes(url, where, media_dir, max_file_bytes), Path(url).suffix or ".mp4"
+        else:
+            raise bad_request("the server fetches nothing from the network; send the video inline as a "
+                              "data:video/…;base64 URL", where, code="remote_url_refused")
+    else:
+        where = f"{param}.data"
+        raw, suffix = _b64(str(part.get("data") or ""), where), f".{part.get('format') or 'mp4'}"
+    try:
+        return ChatImage.frames_of(raw, suffix=suffix, useful_pixels=useful_pixels)
+    except ImageError as exc:
+        reason = str(exc).split(": ", 1)[-1]  # the made-up name means nothing to a client
+        raise bad_request(reason, where, code="invalid_video") from None
 
 
 def document_pages(part: object, param: str, *, useful_pixels: int | None) -> tuple[ChatImage, ...]:

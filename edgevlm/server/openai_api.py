@@ -20,7 +20,7 @@ from edgevlm.server import schemas as sc
 from edgevlm.server.answer import AnswerText, whole_answer
 from edgevlm.server.history import Message, chat_turn, check_role
 from edgevlm.server.http import ApiError, bad_request, read_json
-from edgevlm.server.media import document_pages, image_from_url
+from edgevlm.server.media import document_pages, image_from_url, video_frames
 from edgevlm.server.scheduler import Answered, Failed, JobEvent, Piece, TurnJob
 from edgevlm.server.tool_calls import assistant_calls_text, tool_result_text, tool_use
 from edgevlm.server.turns import (
@@ -179,11 +179,16 @@ def _content(content: object, where: str, state: ServerState) -> tuple[str, tupl
             images.append(image_from_url(url, f"{param}.image_url.url", media_dir=state.media_dir,
                                          useful_pixels=state.useful_pixels,
                                          max_file_bytes=state.max_body_bytes))
+        elif kind in ("video_url", "input_video"):
+            images.extend(video_frames(part.get(kind), f"{param}.{kind}", media_dir=state.media_dir,
+                                       useful_pixels=state.useful_pixels,
+                                       max_file_bytes=state.max_body_bytes))
         elif kind == "file":
             images.extend(document_pages(part.get("file"), f"{param}.file",
                                          useful_pixels=state.useful_pixels))
         else:
-            raise bad_request("expected a part of type text (with text), image_url or file (a PDF)", param)
+            raise bad_request("expected a part of type text (with text), image_url, video_url or "
+                              "file (a PDF)", param)
     return "\n".join(texts), tuple(images), detail
 
 

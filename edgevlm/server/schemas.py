@@ -25,11 +25,23 @@ class FileData(_Open):
     filename: str | None = None
 
 
+class VideoUrl(_Open):
+    url: str = Field(description="a data:video/…;base64 URL, or file:// inside --media-dir")
+
+
+class InputVideo(_Open):
+    data: str = Field(description="the video, base64")
+    format: str | None = Field(None, description="its container: mp4, webm, mov, mkv")
+
+
 class ContentPart(_Open):
-    type: Literal["text", "image_url", "file"]
+    type: Literal["text", "image_url", "file", "video_url", "input_video"]
     text: str | None = None
     image_url: ImageUrl | None = None
     file: FileData | None = Field(None, description="a PDF: each page is shown as an image of the message")
+    video_url: VideoUrl | None = Field(
+        None, description="a video: up to 8 frames spread over it, each after its time")
+    input_video: InputVideo | None = Field(None, description="llama-server's form of a video part")
 
 
 class FunctionSpec(_Open):

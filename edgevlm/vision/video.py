@@ -216,3 +216,32 @@ def _upright(frame: object, useful_pixels: int | None) -> Image.Image:
         image = image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))),
                              Image.Resampling.BICUBIC)
     return image
+
+
+def frame_label(time_s: float, slot: int) -> str:
+    """The text before a video frame: its time in the clip (each frame on its own line)."""
+    return f"{'' if slot == 0 else chr(10)}Frame at {clock(time_s)}: "
+
+
+def read_video_bytes(data: bytes, name: str, *, useful_pixels: int | None = None,
+                     most: int = MAX_WINDOW_FRAMES) -> tuple[LoadedImage, ...]:
+    """A clip held in memory (an upload) as at most `most` frames spread over it (one window),
+    checked as probe_video checks a file; errors name `name`."""
+    import tempfile
+
+    if not data:
+        raise ImageError(f"{name}: the video is empty (0 bytes)")
+    suffix = Path(name).suffix or ".mp4"
+    with tempfile.TemporaryDirectory(prefix="edgevlm-video-") as folder:
+        path = Path(folder) / f"upload{suffix}"  # PyAV reads a file best: it can seek
+        path.write_bytes(data)
+        try:
+            facts = probe_video(path)
+            fps = min(DEFAULT_FPS, most / facts.duration_s)
+            window = plan_windows(facts, fps=fps, frames_per_window=most)[0]
+            frames = read_window(window, useful_pixels=useful_pixels).frames
+        except ImageError as exc:
+            raise ImageError(str(exc).replace(str(path), name)) from None
+    named = Path(name)
+    return tuple(LoadedImage(path=named, image=f.image, source_size=f.source_size, time_s=f.time_s)
+                 for f in frames)

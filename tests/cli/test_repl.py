@@ -346,3 +346,24 @@ def test_doc_reads_each_page_as_a_turn_and_keeps_only_its_transcript(test_models
         assert row["visual_tokens_live"] == row["visual_tokens"] > 0
     summaries = _rows(tmp_path / "session.jsonl", "summary")
     assert summaries and all(row["summary"] == "" for row in summaries)  # the answer is the transcript
+
+
+def test_video_reads_each_window_as_a_turn_and_keeps_only_its_description(test_models: dict[str, Path],
+                                                                          tmp_path: Path) -> None:
+    from ..vision.test_video import moving_square, write_clip
+
+    clip = write_clip(tmp_path / "square.mp4", 12, size=(96, 64), draw=moving_square)
+    stats = tmp_path / "stats.jsonl"
+    args = ["chat", "--model", str(test_models["qwen_text"]), "--mmproj", str(test_models["qwen_mmproj"]),
+            "--n-ctx", "2048", "--max-tokens", "12", "--session", str(tmp_path / "session.jsonl"),
+            "--stats-json", str(stats)]
+    result = run_cli(*args, stdin=f"/video {clip}\nwhat moved at 0:05?\n")
+    assert result.returncode == 0, result.stderr
+    assert [line for line in result.stdout.splitlines() if line.startswith("==>")] == [
+        "==> square.mp4, 0:00–0:08 <==", "==> square.mp4, 0:08–0:12 <=="]
+    assert "read 2 windows of square.mp4" in result.stderr
+    rows = [json.loads(line) for line in stats.read_text().splitlines()]
+    assert [len(row["image_tokens"]) for row in rows] == [8, 4, 0]  # two windows' frames, then the question
+    assert rows[1]["visual_tokens_live"] == rows[1]["visual_tokens"]  # the first window was swapped out
+    turns = _turns(tmp_path / "session.jsonl")
+    assert turns[0]["user"].startswith("These are 8 frames of a video, from 0:00 to 0:08 of its 0:12")

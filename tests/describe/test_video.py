@@ -11,12 +11,12 @@ import pytest
 from PIL import Image
 
 from edgevlm.chat.prompts import CHATML
-from edgevlm.describe.describer import DescribeEvent, ImageDone, ImageStarted, describe_images, frame_label
+from edgevlm.describe.describer import DescribeEvent, ImageDone, ImageStarted, describe_images
 from edgevlm.describe.folders import plan_targets, with_parts
 from edgevlm.llama.engine import Engine
 from edgevlm.models.gguf import read_projector
 from edgevlm.vision.registry import layout_for
-from edgevlm.vision.video import VideoWindow
+from edgevlm.vision.video import VideoWindow, frame_label
 
 from ..conftest import make_describer, make_engine
 from ..vision.test_video import write_clip

@@ -120,3 +120,35 @@ def test_two_images_in_one_message_from_both_clients_on_the_qwen_pair(
     reply = ollama.Client(host=qwen_server[0], timeout=120).chat(model=qwen_server[1].model.id, messages=[
         {"role": "user", "content": "Compare.", "images": [photo_bytes(45), photo_bytes(46)]}])
     assert reply.done and reply.message.content and reply.prompt_eval_count > sum(extra["image_tokens"]) // 2
+
+
+def test_a_video_url_is_read_as_its_frames_and_ollama_refuses_a_video(qwen_server: tuple[str, ServerState],
+                                                                       tmp_path: Path) -> None:
+    """The openai client sends a clip as a `video_url` data URL (and as llama-server's
+    `input_video`): up to 8 frames spread over it are shown, each after its time. The Ollama
+    API has no video: a 400 that says so."""
+    import base64
+
+    import ollama
+    from openai import BadRequestError, OpenAI
+
+    from ..vision.test_video import moving_square, write_clip
+
+    raw = write_clip(tmp_path / "clip.mp4", 12, draw=moving_square).read_bytes()
+    data = base64.b64encode(raw).decode()
+    client = OpenAI(base_url=f"{qwen_server[0]}/v1", api_key="unused", max_retries=0, timeout=120)
+    for part in ({"type": "video_url", "video_url": {"url": f"data:video/mp4;base64,{data}"}},
+                 {"type": "input_video", "input_video": {"data": data, "format": "mp4"}}):
+        answer = client.chat.completions.create(model="", messages=[
+            {"role": "user", "content": [part, {"type": "text", "text": "What moves?"}]}])
+        extra = answer.model_extra["edgevlm"]
+        assert answer.choices[0].message.content and len(extra["image_tokens"]) == 8  # 12 s: 8 frames
+        assert sum(extra["image_tokens"]) == extra["visual_tokens"]
+    with pytest.raises(BadRequestError) as broken:
+        client.chat.completions.create(model="", messages=[{"role": "user", "content": [
+            {"type": "video_url", "video_url": {"url": f"data:video/mp4;base64,{data[:300]}"}}]}])
+    assert broken.value.body["param"] == "messages[0].content[0].video_url.url"  # type: ignore[index]
+    with pytest.raises(ollama.ResponseError) as refused:
+        ollama.Client(host=qwen_server[0], timeout=120).chat(model=qwen_server[1].model.id, messages=[
+            {"role": "user", "content": "What moves?", "images": [raw]}])
+    assert refused.value.status_code == 400 and "video" in refused.value.error
