@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from edgevlm.chat.conversation import Conversation
 from edgevlm.chat.records import PrefillProgress, ShownImage, TurnRecord, TurnStats, image_key
@@ -19,7 +20,7 @@ from edgevlm.llama.types import Sampling
 from edgevlm.store.caches import SummaryStore
 from edgevlm.vision.documents import render_document_bytes
 from edgevlm.vision.images import LoadedImage, load_image_bytes
-from edgevlm.vision.video import MAX_WINDOW_FRAMES, frame_label, read_video_bytes
+from edgevlm.vision.video import MAX_WINDOW_FRAMES, read_video_bytes, scaffold_for
 
 HISTORY_FILL = 0.75  # a cut history fills this share of the room, leaving some for follow-ups
 
@@ -30,7 +31,7 @@ class ChatImage:
 
     sha256: str
     image: LoadedImage
-    label: str | None = None  # the text before it (a video frame's time); None: the family's own
+    clip_s: float | None = None  # a video frame's: the length of its clip (its time is image.time_s)
 
     @classmethod
     def from_bytes(cls, data: bytes, *, useful_pixels: int | None = None) -> ChatImage:
@@ -44,10 +45,10 @@ class ChatImage:
         """A video upload's frames, at most `most` spread over the clip (one window), each with
         its time as its label; named and keyed by the clip's digest and the time."""
         digest = hashlib.sha256(data).hexdigest()
-        frames = read_video_bytes(data, f"video-{digest[:8]}{suffix}", useful_pixels=useful_pixels, most=most)
+        frames, duration = read_video_bytes(data, f"video-{digest[:8]}{suffix}", useful_pixels=useful_pixels,
+                                            most=most)
         return tuple(cls(hashlib.sha256(f"{digest}#t={frame.time_s}".encode()).hexdigest(), frame,
-                         label=frame_label(frame.time_s or 0.0, slot))
-                     for slot, frame in enumerate(frames))
+                         clip_s=duration) for frame in frames)
 
     @classmethod
     def pages_of(cls, data: bytes, *, useful_pixels: int | None = None) -> tuple[ChatImage, ...]:
@@ -139,7 +140,7 @@ class ResentChat:
             raise Interrupted("stopped while the history was being prepared") from None
         for image in turn.images:
             self._digests[image.image.name] = image.sha256
-        labels = [image.label for image in turn.images]
+        labels = _frame_labels(conversation.layout.name, turn.images)
         answer, stats = conversation.ask(
             turn.question, images=[image.image for image in turn.images], on_piece=on_piece,
             labels=labels if any(label is not None for label in labels) else None,
@@ -274,3 +275,20 @@ def _reused(stats: TurnStats, side_work: int, dropped: int) -> TurnStats:
     decoded = stats.prefill_tokens - side_work
     return replace(stats, cached_tokens=max(stats.prompt_tokens - decoded, 0),
                    dropped_turns=stats.dropped_turns + dropped)
+
+
+def _frame_labels(layout_name: str, images: tuple[ChatImage, ...]) -> list[str | None]:
+    """The text before each image of a message: a video's frames in the family's way (its
+    intro before each clip's first frame), None (the family's own) for the other images."""
+    labels: list[str | None] = [None] * len(images)
+    clips: dict[Path, list[int]] = {}
+    for k, image in enumerate(images):
+        if image.clip_s is not None:
+            clips.setdefault(image.image.path, []).append(k)  # one upload's frames share its name
+    for slots in clips.values():
+        frames = [images[k] for k in slots]
+        times = [f.image.time_s or 0.0 for f in frames]
+        texts = scaffold_for(layout_name).labels(times, frames[0].clip_s or 0.0)
+        for k, text in zip(slots, texts, strict=True):
+            labels[k] = text
+    return labels

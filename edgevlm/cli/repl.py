@@ -29,7 +29,7 @@ from edgevlm.vision.documents import DocumentPage, open_document, parse_pages
 from edgevlm.vision.images import IMAGE_SUFFIXES, LoadedImage, clock
 from edgevlm.vision.sources import load_source
 from edgevlm.vision.tiling import parse_pool, parse_tiles
-from edgevlm.vision.video import frame_label, plan_windows, probe_video, read_window
+from edgevlm.vision.video import frame_labels, plan_windows, probe_video, read_window, scaffold_for
 
 if TYPE_CHECKING:
     from edgevlm.runtime.loading import Loaded
@@ -277,9 +277,11 @@ class ChatRepl:
         for window in windows:
             self.out.write(f"==> {window.name} <==\n")
             frames = read_window(window, useful_pixels=self.conversation.useful_pixels).frames
-            asked = VIDEO_PROMPT.format(n=len(frames), start=clock(window.start_s), end=clock(window.end_s),
-                                        length=clock(window.duration_s))
-            labels = [frame_label(frame.time_s or 0.0, slot) for slot, frame in enumerate(frames)]
+            layout = self.conversation.layout.name
+            asked = scaffold_for(layout).outro + VIDEO_PROMPT.format(
+                n=len(frames), start=clock(window.start_s), end=clock(window.end_s),
+                length=clock(window.duration_s))
+            labels = frame_labels(layout, frames, window.duration_s)
             self._turn(asked, list(frames), transcribed=True, labels=labels)
         self._note(f"read {len(windows)} windows of {Path(path).name}; ask about them")
 

@@ -25,7 +25,7 @@ from edgevlm.store.prefix_cache import PrefixCache
 from edgevlm.vision.documents import DocumentPage
 from edgevlm.vision.images import LoadedImage, clock
 from edgevlm.vision.sources import Source, load_source
-from edgevlm.vision.video import VideoWindow, WindowFrames, frame_label, read_window
+from edgevlm.vision.video import VideoWindow, WindowFrames, read_window, scaffold_for
 
 DEFAULT_PROMPT = DEFAULT_QUESTION
 # A document's page, unless the user asks something else: its transcript is what stands for it.
@@ -200,6 +200,11 @@ class Describer:
         return self._conversation.sequence.n_ctx
 
     @property
+    def layout_name(self) -> str:
+        """How the model is shown images (`llava-1.5-tiles`, `mtmd-qwen2.5vl_merger`, …)."""
+        return self._conversation.layout.name
+
+    @property
     def prefix_cache(self) -> PrefixCache | None:
         """The image-prefix cache this describer keeps and restores from (None: off)."""
         return self._conversation.prefix_cache
@@ -281,9 +286,11 @@ class Describer:
         self._conversation.rewind()
         system_s, self._system_prefill_s = self._system_prefill_s, None
         shown = list(frames.views)
-        asked = prompt or VIDEO_PROMPT.format(n=len(shown), start=clock(window.start_s),
-                                              end=clock(window.end_s), length=clock(window.duration_s))
-        labels = [frame_label(view.image.time_s or 0.0, slot) for slot, view in enumerate(shown)]
+        scaffold = scaffold_for(self.layout_name)
+        asked = scaffold.outro + (prompt or VIDEO_PROMPT.format(
+            n=len(shown), start=clock(window.start_s), end=clock(window.end_s),
+            length=clock(window.duration_s)))
+        labels = scaffold.labels([view.image.time_s or 0.0 for view in shown], window.duration_s)
         text, stats = self._conversation.ask(asked, images=shown, labels=labels, on_piece=on_piece,
                                              on_progress=on_progress, started=started)
         self._refuse_cut_answer()

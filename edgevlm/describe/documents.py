@@ -28,7 +28,7 @@ from edgevlm.describe.describer import (
 )
 from edgevlm.vision.documents import DocumentPage
 from edgevlm.vision.sources import load_source
-from edgevlm.vision.video import VideoWindow, frame_label, read_window
+from edgevlm.vision.video import VideoWindow, frame_labels, read_window
 
 # Pages a question may bring back live beside the transcripts: each costs its full visual tokens.
 MOST_LIVE_PAGES = 2
@@ -178,7 +178,7 @@ def _views(describer: Describer, part: DocumentPage | VideoWindow, room: int
     frames = read_window(part, useful_pixels=describer.useful_pixels).frames
     share = max(room // len(frames), 1)
     return ([describer.prepare(frame, share) for frame in frames],
-            [frame_label(frame.time_s or 0.0, slot) for slot, frame in enumerate(frames)])
+            frame_labels(describer.layout_name, frames, part.duration_s))
 
 
 def ask_documents(describer: Describer, read: Sequence[ReadPage], questions: Sequence[str], *,

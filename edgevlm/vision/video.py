@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -218,15 +219,57 @@ def _upright(frame: object, useful_pixels: int | None) -> Image.Image:
     return image
 
 
-def frame_label(time_s: float, slot: int) -> str:
-    """The text before a video frame: its time in the clip (each frame on its own line)."""
-    return f"{'' if slot == 0 else chr(10)}Frame at {clock(time_s)}: "
+@dataclass(frozen=True)
+class FrameScaffold:
+    """How a family is shown a video's frames: the text before the first, before each, and after
+    the last (format fields: {n} frames, {duration} H:MM:SS, {clock} m:ss, {mmss} MM:SS)."""
+
+    label: str
+    intro: str = ""
+    outro: str = ""
+
+    def labels(self, times_s: Sequence[float], duration_s: float) -> list[str]:
+        """The text before each frame, the intro before the first."""
+        intro = self.intro.format(n=len(times_s), duration=_hms(duration_s))
+        return [(intro if slot == 0 else "") + self.label.format(clock=clock(t), mmss=_mmss(t))
+                for slot, t in enumerate(times_s)]
+
+
+# Frames as images, each after its time on its own line (LLaVA, Gemma 3, Qwen-VL as edgevlm
+# shows them today: one image per frame, not Qwen's merged frame pairs).
+TIMED_FRAMES = FrameScaffold(label="\nFrame at {clock}: ")
+# SmolVLM2's own, from transformers' SmolVLM processor (DEFAULT_VIDEO_INTRO,
+# FRAME_TIMESTAMP_MESSAGE, DEFAULT_MEDIA_OUTTRO): the duration as H:MM:SS, each frame after
+# "Frame from MM:SS:", two newlines after the last.
+SMOLVLM_FRAMES = FrameScaffold(
+    intro="You are provided the following series of {n} frames from a {duration} [H:MM:SS] video.\n",
+    label="\nFrame from {mmss}:", outro="\n\n")
+_SCAFFOLDS = {"mtmd-idefics3": SMOLVLM_FRAMES}
+
+
+def scaffold_for(layout_name: str) -> FrameScaffold:
+    """The family's way of showing frames (by its layout's name), else TIMED_FRAMES."""
+    return _SCAFFOLDS.get(layout_name, TIMED_FRAMES)
+
+
+def frame_labels(layout_name: str, frames: Sequence[LoadedImage], duration_s: float) -> list[str]:
+    """The text before each of a window's frames, in the family's way (see FrameScaffold)."""
+    return scaffold_for(layout_name).labels([frame.time_s or 0.0 for frame in frames], duration_s)
+
+
+def _hms(seconds: float) -> str:
+    whole = int(seconds)
+    return f"{whole // 3600}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
+
+
+def _mmss(seconds: float) -> str:
+    return f"{int(seconds // 60):02d}:{int(seconds % 60):02d}"
 
 
 def read_video_bytes(data: bytes, name: str, *, useful_pixels: int | None = None,
-                     most: int = MAX_WINDOW_FRAMES) -> tuple[LoadedImage, ...]:
+                     most: int = MAX_WINDOW_FRAMES) -> tuple[tuple[LoadedImage, ...], float]:
     """A clip held in memory (an upload) as at most `most` frames spread over it (one window),
-    checked as probe_video checks a file; errors name `name`."""
+    and its length in seconds, checked as probe_video checks a file; errors name `name`."""
     import tempfile
 
     if not data:
@@ -244,4 +287,4 @@ def read_video_bytes(data: bytes, name: str, *, useful_pixels: int | None = None
             raise ImageError(str(exc).replace(str(path), name)) from None
     named = Path(name)
     return tuple(LoadedImage(path=named, image=f.image, source_size=f.source_size, time_s=f.time_s)
-                 for f in frames)
+                 for f in frames), facts.duration_s

@@ -16,7 +16,7 @@ from edgevlm.describe.folders import plan_targets, with_parts
 from edgevlm.llama.engine import Engine
 from edgevlm.models.gguf import read_projector
 from edgevlm.vision.registry import layout_for
-from edgevlm.vision.video import VideoWindow, frame_label
+from edgevlm.vision.video import SMOLVLM_FRAMES, TIMED_FRAMES, VideoWindow
 
 from ..conftest import make_describer, make_engine
 from ..vision.test_video import write_clip
@@ -67,7 +67,12 @@ def test_a_ten_minute_clip_is_read_window_by_window_with_the_cache_flat(
 
 
 def test_a_frame_is_labelled_by_its_time_and_a_window_keyed_for_resume(tmp_path: Path) -> None:
-    assert frame_label(65.5, 0) == "Frame at 1:05: " and frame_label(3, 1) == "\nFrame at 0:03: "
+    assert TIMED_FRAMES.labels([65.5, 3], 70) == ["\nFrame at 1:05: ", "\nFrame at 0:03: "]
+    # SmolVLM2's own words (transformers' SmolVLM processor), the duration as H:MM:SS
+    assert SMOLVLM_FRAMES.labels([0.5, 65.0], 125) == [
+        "You are provided the following series of 2 frames from a 0:02:05 [H:MM:SS] video.\n"
+        "\nFrame from 00:00:", "\nFrame from 01:05:"]
+    assert SMOLVLM_FRAMES.outro == "\n\n"
     clip = write_clip(tmp_path / "short.mp4", 20, fps=2)
     targets = plan_targets(with_parts([(clip, tmp_path)], fps=0.5), write_captions=True, out_dir=None)
     assert [t.key for t in targets] == [f"{clip}#t=0.0,16.0", f"{clip}#t=16.0,20.0"]
@@ -99,3 +104,24 @@ def test_a_question_naming_a_time_shows_that_window_again_without_an_encode(
     assert answer.window == (8.0, 16.0)
     assert answer.frame_times_s == (8.5, 9.5, 10.5, 11.5, 12.5, 13.5, 14.5, 15.5)
     assert answer.image == str(clip)
+
+
+def test_smolvlm_is_shown_a_window_in_its_own_words(test_models: dict[str, Path], tmp_path: Path) -> None:
+    """SmolVLM2's window: its intro and "Frame from MM:SS:" labels, then two newlines and the question."""
+    from edgevlm.describe.describer import DOCUMENT_PROMPT
+
+    clip = write_clip(tmp_path / "sweep.mp4", 6, fps=2, size=(96, 64), draw=_sweep)
+    windows = [source for source, _root in with_parts([(clip, tmp_path)])]
+    with make_engine(test_models["smolvlm_mmproj"], text=test_models["smolvlm_text"], n_ctx=2048) as engine:
+        sequence = engine.sequence()
+        describer = make_describer(sequence, CHATML, tile_size=512, max_tokens=4,
+                                   layout=layout_for(read_projector(test_models["smolvlm_mmproj"])))
+        done: list[ImageDone] = []
+        describe_images(describer, windows, "What happens?", document_prompt=DOCUMENT_PROMPT,
+                        on_event=lambda e: done.append(e) if isinstance(e, ImageDone) else None)
+        describer.check()
+        cache_text = sequence.detokenize([t for s in describer._conversation.segments for t in s.tokens])
+    result = done[0].result
+    assert result.question.startswith("\n\nThese are 6 frames of a video, from 0:00 to 0:06 of its 0:06")
+    assert "You are provided the following series of 6 frames from a 0:00:06 [H:MM:SS] video.\n" in cache_text
+    assert "\nFrame from 00:05:" in cache_text and len(result.image_tokens) == 6
