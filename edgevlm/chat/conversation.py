@@ -255,6 +255,11 @@ class Conversation:
         return self.swap.pending
 
     @property
+    def image_floor(self) -> int:
+        """The tokens one image needs at its smallest view (its global view, or mtmd's least)."""
+        return self.sequence.image_tokens() + self.blocks.whole_image_tokens
+
+    @property
     def useful_pixels(self) -> int:
         """Source pixels worth decoding for this projector's tiles (see images.load_image)."""
         return useful_pixels(self.tile_size)

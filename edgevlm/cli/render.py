@@ -56,6 +56,7 @@ def stats_line(r: DescribeResult) -> str:
     names = names or Path(r.image).name + page
     if r.window != (0.0, 0.0):  # a stretch of a video: its frames
         dropped = f", {r.skipped_frames} dropped as duplicates" if r.skipped_frames else ""
+        dropped += f", {r.left_out_frames} left out to fit" if r.left_out_frames else ""
         names = f"{Path(r.image).name}, {clock(r.window[0])}–{clock(r.window[1])}"
         grid = f"{len(r.frame_times_s)} frames ({' + '.join(map(str, r.image_tokens))} tokens{dropped})"
     return (f"[dim]{escape(names)}: {grid}, {r.visual_tokens} visual tokens | "
@@ -256,9 +257,7 @@ def render_plan(p: Plan, model_name: str, checks: tuple[Check, ...]) -> None:
               f"· KV {p.type_k} · flash attention {'on' if p.flash_attn else 'off'} · projector on "
               f"{'GPU' if p.mmproj_on_gpu else 'CPU'} · ubatch {p.n_ubatch} · {tiles}"
               f"{example}: {photo} · layout {p.layout} · memory {_memory(p)}")
-    if p.most_images_per_turn:
-        out.print(f"  one question holds up to {p.most_images_per_turn} such photos at their smallest "
-                  "views (describe --together, several images in a message)")
+    _media_lines(out, p)
     out.print(_devices_table(p) if p.devices else _plan_table(p))
     if p.photo_prefix_bytes:
         count = p.photo_prefixes_in_ram
@@ -275,6 +274,22 @@ def render_plan(p: Plan, model_name: str, checks: tuple[Check, ...]) -> None:
             verify.add_row(c.component, format_bytes(c.estimated), format_bytes(c.reported),
                            f"{100 * c.error:+.1f}%")
         out.print(verify)
+
+
+def _media_lines(out: Console, p: Plan) -> None:
+    """What a minute of video costs, and how many photos one question holds."""
+    from edgevlm.vision.video import MAX_WINDOW_FRAMES
+
+    if p.video_frame_tokens:
+        window = p.video_frame_tokens * p.video_window_frames
+        shown = f"{p.video_frame_shown[0]}x{p.video_frame_shown[1]}"
+        frames = p.video_window_frames
+        out.print(f"  a minute of 1280x720 video at 1 fps: {-(-60 // MAX_WINDOW_FRAMES)} windows showing "
+                  f"{frames} frames each, each frame {p.video_frame_tokens} visual tokens at {shown} "
+                  f"({window} a window; one window in the cache at a time, however long the clip)")
+    if p.most_images_per_turn:
+        out.print(f"  one question holds up to {p.most_images_per_turn} such photos at their smallest "
+                  "views (describe --together, several images in a message)")
 
 
 def _memory(p: Plan) -> str:

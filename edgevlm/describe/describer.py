@@ -25,7 +25,8 @@ from edgevlm.store.prefix_cache import PrefixCache
 from edgevlm.vision.documents import DocumentPage
 from edgevlm.vision.images import LoadedImage, clock
 from edgevlm.vision.sources import Source, load_source
-from edgevlm.vision.video import VideoWindow, WindowFrames, read_window, scaffold_for
+from edgevlm.vision.tiling import page_room
+from edgevlm.vision.video import VideoWindow, WindowFrames, fit_frames, read_window, scaffold_for
 
 DEFAULT_PROMPT = DEFAULT_QUESTION
 # A document's page, unless the user asks something else: its transcript is what stands for it.
@@ -81,7 +82,8 @@ class DescribeResult:
     page: int = 0  # for a document's page, its number (from 1); `image` is then the PDF
     window: tuple[float, float] = (0.0, 0.0)  # for a stretch of a video, its start and end (s)
     frame_times_s: tuple[float, ...] = ()  # … the times of the frames shown, in order
-    skipped_frames: int = 0  # … and how many sampled frames were dropped as duplicates
+    skipped_frames: int = 0  # … how many sampled frames were dropped as duplicates
+    left_out_frames: int = 0  # … and how many more than the room holds were left out
 
     def to_json(self) -> dict[str, Any]:
         """A plain dict for --json (floats rounded for reading; the parsed answer as it is)."""
@@ -98,16 +100,19 @@ def _page_records(transcripts: Sequence[tuple[str, str]]) -> list[TurnRecord]:
 @dataclass(frozen=True)
 class PreparedWindow:
     """A stretch of video's frames, each cut for an even share of a page's room (half the room),
-    so that a question can show them again in the same views; and the duplicates dropped."""
+    so that a question can show them again in the same views; the duplicates dropped, and the
+    frames left out because the room holds fewer (fit_frames)."""
 
     views: tuple[PreparedImage, ...]
     skipped: int
+    left_out: int = 0
 
     @classmethod
     def of(cls, frames: WindowFrames, describer: Describer, room: int) -> PreparedWindow:
         """The window's frames cut for their share of `room` (CPU only; safe on a helper thread)."""
-        share = max(room // len(frames.frames), 1)
-        return cls(tuple(describer.prepare(frame, share) for frame in frames.frames), frames.skipped)
+        kept, share = fit_frames(frames.frames, room, describer.image_floor)
+        return cls(tuple(describer.prepare(frame, share) for frame in kept), frames.skipped,
+                   len(frames.frames) - len(kept))
 
 
 # A source with its prepared image, or a window's frames (or the error reading it), and the
@@ -198,6 +203,11 @@ class Describer:
     def n_ctx(self) -> int:
         """The context the describer's sequence holds."""
         return self._conversation.sequence.n_ctx
+
+    @property
+    def image_floor(self) -> int:
+        """The tokens one image needs at its smallest view."""
+        return self._conversation.image_floor
 
     @property
     def layout_name(self) -> str:
@@ -298,7 +308,7 @@ class Describer:
         return replace(result, images=tuple(view.image.key for view in shown),
                        window=(window.start_s, window.end_s),
                        frame_times_s=tuple(view.image.time_s or 0.0 for view in shown),
-                       skipped_frames=frames.skipped)
+                       skipped_frames=frames.skipped, left_out_frames=frames.left_out)
 
     def ask_again(self, image: LoadedImage | PreparedImage, question: str, *,
                   output: OutputFormat | None = None, started: float | None = None,
@@ -426,12 +436,6 @@ def reading_room(describer: Describer, prompts: Sequence[str]) -> int:
     return min(describer.room_for(question) for question in prompts)
 
 
-def page_room(room: int) -> int:
-    """A document's page gets half the room, so that a question over the document can show it
-    again beside the transcripts in the same views (whose projector rows are then cached)."""
-    return max(room // 2, 1)
-
-
 class _Feed:
     """Prepared images handed to describers one at a time, and their events passed on."""
 
@@ -487,8 +491,13 @@ class _Feed:
                          frames: PreparedWindow, read_s: float, prompt: str | None) -> None:
         held: list[DescribeEvent] = []
         sink = held.append if self._buffered else self._emit_one
-        dropped = f"{frames.skipped} of {len(window.times_s)} frames dropped as duplicates"
-        note = dropped if frames.skipped else ""
+        notes = []
+        if frames.skipped:
+            notes.append(f"{frames.skipped} of {len(window.times_s)} frames dropped as duplicates")
+        if frames.left_out:  # the core's words: the faces put n_ctx in their own
+            notes.append(f"{frames.left_out} left out: the room holds {len(frames.views)} "
+                         "(raise n_ctx for more)")
+        note = "; ".join(notes)
         sink(ImageStarted(index, self.total, window, note))
         on_piece, on_progress = _forwarders(sink, index)
         result = describer.describe_window(window, frames, prompt, started=time.perf_counter() - read_s,

@@ -28,7 +28,7 @@ from edgevlm.describe.describer import (
 )
 from edgevlm.vision.documents import DocumentPage
 from edgevlm.vision.sources import load_source
-from edgevlm.vision.video import VideoWindow, frame_labels, read_window
+from edgevlm.vision.video import VideoWindow, fit_frames, frame_labels, read_window
 
 # Pages a question may bring back live beside the transcripts: each costs its full visual tokens.
 MOST_LIVE_PAGES = 2
@@ -175,8 +175,8 @@ def _views(describer: Describer, part: DocumentPage | VideoWindow, room: int
     even share of it, each after its time."""
     if isinstance(part, DocumentPage):
         return [describer.prepare(load_source(part, useful_pixels=describer.useful_pixels), room)], None
-    frames = read_window(part, useful_pixels=describer.useful_pixels).frames
-    share = max(room // len(frames), 1)
+    frames, share = fit_frames(read_window(part, useful_pixels=describer.useful_pixels).frames, room,
+                               describer.image_floor)  # the frames it was read with
     return ([describer.prepare(frame, share) for frame in frames],
             frame_labels(describer.layout_name, frames, part.duration_s))
 

@@ -28,7 +28,8 @@ from edgevlm.vision.layout import ViewBudget
 from edgevlm.vision.llava_next import fit_next_grid, next_grid
 from edgevlm.vision.native import BlockCounter, NativeLayout
 from edgevlm.vision.registry import predicted_counter
-from edgevlm.vision.tiling import TurnCosts, pooled_tokens
+from edgevlm.vision.tiling import TurnCosts, even_share, page_room, plan_image, pooled_tokens
+from edgevlm.vision.video import MAX_WINDOW_FRAMES
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -42,6 +43,7 @@ CTX_STEP = 256
 TEXT_RESERVE_TOKENS = 100  # system prompt, labels and question around the images
 # The photo `plan` shows a grid for: what a phone or camera takes (and `bench` generates).
 EXAMPLE_PHOTO = (3840, 2160)
+EXAMPLE_FRAME = (1280, 720)  # the video frame `plan` shows the cost of (720p)
 DEFAULT_ANSWER_TOKENS = 512
 MIN_TILES_PER_TURN = 2  # the smallest grid that adds detail: 2x1 or 1x2
 MIN_CTX_FLOOR = 2048
@@ -183,6 +185,9 @@ class Plan:
     swa_full: bool = False  # a sliding-window model's window cache kept whole (else: checkpoints)
     images_per_turn: int = 1  # the example photo's figures are for one of this many in one question
     most_images_per_turn: int = 0  # how many example photos one question can show (0: not counted)
+    video_frame_tokens: int = 0  # a 720p frame of a video window: its visual tokens (0: not counted)
+    video_frame_shown: tuple[int, int] = (0, 0)  # … the size it is shown at
+    video_window_frames: int = 0  # … and how many frames a window shows
 
     @property
     def photo_tiles(self) -> int:
@@ -210,6 +215,11 @@ class Plan:
                               "visual_tokens": self.photo_visual_tokens, "shown": list(self.photo_shown),
                               "of_images": self.images_per_turn,
                               "most_per_turn": self.most_images_per_turn},
+            "video_minute": {"frame_size": list(EXAMPLE_FRAME), "fps": 1.0, "frames": 60,
+                             "window_frames": self.video_window_frames,
+                             "windows": -(-60 // MAX_WINDOW_FRAMES),
+                             "frame_tokens": self.video_frame_tokens, "shown": list(self.video_frame_shown),
+                             "window_tokens": self.video_frame_tokens * self.video_window_frames},
             "bytes": {
                 "weights_gpu": b.weights_gpu, "weights_host": b.weights_host,
                 "kv": b.kv, "kv_gpu": b.kv_gpu, "kv_host": b.kv_host,
@@ -473,6 +483,29 @@ def tiles_at(costs: TurnCosts, projector: ProjectorFacts, n_ctx: int, answer_tok
                       photo_tokens=costs.whole_image_tokens + costs.view_tokens + tiles)
 
 
+def video_frame_at(costs: TurnCosts, projector: ProjectorFacts, n_ctx: int, answer_tokens: int, *,
+                   blocks: BlockCounter | None = None) -> tuple[int, tuple[int, int], int]:
+    """A 720p video frame as describe shows it (one of a window's frames, each an even share of
+    half the room; fewer frames a window where not all fit, see fit_frames): its visual tokens,
+    the size it is shown at, and how many frames a window shows."""
+    room = page_room(costs.room(n_ctx, answer_tokens))
+    floor = costs.whole_image_tokens + costs.view_tokens  # LLaVA's global view (mtmd's least is far less)
+    native = projector.projector_type not in LLAVA_PROJECTORS
+    frames = MAX_WINDOW_FRAMES if native else max(1, min(MAX_WINDOW_FRAMES, room // floor))
+    share = even_share(room, frames)
+    if native:
+        frame = _native_at(share, projector, blocks, EXAMPLE_FRAME)
+        return frame.photo_visual_tokens, frame.photo_shown, frames
+    if share < costs.whole_image_tokens + costs.view_tokens:
+        return 0, (0, 0), 0
+    grid = plan_image(*EXAMPLE_FRAME, room=share, tile_size=projector.image_size,
+                      view_tokens=costs.view_tokens, label_tokens=costs.label_tokens,
+                      reserved_tokens=costs.whole_image_tokens, pool=None)
+    side = projector.image_size
+    return (costs.view_tokens + grid.n_tiles * pooled_tokens(costs.view_tokens, grid.pool),
+            (grid.grid[0] * side, grid.grid[1] * side) if grid.n_tiles else (side, side), frames)
+
+
 def most_images_at(costs: TurnCosts, projector: ProjectorFacts, n_ctx: int, answer_tokens: int, *,
                    blocks: BlockCounter | None = None, limit: int = 64) -> int:
     """How many EXAMPLE_PHOTOs one turn can show, each at its smallest view at least (0: not one)."""
@@ -486,13 +519,14 @@ def most_images_at(costs: TurnCosts, projector: ProjectorFacts, n_ctx: int, answ
     return low
 
 
-def _native_at(room: int, projector: ProjectorFacts, blocks: BlockCounter | None) -> TileCounts:
-    """An mtmd family: the 4K photo at the largest size whose block fits, counted by the family's
-    rule, or by mtmd itself where the files are here (`blocks`)."""
+def _native_at(room: int, projector: ProjectorFacts, blocks: BlockCounter | None,
+               size: tuple[int, int] = EXAMPLE_PHOTO) -> TileCounts:
+    """An mtmd family: the 4K photo (or `size`) at the largest size whose block fits, counted by
+    the family's rule, or by mtmd itself where the files are here (`blocks`)."""
     layout = NativeLayout(projector.projector_type, predicted_counter(projector, blocks))
     try:
-        photo = layout.plan(EXAMPLE_PHOTO, ViewBudget(room=room, tile_size=projector.image_size,
-                                                      view_tokens=projector.tokens_per_image))
+        photo = layout.plan(size, ViewBudget(room=room, tile_size=projector.image_size,
+                                             view_tokens=projector.tokens_per_image))
     except ValueError:
         return TileCounts(0, 0, (0, 0), 1)
     return TileCounts(0, 0, (0, 0), 1, photo_tokens=photo.tokens, photo_visual_tokens=photo.visual_tokens,

@@ -39,6 +39,7 @@ from edgevlm.planning.memory import (
     compare,
     estimated_costs,
     most_images_at,
+    video_frame_at,
 )
 from edgevlm.planning.split import GpuBudget
 from edgevlm.rpc import endpoints as rpc
@@ -189,9 +190,13 @@ def make_plan(flags: ModelFlags, text: TextModelFacts, projector: ProjectorFacts
                           settings=("images",))
     with _mtmd_blocks(text, projector) as blocks:
         plan = choose(text, projector, device, _settings(flags, costs=costs, blocks=blocks))
-        most = most_images_at(costs or estimated_costs(projector), projector, plan.n_ctx, flags.answer_tokens,
-                              blocks=blocks, limit=MAX_IMAGES_PER_TURN)
-    return replace(plan, notes=notes + plan.notes, most_images_per_turn=most)
+        known = costs or estimated_costs(projector)
+        most = most_images_at(known, projector, plan.n_ctx, flags.answer_tokens, blocks=blocks,
+                              limit=MAX_IMAGES_PER_TURN)
+        frame_tokens, frame_shown, frames = video_frame_at(known, projector, plan.n_ctx, flags.answer_tokens,
+                                                           blocks=blocks)
+    return replace(plan, notes=notes + plan.notes, most_images_per_turn=most, video_frame_tokens=frame_tokens,
+                   video_frame_shown=frame_shown, video_window_frames=frames)
 
 
 def _settings(flags: ModelFlags, *, costs: TurnCosts | None, blocks: BlockCounter | None) -> Settings:

@@ -225,6 +225,13 @@ class TurnCosts:
             cap=MAX_AUTO_TILES if pool == 1 else MAX_POOLED_TILES)
 
 
+def page_room(room: int) -> int:
+    """A document's page (a video's window) gets half the room, so that a question over the
+    document can show it again beside the transcripts in the same views (whose projector rows
+    are then cached)."""
+    return max(room // 2, 1)
+
+
 def even_share(room: int, images: int) -> int:
     """Each image's first share of a turn's room: an even split (what one image does not need
     goes to the others afterwards; see Conversation._fit)."""

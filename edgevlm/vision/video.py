@@ -219,6 +219,17 @@ def _upright(frame: object, useful_pixels: int | None) -> Image.Image:
     return image
 
 
+def fit_frames(frames: Sequence[LoadedImage], room: int, floor: int) -> tuple[list[LoadedImage], int]:
+    """The frames a window shows in `room` tokens, each needing at least `floor` (its smallest
+    view): all of them when they fit, else as many as fit, spread evenly over the window; and
+    each one's share of the room."""
+    n = max(1, min(len(frames), room // max(floor, 1)))
+    if n == len(frames):
+        return list(frames), max(room // n, 1)
+    picks = [round((k + 0.5) * len(frames) / n - 0.5) for k in range(n)]
+    return [frames[k] for k in picks], max(room // n, 1)
+
+
 @dataclass(frozen=True)
 class FrameScaffold:
     """How a family is shown a video's frames: the text before the first, before each, and after

@@ -127,3 +127,16 @@ def test_bad_videos_are_one_line_each(tmp_path: Path, monkeypatch: pytest.Monkey
 
 def test_clock_reads_as_a_clip_time() -> None:
     assert [clock(t) for t in (0, 5.9, 65, 3723)] == ["0:00", "0:05", "1:05", "1:02:03"]
+
+
+@given(st.integers(1, 8), st.integers(1, 5000), st.integers(1, 600))
+def test_a_window_shows_the_frames_its_room_holds_spread_evenly(n: int, room: int, floor: int) -> None:
+    from edgevlm.vision.images import LoadedImage
+    from edgevlm.vision.video import fit_frames
+
+    frames = [LoadedImage(Path("c.mp4"), None, (1, 1), time_s=float(k)) for k in range(n)]  # type: ignore[arg-type]
+    kept, share = fit_frames(frames, room, floor)
+    assert 1 <= len(kept) <= n and (len(kept) in (1, n) or len(kept) * floor <= room)  # always one
+    assert len(kept) == max(1, min(n, room // floor)) and share == max(room // len(kept), 1)
+    times = [f.time_s for f in kept]
+    assert times == sorted(set(times))  # in order, none twice
