@@ -333,8 +333,11 @@ def test_doc_reads_each_page_as_a_turn_and_keeps_only_its_transcript(test_models
 
     pdf = write_pdf(tmp_path / "notes.pdf", [(90, 120), (80, 80), (120, 90), (80, 80)])
     stats = tmp_path / "stats.jsonl"
-    result = run_cli(*_args(test_models, tmp_path, "--stats-json", str(stats)),
-                     stdin=f"/doc {pdf} 1-3\nwhat does the second page say?\n/doc {tmp_path}/none.pdf\n")
+    args = ["chat", "--model", str(test_models["qwen_text"]), "--mmproj", str(test_models["qwen_mmproj"]),
+            "--n-ctx", "2048", "--max-tokens", "12", "--session", str(tmp_path / "session.jsonl"),
+            "--stats-json", str(stats)]  # the Qwen pair: an mtmd family, and quick on the CPU
+    script = f"/doc {pdf} 1-3\nwhat does the second page say?\n/doc {tmp_path}/none.pdf\n"
+    result = run_cli(*args, stdin=script)
     assert result.returncode == 0, result.stderr
     assert [line for line in result.stdout.splitlines() if line.startswith("==>")] == [
         f"==> notes.pdf, page {n} <==" for n in (1, 2, 3)]

@@ -167,38 +167,6 @@ def test_two_images_in_one_message_on_the_llava_pair(server: tuple[str, ServerSt
     assert reply.done and reply.message.content and reply.prompt_eval_count > 128
 
 
-def test_a_pdf_file_part_shows_its_pages_and_the_ollama_api_refuses_one(server: tuple[str, ServerState],
-                                                                         tmp_path: Path) -> None:
-    """The openai client sends a two-page PDF as a `file` part: each page is an image of the
-    message, with its own tokens. The Ollama API has no documents: a 400 that says so."""
-    import base64
-
-    import ollama
-    from openai import BadRequestError, OpenAI
-
-    from ..vision.test_documents import write_pdf
-
-    # Small pages (a label, a card): a few views each, so the test stays quick on a CPU.
-    pdf = base64.b64encode(write_pdf(tmp_path / "two.pdf", [(90, 120), (80, 80)]).read_bytes()).decode()
-    client = OpenAI(base_url=f"{server[0]}/v1", api_key="unused", max_retries=0, timeout=120)
-    file_part = {"type": "file", "file": {"file_data": f"data:application/pdf;base64,{pdf}",
-                                          "filename": "two.pdf"}}
-    answer = client.chat.completions.create(model="", messages=[
-        {"role": "user", "content": [file_part, {"type": "text", "text": "What is on each page?"}]}])
-    extra = answer.model_extra["edgevlm"]
-    assert answer.choices[0].message.content and len(extra["image_tokens"]) == 2
-    assert sum(extra["image_tokens"]) == extra["visual_tokens"] and min(extra["image_tokens"]) >= 64
-    with pytest.raises(BadRequestError) as damaged:
-        client.chat.completions.create(model="", messages=[{"role": "user", "content": [
-            {"type": "file", "file": {"file_data": f"data:application/pdf;base64,{pdf[:200]}"}}]}])
-    assert damaged.value.body["param"] == "messages[0].content[0].file.file_data"  # type: ignore[index]
-    assert "not a readable PDF" in damaged.value.body["message"]  # type: ignore[index]
-    with pytest.raises(ollama.ResponseError) as refused:
-        ollama.Client(host=server[0], timeout=120).chat(model=server[1].model.id, messages=[
-            {"role": "user", "content": "Read it.", "images": [base64.b64decode(pdf)]}])
-    assert refused.value.status_code == 400 and "Ollama API takes images only" in refused.value.error
-
-
 def test_openai_streams_a_named_tool_call(server: tuple[str, ServerState]) -> None:
     from openai import OpenAI
 
