@@ -23,8 +23,16 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from PIL import Image, ImageDraw
+
+if TYPE_CHECKING:  # edgevlm loads inside the functions, after the cache folder is set
+    from edgevlm.describe.describer import Describer
+    from edgevlm.llama.sequence import EngineSequence
+    from edgevlm.runtime.conversations import ChatSettings
+    from edgevlm.runtime.loading import Loaded
+    from edgevlm.store.caches import EmbeddingCache
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -51,28 +59,32 @@ def write_document(path: Path, n_pages: int) -> Path:
     return path
 
 
-def edgevlm_run(pdf: Path) -> dict[str, object]:
-    """Read every page, then answer the question over the document; the numbers of both."""
+def counted_describer(text: Path, mmproj: Path, n_ctx: int, settings: ChatSettings
+                      ) -> tuple[Loaded, EngineSequence, EmbeddingCache, Describer]:
+    """A describer on the test pair with its caches, the projector-row cache held here so its
+    encoder runs can be counted (loaded.image_cache() makes a new one each call)."""
     from edgevlm.chat.structured import TEXT as TEXT_OUTPUT
-    from edgevlm.describe.describer import (
-        DOCUMENT_PROMPT,
-        ImageDone,
-        describe_images,
-        page_room,
-        reading_room,
-    )
-    from edgevlm.describe.documents import ReadPage, ask_document
-    from edgevlm.runtime.conversations import ChatSettings, ModelSide, new_describer
+    from edgevlm.runtime.conversations import ModelSide, new_describer
     from edgevlm.runtime.loading import ModelFlags, load
-    from edgevlm.vision.documents import open_document
 
-    loaded = load(ModelFlags(model=str(TEXT), mmproj=str(MMPROJ), n_ctx=N_CTX, n_gpu_layers=0,
-                             answer_tokens=MAX_TOKENS))
+    loaded = load(ModelFlags(model=str(text), mmproj=str(mmproj), n_ctx=n_ctx, n_gpu_layers=0,
+                             answer_tokens=settings.max_tokens))
     sequence = loaded.engine.sequence()
-    encoder = loaded.image_cache()  # held here, so its encoder runs can be counted
-    settings = ChatSettings(max_tokens=MAX_TOKENS, max_tiles=0)
+    encoder = loaded.image_cache()
     describer = new_describer(sequence, ModelSide.of(loaded), settings, output=TEXT_OUTPUT, encoder=encoder,
                               prefix_cache=loaded.prefix_cache())
+    return loaded, sequence, encoder, describer
+
+
+def edgevlm_run(pdf: Path) -> dict[str, object]:
+    """Read every page, then answer the question over the document; the numbers of both."""
+    from edgevlm.describe.describer import DOCUMENT_PROMPT, ImageDone, describe_images, parts_room
+    from edgevlm.describe.documents import ReadPage, ask_document
+    from edgevlm.runtime.conversations import ChatSettings
+    from edgevlm.vision.documents import open_document
+
+    loaded, sequence, encoder, describer = counted_describer(
+        TEXT, MMPROJ, N_CTX, ChatSettings(max_tokens=MAX_TOKENS, max_tiles=0))
     pages = list(open_document(pdf).pages)
     read: list[ImageDone] = []
     cells: list[int] = []
@@ -86,7 +98,7 @@ def edgevlm_run(pdf: Path) -> dict[str, object]:
     describe_images(describer, pages, DOCUMENT_PROMPT, on_event=on_event)
     read_s = time.perf_counter() - started
     misses_before = encoder.stats().misses
-    room = page_room(reading_room(describer, [DOCUMENT_PROMPT]))
+    room = parts_room(describer, DOCUMENT_PROMPT)
     transcripts = [ReadPage(event.path, event.result.text) for event in read]  # type: ignore[arg-type]
     answer = ask_document(describer, transcripts, QUESTION, page_room=room, on_event=lambda _e: None)
     cells.append(sequence.kv_cells())
@@ -169,7 +181,7 @@ def main() -> None:
               f"{', '.join(str(i) for i in ours['shown_again']) or 'no page'} shown again), TTFT "
               f"{ours['answer_ttft_s']:.2f} s, encoder runs {ours['encodes_for_answer']}")
         print("\nevery page as an image in one message")
-        counts = sorted({1, 2, 4, 6, 8, args.pages})
+        counts = sorted({c for c in (1, 2, 4, 6, 8) if c < args.pages} | {args.pages})
         if LLAMA_SERVER.exists():
             for k, outcome in one_message_runs(pdf, counts):
                 print(f"  llama-server, {k} pages: {outcome}")

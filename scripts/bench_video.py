@@ -27,6 +27,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from bench_documents import counted_describer  # noqa: E402
 from bench_serve import LLAMA_SERVER, free_port, start, stop  # noqa: E402
 
 TEXT = ROOT / "models" / "test" / "qwen2vl-test.gguf"
@@ -55,25 +56,13 @@ def write_clip(path: Path, seconds: int, fps: int = 5) -> Path:
 
 def edgevlm_run(clip: Path, seconds: int) -> dict[str, object]:
     """Read the clip window by window, then a question naming a time in its middle."""
-    from edgevlm.chat.structured import TEXT as TEXT_OUTPUT
-    from edgevlm.describe.describer import (
-        DOCUMENT_PROMPT,
-        ImageDone,
-        describe_images,
-        page_room,
-        reading_room,
-    )
+    from edgevlm.describe.describer import DOCUMENT_PROMPT, ImageDone, describe_images, parts_room
     from edgevlm.describe.documents import ReadPage, ask_document
     from edgevlm.describe.folders import with_parts
-    from edgevlm.runtime.conversations import ChatSettings, ModelSide, new_describer
-    from edgevlm.runtime.loading import ModelFlags, load
+    from edgevlm.runtime.conversations import ChatSettings
 
-    loaded = load(ModelFlags(model=str(TEXT), mmproj=str(MMPROJ), n_ctx=N_CTX, n_gpu_layers=0,
-                             answer_tokens=MAX_TOKENS))
-    sequence = loaded.engine.sequence()
-    encoder = loaded.image_cache()
-    describer = new_describer(sequence, ModelSide.of(loaded), ChatSettings(max_tokens=MAX_TOKENS),
-                              output=TEXT_OUTPUT, encoder=encoder, prefix_cache=loaded.prefix_cache())
+    loaded, sequence, encoder, describer = counted_describer(TEXT, MMPROJ, N_CTX,
+                                                             ChatSettings(max_tokens=MAX_TOKENS))
     windows = [source for source, _root in with_parts([(clip, clip.parent)], fps=1.0)]
     read: list[ImageDone] = []
     cells: list[int] = []
@@ -89,7 +78,7 @@ def edgevlm_run(clip: Path, seconds: int) -> dict[str, object]:
     read_s = time.perf_counter() - started
     rss_rise_mib = _status_mib(os.getpid(), "VmRSS") - rss_before
     misses = encoder.stats().misses
-    room = page_room(reading_room(describer, [DOCUMENT_PROMPT]))
+    room = parts_room(describer, DOCUMENT_PROMPT)
     minute, second = divmod(seconds // 2, 60)
     question = f"What happens at {minute}:{second:02d}?"
     parts = [ReadPage(event.path, event.result.text) for event in read]  # type: ignore[arg-type]

@@ -246,7 +246,7 @@ def _read_and_ask(describers: list[Describer], targets: list[Target], prompt: st
     """--ask with documents or videos: photos are asked as ever; each document's pages (each
     clip's windows) are read, and shown as they are, then every question is answered over the
     whole document (clip)."""
-    from edgevlm.describe.describer import ImageDone, page_room, reading_room
+    from edgevlm.describe.describer import ImageDone, parts_room
     from edgevlm.describe.documents import ReadPage, ask_documents
     from edgevlm.describe.folders import caption_all
 
@@ -264,7 +264,7 @@ def _read_and_ask(describers: list[Describer], targets: list[Target], prompt: st
     pages_summary = caption_all(describers, pages, prompt=prompt, on_event=keep, overwrite=True,
                                 document_prompt=document_prompt)
     if read:
-        room = page_room(reading_room(describers[0], [document_prompt or prompt]))  # as describe_images
+        room = parts_room(describers[0], document_prompt or prompt)  # what describe_images read them in
         ask_documents(describers[0], read, asked, page_room=room, on_event=view.on_event)
     if summary is None:
         return pages_summary
@@ -489,7 +489,8 @@ def plan(
                            placement=_placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device),
                            images_per_turn=images)
         choice, text, projector = inspect(flags, catalog_if_missing=not verify)
-        the_plan = make_plan(flags, text, projector, costs=describe_costs(choice, text, projector))
+        costs = describe_costs(choice, text, projector)
+        the_plan = make_plan(flags, text, projector, costs=costs, media=True)
         if not choice.model_path.exists() and choice.preset is not None:
             the_plan = replace(the_plan, notes=(f"planned from the catalog: {choice.preset.name} is not "
                                                 f"downloaded (edgevlm fetch {choice.preset.name}); "

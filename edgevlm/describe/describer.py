@@ -268,24 +268,16 @@ class Describer:
                  on_progress: Callable[[PrefillProgress], None] | None = None,
                  read_s: float = 0.0) -> DescribeResult:
         """Describe one loaded image, streaming pieces to on_piece."""
-        self._conversation.rewind()
-        system_s, self._system_prefill_s = self._system_prefill_s, None
-        text, stats = self._conversation.ask(prompt, image=image, on_piece=on_piece,
-                                             on_progress=on_progress, started=started)
-        self._refuse_cut_answer()
-        return self._result(image, prompt, text, stats, system_s=system_s, read_s=read_s)
+        return self._fresh_turn(prompt, [image], started=started, on_piece=on_piece, on_progress=on_progress,
+                                read_s=read_s)
 
     def describe_together(self, images: Sequence[LoadedImage], prompt: str = DEFAULT_PROMPT, *,
                           started: float | None = None, on_piece: Callable[[str], None] | None = None,
                           on_progress: Callable[[PrefillProgress], None] | None = None,
                           read_s: float = 0.0) -> DescribeResult:
         """One answer about several images shown in one question (--together), sharing the room."""
-        self._conversation.rewind()
-        system_s, self._system_prefill_s = self._system_prefill_s, None
-        text, stats = self._conversation.ask(prompt, images=list(images), on_piece=on_piece,
-                                             on_progress=on_progress, started=started)
-        self._refuse_cut_answer()
-        result = self._result(images[0], prompt, text, stats, system_s=system_s, read_s=read_s)
+        result = self._fresh_turn(prompt, images, started=started, on_piece=on_piece, on_progress=on_progress,
+                                  read_s=read_s)
         return replace(result, images=tuple(image.key for image in images))
 
     def describe_window(self, window: VideoWindow, frames: PreparedWindow, prompt: str | None = None, *,
@@ -293,22 +285,31 @@ class Describer:
                         on_progress: Callable[[PrefillProgress], None] | None = None,
                         read_s: float = 0.0) -> DescribeResult:
         """One stretch of a video: its frames in one question, each after its time, sharing the room."""
-        self._conversation.rewind()
-        system_s, self._system_prefill_s = self._system_prefill_s, None
         shown = list(frames.views)
         scaffold = scaffold_for(self.layout_name)
         asked = scaffold.outro + (prompt or VIDEO_PROMPT.format(
             n=len(shown), start=clock(window.start_s), end=clock(window.end_s),
             length=clock(window.duration_s)))
         labels = scaffold.labels([view.image.time_s or 0.0 for view in shown], window.duration_s)
-        text, stats = self._conversation.ask(asked, images=shown, labels=labels, on_piece=on_piece,
-                                             on_progress=on_progress, started=started)
-        self._refuse_cut_answer()
-        result = self._result(shown[0], asked, text, stats, system_s=system_s, read_s=read_s)
+        result = self._fresh_turn(asked, shown, labels=labels, started=started, on_piece=on_piece,
+                                  on_progress=on_progress, read_s=read_s)
         return replace(result, images=tuple(view.image.key for view in shown),
                        window=(window.start_s, window.end_s),
                        frame_times_s=tuple(view.image.time_s or 0.0 for view in shown),
                        skipped_frames=frames.skipped, left_out_frames=frames.left_out)
+
+    def _fresh_turn(self, prompt: str, images: Sequence[LoadedImage | PreparedImage], *,
+                    labels: Sequence[str] | None = None, started: float | None,
+                    on_piece: Callable[[str], None] | None,
+                    on_progress: Callable[[PrefillProgress], None] | None, read_s: float) -> DescribeResult:
+        """One question about these images from the cached system prompt (the first result of a
+        run is charged the system prompt's decode)."""
+        self._conversation.rewind()
+        system_s, self._system_prefill_s = self._system_prefill_s, None
+        text, stats = self._conversation.ask(prompt, images=list(images), labels=labels, on_piece=on_piece,
+                                             on_progress=on_progress, started=started)
+        self._refuse_cut_answer()
+        return self._result(images[0], prompt, text, stats, system_s=system_s, read_s=read_s)
 
     def ask_again(self, image: LoadedImage | PreparedImage, question: str, *,
                   output: OutputFormat | None = None, started: float | None = None,
@@ -414,7 +415,7 @@ def describe_images(describer: Describer | Sequence[Describer], paths: Sequence[
     describers = [describer] if isinstance(describer, Describer) else list(describer)
     asked = [q for q, _ in more]
     room = reading_room(describers[0], [prompt, *asked])
-    pages = page_room(reading_room(describers[0], [document_prompt or prompt, *asked])) if any(
+    pages = parts_room(describers[0], document_prompt or prompt, asked) if any(
         not isinstance(path, Path) for path in paths) else room  # a document's pages, a video's windows
     loaded = prefetched(paths, lambda image: describers[0].prepare(image, pages if image.page else room),
                         useful_pixels=describers[0].useful_pixels, ahead=len(describers),
@@ -434,6 +435,12 @@ def describe_images(describer: Describer | Sequence[Describer], paths: Sequence[
 def reading_room(describer: Describer, prompts: Sequence[str]) -> int:
     """The room every image of a run is planned for: the least any of its questions leaves."""
     return min(describer.room_for(question) for question in prompts)
+
+
+def parts_room(describer: Describer, prompt: str, more: Sequence[str] = ()) -> int:
+    """The room a document's page or a video's window is read in (and shown again in, for a
+    question over the whole): half what its prompt and any further questions leave."""
+    return page_room(reading_room(describer, [prompt, *more]))
 
 
 class _Feed:

@@ -190,8 +190,8 @@ def ask_documents(describer: Describer, read: Sequence[ReadPage], questions: Seq
         documents.setdefault(page.page.path, []).append(page)
     answered = 0
     for pages in documents.values():
+        ordered = sorted(pages, key=lambda r: r.number)
         for question in questions:
-            ordered = sorted(pages, key=lambda r: r.number)
             ask_document(describer, ordered, question, page_room=page_room, on_event=on_event)
             answered += 1
     return answered

@@ -176,8 +176,10 @@ def _missing_preset(flags: ModelFlags) -> Preset | None:
 
 
 def make_plan(flags: ModelFlags, text: TextModelFacts, projector: ProjectorFacts, *,
-              costs: TurnCosts | None = None) -> Plan:
-    """The memory plan for these flags on this machine (or on --vram)."""
+              costs: TurnCosts | None = None, media: bool = False) -> Plan:
+    """The memory plan for these flags on this machine (or on --vram); with media, also how
+    many photos one question holds and what a minute of video costs (for `edgevlm plan` only:
+    counting them is start-up time a loading model does not need)."""
     if flags.n_ctx is not None and flags.n_ctx < 256:
         raise ConfigError(f"--n-ctx {flags.n_ctx} is too small; use at least 256")
     if flags.parallel is not None and not 1 <= flags.parallel <= MAX_PARALLEL:
@@ -190,12 +192,20 @@ def make_plan(flags: ModelFlags, text: TextModelFacts, projector: ProjectorFacts
                           settings=("images",))
     with _mtmd_blocks(text, projector) as blocks:
         plan = choose(text, projector, device, _settings(flags, costs=costs, blocks=blocks))
-        known = costs or estimated_costs(projector)
-        most = most_images_at(known, projector, plan.n_ctx, flags.answer_tokens, blocks=blocks,
-                              limit=MAX_IMAGES_PER_TURN)
-        frame_tokens, frame_shown, frames = video_frame_at(known, projector, plan.n_ctx, flags.answer_tokens,
-                                                           blocks=blocks)
-    return replace(plan, notes=notes + plan.notes, most_images_per_turn=most, video_frame_tokens=frame_tokens,
+        plan = replace(plan, notes=notes + plan.notes)
+        if not media:
+            return plan
+        return _with_media(plan, costs or estimated_costs(projector), projector, flags, blocks)
+
+
+def _with_media(plan: Plan, costs: TurnCosts, projector: ProjectorFacts, flags: ModelFlags,
+                blocks: BlockCounter | None) -> Plan:
+    """The plan with how many example photos one question holds and a minute of video's cost."""
+    most = most_images_at(costs, projector, plan.n_ctx, flags.answer_tokens, blocks=blocks,
+                          limit=MAX_IMAGES_PER_TURN)
+    frame_tokens, frame_shown, frames = video_frame_at(costs, projector, plan.n_ctx, flags.answer_tokens,
+                                                       blocks=blocks)
+    return replace(plan, most_images_per_turn=most, video_frame_tokens=frame_tokens,
                    video_frame_shown=frame_shown, video_window_frames=frames)
 
 
