@@ -11,14 +11,19 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "edgevlm"
 MODULES = sorted(PACKAGE.rglob("*.py"))
 # The top level holds the package's face and small shared leaves only; every concern is a folder.
-TOP_LEVEL = {"__init__.py", "__main__.py", "entry.py", "errors.py", "paths.py", "network.py"}
-PURE = ["edgevlm.vision.tiling", "edgevlm.vision.layout", "edgevlm.vision.llava15",
-        "edgevlm.vision.llava_next", "edgevlm.vision.registry", "edgevlm.planning.memory",
+TOP_LEVEL = {"__init__.py", "__main__.py", "entry.py", "errors.py", "paths.py", "network.py",
+             "interrupts.py"}
+PURE = ["edgevlm.vision.tiling", "edgevlm.vision.layout", "edgevlm.families", "edgevlm.families.llava15",
+        "edgevlm.families.llava_next", "edgevlm.families.mtmd", "edgevlm.families.qwen_vl",
+        "edgevlm.models.memory_kinds", "edgevlm.values.sampling", "edgevlm.values.embedding",
+        "edgevlm.values.stats", "edgevlm.planning.memory",
         "edgevlm.planning.split", "edgevlm.planning.devices", "edgevlm.models.catalog",
         "edgevlm.models.gguf", "edgevlm.llama.types", "edgevlm.store.caches", "edgevlm.chat.resent",
         "edgevlm.server.fields", "edgevlm.vision.documents", "edgevlm.vision.video",
         "edgevlm.vision.sources"]
 MAX_FUNCTION_LINES = 50
+# Text architectures that share a name with a projector type (Gemma 3's, LFM2's).
+_TEXT_ARCHS = {"gemma3", "lfm2"}
 
 
 def _tree(path: Path) -> ast.Module:
@@ -143,3 +148,49 @@ def test_conversations_are_made_in_one_place() -> None:
               if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
               and node.func.id == "Conversation"]
     assert makers == ["runtime/conversations.py"]
+
+
+def test_only_the_families_folder_knows_projector_types() -> None:
+    """A family's knowledge is in its file: outside families/, nothing tests a projector's type
+    or keeps a list or table of types (nor the old lists by name); everything asks
+    families.family_for(projector)."""
+    from edgevlm.families import FAMILIES
+
+    kinds = set().union(*(family.projector_types for family in FAMILIES))
+    named = {}
+    for path in MODULES:
+        where = path.relative_to(PACKAGE).as_posix()
+        if where.startswith("families/"):
+            continue
+        found = set()
+        for node in ast.walk(_tree(path)):
+            if isinstance(node, ast.Compare) and any(
+                    isinstance(side, ast.Attribute) and side.attr == "projector_type"
+                    for side in (node.left, *node.comparators)):
+                found.add(f"line {node.lineno}: a test of projector_type")
+            elif isinstance(node, (ast.Set, ast.List, ast.Tuple, ast.Dict)):
+                items = node.keys if isinstance(node, ast.Dict) else node.elts
+                listed = {i.value for i in items if isinstance(i, ast.Constant) and i.value in kinds}
+                if len(listed) >= 2 and listed <= kinds - _TEXT_ARCHS:
+                    found.add(f"line {node.lineno}: a list of projector types")
+            elif isinstance(node, ast.Name) and node.id in ("LLAVA_PROJECTORS", "MTMD_VISION_PROJECTORS"):
+                found.add(node.id)
+        if found:
+            named[where] = sorted(found)
+    assert named == {}
+
+
+def test_the_planner_is_handed_what_the_chat_and_the_stores_keep() -> None:
+    """planning/ counts checkpoints and prefixes it is handed (RamKeeps): it imports neither."""
+    imports = _module_imports()
+    reaching = {m: sorted(d for d in deps if _folder(d) in ("chat", "store"))
+                for m, deps in imports.items() if m.startswith("edgevlm.planning")}
+    assert {m: deps for m, deps in reaching.items() if deps} == {}
+
+
+def test_the_faces_reach_llama_cpp_only_through_the_composition_root() -> None:
+    """cli/ and server/ name no edgevlm.llama module: values live in values/, loading in runtime/."""
+    imports = _module_imports()
+    faces = {m: sorted(d for d in deps if d.startswith("edgevlm.llama"))
+             for m, deps in imports.items() if _folder(m) in ("cli", "server")}
+    assert {m: deps for m, deps in faces.items() if deps} == {}

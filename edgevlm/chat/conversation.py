@@ -44,13 +44,15 @@ from edgevlm.chat.stops import StopScanner
 from edgevlm.chat.swap import CAPTION_REQUEST, CAPTION_TOKENS, SummarySwap, caption_request
 from edgevlm.chat.turn_log import TurnLog
 from edgevlm.errors import ContextOverflowError, EmptyMessageError, EngineError, Interrupted
-from edgevlm.llama.types import ImageBlock, ImageEmbedding, RequestStats, Sampling
+from edgevlm.families import check_image_settings
+from edgevlm.families.llava15 import LabelledTiles
 from edgevlm.store.caches import CacheView, EmbeddingCache
 from edgevlm.store.prefix_cache import PrefixCache
+from edgevlm.values.embedding import ImageBlock, ImageEmbedding
+from edgevlm.values.sampling import Sampling
+from edgevlm.values.stats import RequestStats
 from edgevlm.vision.images import LoadedImage
 from edgevlm.vision.layout import ImageLayout, ImagePlan
-from edgevlm.vision.llava15 import LabelledTiles
-from edgevlm.vision.registry import check_image_settings
 from edgevlm.vision.tiling import PLANNED_IMAGES, TurnCosts, even_share, useful_pixels
 
 DEFAULT_QUESTION = "Describe this image in detail."

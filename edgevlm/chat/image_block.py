@@ -18,10 +18,9 @@ from edgevlm.chat.records import (
     ViewSettings,
 )
 from edgevlm.errors import ConfigError, ContextOverflowError
-from edgevlm.llama.types import ImageBlock, ImageEmbedding
+from edgevlm.values.embedding import ImageBlock, ImageEmbedding
 from edgevlm.vision.images import LoadedImage
-from edgevlm.vision.layout import ImageLayout, ImagePlan, ViewBudget
-from edgevlm.vision.native import BlockTooLarge
+from edgevlm.vision.layout import BlockTooLarge, ImageLayout, ImagePlan, ViewBudget
 
 
 class BlockSequence(Protocol):

@@ -21,7 +21,7 @@ import numpy as np
 from edgevlm.chat.checkpoints import CheckpointList, LedgerCheckpoint
 from edgevlm.chat.records import Segment
 from edgevlm.errors import EngineError, Interrupted
-from edgevlm.llama.types import ImageEmbedding
+from edgevlm.values.embedding import ImageEmbedding
 
 
 class LedgerSequence(Protocol):

@@ -19,8 +19,8 @@ from edgevlm.chat.image_block import BlockCost, ImageBlockWriter
 from edgevlm.chat.ledger import KvLedger
 from edgevlm.chat.records import PrefillProgress, PreparedImage, Segment
 from edgevlm.errors import EngineError
-from edgevlm.llama.types import ImageEmbedding
 from edgevlm.store.prefix_cache import PrefixCache, PrefixEntry, PrefixPart
+from edgevlm.values.embedding import ImageEmbedding
 
 NO_PREFIX = "none"  # the block was prefilled (no cache, a miss, or recomputing was faster)
 IN_CONTEXT = "context"  # ask_again: the block was already in this context

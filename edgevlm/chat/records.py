@@ -8,7 +8,7 @@ from typing import Any
 
 from PIL import Image
 
-from edgevlm.llama.types import ImageEmbedding
+from edgevlm.values.embedding import ImageEmbedding
 from edgevlm.vision.images import LoadedImage
 from edgevlm.vision.layout import ImagePlan
 

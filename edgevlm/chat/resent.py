@@ -16,11 +16,12 @@ from pathlib import Path
 from edgevlm.chat.conversation import Conversation
 from edgevlm.chat.records import PrefillProgress, ShownImage, TurnRecord, TurnStats, image_key
 from edgevlm.errors import Interrupted
-from edgevlm.llama.types import Sampling
 from edgevlm.store.caches import SummaryStore
+from edgevlm.values.sampling import Sampling
 from edgevlm.vision.documents import render_document_bytes
 from edgevlm.vision.images import LoadedImage, load_image_bytes
-from edgevlm.vision.video import MAX_WINDOW_FRAMES, read_video_bytes, scaffold_for
+from edgevlm.vision.layout import FrameScaffold
+from edgevlm.vision.video import MAX_WINDOW_FRAMES, read_video_bytes
 
 HISTORY_FILL = 0.75  # a cut history fills this share of the room, leaving some for follow-ups
 
@@ -140,7 +141,7 @@ class ResentChat:
             raise Interrupted("stopped while the history was being prepared") from None
         for image in turn.images:
             self._digests[image.image.name] = image.sha256
-        labels = _frame_labels(conversation.layout.name, turn.images)
+        labels = _frame_labels(conversation.layout.frames, turn.images)
         answer, stats = conversation.ask(
             turn.question, images=[image.image for image in turn.images], on_piece=on_piece,
             labels=labels if any(label is not None for label in labels) else None,
@@ -157,9 +158,9 @@ class ResentChat:
         """Forget a stop that found nothing left to stop."""
         self.conversation.clear_interrupt()
 
-    def summarise_pending(self) -> None:
-        """Idle work: summarise the answered images (an interrupt leaves them live)."""
-        self.conversation.summarise_pending()
+    def summarise_pending(self) -> float:
+        """Idle work: summarise the answered images (an interrupt leaves them live); the seconds."""
+        return self.conversation.summarise_pending()
 
     @property
     def pending_summaries(self) -> int:
@@ -277,7 +278,7 @@ def _reused(stats: TurnStats, side_work: int, dropped: int) -> TurnStats:
                    dropped_turns=stats.dropped_turns + dropped)
 
 
-def _frame_labels(layout_name: str, images: tuple[ChatImage, ...]) -> list[str | None]:
+def _frame_labels(scaffold: FrameScaffold, images: tuple[ChatImage, ...]) -> list[str | None]:
     """The text before each image of a message: a video's frames in the family's way (its
     intro before each clip's first frame), None (the family's own) for the other images."""
     labels: list[str | None] = [None] * len(images)
@@ -288,7 +289,7 @@ def _frame_labels(layout_name: str, images: tuple[ChatImage, ...]) -> list[str |
     for slots in clips.values():
         frames = [images[k] for k in slots]
         times = [f.image.time_s or 0.0 for f in frames]
-        texts = scaffold_for(layout_name).labels(times, frames[0].clip_s or 0.0)
+        texts = scaffold.labels(times, frames[0].clip_s or 0.0)
         for k, text in zip(slots, texts, strict=True):
             labels[k] = text
     return labels

@@ -12,7 +12,7 @@ from edgevlm.chat.ledger import KvLedger
 from edgevlm.chat.prompts import PromptFormat
 from edgevlm.chat.records import LiveImage, PrefillProgress, Segment
 from edgevlm.chat.turn_log import TurnLog
-from edgevlm.llama.types import Sampling
+from edgevlm.values.sampling import Sampling
 
 CAPTION_REQUEST = (
     "For your own later reference, summarise the image above in one dense factual paragraph: "

@@ -28,8 +28,8 @@ if TYPE_CHECKING:  # the heavy modules load inside the commands: `--help` stays 
     from edgevlm.cli.render import DescribeView
     from edgevlm.describe.describer import Describer, Question
     from edgevlm.describe.folders import BatchEvent, BatchSummary, Found, JsonlLog, Target, XmpOutput
-    from edgevlm.llama.types import Sampling
     from edgevlm.runtime.loading import Loaded, ModelFlags, Placement
+    from edgevlm.values.sampling import Sampling
     from edgevlm.vision.sources import Source
 
 T = TypeVar("T")
@@ -431,9 +431,10 @@ def serve(
     debug: opt.Debug = False,
 ) -> None:
     """The OpenAI- and Ollama-compatible API (see SERVE_HELP)."""
-    from edgevlm.llama.types import Sampling, serving_threads
+    from edgevlm.runtime.loading import for_serving
     from edgevlm.server.launch import ServeSettings, check
     from edgevlm.server.launch import serve as run_server
+    from edgevlm.values.sampling import Sampling
 
     _configure_logging(verbose)
     logging.getLogger("edgevlm.server").setLevel(logging.INFO)  # the one-line request log
@@ -451,10 +452,7 @@ def serve(
                              parallel=n_seq,
                              placement=_placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device),
                              swa_full=swa_full)
-        if threads is None:  # a core for the event loop while decoding, on small machines
-            decode_threads, prefill_threads = serving_threads()
-            flags = replace(flags, n_threads=decode_threads, n_threads_batch=prefill_threads)
-        with _loaded(flags, quiet=False) as loaded:
+        with _loaded(for_serving(flags), quiet=False) as loaded:
             run_server(loaded, settings, on_ready=lambda url: err.print(
                 f"edgevlm serving [bold]{escape(loaded.choice.model_path.name)}[/] at {url} "
                 f"(chat page: {url}, OpenAI: {url}/v1, Ollama: {url}) — Ctrl-C to stop"))
@@ -473,14 +471,13 @@ def plan(
 ) -> None:
     """The memory plan (see PLAN_HELP)."""
     from edgevlm.cli.render import render_plan
-    from edgevlm.planning.memory import parse_size
     from edgevlm.runtime.loading import ModelFlags, describe_costs, inspect, make_plan
     from edgevlm.runtime.loading import verify as verify_plan
 
     _configure_logging(verbose)
     with _handled(debug):
         try:
-            cards = tuple(parse_size(v) for v in vram.split(",")) if vram is not None else None
+            cards = tuple(opt.parse_size(v) for v in vram.split(",")) if vram is not None else None
         except ValueError as exc:
             raise ConfigError(f"--vram: {exc}") from None
         flags = ModelFlags(preset or model, str(mmproj) if mmproj else None, n_ctx=n_ctx,
@@ -690,34 +687,28 @@ def _check_family(flags: ModelFlags, *, max_tiles: int | None, pool: int | None)
     """--pool and --tiles against the model's family, before it loads (GGUF facts only)."""
     if pool != 2 and max_tiles is None:
         return
+    from edgevlm.families import check_projector_settings
     from edgevlm.runtime.loading import inspect
-    from edgevlm.vision.registry import check_projector_settings
 
     check_projector_settings(inspect(flags)[2], pool=pool, max_tiles=max_tiles)
 
 
 def _sampling(temperature: float, seed: int | None) -> Sampling:
-    from edgevlm.llama.types import Sampling
+    from edgevlm.values.sampling import Sampling
 
     return Sampling(temperature=temperature, seed=seed if seed is not None else random.getrandbits(31))
 
 
 def _tiles_option(ctx: typer.Context, value: str) -> int | None:
-    from edgevlm.vision.tiling import parse_tiles
-
-    return _parsed(ctx, "tiles", value, parse_tiles)
+    return _parsed(ctx, "tiles", value, opt.parse_tiles)
 
 
 def _parallel_option(ctx: typer.Context, value: str) -> int | None:
-    from edgevlm.planning.memory import parse_parallel
-
-    return _parsed(ctx, "parallel", value, parse_parallel)
+    return _parsed(ctx, "parallel", value, opt.parse_parallel)
 
 
 def _pool_option(ctx: typer.Context, value: str) -> int | None:
-    from edgevlm.vision.tiling import parse_pool
-
-    return _parsed(ctx, "pool", value, parse_pool)
+    return _parsed(ctx, "pool", value, opt.parse_pool)
 
 
 def _parsed(ctx: typer.Context, name: str, value: str, parse: Callable[[str], T]) -> T:
@@ -756,6 +747,7 @@ def _as_set(message: str) -> str:
         elif value and value in message and envvar not in message:
             message += f" (set by {envvar})"
     return message
+
 
 
 @contextlib.contextmanager

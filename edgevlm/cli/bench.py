@@ -28,9 +28,9 @@ from edgevlm.describe.describer import (
     describe_images,
 )
 from edgevlm.errors import ImageError, one_line
-from edgevlm.llama.types import Sampling
 from edgevlm.runtime.conversations import ChatSettings, conversation_for, describers_for
 from edgevlm.runtime.loading import Loaded
+from edgevlm.values.sampling import Sampling
 from edgevlm.vision.images import load_image
 
 BENCH_PROMPT = "Describe this photo in detail."

@@ -11,6 +11,8 @@ from typing import Annotated
 
 import typer
 
+from edgevlm.vision.tiling import POOL_CHOICES
+
 # The environment variables that stand for flags (an error about the value names the one used).
 MODEL_ENV = "EDGEVLM_MODEL"
 PARALLEL_ENV = "EDGEVLM_PARALLEL"
@@ -18,6 +20,61 @@ POOL_ENV = "EDGEVLM_POOL"
 RPC_ENV = "EDGEVLM_RPC"
 API_KEY_ENV = "EDGEVLM_API_KEY"
 PEER_ENV = "EDGEVLM_PEER"
+
+# -- values typed on the command line (each parser's ValueError says what is accepted) -------
+
+def parse_tiles(value: str) -> int | None:
+    """'auto' (None), '0' or a positive number of tiles; ValueError says what is accepted."""
+    if value.strip() == "auto":
+        return None
+    if not value.strip().isdigit():
+        raise ValueError(f"must be auto, 0 or a positive number, not '{value}'")
+    return int(value)
+
+
+def parse_pool(value: str) -> int | None:
+    """'auto' (None), '1' or '2'; ValueError says what is accepted."""
+    if value.strip() == "auto":
+        return None
+    if value.strip() not in {str(p) for p in POOL_CHOICES}:
+        raise ValueError(f"must be {', '.join(map(str, POOL_CHOICES))} or auto, not '{value}'")
+    return int(value)
+
+
+# Bare K/M/G/T are binary, as GPU makers and nvidia-smi use them; KB/MB/GB are decimal (SI).
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 1000, "m": 1 << 20, "mib": 1 << 20,
+          "mb": 1000**2, "g": 1 << 30, "gib": 1 << 30, "gb": 1000**3, "t": 1 << 40, "tib": 1 << 40,
+          "tb": 1000**4}
+
+
+def parse_parallel(text: str) -> int | None:
+    """--parallel: a count of sequences, or auto (None)."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"must be auto or a number of sequences, not '{text}'") from None
+    if value < 1:
+        raise ValueError(f"must be at least 1, not {value}")
+    return value
+
+
+def parse_size(text: str) -> int:
+    """'8GiB', '8G', '8192MiB', '12gb' or plain bytes to bytes; ValueError with a reason if not."""
+    raw = text.strip().lower().replace(" ", "")
+    number = raw.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = raw[len(number):]
+    if unit not in _UNITS or not number:
+        raise ValueError(f"'{text}' is not a size: use e.g. 8GiB, 8G, 8192MiB or a number of bytes")
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"'{text}' is not a size: use e.g. 8GiB, 8G, 8192MiB or a number of bytes") from None
+    if value <= 0:
+        raise ValueError(f"'{text}' must be larger than zero")
+    return int(value * _UNITS[unit])
+
 
 # -- the model (describe, chat, plan, bench) --------------------------------------------------
 

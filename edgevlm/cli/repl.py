@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
@@ -17,19 +15,19 @@ from rich.console import Console
 
 from edgevlm.chat.conversation import DEFAULT_QUESTION, Conversation
 from edgevlm.chat.records import TurnRecord, TurnStats, to_plain
-from edgevlm.cli.options import flag_word
+from edgevlm.chat.worker import JobKind, SequenceWorker
+from edgevlm.cli.options import flag_word, parse_pool, parse_tiles
 from edgevlm.cli.render import PrefillDisplay
 from edgevlm.cli.repl_help import HELP
 from edgevlm.describe.describer import DOCUMENT_PROMPT, VIDEO_PROMPT
 from edgevlm.errors import EdgeVLMError, EngineError, Interrupted, UserError, in_words
-from edgevlm.llama.sequence import interrupt_on_sigint
+from edgevlm.interrupts import stop_on_sigint
 from edgevlm.paths import data_dir
 from edgevlm.store.files import USER_FILE_MODE, JsonlAppender, write_atomically
 from edgevlm.vision.documents import DocumentPage, open_document, parse_pages
 from edgevlm.vision.images import IMAGE_SUFFIXES, LoadedImage, clock
 from edgevlm.vision.sources import load_source
-from edgevlm.vision.tiling import parse_pool, parse_tiles
-from edgevlm.vision.video import frame_labels, plan_windows, probe_video, read_window, scaffold_for
+from edgevlm.vision.video import frame_labels, plan_windows, probe_video, read_window
 
 if TYPE_CHECKING:
     from edgevlm.runtime.loading import Loaded
@@ -124,7 +122,9 @@ def run_chat(conversation: Conversation, loaded: Loaded, *, saved: SavedSession 
                            what="--stats-json") if stats_json else None)
     repl = ChatRepl(conversation, out=sys.stdout, err=err, session=transcript, stats_json=stats,
                        interactive=interactive)
-    repl.run(interactive_lines(data_dir() / "chat_history", repl.stop_idle) if interactive else piped_lines())
+    history = data_dir() / "chat_history"
+    lines = interactive_lines(history, repl.worker.settle) if interactive else piped_lines()
+    repl.run(lines)
 
 
 class ChatRepl:
@@ -140,8 +140,9 @@ class ChatRepl:
         self.stats_json = stats_json
         self.interactive = interactive
         self.last_stats: TurnStats | None = None
-        self._executor: ThreadPoolExecutor | None = None
-        self._idle: Future[None] | None = None  # the summary made while the user types
+        # llama.cpp's work runs on the worker's thread, and the answered photo's summary is made
+        # there while the next line is typed (see chat/worker.py).
+        self.worker = SequenceWorker(conversation, name="edgevlm-engine")
         self._prefill = PrefillDisplay(err, enabled=interactive and err.is_terminal)
         conversation.on_summary = self._summary_made
 
@@ -154,10 +155,7 @@ class ChatRepl:
                 if not self.handle(line):
                     break
         finally:
-            self.stop_idle()  # leaving does not wait for a summary (the transcript has the answer)
-            if self._executor is not None:
-                self._executor.shutdown(wait=True)
-                self._executor = None
+            self.worker.close()  # leaving does not wait for a summary (the transcript has the answer)
 
     def handle(self, line: str) -> bool:
         """One line of input; False means quit."""
@@ -206,7 +204,7 @@ class ChatRepl:
         elif name == "/save":
             self._save(rest.strip())
         elif name == "/reset":
-            self._on_engine_thread(self.conversation.reset)
+            self.worker.run(self.conversation.reset, kind=JobKind.TASK)
             self.last_stats = None
             if self.session is not None:
                 self.session.append({"type": "reset", "at": time.time()})
@@ -219,7 +217,7 @@ class ChatRepl:
 
     def _turn(self, question: str, image_paths: Sequence[str | DocumentPage | LoadedImage], *,
               transcribed: bool = False, labels: Sequence[str] | None = None) -> None:
-        self.stop_idle()  # at most one decode step; the turn's clock starts after it
+        self.worker.settle()  # at most one decode step; the turn's clock starts after it
         started = time.perf_counter()
         images = [path if isinstance(path, LoadedImage) else
                   load_source(path if isinstance(path, DocumentPage) else Path(path).expanduser(),
@@ -228,8 +226,8 @@ class ChatRepl:
             if image.note:
                 self._note(f"{image.path.name}: {image.note}")
         try:
-            with self._interruptible():
-                answer, stats = self._on_engine_thread(
+            with stop_on_sigint(self.worker.cancel):  # Ctrl-C stops the answer, not the chat
+                answer, stats = self.worker.run(
                     lambda: self.conversation.ask(question or (DEFAULT_QUESTION if images else ""),
                                                   images=images, on_piece=self._write_piece,
                                                   on_progress=self._prefill.update, started=started,
@@ -248,7 +246,6 @@ class ChatRepl:
             self.stats_json.append(to_plain(stats))
         if self.interactive:
             self.err.print(f"[dim]{_brief(stats, self.conversation.sequence.n_ctx)}[/]", highlight=False)
-        self._start_idle()
 
     def _read_document(self, rest: str) -> None:
         """`/doc FILE.pdf [PAGES]`: each page read as its own turn, its transcript streamed and kept
@@ -277,64 +274,18 @@ class ChatRepl:
         for window in windows:
             self.out.write(f"==> {window.name} <==\n")
             frames = read_window(window, useful_pixels=self.conversation.useful_pixels).frames
-            layout = self.conversation.layout.name
-            asked = scaffold_for(layout).outro + VIDEO_PROMPT.format(
+            scaffold = self.conversation.layout.frames
+            asked = scaffold.outro + VIDEO_PROMPT.format(
                 n=len(frames), start=clock(window.start_s), end=clock(window.end_s),
                 length=clock(window.duration_s))
-            labels = frame_labels(layout, frames, window.duration_s)
+            labels = frame_labels(scaffold, frames, window.duration_s)
             self._turn(asked, list(frames), transcribed=True, labels=labels)
         self._note(f"read {len(windows)} windows of {Path(path).name}; ask about them")
-
-    def _on_engine_thread(self, work: Callable[[], T]) -> T:
-        """Run llama.cpp work on the one engine thread, once the idle summary has stopped.
-
-        Measured here: once prompt_toolkit has run asyncio on the main thread, llama.cpp's
-        OpenMP workers led by that thread decode about 100x slower (1 tok/s instead of 100).
-        A long-lived worker thread keeps one OpenMP team at full speed, and leaves the main
-        thread free to read the next line while a summary is made.
-        """
-        self.stop_idle()
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgevlm-engine")
-        return self._executor.submit(work).result()
-
-    def _start_idle(self) -> None:
-        """Summarise the answered photo on the engine thread while the next line is typed."""
-        if self.conversation.pending_summaries and self._executor is not None:
-            self._idle = self._executor.submit(self._summarise_idle)
-
-    def _summarise_idle(self) -> None:
-        try:
-            self.conversation.summarise_pending()
-        except (Interrupted, EdgeVLMError):
-            pass  # stopped, or failed: the photo stays live and the next turn settles its summary
-
-    def stop_idle(self) -> None:
-        """Stop the summary being made in idle time (between two tokens); the photo stays live."""
-        idle, self._idle = self._idle, None
-        if idle is None:
-            return
-        sequence = self.conversation.sequence
-        sequence.interrupt()
-        try:
-            idle.result()
-        finally:
-            sequence.clear_interrupt()
 
     def _summary_made(self, record: TurnRecord, slot: int) -> None:
         if self.session is not None:
             row = {"type": "summary", "turn": record.turn, "summary": record.shown[slot].summary}
             self.session.append(row if slot == 0 else {**row, "slot": slot})
-
-    @contextlib.contextmanager
-    def _interruptible(self) -> Iterator[None]:
-        """Ctrl-C during a turn stops the answer (or rolls back the prefill), not the chat."""
-        sequence = self.conversation.sequence
-        try:
-            with interrupt_on_sigint([sequence]):
-                yield
-        finally:
-            sequence.clear_interrupt()
 
     def _write_piece(self, piece: str) -> None:
         self._prefill.clear()
@@ -348,7 +299,7 @@ class ChatRepl:
         except EngineError:
             records = list(self.conversation.records)
             self.conversation.records.clear()
-            self._on_engine_thread(lambda: self.conversation.restore(records))
+            self.worker.run(lambda: self.conversation.restore(records), kind=JobKind.TASK)
             self._note("the cache was rebuilt from the transcript")
 
     # -- commands ---------------------------------------------------------------------------

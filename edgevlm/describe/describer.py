@@ -20,13 +20,15 @@ from typing import Any
 from edgevlm.chat.conversation import DEFAULT_QUESTION, Conversation
 from edgevlm.chat.records import PrefillProgress, PreparedImage, ShownImage, TurnRecord, TurnStats, to_plain
 from edgevlm.chat.structured import TEXT, OutputFormat, answer_tokens_needed
+from edgevlm.chat.worker import SequenceWorker
 from edgevlm.errors import ImageError, Interrupted
 from edgevlm.store.prefix_cache import PrefixCache
 from edgevlm.vision.documents import DocumentPage
 from edgevlm.vision.images import LoadedImage, clock
+from edgevlm.vision.layout import FrameScaffold
 from edgevlm.vision.sources import Source, load_source
 from edgevlm.vision.tiling import page_room
-from edgevlm.vision.video import VideoWindow, WindowFrames, fit_frames, read_window, scaffold_for
+from edgevlm.vision.video import VideoWindow, WindowFrames, fit_frames, read_window
 
 DEFAULT_PROMPT = DEFAULT_QUESTION
 # A document's page, unless the user asks something else: its transcript is what stands for it.
@@ -199,6 +201,19 @@ class Describer:
         """Stop this describer's work at its next step; safe from any thread."""
         self._conversation.interrupt()
 
+    def clear_interrupt(self) -> None:
+        """Forget an interrupt that found no work to stop."""
+        self._conversation.clear_interrupt()
+
+    @property
+    def pending_summaries(self) -> int:
+        """Answered images still to be summarised (none: describe starts each image afresh)."""
+        return self._conversation.pending_summaries
+
+    def summarise_pending(self) -> float:
+        """Summarise what is due (nothing in describe's mode); the seconds."""
+        return self._conversation.summarise_pending()
+
     @property
     def n_ctx(self) -> int:
         """The context the describer's sequence holds."""
@@ -213,6 +228,11 @@ class Describer:
     def layout_name(self) -> str:
         """How the model is shown images (`llava-1.5-tiles`, `mtmd-qwen2.5vl_merger`, …)."""
         return self._conversation.layout.name
+
+    @property
+    def frames(self) -> FrameScaffold:
+        """How the model's family is shown a video's frames."""
+        return self._conversation.layout.frames
 
     @property
     def prefix_cache(self) -> PrefixCache | None:
@@ -286,7 +306,7 @@ class Describer:
                         read_s: float = 0.0) -> DescribeResult:
         """One stretch of a video: its frames in one question, each after its time, sharing the room."""
         shown = list(frames.views)
-        scaffold = scaffold_for(self.layout_name)
+        scaffold = self.frames
         asked = scaffold.outro + (prompt or VIDEO_PROMPT.format(
             n=len(shown), start=clock(window.start_s), end=clock(window.end_s),
             length=clock(window.duration_s)))
@@ -534,7 +554,8 @@ class _Feed:
 
 
 def _side_by_side(describers: list[Describer], work: Callable[[Describer], None]) -> None:
-    """Run `work` on every describer at once, each on its own thread; the first error wins."""
+    """Run `work` on every describer at once, each on its own sequence worker; the first error wins."""
+    workers = [SequenceWorker(d, name=f"edgevlm-describe{i}") for i, d in enumerate(describers)]
     errors: list[BaseException] = []
 
     def run(describer: Describer) -> None:
@@ -542,22 +563,22 @@ def _side_by_side(describers: list[Describer], work: Callable[[Describer], None]
             work(describer)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
             errors.append(exc)
-            for other in describers:  # stop the others at their next step
-                other.interrupt()
+            for worker in workers:  # stop the others at their next step
+                worker.cancel()
 
-    threads = [threading.Thread(target=run, args=(d,), name=f"edgevlm-describe{i}", daemon=True)
-               for i, d in enumerate(describers)]
-    for thread in threads:
-        thread.start()
+    running = [worker.submit(lambda d=d: run(d)) for worker, d in zip(workers, describers, strict=True)]
     try:
-        for thread in threads:
-            thread.join()
+        for job in running:
+            job.result()
     except KeyboardInterrupt:  # stop every sequence before the engine may be closed under them
-        for describer in describers:
-            describer.interrupt()
-        for thread in threads:
-            thread.join()
+        for worker in workers:
+            worker.cancel()
+        for job in running:
+            job.exception()
         raise
+    finally:
+        for worker in workers:
+            worker.close()
     if errors:
         first = next((e for e in errors if not isinstance(e, Interrupted)), errors[0])
         raise first

@@ -178,7 +178,7 @@ def _views(describer: Describer, part: DocumentPage | VideoWindow, room: int
     frames, share = fit_frames(read_window(part, useful_pixels=describer.useful_pixels).frames, room,
                                describer.image_floor)  # the frames it was read with
     return ([describer.prepare(frame, share) for frame in frames],
-            frame_labels(describer.layout_name, frames, part.duration_s))
+            frame_labels(describer.frames, frames, part.duration_s))
 
 
 def ask_documents(describer: Describer, read: Sequence[ReadPage], questions: Sequence[str], *,

@@ -18,20 +18,17 @@ from llama_cpp import mtmd_cpp
 from PIL import Image
 
 from edgevlm.errors import EngineError, Interrupted, ModelError
+from edgevlm.interrupts import stop_on_sigint
 from edgevlm.llama.backends import device_by_name
 from edgevlm.llama.batcher import Batcher, TokenBatch
 from edgevlm.llama.logs import NATIVE_LOG
 from edgevlm.llama.meter import RequestMeter
-from edgevlm.llama.sequence import EngineSequence, RowPlacement, interrupt_on_sigint
-from edgevlm.llama.types import (
-    SPLIT_MODES,
-    EngineConfig,
-    ImageBlock,
-    ImageEmbedding,
-    MemoryKind,
-    default_threads,
-)
+from edgevlm.llama.sequence import EngineSequence, RowPlacement
+from edgevlm.llama.types import SPLIT_MODES, EngineConfig, default_threads
 from edgevlm.llama.vision import Projector
+from edgevlm.models.gguf import read_text_model
+from edgevlm.models.memory_kinds import MemoryKind, SlidingWindow, llama_says
+from edgevlm.values.embedding import ImageBlock, ImageEmbedding
 
 
 class Engine:
@@ -52,7 +49,7 @@ class Engine:
             # Ctrl-C anywhere in the load (not only in the weights' progress callback) sets the
             # flag: raised inside one of llama.cpp's log callbacks, it would be lost.
             # No sequence exists yet: Ctrl-C stops the load itself.
-            with NATIVE_LOG.buffers() as reports, interrupt_on_sigint([], also=self._stop_load):
+            with NATIVE_LOG.buffers() as reports, stop_on_sigint(self._stop_load):
                 self._load(on_load_progress)
             if self._stop_loading or NATIVE_LOG.take_sigint():
                 raise Interrupted("interrupted while loading the model")
@@ -127,9 +124,8 @@ class Engine:
         # a window's worth that old positions leave, which the ledger goes back through checkpoints.
         n_swa = llama_cpp.llama_model_n_swa(self.model)
         cparams.swa_full = cfg.swa_full and n_swa > 0
-        self.memory = MemoryKind(recurrent=bool(llama_cpp.llama_model_is_recurrent(self.model)),
-                                 hybrid=bool(llama_cpp.llama_model_is_hybrid(self.model)),
-                                 n_swa=n_swa, swa_full=bool(cparams.swa_full))
+        self.memory = self._checked_memory(n_swa)
+        self.swa_full = bool(cparams.swa_full)
         # No abort_callback: ggml would call it from its worker threads for every graph node,
         # and each call must take Python's GIL (seconds per token when another thread holds it).
         # Interrupts are honoured between batches and between tokens instead.
@@ -141,6 +137,19 @@ class Engine:
         self.n_ctx_seq = llama_cpp.llama_n_ctx_seq(self.ctx)
         self.n_batch = llama_cpp.llama_n_batch(self.ctx)
         self.n_ubatch = llama_cpp.llama_n_ubatch(self.ctx)
+
+    def _checked_memory(self, n_swa: int) -> MemoryKind:
+        """The memory kind edgevlm classified from the GGUF (the one the planner counted), checked
+        against llama.cpp's own answer: the ledger must not cut a cache that cannot be cut."""
+        cfg = self.config
+        kind = cfg.memory or read_text_model(cfg.model_path).memory
+        said = {"recurrent": bool(llama_cpp.llama_model_is_recurrent(self.model)),
+                "hybrid": bool(llama_cpp.llama_model_is_hybrid(self.model)), "n_swa": n_swa}
+        if not kind.agrees(**said):
+            raise EngineError(f"{cfg.model_path.name}: edgevlm planned its memory as {kind.name.value}, but "
+                              f"llama.cpp says {llama_says(**said)}; this model's architecture is not "
+                              "one edgevlm knows how to keep (please report it)")
+        return kind
 
     def _load_projector(self, path: str) -> None:
         cfg = self.config
@@ -160,7 +169,7 @@ class Engine:
     @property
     def n_swa(self) -> int:
         """The model's sliding window, in tokens (0: none)."""
-        return self.memory.n_swa
+        return self.memory.n_swa if isinstance(self.memory, SlidingWindow) else 0
 
     @property
     def n_ctx(self) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from edgevlm.llama.types import RequestStats
+from edgevlm.values.stats import RequestStats
 
 
 @dataclass

@@ -10,7 +10,7 @@ import numpy as np
 
 from edgevlm.errors import EngineError
 from edgevlm.llama.logs import NATIVE_LOG
-from edgevlm.llama.types import Sampling
+from edgevlm.values.sampling import Sampling
 
 
 class TokenPicker:

@@ -5,10 +5,9 @@ from __future__ import annotations
 import codecs
 import contextlib
 import ctypes
-import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -21,8 +20,11 @@ from edgevlm.llama.logs import NATIVE_LOG
 from edgevlm.llama.meter import RequestMeter
 from edgevlm.llama.sampling import TokenPicker
 from edgevlm.llama.state import SequenceStateIO
-from edgevlm.llama.types import ImageBlock, ImageEmbedding, MemoryKind, RequestStats, Sampling
 from edgevlm.llama.vocab import is_end_of_generation, token_bytes, tokenize
+from edgevlm.models.memory_kinds import MemoryKind
+from edgevlm.values.embedding import ImageBlock, ImageEmbedding
+from edgevlm.values.sampling import Sampling
+from edgevlm.values.stats import RequestStats
 
 
 @dataclass(frozen=True, eq=False)
@@ -60,6 +62,7 @@ class SequenceHost(Protocol):
     n_ctx_seq: int
     n_embd_model: int
     memory: MemoryKind
+    swa_full: bool
 
     def kv_guard(self) -> contextlib.AbstractContextManager[object]: ...
     def decode(self, sequence: EngineSequence, tokens: list[int] | None, rows: np.ndarray | None,
@@ -196,12 +199,12 @@ class EngineSequence:
 
     @property
     def memory_kind(self) -> str:
-        """attention, sliding-window, hybrid or recurrent (see MemoryKind)."""
-        return self._host.memory.name
+        """attention, sliding-window, hybrid or recurrent (see models/memory_kinds.py)."""
+        return self._host.memory.name.value
 
     def can_cut(self) -> bool:
         """Whether the cache can be truncated at any position (otherwise: through checkpoints)."""
-        return self._host.memory.can_cut
+        return self._host.memory.can_cut(swa_full=self._host.swa_full)
 
     # -- requests and timings -----------------------------------------------------------
 
@@ -364,28 +367,3 @@ class EngineSequence:
             # raised here as if it had just arrived.
             raise KeyboardInterrupt
 
-
-@contextlib.contextmanager
-def interrupt_on_sigint(sequences: list[EngineSequence], *,
-                        also: Callable[[], None] | None = None) -> Iterator[None]:
-    """Within this block Ctrl-C asks the sequences' llama.cpp work to stop at its next step.
-
-    A KeyboardInterrupt cannot cross a ctypes callback and would land between a decode and
-    its bookkeeping; a flag is checked between batches and tokens instead. Off the main
-    thread (where signals never arrive) this does nothing.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def on_sigint(_signum: int, _frame: object) -> None:
-        if also is not None:
-            also()
-        for sequence in sequences:
-            sequence.interrupt()
-
-    previous = signal.signal(signal.SIGINT, on_sigint)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)

@@ -17,7 +17,7 @@ from PIL import Image
 from edgevlm.errors import EngineError, ModelError
 from edgevlm.llama.logs import NATIVE_LOG
 from edgevlm.llama.meter import RequestMeter
-from edgevlm.llama.types import ImageBlock, ImageEmbedding
+from edgevlm.values.embedding import ImageBlock, ImageEmbedding
 
 T = TypeVar("T")
 BlockCount = Callable[[tuple[int, int]], tuple[int, int]]  # (w, h) -> (block tokens, visual tokens)

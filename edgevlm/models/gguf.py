@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from edgevlm.errors import ModelError
+from edgevlm.models.memory_kinds import Attention, Hybrid, MemoryKind, Recurrent, SlidingWindow
 from edgevlm.paths import cache_dir
 from edgevlm.store.files import write_atomically
 
@@ -33,46 +34,7 @@ RECURRENT_ARCHS = frozenset({"mamba", "mamba2", "rwkv6", "rwkv7", "arwkv7", "rwk
 SWA_PATTERN_DEFAULT = {"gemma3": 6}
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.")
 # Bump when the facts' fields change, so stale cache entries are ignored.
-_CACHE_VERSION = 8
-# The image layouts edgevlm knows: LLaVA-1.5 with labelled AnyRes tiles, and LLaVA-NeXT's own.
-LLAVA_15_TILES = "llava-1.5-tiles"
-LLAVA_NEXT = "llava-next"
-# Projectors whose images edgevlm lays out itself (LLaVA-1.5 labelled tiles, LLaVA-NeXT's
-# packing). Every other type needs mtmd's own slicing, positions (M-RoPE) and attention masks;
-# fed LLaVA tiles, it would answer wrongly without an error.
-LLAVA_PROJECTORS = ("mlp", "mlp_norm")
-# The vision projectors of the llama.cpp edgevlm builds (tools/mtmd/clip-impl.h, names of the
-# PROJECTOR_TYPE_* that take images), shown images through mtmd's own layout for each.
-MTMD_VISION_PROJECTORS = frozenset({
-    "ldp", "ldpv2", "resampler", "adapter", "qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger",
-    "ling3vl", "step3vl", "gemma3", "gemma3nv", "gemma4v", "gemma4uv", "phi4", "idefics3", "pixtral",
-    "internvl", "llama4", "qwen2.5o", "lfm2", "kimivl", "paddleocr", "lightonocr", "cogvlm",
-    "janus_pro", "dots_ocr", "dots3note_v", "deepseekocr", "deepseekocr2", "deepseek4v", "glm4v",
-    "glm5v", "youtuvl", "yasa2", "kimik25", "nemotron_v2_vl", "exaone4_5", "hunyuanvl",
-    "minicpmv4_6", "mimovl", "minimax_m3", "granite4_vision", "muse-glimmer"})
-# Which text architectures each family's projector was trained with (convert_hf_to_gguf.py
-# writes these pairs). Widths alone cannot tell a pair: the tiny test pairs, and real ones, share
-# widths across families, and the wrong one runs silently or fails mid-decode. A projector or
-# architecture not named here is checked by width only.
-PROJECTOR_TEXT_ARCHS: dict[str, frozenset[str]] = {
-    "qwen2vl_merger": frozenset({"qwen2vl"}),
-    "qwen2.5vl_merger": frozenset({"qwen2vl"}),
-    "qwen3vl_merger": frozenset({"qwen3vl", "qwen3vlmoe"}),
-    "gemma3": frozenset({"gemma3"}),
-    "gemma3nv": frozenset({"gemma3n"}),
-    "gemma4v": frozenset({"gemma4"}),
-    "idefics3": frozenset({"llama", "smollm3"}),
-    "lfm2": frozenset({"lfm2", "lfm2moe"}),
-    "llama4": frozenset({"llama4"}),
-}
-# Text architectures that exist only as one family's vision model: any other projector is wrong.
-TEXT_ARCH_PROJECTORS: dict[str, frozenset[str]] = {
-    arch: frozenset(kind for kind, archs in PROJECTOR_TEXT_ARCHS.items() if arch in archs)
-    for arch in ("qwen2vl", "qwen3vl", "qwen3vlmoe", "gemma3", "gemma3n", "gemma4", "lfm2", "lfm2moe",
-                 "llama4")
-}
-# Projectors whose rows feed extra (deepstack) layers: wider than the text model's embedding.
-DEEPSTACK_PROJECTORS = frozenset({"qwen3vl_merger"})
+_CACHE_VERSION = 9
 IMAGE_NEWLINE_TENSOR = "model.image_newline"
 _Facts = TypeVar("_Facts", "TextModelFacts", "ProjectorFacts")
 
@@ -107,13 +69,15 @@ class TextModelFacts:
     recurrent_state_bytes: int = 0  # one sequence's recurrent state (f32), where edgevlm knows its shape
 
     @property
-    def memory_kind(self) -> str:
-        """What the model keeps per sequence: attention, sliding-window, hybrid or recurrent."""
+    def memory(self) -> MemoryKind:
+        """What the model keeps per sequence (the one classifier; see models/memory_kinds.py)."""
         if self.architecture in RECURRENT_ARCHS:
-            return "recurrent"
+            return Recurrent(self.recurrent_state_bytes)
         if self.architecture in HYBRID_ARCHS or 0 < self.n_kv_layers < self.n_layer:
-            return "hybrid"
-        return "sliding-window" if self.n_swa else "attention"
+            return Hybrid(self.recurrent_state_bytes)
+        if self.n_swa:
+            return SlidingWindow(self.n_swa, self.n_swa_layers, self.n_layer)
+        return Attention()
 
     @property
     def kv_layers(self) -> int:
@@ -145,19 +109,15 @@ class ProjectorFacts:
     grid_pinpoints: tuple[tuple[int, int], ...] = ()
     merge_type: str = "flat"
     has_image_newline: bool = False
-    merge: int = 1  # patches merged per side into one token (Qwen-VL 2, Gemma 3 4)
+    # Patches merged per side into one token (Qwen-VL 2, Gemma 3 4); 0 where the GGUF does not
+    # say, and the projector's family completes it (families.read_projector)
+    merge: int = 1
     window_attention: bool = False  # Qwen2.5-VL's windowed blocks: a full patch-by-patch mask
 
     @property
     def tokens_per_image(self) -> int:
         """Tokens of one image at the projector's own size (a fixed-size family's every image)."""
-        return (self.image_size // self.patch_size // self.merge) ** 2
-
-    @property
-    def layout(self) -> str:
-        """How this projector's model was trained to see an image (see vision/layout.py)."""
-        unpad = self.merge_type.startswith("spatial_unpad") and self.has_image_newline
-        return LLAVA_NEXT if self.grid_pinpoints and unpad else LLAVA_15_TILES
+        return (self.image_size // self.patch_size // max(self.merge, 1)) ** 2
 
 
 def read_text_model(path: str | Path) -> TextModelFacts:
@@ -319,15 +279,12 @@ def _read_projector(path: Path) -> ProjectorFacts:
     )
 
 
-# mtmd's own merge for projectors whose GGUF may leave it out (clip.cpp's defaults).
-_DEFAULT_MERGE = {"qwen2vl_merger": 2, "qwen2.5vl_merger": 2, "qwen3vl_merger": 2, "gemma3": 4}
-
-
 def _merge(fields: dict[str, Any]) -> int:
+    """The merge the GGUF states, or 0 (its family's default then applies)."""
     for key in ("clip.vision.spatial_merge_size", "clip.vision.projector.scale_factor"):
         if key in fields:
             return int(fields[key])
-    return _DEFAULT_MERGE.get(str(fields.get("clip.projector_type", "mlp")), 1)
+    return 0
 
 
 def _frozen(value: object) -> object:
@@ -350,34 +307,6 @@ def read_image_newline(path: Path) -> np.ndarray:
     if tensor is None:
         raise ModelError(f"{path}: has no {IMAGE_NEWLINE_TENSOR} tensor; it is not a LLaVA-1.6 projector")
     return np.asarray(tensor.data, dtype=np.float32).reshape(-1).copy()
-
-
-def check_pair(text: TextModelFacts, projector: ProjectorFacts) -> None:
-    """The projector must be one edgevlm lays images out for, emitting vectors as wide as the
-    text model's embeddings."""
-    kind = projector.projector_type
-    if kind not in LLAVA_PROJECTORS and kind not in MTMD_VISION_PROJECTORS:
-        raise ModelError(f"{projector.path.name}: projector type '{kind}' takes no images in the "
-                         "llama.cpp edgevlm builds; pass a vision projector (mmproj) for this model")
-    wide = kind in DEEPSTACK_PROJECTORS and projector.projection_dim % text.n_embd == 0
-    if projector.projection_dim != text.n_embd and not wide:
-        raise ModelError(
-            f"{projector.path.name} projects to width {projector.projection_dim} but "
-            f"{text.path.name} has embedding width {text.n_embd}: they are not a pair"
-        )
-    archs = PROJECTOR_TEXT_ARCHS.get(kind)
-    projectors = TEXT_ARCH_PROJECTORS.get(text.architecture)
-    if (archs is not None and text.architecture not in archs) or (projectors is not None
-                                                                  and kind not in projectors):
-        wanted = (f"a {'/'.join(sorted(projectors))} projector" if projectors is not None
-                  else f"a {'/'.join(sorted(archs or ()))} text model")
-        raise ModelError(
-            f"{projector.path.name} is a {kind} projector and {text.path.name} a {text.architecture} "
-            f"text model: they are not a pair (this one needs {wanted}); pass the mmproj made "
-            "with this model"
-        )
-
-
 
 
 def _cached(path: Path, kind: type[_Facts], read: Any) -> _Facts:

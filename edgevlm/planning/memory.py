@@ -16,19 +16,15 @@ the library on shape-faithful GGUFs):
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from edgevlm.chat.checkpoints import checkpoint_ram_bytes
-from edgevlm.models.gguf import LLAVA_15_TILES, LLAVA_NEXT, LLAVA_PROJECTORS, ProjectorFacts, TextModelFacts
+from edgevlm.families import BlockCounter, family_for
+from edgevlm.models.gguf import ProjectorFacts, TextModelFacts
 from edgevlm.planning.split import DeviceShare, GpuBudget, LayerCosts, place
-from edgevlm.store.prefix_cache import RAM_BYTES as PREFIX_RAM_BYTES
-from edgevlm.vision.layout import ViewBudget
-from edgevlm.vision.llava_next import fit_next_grid, next_grid
-from edgevlm.vision.native import BlockCounter, NativeLayout
-from edgevlm.vision.registry import predicted_counter
-from edgevlm.vision.tiling import TurnCosts, even_share, page_room, plan_image, pooled_tokens
+from edgevlm.vision.layout import ImagePlan, ViewBudget
+from edgevlm.vision.tiling import LLAVA_15_TILES, TurnCosts, even_share, page_room, pooled_tokens
 from edgevlm.vision.video import MAX_WINDOW_FRAMES
 
 MIB = 1 << 20
@@ -58,6 +54,20 @@ PARALLEL_CTX = 4096
 MAX_IMAGES_PER_TURN = 64  # what `plan --images` accepts, and the most it counts
 
 
+def _nothing_kept(_one_checkpoint_bytes: int) -> int:
+    return 0
+
+
+@dataclass(frozen=True)
+class RamKeeps:
+    """What edgevlm keeps in RAM beside the model, as the composition root hands it to the
+    planner (the chat's checkpoint bounds, the prefix cache's RAM cap): the planner counts
+    them, and knows neither the chat nor the stores. The default keeps nothing."""
+
+    checkpoint_ram: Callable[[int], int] = _nothing_kept  # one chat's checkpoints, from one's bytes
+    prefix_ram_bytes: int = 0  # the image-prefix cache's RAM tier at most
+
+
 @dataclass(frozen=True)
 class Settings:
     """What the planner is asked to honour; None means 'choose for me'."""
@@ -77,6 +87,7 @@ class Settings:
     blocks: BlockCounter | None = None  # an mtmd family's image blocks as mtmd counts them
     swa_full: bool | None = None  # sliding-window models: keep the whole window cache; None: choose
     images_per_turn: int = 1  # the example photo planned as one of this many in one question
+    keeps: RamKeeps = RamKeeps()  # the checkpoints and prefixes kept in RAM (see RamKeeps)
 
 
 @dataclass(frozen=True)
@@ -122,7 +133,7 @@ class Breakdown:
     overhead: int
     margin: int
     recurrent: int = 0  # hybrid and recurrent models: their state, with the KV cache's layers
-    checkpoints: int = 0  # the chat's checkpoints of that state, in RAM (chat/checkpoints.py)
+    checkpoints: int = 0  # the chat's checkpoints of that state, in RAM (RamKeeps.checkpoint_ram)
 
     @property
     def kv(self) -> int:
@@ -172,7 +183,7 @@ class Plan:
     photo_grid: tuple[int, int] = (0, 0)  # what describe gives EXAMPLE_PHOTO (--pool auto)
     photo_pool: int = 1
     tile_size: int = 336
-    layout: str = LLAVA_15_TILES  # how the model is shown images (see vision/layout.py)
+    layout: str = LLAVA_15_TILES  # how the model is shown images (see families/)
     n_seq: int = 1  # parallel sequences (requests decoded together), each with n_ctx positions
     devices: tuple[DeviceShare, ...] = ()  # per device, when the model is spread over several
     tensor_split: tuple[float, ...] = ()  # what llama.cpp is told, in its device order
@@ -280,30 +291,17 @@ def _cell_bytes(text: TextModelFacts, type_k: str, type_v: str) -> float:
                              + text.head_dim_v * KV_BYTES_PER_ELEMENT[type_v])
 
 
-def window_cells(text: TextModelFacts, n_ctx: int, n_ubatch: int) -> int:
-    """Cells llama.cpp gives one sequence's sliding-window layers when their cache is not kept
-    whole: the window and one ubatch, padded to 256 (llama_kv_cache_iswa)."""
-    return _round_up(min(n_ctx, text.n_swa + n_ubatch), 256)
-
-
 def _windowed_cells(text: TextModelFacts, n_ctx: int, n_ubatch: int, n_seq: int, *,
                     swa_full: bool) -> int | None:
     """Every sequence's cells on the windowed layers, where the window cache is not kept whole."""
-    if swa_full or not text.n_swa_layers:
-        return None
-    return window_cells(text, n_ctx, n_ubatch) * n_seq
+    cells = text.memory.window_cells(n_ctx, n_ubatch, swa_full=swa_full)
+    return None if cells is None else cells * n_seq
 
 
-def checkpoint_bytes(text: TextModelFacts, n_ctx: int, n_ubatch: int, kv_type: str, *,
-                     swa_full: bool) -> int:
-    """One checkpoint of one sequence (chat/checkpoints.py): a hybrid's recurrent state, or a
-    sliding-window model's window where its cache is not kept whole (llama.cpp copies out only
-    the cells inside the window, n_swa of them, not the ubatch's room); 0 where the cache is cut."""
-    if text.memory_kind == "sliding-window":
-        if swa_full:
-            return 0
-        return int(_cell_bytes(text, kv_type, kv_type) * min(n_ctx, text.n_swa) * text.n_swa_layers)
-    return text.recurrent_state_bytes
+def checkpoint_bytes(text: TextModelFacts, n_ctx: int, kv_type: str, *, swa_full: bool) -> int:
+    """One checkpoint of one sequence (chat/checkpoints.py), as the model's memory kind says:
+    a hybrid's recurrent state, a window's cells where the window cache is not kept whole."""
+    return text.memory.checkpoint_bytes(_cell_bytes(text, kv_type, kv_type), n_ctx, swa_full=swa_full)
 
 
 def kv_bytes(text: TextModelFacts, n_ctx: int, type_k: str = "f16", type_v: str = "f16") -> int:
@@ -334,60 +332,12 @@ def compute_bytes(text: TextModelFacts, n_ctx: int, *, n_ubatch: int = 512, flas
     return int(4 * u * max(attention_phase, ffn_phase, output_phase))
 
 
-# mtmd reserves a dynamic-resolution projector's graph for an image of this many tokens a side
-# (clip.cpp's warmup sizes: Qwen-VL's set_warmup_n_tokens(46*46), LFM2's 256-token limit).
-WARMUP_TOKENS_PER_SIDE = {"qwen2vl_merger": 46, "qwen2.5vl_merger": 46, "qwen3vl_merger": 46, "lfm2": 16}
-
-
-def native_compute_bytes(projector: ProjectorFacts, *, flash_attn: bool) -> int:
-    """An mtmd family's vision graph, reserved at mtmd's warmup size: for windowed attention an
-    f32 patch-by-patch mask, alive throughout; then the larger of the f32 image with the patch
-    kernel's f16 columns (or the blocks' activations), and attention (scores without flash
-    attention, the mask's f16 copy with it). Measured on the test pairs: Qwen2.5-VL (8464
-    patches) within 5 %, Gemma 3, SmolVLM and LFM2 within 8 %."""
-    patch = projector.patch_size
-    per_side = WARMUP_TOKENS_PER_SIDE.get(projector.projector_type)
-    side = per_side * patch * projector.merge if per_side else projector.image_size
-    patches = (side // patch) ** 2
-    width, heads = projector.vision_width, max(projector.vision_heads, 1)
-    ff = projector.vision_ff or 4 * width
-    image, mask = 4 * 3 * side * side, 4 * patches * patches if projector.window_attention else 0
-    columns = 2 * patches * 3 * patch * patch
-    if flash_attn:
-        attention = 2 * patches * patches if projector.window_attention else 0
-    else:
-        attention = 4 * heads * patches * patches
-    activations = 4 * patches * (2 * ff + 1.6 * width)
-    projection = 8 * patches // max(projector.merge, 1) ** 2 * projector.projection_dim
-    # The image is freed once the patch kernel has run: attention's peak comes after it.
-    return int(mask + max(image + max(columns, activations, projection), attention))
-
-
-def clip_compute_bytes(projector: ProjectorFacts, *, flash_attn: bool) -> int:
-    """CLIP's graph for one view, allocated when the projector is initialised.
-
-    The peak is the encoder's (attention and FFN) or the projection MLP's into the text
-    model's width, whichever is larger: for ViT-L into a 7B they tie, but a narrow encoder
-    feeding a wider model peaks in the projection.
-    """
-    if projector.projector_type not in LLAVA_PROJECTORS:
-        return native_compute_bytes(projector, flash_attn=flash_attn)
-    positions = projector.tokens_per_image + 1  # patches + the class token
-    width, heads = projector.vision_width, projector.vision_heads
-    ff = projector.vision_ff or 4 * width
-    projection = 4 * positions * (2 * projector.projection_dim + 1.6 * width)
-    if flash_attn:
-        encoder = 4 * positions * (2 * ff + 1.6 * width)
-    else:
-        encoder = 4 * positions * positions * heads + 4 * positions * (ff + 1.6 * width)
-    return int(max(encoder, projection))
-
-
 def estimate(text: TextModelFacts, projector: ProjectorFacts, *, n_ctx: int, n_gpu_layers: int,
              type_k: str = "f16", type_v: str = "f16", flash_attn: bool = True,
              mmproj_on_gpu: bool = True, n_ubatch: int = 512, on_gpu: bool = True,
              overhead_bytes: int = CUDA_CONTEXT_BYTES,
-             margin_bytes: int = DEFAULT_MARGIN_BYTES, n_seq: int = 1, swa_full: bool = True) -> Breakdown:
+             margin_bytes: int = DEFAULT_MARGIN_BYTES, n_seq: int = 1, swa_full: bool = True,
+             keeps: RamKeeps = RamKeeps()) -> Breakdown:
     """Every component llama.cpp will allocate for these settings.
 
     n_seq sequences get n_ctx KV cells each; llama.cpp reserves the graph for all of them
@@ -397,7 +347,7 @@ def estimate(text: TextModelFacts, projector: ProjectorFacts, *, n_ctx: int, n_g
     it a window's worth, and the chat keeps checkpoints of that window in RAM.
     """
     window = _windowed_cells(text, n_ctx, n_ubatch, n_seq, swa_full=swa_full)
-    one_checkpoint = checkpoint_bytes(text, n_ctx, n_ubatch, type_k, swa_full=swa_full)
+    one_checkpoint = checkpoint_bytes(text, n_ctx, type_k, swa_full=swa_full)
     n_ctx *= n_seq
     n_layers = text.n_layer + 1
     gpu_layers = max(0, min(n_gpu_layers, n_layers)) if on_gpu else 0
@@ -422,12 +372,12 @@ def estimate(text: TextModelFacts, projector: ProjectorFacts, *, n_ctx: int, n_g
         compute_gpu=compute_gpu,
         compute_host=compute_host,
         mmproj=projector.weight_bytes,
-        mmproj_compute=clip_compute_bytes(projector, flash_attn=flash_attn),
+        mmproj_compute=family_for(projector).encoder_compute_bytes(projector, flash_attn=flash_attn),
         mmproj_on_gpu=clip_on_gpu,
         overhead=overhead_bytes if on_gpu else 0,
         margin=margin_bytes if on_gpu else 0,
         recurrent=text.recurrent_state_bytes * n_seq,
-        checkpoints=checkpoint_ram_bytes(one_checkpoint) * n_seq,
+        checkpoints=keeps.checkpoint_ram(one_checkpoint) * n_seq,
     )
 
 
@@ -452,7 +402,7 @@ def estimated_costs(projector: ProjectorFacts) -> TurnCosts:
 
 @dataclass(frozen=True)
 class TileCounts:
-    """What describe will do at one context size: the most tiles, and a 4K photo's grid."""
+    """What describe will do at one context size: the most tiles, and a 4K photo's plan."""
 
     max_tiles: int
     max_pooled_tiles: int
@@ -463,24 +413,52 @@ class TileCounts:
     photo_shown: tuple[int, int] = (0, 0)
 
 
+NO_TILES = TileCounts(0, 0, (0, 0), 1)  # not even the image's smallest view fits
+
+
+def _budget(costs: TurnCosts, projector: ProjectorFacts, room: int, *, pool: int | None) -> ViewBudget:
+    """A view budget from a turn's token costs, as the conversation makes one."""
+    return ViewBudget(room=room, tile_size=projector.image_size, view_tokens=costs.view_tokens,
+                      label_tokens=costs.label_tokens, whole_label_tokens=costs.whole_image_tokens, pool=pool)
+
+
+def _planned(projector: ProjectorFacts, blocks: BlockCounter | None, size: tuple[int, int],
+             budget: ViewBudget) -> tuple[ImagePlan, int] | None:
+    """The family's plan for an image of `size` and its block's tokens (None: it cannot fit)."""
+    layout = family_for(projector).layout(projector, blocks)
+    try:
+        plan = layout.plan(size, budget)
+    except ValueError:
+        return None
+    return plan, layout.block_tokens(plan, budget)
+
+
 def tiles_at(costs: TurnCosts, projector: ProjectorFacts, n_ctx: int, answer_tokens: int, *,
              blocks: BlockCounter | None = None, images: int = 1) -> TileCounts:
-    """The tiles describe's own arithmetic gives at this context (full and pooled, and
-    EXAMPLE_PHOTO, as one of `images` alike in one turn)."""
-    share = costs.share(n_ctx, answer_tokens, images)
-    if projector.projector_type not in LLAVA_PROJECTORS:
-        return _native_at(share, projector, blocks)
-    if share < costs.whole_image_tokens + costs.view_tokens:
-        return TileCounts(0, 0, (0, 0), 1)  # not even the global view fits
-    if projector.layout == LLAVA_NEXT:
-        return _next_tiles_at(share, projector)
-    photo = costs.plan(*EXAMPLE_PHOTO, n_ctx=n_ctx, answer_tokens=answer_tokens,
-                       tile_size=projector.image_size, pool=None, images=images)
-    tiles = photo.n_tiles * (pooled_tokens(costs.view_tokens, photo.pool) + costs.label_tokens)
-    return TileCounts(max_tiles=costs.max_tiles(n_ctx=n_ctx, answer_tokens=answer_tokens),
-                      max_pooled_tiles=costs.max_tiles(n_ctx=n_ctx, answer_tokens=answer_tokens, pool=2),
-                      photo_grid=photo.grid, photo_pool=photo.pool,
-                      photo_tokens=costs.whole_image_tokens + costs.view_tokens + tiles)
+    """What the family's layout gives at this context: its most tiles (whole and pooled), and
+    EXAMPLE_PHOTO's plan as one of `images` alike in one turn."""
+    room, share = costs.room(n_ctx, answer_tokens), costs.share(n_ctx, answer_tokens, images)
+    layout = family_for(projector).layout(projector, blocks)
+    if not layout.native and share < costs.whole_image_tokens + costs.view_tokens:
+        return NO_TILES  # not even the global view fits
+    found = _planned(projector, blocks, EXAMPLE_PHOTO, _budget(costs, projector, share, pool=None))
+    if found is None:
+        return NO_TILES
+    photo, tokens = found
+    return TileCounts(max_tiles=layout.most_tiles(_budget(costs, projector, room, pool=1)),
+                      max_pooled_tiles=layout.most_tiles(_budget(costs, projector, room, pool=2)),
+                      photo_grid=photo.grid, photo_pool=photo.pool, photo_tokens=tokens,
+                      photo_visual_tokens=_visual_tokens(photo), photo_shown=_shown(photo))
+
+
+def _visual_tokens(plan: ImagePlan) -> int:
+    """An mtmd family's plan counts its visual tokens apart from its markers (0 for others)."""
+    return int(getattr(plan, "visual_tokens", 0))
+
+
+def _shown(plan: ImagePlan) -> tuple[int, int]:
+    """The size an mtmd family's image is handed to mtmd at ((0, 0) for edgevlm's own layouts)."""
+    return tuple(getattr(plan, "size", (0, 0)))  # type: ignore[return-value]
 
 
 def video_frame_at(costs: TurnCosts, projector: ProjectorFacts, n_ctx: int, answer_tokens: int, *,
@@ -489,21 +467,23 @@ def video_frame_at(costs: TurnCosts, projector: ProjectorFacts, n_ctx: int, answ
     half the room; fewer frames a window where not all fit, see fit_frames): its visual tokens,
     the size it is shown at, and how many frames a window shows."""
     room = page_room(costs.room(n_ctx, answer_tokens))
+    layout = family_for(projector).layout(projector, blocks)
     floor = costs.whole_image_tokens + costs.view_tokens  # LLaVA's global view (mtmd's least is far less)
-    native = projector.projector_type not in LLAVA_PROJECTORS
-    frames = MAX_WINDOW_FRAMES if native else max(1, min(MAX_WINDOW_FRAMES, room // floor))
+    frames = MAX_WINDOW_FRAMES if layout.native else max(1, min(MAX_WINDOW_FRAMES, room // floor))
     share = even_share(room, frames)
-    if native:
-        frame = _native_at(share, projector, blocks, EXAMPLE_FRAME)
-        return frame.photo_visual_tokens, frame.photo_shown, frames
-    if share < costs.whole_image_tokens + costs.view_tokens:
+    if not layout.native and share < floor:
         return 0, (0, 0), 0
-    grid = plan_image(*EXAMPLE_FRAME, room=share, tile_size=projector.image_size,
-                      view_tokens=costs.view_tokens, label_tokens=costs.label_tokens,
-                      reserved_tokens=costs.whole_image_tokens, pool=None)
+    found = _planned(projector, blocks, EXAMPLE_FRAME, _budget(costs, projector, share, pool=None))
+    if found is None:
+        return 0, (0, 0), 0
+    frame, tokens = found
+    if layout.native:
+        return _visual_tokens(frame), _shown(frame), frames
     side = projector.image_size
-    return (costs.view_tokens + grid.n_tiles * pooled_tokens(costs.view_tokens, grid.pool),
-            (grid.grid[0] * side, grid.grid[1] * side) if grid.n_tiles else (side, side), frames)
+    # A packed layout's block is all rows; labelled tiles' labels are text, not visual tokens.
+    visual = tokens if layout.packed else costs.view_tokens + frame.n_tiles * pooled_tokens(costs.view_tokens,
+                                                                                              frame.pool)
+    return visual, ((frame.grid[0] * side, frame.grid[1] * side) if frame.n_tiles else (side, side)), frames
 
 
 def most_images_at(costs: TurnCosts, projector: ProjectorFacts, n_ctx: int, answer_tokens: int, *,
@@ -517,51 +497,6 @@ def most_images_at(costs: TurnCosts, projector: ProjectorFacts, n_ctx: int, answ
         middle = (low + high + 1) // 2
         low, high = (middle, high) if fits(middle) else (low, middle - 1)
     return low
-
-
-def _native_at(room: int, projector: ProjectorFacts, blocks: BlockCounter | None,
-               size: tuple[int, int] = EXAMPLE_PHOTO) -> TileCounts:
-    """An mtmd family: the 4K photo (or `size`) at the largest size whose block fits, counted by
-    the family's rule, or by mtmd itself where the files are here (`blocks`)."""
-    layout = NativeLayout(projector.projector_type, predicted_counter(projector, blocks))
-    try:
-        photo = layout.plan(size, ViewBudget(room=room, tile_size=projector.image_size,
-                                             view_tokens=projector.tokens_per_image))
-    except ValueError:
-        return TileCounts(0, 0, (0, 0), 1)
-    return TileCounts(0, 0, (0, 0), 1, photo_tokens=photo.tokens, photo_visual_tokens=photo.visual_tokens,
-                      photo_shown=photo.size)
-
-
-def _next_tiles_at(room: int, projector: ProjectorFacts) -> TileCounts:
-    """LLaVA-NeXT: the largest canvas that fits whatever the image (no padding to crop), and a 4K photo's."""
-    view, size = projector.tokens_per_image, projector.image_size
-
-    def most(pool: int) -> int:
-        side = math.isqrt(view) // pool
-        fitting = [next_grid(c, c, tile_size=size, side=side, pool=pool) for c in projector.grid_pinpoints]
-        return max((g.n_tiles for g in fitting if g.tokens(view) <= room), default=0)
-
-    photo = fit_next_grid(EXAMPLE_PHOTO, projector.grid_pinpoints, room=room, tile_size=size,
-                          view_tokens=view)
-    return TileCounts(max_tiles=most(1), max_pooled_tiles=most(2), photo_grid=photo.grid, photo_pool=1,
-                      photo_tokens=photo.tokens(view))
-
-
-def _layout_name(projector: ProjectorFacts) -> str:
-    native = projector.projector_type not in LLAVA_PROJECTORS
-    return f"mtmd-{projector.projector_type}" if native else projector.layout
-
-
-def memory_note(text: TextModelFacts) -> str:
-    """How the plan keeps a hybrid or recurrent model's memory, for the notes ("" for others: a
-    sliding window's comes with the planner's choice, swa_note)."""
-    kind = text.memory_kind
-    if kind in ("hybrid", "recurrent"):
-        return (f"{kind} memory: its recurrent state cannot be cut at a position, so the summary swap "
-                "goes back through checkpoints of it at turn boundaries (16 at most, a few KiB to MiB "
-                "each) and re-decodes only the text after them")
-    return ""
 
 
 def ubatch_for(projector: ProjectorFacts) -> int:
@@ -580,7 +515,7 @@ def ubatch_for(projector: ProjectorFacts) -> int:
 def swa_note(text: TextModelFacts, plan: Plan, other: Plan | None) -> str:
     """Why a sliding-window model's plan keeps its window cache whole or not, and at what cost
     (`other`: the plan the other way, where the planner weighed both)."""
-    head = f"sliding window of {text.n_swa} tokens on {text.n_swa_layers} of {text.n_layer} layers"
+    head = text.memory.note()
     b = plan.breakdown
     if plan.swa_full:
         why = "it costs no layers or context here" if other else "asked for with --swa-full"
@@ -632,10 +567,10 @@ def choose(text: TextModelFacts, projector: ProjectorFacts, device: MachineMemor
     image context; the projector leaves the GPU only when not even it fits (then the whole
     plan is a CPU plan). More VRAM never yields fewer layers or a smaller context.
     """
-    if text.memory_kind == "sliding-window":
+    if len(text.memory.cache_choices(None)) > 1:  # a window cache: kept whole, or a window's worth
         return _choose_swa_cache(text, projector, device, settings)
     plan = _choose_plain(text, projector, device, settings)
-    kept = memory_note(text)
+    kept = text.memory.note()
     notes = ((kept,) if kept else ()) + plan.notes
     if settings.swa_full is not None:
         flag = "--swa-full" if settings.swa_full else "--no-swa-full"
@@ -689,9 +624,9 @@ class _Planner:
         self.n_ubatch = settings.n_ubatch or ubatch_for(projector)
         self.costs = settings.costs or estimated_costs(projector)
         self.n_seq = settings.n_seq or 1
-        # Only a sliding-window model has a choice; a hybrid with a window uses checkpoints anyway.
-        swa = text.memory_kind == "sliding-window"
-        self.swa_full = swa and settings.swa_full is not False
+        # Only a sliding-window model has a choice (a hybrid with a window uses checkpoints anyway):
+        # the whole window cache unless told otherwise (_choose_swa_cache weighs both).
+        self.swa_full = text.memory.cache_choices(settings.swa_full)[0]
 
     def build(self, n_ctx: int, layers: int, kv: str, *, on_gpu: bool = True,
               notes: tuple[str, ...] = ()) -> Plan:
@@ -702,7 +637,7 @@ class _Planner:
         breakdown = estimate(self.text, self.projector, n_ctx=n_ctx, n_gpu_layers=layers, type_k=kv,
                              type_v=kv, flash_attn=fa, mmproj_on_gpu=clip_on_gpu, n_ubatch=self.n_ubatch,
                              on_gpu=gpu, overhead_bytes=s.overhead_bytes, margin_bytes=s.margin_bytes,
-                             n_seq=self.n_seq, swa_full=self.swa_full)
+                             n_seq=self.n_seq, swa_full=self.swa_full, keeps=s.keeps)
         tiles = tiles_at(self.costs, self.projector, n_ctx, s.answer_tokens, blocks=s.blocks,
                          images=s.images_per_turn)
         split = self.split(n_ctx, layers, kv, fa) if gpu and self.device.is_split else None
@@ -714,7 +649,8 @@ class _Planner:
             breakdown=breakdown, notes=notes, n_ubatch=self.n_ubatch, max_tiles=tiles.max_tiles,
             max_pooled_tiles=tiles.max_pooled_tiles, photo_grid=tiles.photo_grid,
             photo_pool=tiles.photo_pool, tile_size=self.projector.image_size,
-            layout=_layout_name(self.projector), n_seq=self.n_seq, memory=self.text.memory_kind,
+            layout=family_for(self.projector).layout(self.projector, s.blocks).name, n_seq=self.n_seq,
+            memory=self.text.memory.name.value,
             photo_visual_tokens=tiles.photo_visual_tokens, photo_shown=tiles.photo_shown,
             photo_prefix_bytes=prefix_bytes(self.text, self.costs.system_tokens + tiles.photo_tokens, kv),
             prefix_ram_bytes=self._prefix_ram(breakdown), swa_full=self.swa_full,
@@ -723,7 +659,7 @@ class _Planner:
     def _prefix_ram(self, breakdown: Breakdown) -> int:
         """The prefix cache's RAM tier: its cap, or less where the model leaves less RAM free."""
         spare = self.device.ram_free - breakdown.total_host - self.settings.margin_bytes
-        return max(0, min(PREFIX_RAM_BYTES, spare))
+        return max(0, min(self.settings.keeps.prefix_ram_bytes, spare))
 
     def projector_device(self) -> str | None:
         """--mmproj-device, or CPU when every device is an RPC worker (the projector stays on this
@@ -744,7 +680,8 @@ class _Planner:
                                          output_layer=False),
             compute_output=compute_bytes(self.text, total_ctx, n_ubatch=self.n_ubatch, flash_attn=fa),
             pipeline_inputs=min(self.n_ubatch, total_ctx) * (4 * self.text.n_embd + 2 * total_ctx),
-            mmproj=self.projector.weight_bytes + clip_compute_bytes(self.projector, flash_attn=fa),
+            mmproj=self.projector.weight_bytes + family_for(self.projector).encoder_compute_bytes(
+                self.projector, flash_attn=fa),
             driver_overhead=s.overhead_bytes, margin=s.margin_bytes)
         gpus, wanted = self.device.gpus, self.projector_device()
         local = [i for i, g in enumerate(gpus) if g.kind != "rpc"]
@@ -907,43 +844,6 @@ def _compute_check(plan: Plan, reported: tuple[tuple[str, str, float], ...]) -> 
                          and not device.endswith("_Host")))
     estimated = sum(d.compute for d in plan.devices) if plan.devices else b.compute_gpu
     return Check("compute", estimated, on_devices)
-
-
-# -- sizes on the command line -------------------------------------------------------------
-
-# Bare K/M/G/T are binary, as GPU makers and nvidia-smi use them; KB/MB/GB are decimal (SI).
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 1000, "m": MIB, "mib": MIB,
-          "mb": 1000**2, "g": GIB, "gib": GIB, "gb": 1000**3, "t": 1 << 40, "tib": 1 << 40,
-          "tb": 1000**4}
-
-
-def parse_parallel(text: str) -> int | None:
-    """--parallel: a count of sequences, or auto (None)."""
-    if text.strip().lower() == "auto":
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"must be auto or a number of sequences, not '{text}'") from None
-    if value < 1:
-        raise ValueError(f"must be at least 1, not {value}")
-    return value
-
-
-def parse_size(text: str) -> int:
-    """'8GiB', '8G', '8192MiB', '12gb' or plain bytes to bytes; ValueError with a reason if not."""
-    raw = text.strip().lower().replace(" ", "")
-    number = raw.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = raw[len(number):]
-    if unit not in _UNITS or not number:
-        raise ValueError(f"'{text}' is not a size: use e.g. 8GiB, 8G, 8192MiB or a number of bytes")
-    try:
-        value = float(number)
-    except ValueError:
-        raise ValueError(f"'{text}' is not a size: use e.g. 8GiB, 8G, 8192MiB or a number of bytes") from None
-    if value <= 0:
-        raise ValueError(f"'{text}' must be larger than zero")
-    return int(value * _UNITS[unit])
 
 
 def format_bytes(n: int) -> str:

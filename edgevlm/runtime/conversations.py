@@ -14,10 +14,10 @@ from edgevlm.chat.conversation import ChatSequence, Conversation
 from edgevlm.chat.prompts import PromptFormat
 from edgevlm.chat.structured import TEXT, OutputFormat
 from edgevlm.describe.describer import Describer
-from edgevlm.llama.types import Sampling
 from edgevlm.runtime.loading import Loaded
 from edgevlm.store.caches import CacheView, EmbeddingCache
 from edgevlm.store.prefix_cache import PrefixCache
+from edgevlm.values.sampling import Sampling
 from edgevlm.vision.layout import ImageLayout
 
 Encoder = EmbeddingCache | CacheView | None  # projector rows through a cache (None: CLIP each time)

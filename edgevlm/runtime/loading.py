@@ -10,23 +10,19 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
+from edgevlm.chat.checkpoints import checkpoint_ram_bytes
 from edgevlm.chat.conversation import DEFAULT_QUESTION, turn_costs
 from edgevlm.chat.prompts import PromptFormat, detect_format
 from edgevlm.chat.templates import format_from_template
 from edgevlm.errors import ConfigError, EdgeVLMError, ModelError
+from edgevlm.families import BlockCounter, check_pair, family_for, layout_for, read_projector
+from edgevlm.families.llava15 import LabelledTiles
 from edgevlm.llama.backends import add_rpc_servers, gpu_offload_supported, on_backend_abort, rpc_supported
 from edgevlm.llama.engine import Engine
-from edgevlm.llama.types import SPLIT_MODES, EngineConfig
+from edgevlm.llama.types import SPLIT_MODES, EngineConfig, serving_threads
 from edgevlm.llama.vocab import Vocab
 from edgevlm.models.catalog import ModelChoice, Preset, facts_from_shape, find_preset, resolve
-from edgevlm.models.gguf import (
-    LLAVA_PROJECTORS,
-    ProjectorFacts,
-    TextModelFacts,
-    check_pair,
-    read_projector,
-    read_text_model,
-)
+from edgevlm.models.gguf import ProjectorFacts, TextModelFacts, read_text_model
 from edgevlm.planning import devices
 from edgevlm.planning.memory import (
     KV_TYPES,
@@ -34,6 +30,7 @@ from edgevlm.planning.memory import (
     Check,
     MachineMemory,
     Plan,
+    RamKeeps,
     Settings,
     choose,
     compare,
@@ -44,11 +41,9 @@ from edgevlm.planning.memory import (
 from edgevlm.planning.split import GpuBudget
 from edgevlm.rpc import endpoints as rpc
 from edgevlm.store.caches import CacheView, EmbeddingCache, for_files, pair_identity
+from edgevlm.store.prefix_cache import RAM_BYTES as PREFIX_RAM_BYTES
 from edgevlm.store.prefix_cache import PrefixCache
 from edgevlm.vision.layout import ImageLayout
-from edgevlm.vision.llava15 import LabelledTiles
-from edgevlm.vision.native import BlockCounter
-from edgevlm.vision.registry import layout_for
 from edgevlm.vision.tiling import TurnCosts
 
 log = logging.getLogger("edgevlm")
@@ -56,6 +51,8 @@ log = logging.getLogger("edgevlm")
 MAX_PARALLEL = 16
 # A failed GPU load is retried once on a plan made for this share of the free VRAM.
 RETRY_VRAM_SHARE = 0.8
+# What the chat and the caches keep in RAM beside the model, for the planner to count.
+KEEPS = RamKeeps(checkpoint_ram=checkpoint_ram_bytes, prefix_ram_bytes=PREFIX_RAM_BYTES)
 
 
 @dataclass(frozen=True)
@@ -88,6 +85,15 @@ class ModelFlags:
     parallel: int | None = 1  # requests decoded together; None: the plan chooses
     placement: Placement = Placement()
     images_per_turn: int = 1  # the example photo as one of this many shown in one question
+
+
+def for_serving(flags: ModelFlags) -> ModelFlags:
+    """The flags as a server runs them: unless threads were given, a core is left to the event
+    loop while decoding on small machines (see serving_threads)."""
+    if flags.n_threads is not None:
+        return flags
+    decode_threads, prefill_threads = serving_threads()
+    return replace(flags, n_threads=decode_threads, n_threads_batch=prefill_threads)
 
 
 @dataclass(frozen=True)
@@ -216,13 +222,13 @@ def _settings(flags: ModelFlags, *, costs: TurnCosts | None, blocks: BlockCounte
                     flash_attn=flags.flash_attn, swa_full=flags.swa_full,
                     answer_tokens=flags.answer_tokens, costs=costs, n_seq=flags.parallel,
                     tensor_split=where.tensor_split, mmproj_device=where.mmproj_device, blocks=blocks,
-                    images_per_turn=flags.images_per_turn)
+                    images_per_turn=flags.images_per_turn, keeps=KEEPS)
 
 
 @contextlib.contextmanager
 def _mtmd_blocks(text: TextModelFacts, projector: ProjectorFacts) -> Iterator[BlockCounter | None]:
     """mtmd's own block counter for an mtmd family whose files are here (None otherwise)."""
-    if projector.projector_type in LLAVA_PROJECTORS or not (text.path.exists() and projector.path.exists()):
+    if not family_for(projector).native or not (text.path.exists() and projector.path.exists()):
         yield None
         return
     from edgevlm.llama.vision import block_counter
@@ -307,7 +313,7 @@ def prompt_format(choice: ModelChoice, text: TextModelFacts, projector: Projecto
     """The model's prompt format. mtmd families: their own chat template, rendered. The LLaVA
     family: the preset's format, else the hand-written one its template resembles (the LLaVA
     conversions mostly carry none, and were tuned on Vicuna's)."""
-    if projector.projector_type not in LLAVA_PROJECTORS and text.chat_template:
+    if family_for(projector).own_template and text.chat_template:
         own = format_from_template(text.chat_template, bos=text.bos_text, eos=text.eos_text,
                                    name=f"{text.architecture} template")
         if own is not None:

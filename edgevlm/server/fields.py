@@ -7,8 +7,8 @@ from dataclasses import replace
 
 from edgevlm.chat.structured import OutputFormat
 from edgevlm.errors import ConfigError
-from edgevlm.llama.types import Sampling
 from edgevlm.server.http import bad_request
+from edgevlm.values.sampling import Sampling
 from edgevlm.vision.tiling import POOL_CHOICES
 
 MAX_STOPS = 8

@@ -10,7 +10,6 @@ from pathlib import Path
 
 from edgevlm.chat.resent import ResentChat
 from edgevlm.errors import ConfigError
-from edgevlm.llama.types import Sampling
 from edgevlm.models.gguf import TextModelFacts
 from edgevlm.network import check_port, is_loopback
 from edgevlm.runtime.conversations import ChatSettings, slot_conversations
@@ -19,6 +18,7 @@ from edgevlm.server.app import create_app, run
 from edgevlm.server.scheduler import Scheduler
 from edgevlm.server.turns import ModelInfo, ServerState
 from edgevlm.store.caches import SummaryStore
+from edgevlm.values.sampling import Sampling
 
 
 @dataclass(frozen=True)

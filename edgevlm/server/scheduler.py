@@ -1,4 +1,4 @@
-"""Requests wait in a bounded FIFO and run on slots: one worker thread per llama.cpp sequence.
+"""Requests wait in a bounded FIFO and run on slots: one sequence worker per llama.cpp sequence.
 
 A job reports what happens as events on its own asyncio queue, so a route can stream them.
 Cancelling a job (a client that went away) makes its next piece or progress report raise
@@ -6,8 +6,9 @@ Interrupted, which the conversation turns into a clean stop within one decode st
 conversation then drops the turn's cells from its sequence. With several slots the engine's
 batcher decodes the running ones together (see llama/batcher.py).
 
-A slot with nothing to do summarises its answered images (idle work). A job for that slot
-stops the summary between two tokens, so no request waits for an earlier one's summary.
+A slot with nothing to do summarises its answered images (idle work, in its SequenceWorker,
+chat/worker.py). A job for that slot stops the summary between two tokens, so no request waits
+for an earlier one's summary.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 
 from edgevlm.chat.records import PrefillProgress, TurnStats
 from edgevlm.chat.resent import ChatTurn, ResentChat
+from edgevlm.chat.worker import SequenceWorker
 from edgevlm.errors import EdgeVLMError, Interrupted, one_line
 
 log = logging.getLogger("edgevlm.server")
@@ -100,8 +102,9 @@ class TurnJob:
             if isinstance(event, Answered | Failed):
                 return
 
-    def run(self, session: ResentChat) -> None:
-        """Answer the turn on the worker thread, reporting every step."""
+    def run(self, session: ResentChat, stop: Callable[[], None]) -> None:
+        """Answer the turn on the slot's worker thread, reporting every step; `stop` stops it
+        at its next step (the worker's cancel)."""
         if self.cancelled.is_set():
             self.emit(Failed(Interrupted("cancelled before it started")))
             return
@@ -111,7 +114,7 @@ class TurnJob:
         # but not while it waited for a slot: that wait is queue_s, reported apart, so
         # queue_s + ttft_s + decode time is the request's whole time.
         with self._running_lock:
-            self._stop_running = session.interrupt
+            self._stop_running = stop
         try:
             if self.cancelled.is_set():  # cancelled while it was being picked up
                 raise Interrupted("the client went away")
@@ -126,7 +129,6 @@ class TurnJob:
         finally:
             with self._running_lock:
                 self._stop_running = None
-            session.clear_interrupt()  # a cancel that came as the turn ended stops nothing later
 
     def _piece(self, text: str) -> None:
         if self.cancelled.is_set():
@@ -145,7 +147,7 @@ def _shut_out(job: TurnJob) -> None:
 
 
 class Scheduler:
-    """A bounded FIFO in front of one worker thread per slot; each slot owns a session on its
+    """A bounded FIFO in front of one sequence worker per slot; each slot owns a session on its
     own llama.cpp sequence, and the engine decodes the running slots together.
 
     Admission is FIFO: the oldest waiting job goes to the free slot whose cache already holds
@@ -161,16 +163,13 @@ class Scheduler:
         self.max_queue = max_queue  # checked on each submit (submits come from the one event loop)
         self._queue: queue.Queue[TurnJob | None] = queue.Queue()
         self._waiting = 0  # submitted, not yet given a slot
-        self._inboxes: list[queue.Queue[TurnJob | None]] = [queue.Queue() for _ in sessions]
         self._running: list[TurnJob | None] = [None] * len(sessions)
-        self._idle_work = [False] * len(sessions)  # a slot is summarising
         self._free = threading.Condition()
         self._closed = False
-        self._threads = [threading.Thread(target=self._dispatch, name="edgevlm-dispatch", daemon=True)]
-        self._threads += [threading.Thread(target=self._work, args=(slot,), name=f"edgevlm-slot{slot}",
-                                           daemon=True) for slot in range(len(sessions))]
-        for thread in self._threads:
-            thread.start()
+        self._workers = [SequenceWorker(session, name=f"edgevlm-slot{slot}", idle_grace_s=IDLE_GRACE_S)
+                         for slot, session in enumerate(sessions)]
+        self._dispatcher = threading.Thread(target=self._dispatch, name="edgevlm-dispatch", daemon=True)
+        self._dispatcher.start()
 
     @property
     def session(self) -> ResentChat:
@@ -209,9 +208,8 @@ class Scheduler:
     def drain(self, timeout_s: float = 120.0) -> None:
         """Wait until every queued job has run and the idle slots have made their summaries."""
         self._queue.join()
-        with self._free:
-            self._free.wait_for(lambda: not any(self._idle_work) and not any(
-                s.pending_summaries for s in self.sessions), timeout_s)
+        for worker in self._workers:
+            worker.wait_idle(timeout_s)
 
     def stop_accepting(self) -> None:
         """Refuse new jobs and fail those waiting (the routes answer 503); running ones go on."""
@@ -232,19 +230,17 @@ class Scheduler:
         for job in self._running:
             if job is not None:
                 job.cancel()
-        for session in self.sessions:
-            session.conversation.interrupt()
+        for worker in self._workers:
+            worker.cancel()
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Cancel what waits and what runs, and stop the workers."""
         self.stop_accepting()
         self.stop_running()
         self._queue.put(None)
-        for inbox in self._inboxes:
-            inbox.put(None)
-        deadline = time.monotonic() + timeout_s
-        for thread in self._threads:  # daemon threads: one stuck in llama.cpp cannot hold the exit
-            thread.join(max(deadline - time.monotonic(), 0.0))
+        self._dispatcher.join(timeout_s)
+        for worker in self._workers:
+            worker.close(timeout_s)
 
     def _dispatch(self) -> None:
         while (job := self._queue.get()) is not None:
@@ -258,10 +254,8 @@ class Scheduler:
                 slot = self._best_slot(job)
                 self._running[slot] = job
                 self._waiting -= 1
-                # Stop the slot's summary, if it is making one; the worker clears this once it
-                # has the job, so the flag is always set before and cleared after the hand-over.
-                self.sessions[slot].conversation.interrupt()
-            self._inboxes[slot].put(job)
+            # The slot's worker stops its summary, if it is making one, and runs the job next.
+            self._workers[slot].submit(lambda slot=slot, job=job: self._work(slot, job))
         self._queue.task_done()
 
     def _best_slot(self, job: TurnJob) -> int:
@@ -270,40 +264,11 @@ class Scheduler:
         return max(free, key=lambda i: (self.sessions[i].shared_turns(job.turn),
                                         -self.sessions[i].conversation.kv_tokens))
 
-    def _work(self, slot: int) -> None:
-        session = self.sessions[slot]
-        while (job := self._next_job(slot)) is not None:
-            try:
-                job.run(session)
-            finally:
-                with self._free:
-                    self._running[slot] = None
-                    self._free.notify_all()
-                self._queue.task_done()
-
-    def _next_job(self, slot: int) -> TurnJob | None:
-        """The slot's next job; until it comes, the slot's answered images are summarised."""
-        inbox, session = self._inboxes[slot], self.sessions[slot]
-        if session.pending_summaries and not self._closed:
-            try:  # a client that asks again at once finds the slot free, not mid-summary
-                job = inbox.get(timeout=IDLE_GRACE_S)
-                session.conversation.clear_interrupt()
-                return job
-            except queue.Empty:
-                pass
-        with self._free:
-            self._idle_work[slot] = bool(session.pending_summaries) and not self._closed
+    def _work(self, slot: int, job: TurnJob) -> None:
         try:
-            if self._idle_work[slot] and inbox.empty():
-                session.summarise_pending()
-        except Interrupted:
-            pass  # a job (or the shutdown) came: the image stays live for now
-        except Exception as exc:  # never lose the worker: the next job settles the summary itself
-            log.warning("a summary failed: %s", one_line(exc))
+            job.run(self.sessions[slot], self._workers[slot].cancel)
         finally:
             with self._free:
-                self._idle_work[slot] = False
+                self._running[slot] = None
                 self._free.notify_all()
-        job = inbox.get()
-        session.conversation.clear_interrupt()
-        return job
+            self._queue.task_done()

@@ -20,10 +20,10 @@ from typing import Generic, TypeVar
 import numpy as np
 from PIL import Image
 
-from edgevlm.llama.types import ImageBlock, ImageEmbedding
 from edgevlm.paths import cache_dir
 from edgevlm.store.files import CappedFolder, write_atomically
 from edgevlm.store.lru import BytesLru
+from edgevlm.values.embedding import ImageBlock, ImageEmbedding
 
 log = logging.getLogger("edgevlm")
 RAM_BYTES = 1 << 30  # 1 GiB of projector rows: ~100 LLaVA-1.5-7B views, thousands for small models

@@ -3,7 +3,7 @@
 For an image and a token budget a layout answers: the views to encode, the steps that put
 them in the cache (labels and views in order, or all views packed into one block of rows),
 the visual tokens, and the plan (grid, canvas, pooling) that describe and serve report.
-Adding a family is adding a file here with one class that has these methods.
+Each family (edgevlm/families/) makes its layout; the conversation and the planner ask only this.
 
 Pure: nothing here imports llama_cpp.
 """
@@ -17,6 +17,8 @@ from typing import Protocol
 import numpy as np
 from PIL import Image
 
+from edgevlm.vision.images import clock
+
 
 @dataclass(frozen=True)
 class ViewBudget:
@@ -29,6 +31,45 @@ class ViewBudget:
     whole_label_tokens: int = 0  # the label before the whole-image view
     pool: int | None = 1  # 1 or 2; None: pool only when it buys a larger grid
     max_tiles: int | None = None  # None: as many as fit; 0: the global view only
+
+
+@dataclass(frozen=True)
+class FrameScaffold:
+    """How a family is shown a video's frames: the text before the first, before each, and after
+    the last (format fields: {n} frames, {duration} H:MM:SS, {clock} m:ss, {mmss} MM:SS)."""
+
+    label: str
+    intro: str = ""
+    outro: str = ""
+
+    def labels(self, times_s: Sequence[float], duration_s: float) -> list[str]:
+        """The text before each frame, the intro before the first."""
+        intro = self.intro.format(n=len(times_s), duration=_hms(duration_s))
+        return [(intro if slot == 0 else "") + self.label.format(clock=clock(t), mmss=_mmss(t))
+                for slot, t in enumerate(times_s)]
+
+
+# Frames as images, each after its time on its own line: what a family without a video prompt
+# of its own is shown (LLaVA, Gemma 3, Qwen-VL as edgevlm shows them: one image per frame).
+TIMED_FRAMES = FrameScaffold(label="\nFrame at {clock}: ")
+
+
+def _hms(seconds: float) -> str:
+    whole = int(seconds)
+    return f"{whole // 3600}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
+
+
+def _mmss(seconds: float) -> str:
+    return f"{int(seconds // 60):02d}:{int(seconds % 60):02d}"
+
+
+class BlockTooLarge(ValueError):
+    """Even the smallest size of an image takes more tokens than the turn has room for."""
+
+    def __init__(self, tokens: int, room: int) -> None:
+        super().__init__(f"even its smallest size takes {tokens} tokens, more than the "
+                         f"{max(room, 0)} left for it")
+        self.tokens, self.room = tokens, room
 
 
 class ImagePlan(Protocol):
@@ -61,9 +102,10 @@ class BlockStep:
 class ImageLayout(Protocol):
     """How one model family is shown an image."""
 
-    name: str  # models.gguf's layout name (llava-1.5-tiles, llava-next)
+    name: str  # the layout's name in stats and plans (llava-1.5-tiles, llava-next, mtmd-gemma3)
     packed: bool  # True: every view's rows are packed into one block (pack); False: step by step
     native: bool  # True: mtmd lays each view out for its family (markers, slices, positions)
+    frames: FrameScaffold  # how the family is shown a video's frames
 
     def label_texts(self) -> tuple[str, str]:
         """The label before the whole-image view and the widest label between views ("" for none):
@@ -88,4 +130,8 @@ class ImageLayout(Protocol):
 
     def block_tokens(self, plan: ImagePlan, budget: ViewBudget) -> int:
         """The image block's tokens (an upper bound where labels are counted at their widest)."""
+        ...
+
+    def most_tiles(self, budget: ViewBudget) -> int:
+        """The most tiles any image gets within the budget (0 for a layout without tiles)."""
         ...

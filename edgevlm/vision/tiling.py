@@ -1,4 +1,6 @@
-"""AnyRes tiling: a global view plus labelled local tiles, sized to the context budget.
+"""AnyRes tiling: a global view plus labelled local tiles, sized to the context budget (edgevlm's
+own layout for the LLaVA-1.5 family, families/llava15.py), and the room arithmetic of an image
+turn that the conversation and the planner share.
 
 Pure: Pillow and numpy only, no llama imports.
 """
@@ -10,9 +12,9 @@ from dataclasses import dataclass, replace
 
 from PIL import Image
 
-from edgevlm.models.gguf import LLAVA_15_TILES
 from edgevlm.vision.images import MEAN_RGB, resize_view
 
+LLAVA_15_TILES = "llava-1.5-tiles"  # the layout's name in stats and plans
 # Past about a dozen tiles a frozen LLaVA-1.5 gains little and the prompt outgrows its training.
 MAX_AUTO_TILES = 12
 # Pooled tiles cost a quarter of the tokens, so a few more fit the same prompt length (5x3).
@@ -206,24 +208,6 @@ class TurnCosts:
         label_cost = sum(labels[:images]) + max(labels, default=0) * max(images - len(labels), 0)
         return even_share(self.room(n_ctx, answer_tokens) - label_cost, images)
 
-    def plan(self, width: int, height: int, *, n_ctx: int, answer_tokens: int, tile_size: int,
-             pool: int | None = 1, max_tiles: int | None = None, images: int = 1) -> TilePlan:
-        """The grid for a width x height image in a fresh turn at this context size (one of
-        `images` alike shown together)."""
-        return plan_image(width, height, room=self.share(n_ctx, answer_tokens, images), tile_size=tile_size,
-                          view_tokens=self.view_tokens, label_tokens=self.label_tokens,
-                          reserved_tokens=self.whole_image_tokens, pool=pool, max_tiles=max_tiles)
-
-    def max_tiles(self, *, n_ctx: int, answer_tokens: int, pool: int = 1) -> int:
-        """The most tiles any image can get at this context size, at one pooling factor."""
-        if pooled_tokens(self.view_tokens, pool) == 0:
-            return 0  # this projector's grid cannot be pooled that way
-        return max_tiles_for_budget(
-            n_ctx=self.room(n_ctx, answer_tokens), reserved_tokens=self.whole_image_tokens,
-            global_tokens=self.view_tokens,
-            tokens_per_tile=pooled_tokens(self.view_tokens, pool) + self.label_tokens,
-            cap=MAX_AUTO_TILES if pool == 1 else MAX_POOLED_TILES)
-
 
 def page_room(room: int) -> int:
     """A document's page (a video's window) gets half the room, so that a question over the
@@ -236,24 +220,6 @@ def even_share(room: int, images: int) -> int:
     """Each image's first share of a turn's room: an even split (what one image does not need
     goes to the others afterwards; see Conversation._fit)."""
     return room // max(images, 1)
-
-
-def parse_tiles(value: str) -> int | None:
-    """'auto' (None), '0' or a positive number of tiles; ValueError says what is accepted."""
-    if value.strip() == "auto":
-        return None
-    if not value.strip().isdigit():
-        raise ValueError(f"must be auto, 0 or a positive number, not '{value}'")
-    return int(value)
-
-
-def parse_pool(value: str) -> int | None:
-    """'auto' (None), '1' or '2'; ValueError says what is accepted."""
-    if value.strip() == "auto":
-        return None
-    if value.strip() not in {str(p) for p in POOL_CHOICES}:
-        raise ValueError(f"must be {', '.join(map(str, POOL_CHOICES))} or auto, not '{value}'")
-    return int(value)
 
 
 def useful_pixels(tile_size: int) -> int:

@@ -19,6 +19,7 @@ from PIL import Image
 
 from edgevlm.errors import ConfigError, ImageError, one_line
 from edgevlm.vision.images import MAX_PIXELS_ENV, LoadedImage, check_readable, clock, max_pixels, to_rgb
+from edgevlm.vision.layout import FrameScaffold
 
 VIDEO_SUFFIXES = frozenset({".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi"})
 DEFAULT_FPS = 1.0  # frames sampled per second, unless a family or the user says otherwise
@@ -230,51 +231,9 @@ def fit_frames(frames: Sequence[LoadedImage], room: int, floor: int) -> tuple[li
     return [frames[k] for k in picks], max(room // n, 1)
 
 
-@dataclass(frozen=True)
-class FrameScaffold:
-    """How a family is shown a video's frames: the text before the first, before each, and after
-    the last (format fields: {n} frames, {duration} H:MM:SS, {clock} m:ss, {mmss} MM:SS)."""
-
-    label: str
-    intro: str = ""
-    outro: str = ""
-
-    def labels(self, times_s: Sequence[float], duration_s: float) -> list[str]:
-        """The text before each frame, the intro before the first."""
-        intro = self.intro.format(n=len(times_s), duration=_hms(duration_s))
-        return [(intro if slot == 0 else "") + self.label.format(clock=clock(t), mmss=_mmss(t))
-                for slot, t in enumerate(times_s)]
-
-
-# Frames as images, each after its time on its own line (LLaVA, Gemma 3, Qwen-VL as edgevlm
-# shows them today: one image per frame, not Qwen's merged frame pairs).
-TIMED_FRAMES = FrameScaffold(label="\nFrame at {clock}: ")
-# SmolVLM2's own, from transformers' SmolVLM processor (DEFAULT_VIDEO_INTRO,
-# FRAME_TIMESTAMP_MESSAGE, DEFAULT_MEDIA_OUTTRO): the duration as H:MM:SS, each frame after
-# "Frame from MM:SS:", two newlines after the last.
-SMOLVLM_FRAMES = FrameScaffold(
-    intro="You are provided the following series of {n} frames from a {duration} [H:MM:SS] video.\n",
-    label="\nFrame from {mmss}:", outro="\n\n")
-_SCAFFOLDS = {"mtmd-idefics3": SMOLVLM_FRAMES}
-
-
-def scaffold_for(layout_name: str) -> FrameScaffold:
-    """The family's way of showing frames (by its layout's name), else TIMED_FRAMES."""
-    return _SCAFFOLDS.get(layout_name, TIMED_FRAMES)
-
-
-def frame_labels(layout_name: str, frames: Sequence[LoadedImage], duration_s: float) -> list[str]:
+def frame_labels(scaffold: FrameScaffold, frames: Sequence[LoadedImage], duration_s: float) -> list[str]:
     """The text before each of a window's frames, in the family's way (see FrameScaffold)."""
-    return scaffold_for(layout_name).labels([frame.time_s or 0.0 for frame in frames], duration_s)
-
-
-def _hms(seconds: float) -> str:
-    whole = int(seconds)
-    return f"{whole // 3600}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
-
-
-def _mmss(seconds: float) -> str:
-    return f"{int(seconds // 60):02d}:{int(seconds % 60):02d}"
+    return scaffold.labels([frame.time_s or 0.0 for frame in frames], duration_s)
 
 
 def read_video_bytes(data: bytes, name: str, *, useful_pixels: int | None = None,

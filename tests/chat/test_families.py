@@ -12,12 +12,12 @@ from PIL import Image
 
 from edgevlm.chat.conversation import Conversation
 from edgevlm.chat.prompts import CHATML
+from edgevlm.families import layout_for, read_projector
+from edgevlm.families.mtmd import NativeLayout
+from edgevlm.families.qwen_vl import qwen_vl_grid
 from edgevlm.llama.engine import Engine
-from edgevlm.llama.types import Sampling
-from edgevlm.models.gguf import read_projector
+from edgevlm.values.sampling import Sampling
 from edgevlm.vision.images import LoadedImage
-from edgevlm.vision.native import NativeLayout, qwen_vl_grid
-from edgevlm.vision.registry import layout_for
 
 from ..conftest import make_engine
 

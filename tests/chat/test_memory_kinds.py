@@ -16,14 +16,14 @@ from PIL import Image
 from edgevlm.chat.conversation import Conversation
 from edgevlm.chat.records import Segment
 from edgevlm.errors import Interrupted
+from edgevlm.families import layout_for, read_projector
 from edgevlm.llama.engine import Engine
 from edgevlm.llama.sequence import EngineSequence
-from edgevlm.llama.types import Sampling
 from edgevlm.models.catalog import resolve
-from edgevlm.models.gguf import TextModelFacts, read_projector, read_text_model
+from edgevlm.models.gguf import TextModelFacts, read_text_model
 from edgevlm.runtime.loading import prompt_format
+from edgevlm.values.sampling import Sampling
 from edgevlm.vision.images import LoadedImage
-from edgevlm.vision.registry import layout_for
 
 from ..conftest import make_engine
 
@@ -78,7 +78,7 @@ def _next_logits(sequence: EngineSequence, segments: list[Segment], probe: list[
 def test_ten_image_turns_equal_a_fresh_prefill_after_every_turn(pair: tuple[str, Engine, Engine],
                                                                 test_models: dict[str, Path]) -> None:
     family, engine, fresh = pair
-    assert engine.memory.name == KINDS[family]
+    assert engine.memory.name.value == KINDS[family]
     chat = _chat(family, engine, test_models)
     probe = chat.sequence.tokenize(" And now?")
     work = []
@@ -97,9 +97,9 @@ def test_ten_image_turns_equal_a_fresh_prefill_after_every_turn(pair: tuple[str,
     assert chat.kv_positions > 200 and "image" not in [s.kind for s in chat.segments]
     # No re-processing: turn 10 decodes (its own prefill, then its image's swap) what turn 2 did.
     assert work[9] <= 1.5 * work[1], work
-    if not engine.memory.can_cut:  # the hybrid, and the window cache
+    if not engine.memory.can_cut(swa_full=engine.swa_full):  # the hybrid, and the window cache
         assert 0 < len(chat.checkpoints) <= 16 and chat.checkpoints.nbytes < 1 << 20
-    if family == "gemma" and not engine.memory.swa_full:  # the window cache did move on
+    if family == "gemma" and not engine.swa_full:  # the window cache did move on
         assert chat.kv_positions > 256 + engine.n_swa
 
 
@@ -158,14 +158,15 @@ def test_the_plan_counts_the_recurrent_state_and_its_checkpoints(pair: tuple[str
     framing); the plan keeps it with the KV cache and 16 copies in RAM."""
     from edgevlm.chat.checkpoints import MAX_CHECKPOINTS
     from edgevlm.planning.memory import estimate
+    from edgevlm.runtime.loading import KEEPS
 
     family, engine, _ = pair
     text = read_text_model(test_models[f"{family}_text"])
-    if engine.memory.n_swa and not engine.memory.swa_full:  # a checkpoint: the window layers' cells
+    if engine.n_swa and not engine.swa_full:  # a checkpoint: the window layers' cells
         _check_the_window_checkpoint(engine, text)
         return
     breakdown = estimate(text, read_projector(test_models[f"{family}_mmproj"]), n_ctx=2048, n_gpu_layers=0,
-                         on_gpu=False)
+                         on_gpu=False, keeps=KEEPS)
     if family != "lfm2":
         assert text.recurrent_state_bytes == breakdown.recurrent == breakdown.checkpoints == 0
         return
@@ -188,7 +189,7 @@ def _check_the_window_checkpoint(engine: Engine, text: TextModelFacts) -> None:
     sequence.truncate(0)
     sequence.eval_text(sequence.tokenize(" ".join(["the red square"] * 150)))
     assert sequence.n_past > 256
-    counted = checkpoint_bytes(text, 2048, engine.n_ubatch, "f16", swa_full=False)
+    counted = checkpoint_bytes(text, 2048, "f16", swa_full=False)
     assert counted == 64 * 2 * (16 + 16) * 2  # cells x KV heads x (K + V head dims) x f16
     saved = sequence.save_partial().nbytes
     assert counted <= saved <= 1.15 * counted

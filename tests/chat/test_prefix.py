@@ -15,10 +15,10 @@ from edgevlm.chat.conversation import Conversation
 from edgevlm.chat.prompts import CHATML
 from edgevlm.llama.sampling import TokenPicker
 from edgevlm.llama.sequence import EngineSequence
-from edgevlm.llama.types import Sampling
 from edgevlm.models.gguf import read_text_model
 from edgevlm.planning.memory import kv_bytes
 from edgevlm.store.prefix_cache import ENTRIES, PrefixCache
+from edgevlm.values.sampling import Sampling
 from edgevlm.vision.images import LoadedImage
 
 QUESTION = "What is in the picture?"

@@ -72,8 +72,9 @@ def test_a_template_that_cannot_be_followed_turn_by_turn_is_refused() -> None:
 
 
 def test_the_qwen_test_model_is_prompted_with_its_own_template(test_models: dict[str, Path]) -> None:
+    from edgevlm.families import read_projector
     from edgevlm.models.catalog import resolve
-    from edgevlm.models.gguf import read_projector, read_text_model
+    from edgevlm.models.gguf import read_text_model
     from edgevlm.runtime.loading import prompt_format
 
     writers = load_script("make_test_models")

@@ -11,7 +11,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from edgevlm.cli import options as opt
 from edgevlm.cli.app import app
+
+MIB, GIB = 1 << 20, 1 << 30
 
 runner = CliRunner()
 
@@ -254,3 +257,16 @@ def test_help_shows_whole_summaries_and_the_chat_commands() -> None:
     assert "0, the default" in " ".join(chat_help.split())  # one temperature rule, said once
     plan_help = _run("plan", "--help").stdout
     assert "edgevlm plan --parallel" not in plan_help
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("8GiB", 8 * GIB), ("8G", 8 * GIB), ("8192MiB", 8 * GIB), ("12gb", 12 * 10**9), ("1000", 1000),
+    ("1.5GiB", 3 * GIB // 2), ("512M", 512 * MIB), ("512MB", 512 * 10**6), ("64k", 65536), ("64KB", 64000)])
+def test_parse_size(text: str, expected: int) -> None:
+    assert opt.parse_size(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["", "eight", "8XB", "-1G", "0"])
+def test_parse_size_rejects(bad: str) -> None:
+    with pytest.raises(ValueError, match="size|larger than zero"):
+        opt.parse_size(bad)

@@ -13,10 +13,11 @@ from PIL import Image
 from edgevlm.chat.prompts import CHATML
 from edgevlm.describe.describer import DescribeEvent, ImageDone, ImageStarted, describe_images
 from edgevlm.describe.folders import plan_targets, with_parts
+from edgevlm.families import layout_for, read_projector
+from edgevlm.families.smolvlm import SMOLVLM_FRAMES
 from edgevlm.llama.engine import Engine
-from edgevlm.models.gguf import read_projector
-from edgevlm.vision.registry import layout_for
-from edgevlm.vision.video import SMOLVLM_FRAMES, TIMED_FRAMES, VideoWindow
+from edgevlm.vision.layout import TIMED_FRAMES
+from edgevlm.vision.video import VideoWindow
 
 from ..conftest import make_describer, make_engine
 from ..vision.test_video import write_clip

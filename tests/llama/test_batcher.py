@@ -25,7 +25,8 @@ from edgevlm.chat.conversation import Conversation
 from edgevlm.chat.prompts import detect_format
 from edgevlm.errors import Interrupted
 from edgevlm.llama.engine import Engine
-from edgevlm.llama.types import EngineConfig, Sampling
+from edgevlm.llama.types import EngineConfig
+from edgevlm.values.sampling import Sampling
 from edgevlm.vision.images import load_image
 
 from ..conftest import TEXT_MODEL

@@ -11,7 +11,7 @@ from PIL import Image
 from edgevlm.errors import ContextOverflowError, EngineError
 from edgevlm.llama.engine import Engine
 from edgevlm.llama.sequence import EngineSequence
-from edgevlm.llama.types import Sampling
+from edgevlm.values.sampling import Sampling
 
 from ..conftest import one_sequence
 

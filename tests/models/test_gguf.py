@@ -9,7 +9,8 @@ import pytest
 from PIL import Image
 
 from edgevlm.errors import ModelError
-from edgevlm.models.gguf import check_pair, read_projector, read_text_model
+from edgevlm.families import check_pair, read_projector
+from edgevlm.models.gguf import read_text_model
 
 from ..conftest import load_script, run_cli
 

@@ -8,30 +8,37 @@ from pathlib import Path
 
 import pytest
 
+from edgevlm.families import read_projector
+from edgevlm.families.llava15 import clip_compute_bytes
 from edgevlm.llama.engine import Engine
 from edgevlm.llama.types import EngineConfig
-from edgevlm.models.gguf import ProjectorFacts, TextModelFacts, read_projector, read_text_model
+from edgevlm.models.gguf import ProjectorFacts, TextModelFacts, read_text_model
 from edgevlm.planning.memory import (
     GIB,
     MIB,
     MachineMemory,
+    Plan,
     Settings,
-    choose,
-    clip_compute_bytes,
     compare,
     compute_bytes,
     estimate,
     kv_bytes,
     kv_bytes_per_layer,
-    parse_size,
     ubatch_for,
     weights_on_gpu,
     weights_on_host,
-    window_cells,
 )
+from edgevlm.planning.memory import choose as _choose
+from edgevlm.runtime.loading import KEEPS
 from edgevlm.store.prefix_cache import RAM_BYTES as PREFIX_RAM_BYTES
 
 from ..conftest import load_script, run_cli
+
+
+def choose(text: TextModelFacts, projector: ProjectorFacts, device: MachineMemory,
+           settings: Settings | None = None) -> Plan:
+    """The planner as the composition root calls it: handed what the chat and caches keep."""
+    return _choose(text, projector, device, dataclasses.replace(settings or Settings(), keeps=KEEPS))
 
 _writers = load_script("make_test_models")
 LLAVA_7B, LLAVA_7B_GQA = _writers.LLAVA_7B, _writers.LLAVA_7B_GQA
@@ -108,19 +115,6 @@ def test_clip_compute_for_vit_l(shapes: dict[str, Path]) -> None:
     projector = read_projector(shapes["mmproj"])
     assert 20 * MIB < clip_compute_bytes(projector, flash_attn=True) < 34 * MIB
     assert 20 * MIB < clip_compute_bytes(projector, flash_attn=False) < 34 * MIB
-
-
-@pytest.mark.parametrize(("text", "expected"), [
-    ("8GiB", 8 * GIB), ("8G", 8 * GIB), ("8192MiB", 8 * GIB), ("12gb", 12 * 10**9), ("1000", 1000),
-    ("1.5GiB", 3 * GIB // 2), ("512M", 512 * MIB), ("512MB", 512 * 10**6), ("64k", 65536), ("64KB", 64000)])
-def test_parse_size(text: str, expected: int) -> None:
-    assert parse_size(text) == expected
-
-
-@pytest.mark.parametrize("bad", ["", "eight", "8XB", "-1G", "0"])
-def test_parse_size_rejects(bad: str) -> None:
-    with pytest.raises(ValueError, match="size|larger than zero"):
-        parse_size(bad)
 
 
 # -- decisions -----------------------------------------------------------------------------
@@ -375,7 +369,9 @@ def test_a_window_cache_is_counted_on_the_windowed_layers_only(test_models: dict
     # 5 global layers at 32768 cells and 29 windowed ones at 1536, 4 KiB a cell and layer.
     assert whole * 34 == 34 * 32768 * 4096
     assert window * 34 == pytest.approx((5 * 32768 + 29 * 1536) * 4096, rel=1e-6)
-    assert window_cells(gemma, 32768, 512) == 1536 and window_cells(gemma, 1024, 512) == 1024
+    assert gemma.memory.window_cells(32768, 512, swa_full=False) == 1536
+    assert gemma.memory.window_cells(1024, 512, swa_full=False) == 1024
+    assert gemma.memory.window_cells(32768, 512, swa_full=True) is None
 
 
 def test_the_planner_keeps_the_window_whole_only_where_it_costs_nothing(test_models: dict[str, Path]) -> None:
@@ -415,7 +411,7 @@ def test_the_window_estimate_matches_llama_cpp(test_models: dict[str, Path]) -> 
                   Settings(n_ctx=4096, swa_full=False))
     with Engine(EngineConfig(text_path, mmproj_path, n_ctx=4096, n_gpu_layers=0, n_batch=plan.n_ubatch,
                              n_ubatch=plan.n_ubatch, swa_full=plan.swa_full)) as engine:
-        assert not engine.memory.swa_full and not engine.memory.can_cut
+        assert not engine.swa_full and not engine.memory.can_cut(swa_full=engine.swa_full)
         checks = {c.component: c for c in compare(plan, engine.reported_buffers)}
     assert abs(checks["kv"].error) <= 0.01, checks["kv"]
     whole = choose(text, projector, MachineMemory(vram_free=None, ram_free=16 * GIB),

@@ -8,11 +8,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edgevlm.models.gguf import ProjectorFacts, TextModelFacts, read_projector, read_text_model
-from edgevlm.planning.memory import GIB, MachineMemory, Settings, choose, several
+from edgevlm.families import read_projector
+from edgevlm.models.gguf import ProjectorFacts, TextModelFacts, read_text_model
+from edgevlm.planning.memory import GIB, MachineMemory, Settings, several
 from edgevlm.planning.split import GpuBudget, layer_devices, split_points
 
 from ..conftest import load_script, run_cli
+from .test_memory import choose
 
 _writers = load_script("make_test_models")
 

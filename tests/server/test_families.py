@@ -77,7 +77,8 @@ def test_a_resent_history_on_checkpointed_memory_reuses_its_cache(
         loaded = load(ModelFlags(model=str(test_models[f"{family}_text"]),
                                  mmproj=str(test_models[f"{family}_mmproj"]), n_ctx=4096, n_gpu_layers=0,
                                  answer_tokens=8, swa_full=False))
-        assert loaded.engine.memory.name == kind and not loaded.engine.memory.can_cut
+        assert loaded.engine.memory.name.value == kind
+        assert not loaded.engine.memory.can_cut(swa_full=loaded.engine.swa_full)
         state = build_state(loaded, ServeSettings(max_tokens=8, max_queue=4, cache=False))
         with serving(state) as url:
             client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)

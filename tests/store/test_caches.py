@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from edgevlm.llama.types import ImageBlock, ImageEmbedding
 from edgevlm.store.caches import EmbeddingCache, SummaryStore
 from edgevlm.store.files import folder_bytes
 from edgevlm.store.prefix_cache import folder_sizes
+from edgevlm.values.embedding import ImageBlock, ImageEmbedding
 
 
 class CountingEncoder:

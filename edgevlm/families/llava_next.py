@@ -1,4 +1,4 @@
-"""LLaVA-1.6 (LLaVA-NeXT) image input, as the model was trained to see it.
+"""The LLaVA-1.6 (LLaVA-NeXT) family: image input as the model was trained to see it.
 
 Pure: Pillow and numpy only. The arithmetic follows LLaVA-NeXT's own code (`select_best_resolution`,
 `resize_and_pad_image`, `unpad_image` and the `spatial_unpad` packing in its model): the overview
@@ -7,21 +7,27 @@ one (rows·side)×(cols·side) map, the padding rows or columns are cropped off,
 newline vector follows each row of the map. No text labels.
 
 llama.cpp's mtmd slices a 1.6 image into separate chunks instead (overview last, no unpad, no
-newline), so edgevlm sends mtmd exact single views and packs the rows itself.
+newline), so edgevlm sends mtmd exact single views and packs the rows itself. Its projector
+is LLaVA-1.5's MLP with AnyRes pinpoints, `spatial_unpad` merging and the newline tensor.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
 
-from edgevlm.models.gguf import LLAVA_NEXT
+from edgevlm.families.family import BlockCounter
+from edgevlm.families.llava15 import LLAVA_PROJECTORS, clip_compute_bytes
+from edgevlm.models.gguf import ProjectorFacts, read_image_newline
 from edgevlm.vision.images import resize_view
-from edgevlm.vision.layout import BlockStep, ImagePlan, ViewBudget
+from edgevlm.vision.layout import TIMED_FRAMES, BlockStep, ImagePlan, ViewBudget
+
+LLAVA_NEXT = "llava-next"  # the layout's name in stats and plans
 
 # LLaVA-NeXT pads the refined image in black, not in LLaVA-1.5's mean colour.
 PAD_RGB = (0, 0, 0)
@@ -181,10 +187,19 @@ class LlavaNextLayout:
     name = LLAVA_NEXT
     packed = True
     native = False
+    frames = TIMED_FRAMES
 
-    def __init__(self, pinpoints: tuple[tuple[int, int], ...], newline: np.ndarray) -> None:
+    def __init__(self, pinpoints: tuple[tuple[int, int], ...],
+                 newline: np.ndarray | Callable[[], np.ndarray]) -> None:
         self.pinpoints = pinpoints  # (width, height) canvases, multiples of a view
-        self.newline = newline  # the learned vector appended after each row of the map
+        # The learned vector appended after each row of the map, read when first packed (a
+        # plan needs none, and a preset being planned may not be downloaded yet).
+        self._newline = newline if callable(newline) else (lambda: newline)
+
+    @functools.cached_property
+    def newline(self) -> np.ndarray:
+        """The learned newline vector (float32)."""
+        return self._newline()
 
     def label_texts(self) -> tuple[str, str]:
         """No text labels: the newline vector marks the rows."""
@@ -214,8 +229,44 @@ class LlavaNextLayout:
         """The packed block's exact tokens."""
         return _next(plan).tokens(budget.view_tokens)
 
+    def most_tiles(self, budget: ViewBudget) -> int:
+        """The largest canvas's tiles whose block fits whatever the image (no padding to crop)."""
+        pool, view = budget.pool or 1, budget.view_tokens
+        side = math.isqrt(view) // pool
+        fitting = [next_grid(c, c, tile_size=budget.tile_size, side=side, pool=pool) for c in self.pinpoints]
+        return max((g.n_tiles for g in fitting if g.tokens(view) <= budget.room), default=0)
+
 
 def _next(plan: ImagePlan) -> NextGrid:
     if not isinstance(plan, NextGrid):
         raise TypeError("a LLaVA-NeXT layout plans with NextGrid")
     return plan
+
+
+class LlavaNext:
+    """LLaVA-1.6: an MLP projector with AnyRes pinpoints and a newline vector after each row."""
+
+    name = "llava-next"
+    native = False
+    own_template = False
+    projector_types = LLAVA_PROJECTORS
+    text_archs: frozenset[str] = frozenset()
+    owns_text_archs = False
+    default_merge = 1
+    deepstack = False
+
+    def claims(self, projector: ProjectorFacts) -> bool:
+        """An MLP projector with pinpoints, unpadded merging and the newline tensor."""
+        unpad = projector.merge_type.startswith("spatial_unpad") and projector.has_image_newline
+        return projector.projector_type in LLAVA_PROJECTORS and bool(projector.grid_pinpoints) and unpad
+
+    def layout(self, projector: ProjectorFacts, measure: BlockCounter | None = None) -> LlavaNextLayout:
+        """Its pinpoints, and the newline vector read from the file when first needed."""
+        return LlavaNextLayout(projector.grid_pinpoints, lambda: read_image_newline(projector.path))
+
+    def encoder_compute_bytes(self, projector: ProjectorFacts, *, flash_attn: bool) -> int:
+        """CLIP's graph for one view (the views are encoded one at a time)."""
+        return clip_compute_bytes(projector, flash_attn=flash_attn)
+
+
+LLAVA_NEXT_FAMILY = LlavaNext()

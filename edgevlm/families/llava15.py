@@ -1,7 +1,9 @@
-"""LLaVA-1.5 shown tiles: a global view, then local tiles each after a text label.
+"""The LLaVA-1.5 family: a global view, then local tiles each after a text label.
 
 A frozen LLaVA-1.5 was trained on one 336 px view; edgevlm adds labelled tiles (AnyRes) sized
-to the context budget, so a 4K photo keeps its detail. The tiling arithmetic is in tiling.py.
+to the context budget, so a 4K photo keeps its detail. The tiling arithmetic is in
+vision/tiling.py. Its projector is an MLP ("mlp", or "mlp_norm" for BakLLaVA-style ones) after
+a CLIP ViT, and the conversions carry no chat template: edgevlm's Vicuna-style formats prompt it.
 Pure: nothing here imports llama_cpp.
 """
 
@@ -12,19 +14,26 @@ from collections.abc import Sequence
 import numpy as np
 from PIL import Image
 
-from edgevlm.models.gguf import LLAVA_15_TILES
-from edgevlm.vision.layout import BlockStep, ImagePlan, ViewBudget
+from edgevlm.families.family import BlockCounter
+from edgevlm.models.gguf import ProjectorFacts
+from edgevlm.vision.layout import TIMED_FRAMES, BlockStep, ImagePlan, ViewBudget
 from edgevlm.vision.tiling import (
+    LLAVA_15_TILES,
+    MAX_AUTO_TILES,
     MAX_POOLED_TILES,
     Tile,
     TilePlan,
     cut_tiles,
     letterbox,
+    max_tiles_for_budget,
     plan_image,
     pooled_tokens,
     tile_label,
 )
 
+# The projectors edgevlm lays images out for itself (both LLaVA families): every other type
+# needs mtmd's own slicing, positions and masks, and fed LLaVA tiles would answer wrongly.
+LLAVA_PROJECTORS = frozenset({"mlp", "mlp_norm"})
 WHOLE_IMAGE = "Whole image:\n"  # the label before the global view, when tiles follow
 TILES_INTRO = "Close-up tiles of the same image follow, left to right, top to bottom."
 
@@ -46,7 +55,8 @@ class LabelledTiles:
 
     name = LLAVA_15_TILES
     packed = False
-    native = False  # mtmd lays the image out itself (vision/native.py)
+    native = False  # edgevlm lays the image out (mtmd's families: families/mtmd.py)
+    frames = TIMED_FRAMES
 
     def label_texts(self) -> tuple[str, str]:
         """"Whole image:" and the widest tile label."""
@@ -89,7 +99,64 @@ class LabelledTiles:
         return budget.view_tokens + whole + tiles.n_tiles * per_tile
 
 
+    def most_tiles(self, budget: ViewBudget) -> int:
+        """The most tiles any image gets at this budget, at its pooling (2, or else 1)."""
+        pool = budget.pool or 1
+        if pooled_tokens(budget.view_tokens, pool) == 0:
+            return 0  # this projector's grid cannot be pooled that way
+        return max_tiles_for_budget(
+            n_ctx=budget.room, reserved_tokens=budget.whole_label_tokens, global_tokens=budget.view_tokens,
+            tokens_per_tile=pooled_tokens(budget.view_tokens, pool) + budget.label_tokens,
+            cap=MAX_AUTO_TILES if pool == 1 else MAX_POOLED_TILES)
+
+
 def _tiles(plan: ImagePlan) -> TilePlan:
     if not isinstance(plan, TilePlan):
         raise TypeError("LLaVA-1.5 tiles plan with TilePlan")
     return plan
+
+
+def clip_compute_bytes(projector: ProjectorFacts, *, flash_attn: bool) -> int:
+    """CLIP's graph for one view, allocated when the projector is initialised.
+
+    The peak is the encoder's (attention and FFN) or the projection MLP's into the text
+    model's width, whichever is larger: for ViT-L into a 7B they tie, but a narrow encoder
+    feeding a wider model peaks in the projection.
+    """
+    positions = projector.tokens_per_image + 1  # patches + the class token
+    width, heads = projector.vision_width, projector.vision_heads
+    ff = projector.vision_ff or 4 * width
+    projection = 4 * positions * (2 * projector.projection_dim + 1.6 * width)
+    if flash_attn:
+        encoder = 4 * positions * (2 * ff + 1.6 * width)
+    else:
+        encoder = 4 * positions * positions * heads + 4 * positions * (ff + 1.6 * width)
+    return int(max(encoder, projection))
+
+
+class Llava15:
+    """LLaVA-1.5 (and BakLLaVA): edgevlm's labelled AnyRes tiles, any text model as wide."""
+
+    name = "llava-1.5"
+    native = False
+    own_template = False
+    projector_types = LLAVA_PROJECTORS
+    text_archs: frozenset[str] = frozenset()
+    owns_text_archs = False
+    default_merge = 1
+    deepstack = False
+
+    def claims(self, projector: ProjectorFacts) -> bool:
+        """An MLP projector (LLaVA-1.6's, with its pinpoints, is claimed first by LLaVA-NeXT)."""
+        return projector.projector_type in LLAVA_PROJECTORS
+
+    def layout(self, projector: ProjectorFacts, measure: BlockCounter | None = None) -> LabelledTiles:
+        """Labelled tiles."""
+        return LabelledTiles()
+
+    def encoder_compute_bytes(self, projector: ProjectorFacts, *, flash_attn: bool) -> int:
+        """CLIP's graph for one view."""
+        return clip_compute_bytes(projector, flash_attn=flash_attn)
+
+
+LLAVA_15 = Llava15()

@@ -1,4 +1,5 @@
-"""LLaVA-1.6 (NeXT) input: the arithmetic against an independent count, and the packing on real llama.cpp."""
+"""The LLaVA families' layouts (LLaVA-1.6 NeXT input): the arithmetic against an independent
+count, and the packing on real llama.cpp."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ from PIL import Image
 
 from edgevlm.chat.conversation import Conversation
 from edgevlm.chat.prompts import CHATML
-from edgevlm.llama.types import Sampling
-from edgevlm.models.gguf import LLAVA_15_TILES, LLAVA_NEXT, read_image_newline, read_projector
+from edgevlm.families import layout_for, read_projector
+from edgevlm.families.llava_next import LLAVA_NEXT, fit_next_grid, next_views, select_best_resolution
+from edgevlm.models.gguf import read_image_newline
+from edgevlm.values.sampling import Sampling
 from edgevlm.vision.images import LoadedImage
-from edgevlm.vision.llava_next import fit_next_grid, next_views, select_best_resolution
-from edgevlm.vision.registry import layout_for
+from edgevlm.vision.tiling import LLAVA_15_TILES
 
 from ..conftest import make_describer, one_sequence
 
@@ -85,10 +87,10 @@ def test_views_are_the_stretched_overview_then_padded_tiles() -> None:
 
 def test_projector_facts(test_models: dict[str, Path]) -> None:
     next_facts = read_projector(test_models["mmproj_next"])
-    assert next_facts.layout == LLAVA_NEXT and next_facts.merge_type == "spatial_unpad"
+    assert layout_for(next_facts).name == LLAVA_NEXT and next_facts.merge_type == "spatial_unpad"
     assert next_facts.grid_pinpoints == tuple((w // 3, h // 3) for w, h in PINPOINTS)
     assert read_image_newline(next_facts.path).shape == (576,)
-    assert read_projector(test_models["mmproj_112"]).layout == LLAVA_15_TILES
+    assert layout_for(read_projector(test_models["mmproj_112"])).name == LLAVA_15_TILES
 
 
 def test_a_view_mtmd_slices_is_kept_whole(test_models: dict[str, Path]) -> None:
@@ -156,10 +158,10 @@ def test_presets_and_prompt_formats_for_small_cards() -> None:
     from edgevlm.models.catalog import facts_from_shape, find_preset
 
     _, projector = facts_from_shape(find_preset("llava-1.6-mistral-7b"))
-    assert projector.layout == LLAVA_NEXT and projector.grid_pinpoints == PINPOINTS
+    assert layout_for(projector).name == LLAVA_NEXT and projector.grid_pinpoints == PINPOINTS
     bakllava = find_preset("bakllava")
     assert (bakllava.model_file, bakllava.prompt_format) == ("ggml-model-q4_k.gguf", "vicuna")
-    assert facts_from_shape(bakllava)[1].layout == LLAVA_15_TILES
+    assert layout_for(facts_from_shape(bakllava)[1]).name == LLAVA_15_TILES
     granite = find_preset("granite-vision")
     assert granite.model_file == "granite-vision-3.2-2b-Q4_K_M.gguf" and granite.shape is None
     template = "{%- elif message['role'] == 'user' %}<|user|>\n ... '<|assistant|>\n' ... <|system|>"

@@ -1,0 +1,53 @@
+"""What every vision family answers, whichever it is: the one interface the rest of edgevlm asks.
+
+A family is the knowledge of one line of models: which projectors it claims, the text
+architectures its projectors were trained with, how an image is laid out for it and what that
+costs in tokens at plan time (before anything is loaded), what its vision encoder needs in
+compute memory, how it is prompted, and how it is shown a video's frames. Adding a family is
+adding one file in this folder and one line in its registry (families/__init__.py).
+
+Pure: nothing here imports llama_cpp.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from edgevlm.models.gguf import ProjectorFacts
+from edgevlm.vision.layout import ImageLayout
+
+BlockCounter = Callable[[tuple[int, int]], tuple[int, int]]  # (w, h) -> (block tokens, visual tokens)
+
+
+class Family(Protocol):
+    """One line of vision models, as edgevlm knows it."""
+
+    name: str  # how the family is named to the user ("llava-1.5", "qwen-vl", …)
+    # True: mtmd lays its images out (markers, slices, positions); False: edgevlm's own layout
+    native: bool
+    # True: prompted by the chat template its GGUF carries; False: by edgevlm's hand-written
+    # formats (the LLaVA conversions mostly carry no template, and were tuned on Vicuna's)
+    own_template: bool
+    projector_types: frozenset[str]  # the projector types it claims (see claims for the whole rule)
+    # The text architectures its projectors were trained with (empty: any, checked by width)
+    text_archs: frozenset[str]
+    # True: those architectures exist only as this family's vision model (any other projector
+    # beside them is wrong); False: they are general ones (SmolVLM's llama)
+    owns_text_archs: bool
+    default_merge: int  # patches merged per side into one token where the GGUF does not say
+    deepstack: bool  # its rows also feed extra layers: a whole multiple of the text model's width
+
+    def claims(self, projector: ProjectorFacts) -> bool:
+        """Whether this projector belongs to the family."""
+        ...
+
+    def layout(self, projector: ProjectorFacts, measure: BlockCounter | None = None) -> ImageLayout:
+        """How this projector's model is shown an image; `measure` counts an mtmd block on the
+        loaded projector where the family has no rule of its own. Planning needs no more than
+        the facts (a preset's files may not be downloaded yet)."""
+        ...
+
+    def encoder_compute_bytes(self, projector: ProjectorFacts, *, flash_attn: bool) -> int:
+        """The vision encoder's compute buffer, as llama.cpp reserves it."""
+        ...

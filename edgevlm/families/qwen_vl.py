@@ -1,0 +1,59 @@
+"""The Qwen-VL family (Qwen2-VL, Qwen2.5-VL, Qwen3-VL): dynamic resolution, patches merged 2x2,
+M-RoPE positions from the image's grid. mtmd lays images out; edgevlm counts a block's tokens
+before loading by the family's own resize rule (transformers' smart_resize, as mtmd computes it).
+
+Pure: nothing here imports llama_cpp.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edgevlm.families.family import BlockCounter
+from edgevlm.families.mtmd import MtmdFamily
+from edgevlm.models.gguf import ProjectorFacts
+
+# mtmd's own token limits for the family (clip.cpp: set_limit_image_tokens(8, 4096)).
+QWEN_VL_TOKENS = (8, 4096)
+# Marker tokens mtmd puts around a Qwen-VL image (<|vision_start|>, <|vision_end|>).
+QWEN_VL_MARKERS = 2
+# clip.cpp's warmup image for the family: 46x46 merged tokens (set_warmup_n_tokens(46*46)).
+QWEN_VL_WARMUP_SIDE = 46
+
+
+def qwen_vl_grid(size: tuple[int, int], *, patch_size: int, merge: int = 2,
+                 tokens: tuple[int, int] = QWEN_VL_TOKENS) -> tuple[int, int]:
+    """The merged token grid (columns, rows) mtmd makes of a (w, h) image for Qwen-VL: its side
+    rounded to patch*merge, then scaled (aspect kept) into the family's token limits. This is
+    transformers' smart_resize as mtmd computes it, in float32 like mtmd."""
+    f = np.float32(patch_size * merge)
+    width, height = (np.float32(v) for v in size)
+    area_min, area_max = (np.float32(t) * f * f for t in tokens)
+    w_bar = max(f, np.round(width / f) * f)
+    h_bar = max(f, np.round(height / f) * f)
+    if h_bar * w_bar > area_max:
+        beta = np.sqrt(np.float32(height * width / area_max), dtype=np.float32)
+        h_bar = max(f, np.floor(height / beta / f) * f)
+        w_bar = max(f, np.floor(width / beta / f) * f)
+    elif h_bar * w_bar < area_min:
+        beta = np.sqrt(np.float32(area_min / (height * width)), dtype=np.float32)
+        h_bar = np.ceil(height * beta / f) * f
+        w_bar = np.ceil(width * beta / f) * f
+    return int(w_bar // f), int(h_bar // f)
+
+
+def grid_counter(projector: ProjectorFacts) -> BlockCounter:
+    """A block's (tokens, visual tokens) for an image size: the merged grid and two markers."""
+    def count(size: tuple[int, int]) -> tuple[int, int]:
+        columns, rows = qwen_vl_grid(size, patch_size=projector.patch_size, merge=projector.merge)
+        return columns * rows + QWEN_VL_MARKERS, columns * rows
+    return count
+
+
+QWEN2_VL = MtmdFamily("qwen2-vl", frozenset({"qwen2vl_merger", "qwen2.5vl_merger"}),
+                      text_archs=frozenset({"qwen2vl"}), default_merge=2,
+                      warmup_tokens_per_side=QWEN_VL_WARMUP_SIDE, grid_rule=grid_counter)
+# Qwen3-VL's rows also feed its deepstack layers: a whole multiple of the text model's width.
+QWEN3_VL = MtmdFamily("qwen3-vl", frozenset({"qwen3vl_merger"}),
+                      text_archs=frozenset({"qwen3vl", "qwen3vlmoe"}), default_merge=2,
+                      warmup_tokens_per_side=QWEN_VL_WARMUP_SIDE, grid_rule=grid_counter, deepstack=True)

@@ -1,0 +1,20 @@
+"""The SmolVLM family (SmolVLM, SmolVLM2; mtmd's idefics3 projector): an image split into
+labelled tiles by mtmd, on a llama or SmolLM3 text model, and its own way of showing a video.
+
+Pure: nothing here imports llama_cpp.
+"""
+
+from __future__ import annotations
+
+from edgevlm.families.mtmd import MtmdFamily
+from edgevlm.vision.layout import FrameScaffold
+
+# SmolVLM2's own video prompt, from transformers' SmolVLM processor (DEFAULT_VIDEO_INTRO,
+# FRAME_TIMESTAMP_MESSAGE, DEFAULT_MEDIA_OUTTRO): the duration as H:MM:SS, each frame after
+# "Frame from MM:SS:", two newlines after the last.
+SMOLVLM_FRAMES = FrameScaffold(
+    intro="You are provided the following series of {n} frames from a {duration} [H:MM:SS] video.\n",
+    label="\nFrame from {mmss}:", outro="\n\n")
+# Its text models are general architectures (llama, smollm3): others' projectors may pair with them.
+SMOLVLM = MtmdFamily("smolvlm", frozenset({"idefics3"}), text_archs=frozenset({"llama", "smollm3"}),
+                     owns_text_archs=False, frames=SMOLVLM_FRAMES)
