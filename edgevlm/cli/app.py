@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import random
+import re
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -744,10 +745,17 @@ def _as_set(message: str) -> str:
             continue  # not set, or the flag given on the command line wins
         if f"{flag} " in message:
             message = message.replace(f"{flag} ", f"{envvar}=")
-        elif value and value in message and envvar not in message:
+        elif _names_value(message, value) and envvar not in message:
             message += f" (set by {envvar})"
     return message
 
+
+def _names_value(message: str, value: str) -> bool:
+    """Whether the message quotes this value as a whole (a model name, a size), not as part of a
+    path or a number; a yes/no value (EDGEVLM_NO_CACHE=1) is never what an error is about."""
+    if not value.strip() or value.strip().lower() in opt.BOOL_WORDS:
+        return False
+    return re.search(rf"(?<![\w./-]){re.escape(value)}(?![\w./-])", message) is not None
 
 
 @contextlib.contextmanager

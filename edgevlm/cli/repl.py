@@ -383,9 +383,9 @@ def interactive_lines(history: Path, on_interrupt: Callable[[], None] | None = N
             return
 
 
-def piped_lines(stream: TextIO = sys.stdin) -> Iterator[str]:
-    """One turn per line from a pipe or file."""
-    for line in stream:
+def piped_lines(stream: TextIO | None = None) -> Iterator[str]:
+    """One turn per line from a pipe or file (standard input, as it is when the chat starts)."""
+    for line in stream or sys.stdin:
         yield line.rstrip("\n")
 
 

@@ -270,3 +270,20 @@ def test_parse_size(text: str, expected: int) -> None:
 def test_parse_size_rejects(bad: str) -> None:
     with pytest.raises(ValueError, match="size|larger than zero"):
         opt.parse_size(bad)
+
+
+def test_an_error_names_an_environment_variable_only_for_its_own_value(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A yes/no variable's "1" inside a path (pytest-1, IMG_0001) made any error say
+    "(set by EDGEVLM_NO_CACHE)"; a value is named only where the message quotes it whole."""
+    import sys
+
+    from edgevlm.cli.app import _as_set
+
+    monkeypatch.setenv("EDGEVLM_NO_CACHE", "1")
+    monkeypatch.setenv("EDGEVLM_MODEL", "llava-7b")
+    monkeypatch.setattr(sys, "argv", ["edgevlm", "describe", "IMG_0001.jpg"])
+    locked = "/tmp/pytest-1/IMG_0001.pdf: the PDF is password-protected"
+    assert _as_set(locked) == locked
+    assert _as_set("model 'llava-7b' is not a preset; known presets: …").endswith("(set by EDGEVLM_MODEL)")
+    assert "(set by" not in _as_set("/models/llava-7b.gguf: no such file")  # part of a path, not the value
