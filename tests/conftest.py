@@ -124,3 +124,26 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300,
     full_env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
     return subprocess.run([sys.executable, "-m", "edgevlm.cli", *args], capture_output=True,
                           text=True, env=full_env, timeout=timeout, input=stdin)
+
+
+def invoke_cli(*args: str, env: dict[str, str] | None = None,
+               stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """`edgevlm ARGS` in this process (Typer's CliRunner), answered as run_cli answers: for the
+    flags, the errors and what the faces print, with loading as the test arranges (fake_engines).
+    A few tests still run the real command as a subprocess (run_cli)."""
+    from typer.testing import CliRunner
+
+    from edgevlm.cli.app import app
+
+    result = CliRunner().invoke(app, list(args), env={"HF_HUB_OFFLINE": "1", **(env or {})}, input=stdin)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception  # a traceback is a failure to see whole, not an exit code
+    return subprocess.CompletedProcess(list(args), result.exit_code, result.stdout, result.stderr)
+
+
+@pytest.fixture()
+def fake_engines(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Models load as FakeEngines (tests/fakes.py): the real files' facts and plan, no llama.cpp."""
+    from .fakes import fake_load
+
+    monkeypatch.setattr("edgevlm.runtime.loading.load", fake_load)

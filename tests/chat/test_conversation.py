@@ -1,8 +1,9 @@
-"""Chat turns on real llama.cpp: the ledger, the summary swap, room-making and interrupts."""
+"""Chat turns: the ledger, the summary swap, room-making and interrupts, on a fake sequence with
+LLaVA-1.5's view costs (tests/fakes.py). The same swap on real llama.cpp, against a fresh prefill on
+every memory kind, is tests/chat/test_memory_kinds.py; the fake against llama.cpp, tests/test_fakes.py."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -12,11 +13,10 @@ from PIL import Image
 from edgevlm.chat.conversation import Conversation
 from edgevlm.chat.prompts import CHATML
 from edgevlm.errors import ContextOverflowError, Interrupted
-from edgevlm.llama.sequence import EngineSequence
-from edgevlm.llama.types import Sampling
+from edgevlm.values.sampling import Sampling
 from edgevlm.vision.images import LoadedImage
 
-from ..conftest import make_engine, one_sequence
+from ..fakes import FakeSequence
 
 
 def _image(seed: int, size: tuple[int, int] = (500, 400)) -> LoadedImage:
@@ -24,22 +24,21 @@ def _image(seed: int, size: tuple[int, int] = (500, 400)) -> LoadedImage:
     return LoadedImage(Path(f"img{seed}.jpg"), Image.fromarray(pixels), size)
 
 
-def _chat(sequence: EngineSequence, **kwargs: object) -> Conversation:
+def _chat(sequence: FakeSequence, **kwargs: object) -> Conversation:
     options: dict[str, object] = {"tile_size": 336, "max_tokens": 12, "max_tiles": 0,
                                   "caption_tokens": 16, "sampling": Sampling(temperature=0.0)}
     options.update(kwargs)
     return Conversation(sequence, CHATML, **options)  # type: ignore[arg-type]
 
 
-@pytest.fixture(scope="module")
-def sequence_4k(test_models: dict[str, Path]) -> Iterator[EngineSequence]:
-    eng = make_engine(test_models["mmproj_336"], n_ctx=4096)
-    yield eng.sequence()
-    eng.close()
+@pytest.fixture()
+def sequence_4k() -> FakeSequence:
+    """A 4096-token sequence whose views cost 576 tokens, as LLaVA-1.5's 336 px projector's do."""
+    return FakeSequence(n_ctx=4096, view_tokens=576)
 
 
 @pytest.mark.slow
-def test_eight_image_turns_never_pile_up(sequence_4k: EngineSequence) -> None:
+def test_eight_image_turns_never_pile_up(sequence_4k: FakeSequence) -> None:
     chat = _chat(sequence_4k)
     per_image = sequence_4k.image_tokens()
     for turn in range(1, 9):  # 8 images of 576 tokens: twice what one 4096 context could hold live
@@ -59,7 +58,7 @@ def test_eight_image_turns_never_pile_up(sequence_4k: EngineSequence) -> None:
     assert chat.records[-1].summary
 
 
-def test_a_follow_up_runs_beside_the_live_image_and_does_not_wait(sequence_4k: EngineSequence) -> None:
+def test_a_follow_up_runs_beside_the_live_image_and_does_not_wait(sequence_4k: FakeSequence) -> None:
     chat = _chat(sequence_4k)
     per_image = sequence_4k.image_tokens()
     _, first = chat.ask("Describe it.", image=_image(11))
@@ -80,7 +79,7 @@ def test_a_follow_up_runs_beside_the_live_image_and_does_not_wait(sequence_4k: E
     assert chat.records[0].summary is not None and [s.kind for s in chat.segments].count("summary") == 1
 
 
-def test_idle_summary_then_no_wait(sequence_4k: EngineSequence) -> None:
+def test_idle_summary_then_no_wait(sequence_4k: FakeSequence) -> None:
     chat = _chat(sequence_4k)
     chat.ask("Describe it.", image=_image(12))
     made: list[str] = []
@@ -92,7 +91,7 @@ def test_idle_summary_then_no_wait(sequence_4k: EngineSequence) -> None:
     assert follow.summary_wait_s == 0 and follow.visual_tokens_live == 0
 
 
-def test_an_interrupted_summary_keeps_the_image_live_and_its_tokens(sequence_4k: EngineSequence,
+def test_an_interrupted_summary_keeps_the_image_live_and_its_tokens(sequence_4k: FakeSequence,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     chat = _chat(sequence_4k, caption_tokens=24)
     chat.ask("Describe it.", image=_image(3))  # its caption runs to 12 tokens
@@ -120,7 +119,7 @@ def test_an_interrupted_summary_keeps_the_image_live_and_its_tokens(sequence_4k:
     assert (chat.records[0].summary or "").startswith(" ".join(sequence_4k.detokenize(made).split()))
 
 
-def test_text_follow_up_costs_only_its_own_tokens(sequence_4k: EngineSequence) -> None:
+def test_text_follow_up_costs_only_its_own_tokens(sequence_4k: FakeSequence) -> None:
     chat = _chat(sequence_4k)
     chat.ask("Describe it.", image=_image(1))
     before = chat.kv_tokens
@@ -137,7 +136,7 @@ def test_text_follow_up_costs_only_its_own_tokens(sequence_4k: EngineSequence) -
     assert stats.ttft_s >= stats.prefill_s
 
 
-def test_swap_keeps_the_rest_of_the_turn_token_for_token(sequence_4k: EngineSequence) -> None:
+def test_swap_keeps_the_rest_of_the_turn_token_for_token(sequence_4k: FakeSequence) -> None:
     chat = _chat(sequence_4k, summary="answer")
     chat.ask("Describe it.", image=_image(2))
     chat.summarise_pending()
@@ -150,7 +149,7 @@ def test_swap_keeps_the_rest_of_the_turn_token_for_token(sequence_4k: EngineSequ
     assert sequence_4k.detokenize(list(tail[0].tokens)).startswith("\nDescribe it.")
 
 
-def test_keep_images_keeps_the_last_one_live(sequence_4k: EngineSequence) -> None:
+def test_keep_images_keeps_the_last_one_live(sequence_4k: FakeSequence) -> None:
     chat = _chat(sequence_4k, keep_images=1)
     per_image = sequence_4k.image_tokens()
     _, first = chat.ask("One?", image=_image(3))
@@ -166,7 +165,7 @@ def test_keep_images_keeps_the_last_one_live(sequence_4k: EngineSequence) -> Non
     assert third.clip_encodes == 0 and third.visual_tokens_live == per_image
 
 
-def test_reset_and_rewind(sequence_4k: EngineSequence) -> None:
+def test_reset_and_rewind(sequence_4k: FakeSequence) -> None:
     chat = _chat(sequence_4k)
     chat.ask("Hi?", image=_image(5))
     chat.reset()
@@ -175,7 +174,7 @@ def test_reset_and_rewind(sequence_4k: EngineSequence) -> None:
     assert (chat.turn, chat.images_seen, chat.records) == (0, 0, [])  # /stats starts over
 
 
-def test_an_empty_message_is_a_user_error_not_an_overflow(sequence_4k: EngineSequence) -> None:
+def test_an_empty_message_is_a_user_error_not_an_overflow(sequence_4k: FakeSequence) -> None:
     from edgevlm.errors import EmptyMessageError, UserError
 
     chat = _chat(sequence_4k)
@@ -186,7 +185,7 @@ def test_an_empty_message_is_a_user_error_not_an_overflow(sequence_4k: EngineSeq
     assert chat.turn == 0
 
 
-def test_interrupt_while_prefilling_rolls_back(sequence_4k: EngineSequence) -> None:
+def test_interrupt_while_prefilling_rolls_back(sequence_4k: FakeSequence) -> None:
     chat = _chat(sequence_4k)
     chat.ask("First.")
     before = chat.kv_tokens
@@ -200,7 +199,7 @@ def test_interrupt_while_prefilling_rolls_back(sequence_4k: EngineSequence) -> N
     assert stats.turn == 2
 
 
-def test_interrupt_while_answering_keeps_what_was_shown(sequence_4k: EngineSequence) -> None:
+def test_interrupt_while_answering_keeps_what_was_shown(sequence_4k: FakeSequence) -> None:
     chat = _chat(sequence_4k, max_tokens=40)
     shown: list[str] = []
 
@@ -216,23 +215,23 @@ def test_interrupt_while_answering_keeps_what_was_shown(sequence_4k: EngineSeque
 
 
 @pytest.mark.slow
-def test_context_pressure_drops_old_turns(test_models: dict[str, Path]) -> None:
+def test_context_pressure_drops_old_turns() -> None:
     # n_ctx 1024 fills by turn 9; the 20 turns then drop 10 old ones and keep going.
-    with one_sequence(test_models["mmproj_112"], n_ctx=1024) as eng:
-        chat = Conversation(eng, CHATML, tile_size=112, max_tokens=16, caption_tokens=12, max_tiles=2,
-                            sampling=Sampling(temperature=0.0))
-        dropped = 0
-        for turn in range(20):
-            image = _image(turn, (300, 200)) if turn % 3 == 0 else None
-            _, stats = chat.ask(f"Turn {turn}: " + "tell me more about it. " * 10, image=image)
-            chat.check()
-            assert stats.kv_tokens <= eng.n_ctx
-            dropped += stats.dropped_turns
-        assert dropped > 0  # the context was full, and it went on
-        assert chat.segments[0].kind == "system"
+    sequence = FakeSequence(n_ctx=1024, view_tokens=64)  # the 112 px projector's 64-token views
+    chat = Conversation(sequence, CHATML, tile_size=112, max_tokens=16, caption_tokens=12, max_tiles=2,
+                        sampling=Sampling(temperature=0.0))
+    dropped = 0
+    for turn in range(20):
+        image = _image(turn, (300, 200)) if turn % 3 == 0 else None
+        _, stats = chat.ask(f"Turn {turn}: " + "tell me more about it. " * 10, image=image)
+        chat.check()
+        assert stats.kv_tokens <= sequence.n_ctx
+        dropped += stats.dropped_turns
+    assert dropped > 0  # the context was full, and it went on
+    assert chat.segments[0].kind == "system"
 
 
-def test_a_message_longer_than_the_context_is_refused(sequence_4k: EngineSequence) -> None:
+def test_a_message_longer_than_the_context_is_refused(sequence_4k: FakeSequence) -> None:
     chat = _chat(sequence_4k)
     before = chat.kv_tokens
     with pytest.raises(ContextOverflowError, match="shorten it"):
@@ -241,7 +240,7 @@ def test_a_message_longer_than_the_context_is_refused(sequence_4k: EngineSequenc
     assert chat.kv_tokens == before
 
 
-def test_restore_rebuilds_text_without_clip(sequence_4k: EngineSequence) -> None:
+def test_restore_rebuilds_text_without_clip(sequence_4k: FakeSequence) -> None:
     chat = _chat(sequence_4k)
     chat.ask("What is it?", image=_image(7))
     chat.ask("Why?")
@@ -257,7 +256,7 @@ def test_restore_rebuilds_text_without_clip(sequence_4k: EngineSequence) -> None
     assert stats.turn == 3
 
 
-def test_pooled_tiles_cost_144_tokens_each_in_row_major_order(sequence_4k: EngineSequence) -> None:
+def test_pooled_tiles_cost_144_tokens_each_in_row_major_order(sequence_4k: FakeSequence) -> None:
     chat = _chat(sequence_4k, max_tiles=4, pool=2)
     _, stats = chat.ask("What is in the corners?", image=_image(3, (3840, 2160)))
     assert stats.grid == (2, 2) and stats.pool == 2

@@ -1,4 +1,6 @@
-"""`edgevlm chat` end to end: piped turns, the transcript, resume after kill -9, and a real pty."""
+"""`edgevlm chat` end to end: piped turns in process on fake engines (the REPL's flow, the
+transcript, its commands), the families' /doc and /video on real ones, and as subprocesses the
+kill -9, the timing of summaries and a real pty."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from PIL import Image
 
 from edgevlm.cli.repl import load_transcript
 
-from ..conftest import ROOT, run_cli
+from ..conftest import ROOT, invoke_cli, run_cli
 
 
 def _args(models: dict[str, Path], tmp_path: Path, *extra: str) -> list[str]:
@@ -37,6 +39,7 @@ def photo(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.usefixtures("fake_engines")
 def test_piped_turns_with_transcript_and_stats(test_models: dict[str, Path], tmp_path: Path,
                                                photo: Path) -> None:
     script = (f"/image '{photo}' what is this?\n"
@@ -46,7 +49,7 @@ def test_piped_turns_with_transcript_and_stats(test_models: dict[str, Path], tmp
               "/quit\n"
               "this line is never read\n")
     stats = tmp_path / "stats.jsonl"
-    result = run_cli(*_args(test_models, tmp_path, "--stats-json", str(stats)), stdin=script)
+    result = invoke_cli(*_args(test_models, tmp_path, "--stats-json", str(stats)), stdin=script)
     assert result.returncode == 0, result.stderr
     turns = _turns(tmp_path / "session.jsonl")
     assert [t["user"] for t in turns] == ["what is this?", "what colour was it?", "and with no tiles?"]
@@ -63,12 +66,13 @@ def test_piped_turns_with_transcript_and_stats(test_models: dict[str, Path], tmp
     assert "session:" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.usefixtures("fake_engines")
 def test_pool_command_switches_pooling_between_turns(test_models: dict[str, Path], tmp_path: Path,
                                                      photo: Path) -> None:
     script = (f"/pool 2\n/image '{photo}' what is this?\n/pool 1\n/image '{photo}' again?\n"
               "/pool 9\n")
     stats = tmp_path / "stats.jsonl"
-    result = run_cli(*_args(test_models, tmp_path, "--stats-json", str(stats), "--tiles", "2"),
+    result = invoke_cli(*_args(test_models, tmp_path, "--stats-json", str(stats), "--tiles", "2"),
                      stdin=script)
     assert result.returncode == 0, result.stderr
     rows = [json.loads(line) for line in stats.read_text().splitlines()]
@@ -76,6 +80,7 @@ def test_pool_command_switches_pooling_between_turns(test_models: dict[str, Path
     assert "usage: /pool auto|1|2" in result.stderr
 
 
+@pytest.mark.usefixtures("fake_engines")
 def test_bad_images_never_end_the_chat(test_models: dict[str, Path], tmp_path: Path, photo: Path) -> None:
     broken = tmp_path / "broken.jpg"
     broken.write_bytes(b"\xff\xd8\xff\xe0 not really")
@@ -84,7 +89,7 @@ def test_bad_images_never_end_the_chat(test_models: dict[str, Path], tmp_path: P
     script = "\n".join([f"/image {photo} first", f"/image {broken} second", f"/image {empty} third",
                         f"/image {tmp_path} fourth", f"/image {tmp_path / 'gone.jpg'} fifth",
                         "/image", "/nonsense", "still here?"]) + "\n"
-    result = run_cli(*_args(test_models, tmp_path), stdin=script)
+    result = invoke_cli(*_args(test_models, tmp_path), stdin=script)
     assert result.returncode == 0
     turns = _turns(tmp_path / "session.jsonl")
     assert [t["user"] for t in turns] == ["first", "still here?"]
@@ -160,18 +165,20 @@ def test_repl_in_a_terminal(test_models: dict[str, Path], tmp_path: Path) -> Non
     assert turns[0]["stats"]["completion_tokens"] < 1500
 
 
+@pytest.mark.usefixtures("fake_engines")
 def test_an_unwritable_session_file_warns_once_and_chats_on(test_models: dict[str, Path],
                                                            tmp_path: Path) -> None:
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a file where a folder should be")
     args = _args(test_models, tmp_path)
     args[args.index("--session") + 1] = str(blocker / "session.jsonl")
-    result = run_cli(*args, stdin="hello?\nstill there?\n")
+    result = invoke_cli(*args, stdin="hello?\nstill there?\n")
     assert result.returncode == 0
     assert result.stderr.count("not being saved") == 1
     assert len([line for line in result.stdout.splitlines() if line.strip()]) >= 2
 
 
+@pytest.mark.usefixtures("fake_engines")
 def test_long_lines_home_paths_and_reset_when_piped(test_models: dict[str, Path], tmp_path: Path,
                                                    photo: Path) -> None:
     home = photo.parent
@@ -179,7 +186,7 @@ def test_long_lines_home_paths_and_reset_when_piped(test_models: dict[str, Path]
              "y " * 200,  # over 255 bytes with no slash
              f"/image ~/{photo.name} what is this?",  # ~ is the user's home, as in a shell
              "/reset", "/stats", "after the reset"]
-    result = run_cli(*_args(test_models, tmp_path), stdin="\n".join(lines) + "\n",
+    result = invoke_cli(*_args(test_models, tmp_path), stdin="\n".join(lines) + "\n",
                      env={"HOME": str(home)})
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr and "File name too long" not in result.stderr
@@ -189,14 +196,15 @@ def test_long_lines_home_paths_and_reset_when_piped(test_models: dict[str, Path]
     rows = [json.loads(line) for line in session.read_text().splitlines()]
     assert [r["type"] for r in rows] == ["session", "turn", "turn", "turn", "reset", "turn"]
     assert rows[1]["user"] == "x" * 5000 and rows[3]["image"] == str(photo)
-    resumed = run_cli("chat", "--resume", str(session), "--max-tokens", "4", stdin="")
+    resumed = invoke_cli("chat", "--resume", str(session), "--max-tokens", "4", stdin="")
     assert resumed.returncode == 0, resumed.stderr  # with the recorded model, not the default preset
     assert "resumed 1 turns" in resumed.stderr  # only what followed the /reset
 
 
+@pytest.mark.usefixtures("fake_engines")
 def test_a_chat_that_says_nothing_leaves_no_session_file(test_models: dict[str, Path],
                                                         tmp_path: Path) -> None:
-    result = run_cli(*_args(test_models, tmp_path), stdin="/help\n/stats\n")
+    result = invoke_cli(*_args(test_models, tmp_path), stdin="/help\n/stats\n")
     assert result.returncode == 0, result.stderr
     assert not (tmp_path / "session.jsonl").exists()
 
@@ -279,13 +287,14 @@ def test_ctrl_c_after_an_answer_stops_the_summary_and_keeps_the_photo(test_model
     assert child.exitstatus == 0
 
 
+@pytest.mark.usefixtures("fake_engines")
 def test_save_and_session_never_spoil_an_existing_file(test_models: dict[str, Path], tmp_path: Path) -> None:
     """Issue 39.4: /save refuses a file that exists; --session refuses a saved session it is not
     resuming (its turns would make a file --resume refuses) and another program's file."""
     keep = tmp_path / "notes.txt"
     keep.write_text("my notes\n")
     saved = tmp_path / "saved.jsonl"
-    result = run_cli(*_args(test_models, tmp_path), stdin=f"hello\n/save {keep}\n/save {saved}\n")
+    result = invoke_cli(*_args(test_models, tmp_path), stdin=f"hello\n/save {keep}\n/save {saved}\n")
     assert result.returncode == 0, result.stderr
     assert "already exists" in result.stderr and keep.read_text() == "my notes\n"
     assert [r.user for r in load_transcript(saved).records] == ["hello"]
@@ -293,24 +302,25 @@ def test_save_and_session_never_spoil_an_existing_file(test_models: dict[str, Pa
 
     session = tmp_path / "session.jsonl"
     before = session.read_bytes()
-    again = run_cli(*_args(test_models, tmp_path), stdin="more\n")
+    again = invoke_cli(*_args(test_models, tmp_path), stdin="more\n")
     assert again.returncode == 2 and f"--resume {session}" in again.stderr
     assert session.read_bytes() == before and "Traceback" not in again.stderr
-    foreign = run_cli(*_args(test_models, tmp_path)[:-1], str(keep), stdin="more\n")
+    foreign = invoke_cli(*_args(test_models, tmp_path)[:-1], str(keep), stdin="more\n")
     assert foreign.returncode == 2 and "not an edgevlm chat session" in foreign.stderr
     assert keep.read_text() == "my notes\n"
-    resumed = run_cli(*_args(test_models, tmp_path)[:-2], "--resume", str(session), stdin="more\n")
+    resumed = invoke_cli(*_args(test_models, tmp_path)[:-2], "--resume", str(session), stdin="more\n")
     assert resumed.returncode == 0, resumed.stderr
     assert [t["user"] for t in _turns(session)] == ["hello", "more"]
 
 
+@pytest.mark.usefixtures("fake_engines")
 def test_two_images_in_one_question_are_kept_and_resumed_each_with_its_summary(
         test_models: dict[str, Path], tmp_path: Path, photo: Path) -> None:
     blue = tmp_path / "blue.png"
     Image.new("RGB", (600, 800), (20, 40, 220)).save(blue)
     script = f"/image '{photo}' {blue} which is redder?\nwhy?\nand?\n"
     stats = tmp_path / "stats.jsonl"
-    result = run_cli(*_args(test_models, tmp_path, "--stats-json", str(stats)), stdin=script)
+    result = invoke_cli(*_args(test_models, tmp_path, "--stats-json", str(stats)), stdin=script)
     assert result.returncode == 0, result.stderr
     first = json.loads(stats.read_text().splitlines()[0])
     assert len(first["image_tokens"]) == 2 and sum(first["image_tokens"]) == first["visual_tokens"]
@@ -319,7 +329,7 @@ def test_two_images_in_one_question_are_kept_and_resumed_each_with_its_summary(
     assert [m["image"] for m in turns[0]["more_images"]] == [str(blue)]
     saved = load_transcript(tmp_path / "session.jsonl").records[0]
     assert saved.summary is not None and saved.more_images[0].summary is not None  # each its own
-    resumed = run_cli(*_args(test_models, tmp_path, "--resume", str(tmp_path / "session.jsonl")),
+    resumed = invoke_cli(*_args(test_models, tmp_path, "--resume", str(tmp_path / "session.jsonl")),
                       stdin="the second one?\n")
     assert resumed.returncode == 0, resumed.stderr
     assert _turns(tmp_path / "session.jsonl")[-1]["stats"]["clip_encodes"] == 0  # summaries, no CLIP
@@ -337,7 +347,7 @@ def test_doc_reads_each_page_as_a_turn_and_keeps_only_its_transcript(test_models
             "--n-ctx", "2048", "--max-tokens", "12", "--session", str(tmp_path / "session.jsonl"),
             "--stats-json", str(stats)]  # the Qwen pair: an mtmd family, and quick on the CPU
     script = f"/doc {pdf} 1-3\nwhat does the second page say?\n/doc {tmp_path}/none.pdf\n"
-    result = run_cli(*args, stdin=script)
+    result = invoke_cli(*args, stdin=script)
     assert result.returncode == 0, result.stderr
     assert [line for line in result.stdout.splitlines() if line.startswith("==>")] == [
         f"==> notes.pdf, page {n} <==" for n in (1, 2, 3)]
@@ -360,7 +370,7 @@ def test_video_reads_each_window_as_a_turn_and_keeps_only_its_description(test_m
     args = ["chat", "--model", str(test_models["qwen_text"]), "--mmproj", str(test_models["qwen_mmproj"]),
             "--n-ctx", "2048", "--max-tokens", "12", "--session", str(tmp_path / "session.jsonl"),
             "--stats-json", str(stats)]
-    result = run_cli(*args, stdin=f"/video {clip}\nwhat moved at 0:05?\n")
+    result = invoke_cli(*args, stdin=f"/video {clip}\nwhat moved at 0:05?\n")
     assert result.returncode == 0, result.stderr
     assert [line for line in result.stdout.splitlines() if line.startswith("==>")] == [
         "==> square.mp4, 0:00–0:08 <==", "==> square.mp4, 0:08–0:12 <=="]

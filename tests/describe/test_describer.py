@@ -1,4 +1,5 @@
-"""Describe on real llama.cpp: the budget, the layout and the cached system prompt."""
+"""Describe: the budget, the layout and the cached system prompt, on a fake sequence with the
+112 px test projector's view costs (tests/fakes.py); the grid plan checks against the real one."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from edgevlm.llama.sequence import EngineSequence
 from edgevlm.vision.images import LoadedImage
 
 from ..conftest import make_describer, one_sequence
+from ..fakes import FakeSequence
 
 TILE = 112  # the fast test projector: 64 tokens per view
 
@@ -22,12 +24,18 @@ def _image(size: tuple[int, int], name: str = "photo.jpg") -> LoadedImage:
     return LoadedImage(Path(name), Image.new("RGB", size, (30, 120, 200)), size)
 
 
-def _describer(sequence: EngineSequence, **kwargs: object) -> Describer:
+@pytest.fixture()
+def small_sequence() -> FakeSequence:
+    """A 1024-token sequence whose views cost 64 tokens (the 112 px test projector's)."""
+    return FakeSequence(n_ctx=1024, view_tokens=64)
+
+
+def _describer(sequence: EngineSequence | FakeSequence, **kwargs: object) -> Describer:
     return make_describer(sequence, CHATML, tile_size=TILE, **{"max_tokens": 6, **kwargs})  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("size", [(3840, 2160), (2160, 3840), (900, 900), (1, 5000), (100, 80)])
-def test_prompt_plus_answer_fits_and_counts_views(small_sequence: EngineSequence,
+def test_prompt_plus_answer_fits_and_counts_views(small_sequence: FakeSequence,
                                                   size: tuple[int, int]) -> None:
     describer = _describer(small_sequence, max_tokens=32)
     result = describer.describe(_image(size))
@@ -40,25 +48,24 @@ def test_prompt_plus_answer_fits_and_counts_views(small_sequence: EngineSequence
     assert small_sequence.n_past == result.prompt_tokens + result.completion_tokens + suffix
 
 
-def test_budget_shrinks_the_grid_to_fit(test_models: dict[str, Path]) -> None:
-    with one_sequence(test_models["mmproj_112"], n_ctx=512) as tight:
-        describer = _describer(tight, max_tokens=100)
-        result = describer.describe(_image((3840, 2160)))
-        assert 0 < result.n_tiles < 12
-        assert result.prompt_tokens + 100 <= 512
+def test_budget_shrinks_the_grid_to_fit() -> None:
+    describer = _describer(FakeSequence(n_ctx=512, view_tokens=64), max_tokens=100)
+    result = describer.describe(_image((3840, 2160)))
+    assert 0 < result.n_tiles < 12
+    assert result.prompt_tokens + 100 <= 512
 
 
-def test_tiles_zero_is_global_view_only(small_sequence: EngineSequence) -> None:
+def test_tiles_zero_is_global_view_only(small_sequence: FakeSequence) -> None:
     result = _describer(small_sequence, max_tiles=0).describe(_image((3840, 2160)))
     assert result.grid == (0, 0) and result.visual_tokens == 64
 
 
-def test_explicit_tile_cap(small_sequence: EngineSequence) -> None:
+def test_explicit_tile_cap(small_sequence: FakeSequence) -> None:
     result = _describer(small_sequence, max_tiles=2).describe(_image((3840, 2160)))
     assert result.n_tiles == 2 and result.grid == (2, 1)
 
 
-def test_system_prompt_is_decoded_once(small_sequence: EngineSequence) -> None:
+def test_system_prompt_is_decoded_once(small_sequence: FakeSequence) -> None:
     describer = _describer(small_sequence)
     first = describer.describe(_image((800, 600), "a.jpg"))
     assert first.cached_tokens == 0  # the first image pays for the system prompt
@@ -72,10 +79,10 @@ def test_system_prompt_is_decoded_once(small_sequence: EngineSequence) -> None:
     assert small_sequence.stats().prompt_tokens == second.prompt_tokens - prefix + suffix
 
 
-def test_a_context_too_small_for_one_image_says_what_to_do(test_models: dict[str, Path]) -> None:
-    with one_sequence(test_models["mmproj_336"], n_ctx=512) as tiny:
-        with pytest.raises(ContextOverflowError, match="raise n_ctx or lower max_tokens") as refused:
-            make_describer(tiny, CHATML, tile_size=336, max_tokens=64).describe(_image((800, 600)))
+def test_a_context_too_small_for_one_image_says_what_to_do() -> None:
+    tiny = FakeSequence(n_ctx=512, view_tokens=576)  # LLaVA-1.5's 576-token view cannot fit
+    with pytest.raises(ContextOverflowError, match="raise n_ctx or lower max_tokens") as refused:
+        make_describer(tiny, CHATML, tile_size=336, max_tokens=64).describe(_image((800, 600)))
     # the core names settings; the command line says them as flags
     from edgevlm.cli.options import flag_word
     from edgevlm.errors import in_words
@@ -84,7 +91,7 @@ def test_a_context_too_small_for_one_image_says_what_to_do(test_models: dict[str
     assert "raise --n-ctx or lower --max-tokens" in in_words(refused.value, flag_word)
 
 
-def test_json_fields(small_sequence: EngineSequence) -> None:
+def test_json_fields(small_sequence: FakeSequence) -> None:
     data = _describer(small_sequence).describe(_image((3840, 2160))).to_json()
     for key in ("image", "text", "grid", "n_tiles", "visual_tokens", "prompt_tokens",
                 "completion_tokens", "ttft_s", "prefill_tok_s", "decode_tok_s", "n_ctx",
@@ -93,7 +100,7 @@ def test_json_fields(small_sequence: EngineSequence) -> None:
     assert isinstance(data["grid"], list) and len(data["grid"]) == 2
 
 
-def test_pool_auto_buys_a_larger_grid_when_full_tiles_do_not_fit(small_sequence: EngineSequence) -> None:
+def test_pool_auto_buys_a_larger_grid_when_full_tiles_do_not_fit(small_sequence: FakeSequence) -> None:
     photo = _image((3840, 2160))
     full = _describer(small_sequence, pool=1).describe(photo)
     auto = _describer(small_sequence, pool=None).describe(photo)
@@ -124,7 +131,7 @@ def test_plan_reports_the_grid_describe_uses(test_models: dict[str, Path], n_ctx
             assert grid.n_tiles <= (plan.max_pooled_tiles if grid.pool == 2 else plan.max_tiles)
 
 
-def test_describe_images_reports_each_step_in_order(small_sequence: EngineSequence, tmp_path: Path) -> None:
+def test_describe_images_reports_each_step_in_order(small_sequence: FakeSequence, tmp_path: Path) -> None:
     from edgevlm.describe.describer import (
         ImageDone,
         ImageFailed,
@@ -157,7 +164,7 @@ def test_describe_images_reports_each_step_in_order(small_sequence: EngineSequen
 
 
 def test_the_first_image_pays_for_the_system_prompt_in_tokens_and_time(
-        small_sequence: EngineSequence) -> None:
+        small_sequence: FakeSequence) -> None:
     describer = _describer(small_sequence, max_tiles=0)
     first = describer.describe(_image((800, 600), "a.jpg"))
     second = describer.describe(_image((800, 600), "b.jpg"))
@@ -170,7 +177,7 @@ def test_the_first_image_pays_for_the_system_prompt_in_tokens_and_time(
         assert result.prefill_tok_s == pytest.approx(decoded / result.prefill_s)
 
 
-def test_ask_after_tags_keeps_the_users_max_tokens(small_sequence: EngineSequence) -> None:
+def test_ask_after_tags_keeps_the_users_max_tokens(small_sequence: FakeSequence) -> None:
     """Issue 39.13: --tags raises the tag answer's budget to its longest form; the --ask answers
     that follow it are text and keep --max-tokens."""
     from edgevlm.chat.structured import TEXT, answer_tokens_needed, choose_format

@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 from edgevlm.server.launch import ServeSettings, build_state
 from edgevlm.server.turns import ServerState
 
-from .test_app import data_url, images_content, photo_bytes, serving
+from .test_app import data_url, image_message, images_content, photo_bytes, serving
 
 MAX_TOKENS = 96  # enough for a tool call or a small JSON object, and the server's cap
 
@@ -409,3 +409,20 @@ def test_ollama_generate_context_continues(server: tuple[str, ServerState]) -> N
     assert streamed[-1].context == again.context  # greedy: the same answer, so the same context
     bad = httpx.post(f"{server[0]}/api/generate", json={"prompt": "x", "context": [1, 2, 3], "stream": False})
     assert bad.status_code == 400 and "context" in bad.json()["error"]
+
+
+def test_json_schema_output_follows_the_schema(server: tuple[str, ServerState],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{server[0]}/v1", api_key="unused", max_retries=0, timeout=120)
+    monkeypatch.setattr(server[1], "max_tokens", 48)  # the server's cap on max_tokens
+    schema = {"type": "object", "additionalProperties": False, "required": ["colour", "count"],
+              "properties": {"colour": {"enum": ["red", "green", "blue"]},
+                             "count": {"type": "integer"}}}
+    reply = client.chat.completions.create(
+        model="", messages=[image_message("Describe the photo as JSON.", seed=2)], max_tokens=48,
+        response_format={"type": "json_schema", "json_schema": {"name": "photo", "schema": schema}})
+    data = json.loads(reply.choices[0].message.content, strict=True)
+    assert set(data) == {"colour", "count"}
+    assert data["colour"] in ("red", "green", "blue") and isinstance(data["count"], int)
