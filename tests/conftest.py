@@ -113,6 +113,7 @@ def _isolated_user_dirs(tmp_path_factory: pytest.TempPathFactory,
     monkeypatch.setenv("XDG_DATA_HOME", str(home / "data"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(home / "cache"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm fetches its price list at import
     # CLIP counts in tests mean what they say: the image cache is on only where a test asks.
     monkeypatch.setenv("EDGEVLM_NO_CACHE", "1")
     monkeypatch.delenv("EDGEVLM_MODEL", raising=False)

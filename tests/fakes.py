@@ -283,6 +283,8 @@ class FakeEngine:
             each.seq_id = seq_id  # type: ignore[attr-defined]
         self.n_ctx = self._sequences[0].n_ctx
         self.load_s = 0.0
+        self.n_threads = 2
+        self.config: object = None  # the EngineConfig it stands for (fake_load sets it)
         self.reported_buffers: tuple[tuple[str, str, float], ...] = ()
 
     def sequence(self, index: int = 0) -> FakeSequence:
@@ -318,13 +320,14 @@ def fake_load(flags: ModelFlags, *, on_progress: Callable[[float], None] | None 
     """runtime.loading.load's stand-in: the same resolving, checks and plan, a FakeEngine in place
     of llama.cpp (see fake_loaded)."""
     from edgevlm.families import family_for, layout_for
-    from edgevlm.runtime.loading import Loaded, inspect, make_plan, prompt_format
+    from edgevlm.runtime.loading import Loaded, engine_config, inspect, make_plan, prompt_format
 
     choice, text_facts, projector = inspect(flags)
     if family_for(projector).native:
         raise ValueError("fake_load fakes the LLaVA layouts only")
     plan = make_plan(flags, text_facts, projector)
     engine = FakeEngine(plan.n_seq, n_ctx=plan.n_ctx, view_tokens=projector.tokens_per_image, **sequence)
+    engine.config = engine_config(choice, plan, flags)  # what llama.cpp would have been given
     if on_progress is not None:
         on_progress(1.0)
     return Loaded(engine, prompt_format(choice, text_facts, projector), choice, text_facts,  # type: ignore[arg-type]

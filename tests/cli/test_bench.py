@@ -10,7 +10,7 @@ import pytest
 
 from edgevlm.cli.bench import parse_peer_log
 
-from ..conftest import run_cli
+from ..conftest import invoke_cli, run_cli
 
 # llama-mtmd-cli -lv 4 output (the llama.cpp in llama-cpp-python 0.3.36), captured from a real run.
 PEER_LOG = "\n".join([
@@ -46,7 +46,7 @@ def test_peer_log_is_read_into_ttft_and_speeds() -> None:
 
 @pytest.mark.slow
 def test_bench_json_measures_every_stage(test_models: dict[str, Path]) -> None:
-    result = run_cli("bench", *_models(test_models), "--max-tokens", "6", "--turns", "3", "--json",
+    result = invoke_cli("bench", *_models(test_models), "--max-tokens", "6", "--turns", "3", "--json",
                      "--no-peer")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
@@ -69,11 +69,12 @@ def test_bench_json_measures_every_stage(test_models: dict[str, Path]) -> None:
     assert report["peer"] is None
 
 
+@pytest.mark.usefixtures("fake_engines")
 def test_bench_table_and_a_broken_peer(test_models: dict[str, Path], tmp_path: Path) -> None:
     peer = tmp_path / "llama-mtmd-cli"
     peer.write_text("#!/bin/sh\necho 'failed to load model' >&2\nexit 1\n")
     peer.chmod(peer.stat().st_mode | stat.S_IEXEC)
-    result = run_cli("bench", *_models(test_models), "--max-tokens", "4", "--turns", "0",
+    result = invoke_cli("bench", *_models(test_models), "--max-tokens", "4", "--turns", "0",
                      "--peer", str(peer))
     assert result.returncode == 0, result.stderr
     for text in ("model load", "time to first token", "prefill speed", "pool 2 vs 1", "decode"):

@@ -14,10 +14,16 @@ from edgevlm.chat.prompts import CHATML
 from edgevlm.describe.describer import ImageDone
 from edgevlm.describe.folders import JsonlLog, caption_all, find_images, plan_targets
 from edgevlm.errors import UserError
-from edgevlm.llama.sequence import EngineSequence
 from edgevlm.store.files import write_atomically
 
-from ..conftest import make_describer, run_cli
+from ..conftest import invoke_cli, make_describer
+from ..fakes import FakeSequence
+
+
+@pytest.fixture()
+def small_sequence() -> FakeSequence:
+    """A 1024-token sequence whose views cost 64 tokens (the 112 px test projector's)."""
+    return FakeSequence(n_ctx=1024, view_tokens=64)
 
 
 @pytest.fixture()
@@ -42,10 +48,11 @@ def _args(models: dict[str, Path]) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("fake_engines")
 def test_folder_run_writes_captions_and_jsonl_and_names_bad_files(
         test_models: dict[str, Path], folder: Path, tmp_path: Path) -> None:
     log = tmp_path / "captions.jsonl"
-    result = run_cli("describe", str(folder), "--recursive", "--write-captions", "--jsonl", str(log),
+    result = invoke_cli("describe", str(folder), "--recursive", "--write-captions", "--jsonl", str(log),
                      *_args(test_models))
     assert result.returncode == 2
     captions = sorted(folder.rglob("*.txt"))
@@ -57,16 +64,17 @@ def test_folder_run_writes_captions_and_jsonl_and_names_bad_files(
     assert "broken.jpg" in result.stderr and "empty.png" in result.stderr
     assert "Traceback" not in result.stderr
 
-    again = run_cli("describe", str(folder), "--recursive", "--write-captions", "--jsonl", str(log),
+    again = invoke_cli("describe", str(folder), "--recursive", "--write-captions", "--jsonl", str(log),
                     *_args(test_models))
     assert "0 captioned, 12 skipped (already done), 2 failed" in again.stderr
     assert len(log.read_text().splitlines()) == 12  # nothing captioned twice
 
 
+@pytest.mark.usefixtures("fake_engines")
 def test_out_dir_mirrors_the_tree_and_glob_filters(test_models: dict[str, Path], folder: Path,
                                                    tmp_path: Path) -> None:
     out = tmp_path / "out"
-    result = run_cli("describe", str(folder), "-r", "--glob", "*.png", "--write-captions", "--out-dir",
+    result = invoke_cli("describe", str(folder), "-r", "--glob", "*.png", "--write-captions", "--out-dir",
                      str(out), *_args(test_models))
     assert result.returncode == 2  # empty.png matches the glob and fails
     written = sorted(p.relative_to(out).as_posix() for p in out.rglob("*.txt"))
@@ -85,7 +93,7 @@ class _Crash(Exception):
     pass
 
 
-def test_a_crashed_run_resumes_without_captioning_twice(small_sequence: EngineSequence, folder: Path,
+def test_a_crashed_run_resumes_without_captioning_twice(small_sequence: FakeSequence, folder: Path,
                                                         tmp_path: Path) -> None:
     describer = make_describer(small_sequence, CHATML, tile_size=112, max_tokens=4, max_tiles=0)
     calls: list[str] = []
@@ -115,7 +123,7 @@ def test_a_crashed_run_resumes_without_captioning_twice(small_sequence: EngineSe
     assert len(calls) == 12 and len(set(calls)) == 12  # every image exactly once
 
 
-def test_each_image_starts_from_the_shared_prefix(small_sequence: EngineSequence, tmp_path: Path) -> None:
+def test_each_image_starts_from_the_shared_prefix(small_sequence: FakeSequence, tmp_path: Path) -> None:
     image = Image.fromarray(np.random.default_rng(3).integers(0, 255, (90, 120, 3), dtype=np.uint8))
     for name in ("one.png", "two.png", "three.png"):
         image.save(tmp_path / name)
@@ -149,7 +157,7 @@ def test_torn_jsonl_line_is_cut_and_writes_are_atomic(tmp_path: Path) -> None:
     assert target.read_text() == "hello\n" and not list(target.parent.glob("*.tmp"))
 
 
-def test_ctrl_c_in_an_answer_writes_nothing_of_it(small_sequence: EngineSequence, folder: Path,
+def test_ctrl_c_in_an_answer_writes_nothing_of_it(small_sequence: FakeSequence, folder: Path,
                                                   tmp_path: Path) -> None:
     """Issue 39.1: a stopped caption is not a caption; the run ends and a rerun describes it."""
     from edgevlm.describe.describer import TextPiece
@@ -190,7 +198,7 @@ def test_a_file_that_is_not_an_edgevlm_log_is_refused_untouched(tmp_path: Path) 
     assert ours.stat().st_mode & 0o777 == 0o644
 
 
-def test_a_failed_write_fails_that_image_not_the_run(small_sequence: EngineSequence, folder: Path,
+def test_a_failed_write_fails_that_image_not_the_run(small_sequence: FakeSequence, folder: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 39.3: a full disk mid-run is one image's one-line failure; the others are written."""
     import errno

@@ -74,7 +74,10 @@ def server(test_models: dict[str, Path],
         patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("clients-cache")))
         loaded = load(ModelFlags(model=str(test_models["text"]), mmproj=str(test_models["mmproj_112"]),
                                  n_ctx=2048, n_gpu_layers=0, answer_tokens=MAX_TOKENS))
-        state = build_state(loaded, ServeSettings(max_tokens=MAX_TOKENS, max_queue=8, cache=True))
+        # The clients' shapes are the point here: each image at its global view (64 tokens) and
+        # summarised from its answer; tiles and captions are test_app.py's.
+        state = build_state(loaded, ServeSettings(max_tokens=MAX_TOKENS, max_queue=8, cache=True,
+                                                  max_tiles=0, summary="answer"))
         with serving(state) as url:
             yield url, state
         loaded.engine.close()
