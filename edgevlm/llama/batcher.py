@@ -16,6 +16,8 @@ from edgevlm.llama.sequence import EngineSequence, RowPlacement
 
 # The longest a batcher step waits for the streams that just got a token to come back.
 GATHER_S = 0.05
+# A text prefill of at most this share of a batch is short: it joins the next step at once.
+SHORT_PREFILL_SHARE = 4
 
 
 class BatchHost(Protocol):
@@ -110,16 +112,22 @@ class _Work:
 
 class Batcher:
     """Continuous batching over the engine's sequences: one step is one llama_decode holding one
-    token for every sequence that is generating, plus up to one batch of the oldest pending
-    prefill (text ids join the same batch; image rows, which a llama_batch cannot mix with ids,
-    follow in a second decode of at most one batch). Admission is FIFO, decode comes first, so a
-    long image is prefilled a batch at a time between decode steps and no stream stalls for it.
+    token for every sequence that is generating, every short text prefill waiting, and the rest
+    of the batch from the oldest longer prefill (text ids join the same batch; image rows, which
+    a llama_batch cannot mix with ids, follow in a second decode of at most one batch). Decode
+    comes first, then short prefills, then long ones FIFO: a long image or history is prefilled
+    a batch at a time between steps, and neither a stream nor a short question stalls for it.
     """
 
     def __init__(self, host: BatchHost) -> None:
         self._host = host
         self.lock = threading.RLock()
         self._cond = threading.Condition(self.lock)
+        # New work arrives here, under a lock of its own that no step holds: the batching thread
+        # keeps `lock` through a step, and through step after step of a long prefill, so a
+        # sequence that had to take it to queue work would wait for that prefill to end.
+        self._arrivals: list[_Work] = []
+        self._arrivals_lock = threading.Lock()
         self._pending: list[_Work] = []
         self._expected: set[int] = set()  # sequences generating last step: back soon with a token
         self._closed = False
@@ -132,16 +140,30 @@ class Batcher:
             image: RowPlacement | None = None) -> None:
         """Queue a sequence's input and wait until it is decoded (or the sequence is interrupted)."""
         work = _Work(sequence, tokens, rows, image)
-        with self._cond:
-            if self._closed:
-                raise EngineError("the engine is closed")
-            self._pending.append(work)
-            self._cond.notify_all()
+        if self._closed:
+            raise EngineError("the engine is closed")
+        with self._arrivals_lock:
+            self._arrivals.append(work)
+        self._wake()
         while not work.finished.wait(0.05):
             if sequence.interrupt_requested and self._withdraw(work):
                 raise Interrupted("interrupted while waiting to decode")
         if work.error is not None:
             raise work.error
+
+    def _wake(self) -> None:
+        """Wake the batching thread if it is waiting (if it is stepping, it admits the work next)."""
+        if self._cond.acquire(blocking=False):
+            try:
+                self._cond.notify_all()
+            finally:
+                self._cond.release()
+
+    def _admit(self) -> None:
+        """Move the arrived work into the pending list (the batching thread, holding `lock`)."""
+        with self._arrivals_lock:
+            self._pending += self._arrivals
+            self._arrivals.clear()
 
     def leave(self, sequence: EngineSequence) -> None:
         """The sequence stopped generating: the next step need not wait for it."""
@@ -160,6 +182,7 @@ class Batcher:
 
     def _withdraw(self, work: _Work) -> bool:
         with self._cond:
+            self._admit()
             if work.finished.is_set():
                 return False
             self._pending.remove(work)
@@ -169,35 +192,51 @@ class Batcher:
     def _loop(self) -> None:
         with self._cond:
             while True:
-                self._cond.wait_for(lambda: self._pending or self._closed)
+                # A timeout too: work that arrived while this thread stepped may have found it
+                # busy and sent no wake-up (see _wake).
+                while not self._cond.wait_for(self._work_or_closed, timeout=GATHER_S):
+                    pass
                 if self._closed:
                     break
                 # Let every stream that just got a token come back with its next one, so the
                 # step carries them all (a stalled client cannot hold the others for long).
                 self._cond.wait_for(self._all_back, timeout=GATHER_S)
                 self._step()
-            for work in self._pending:
+            self._admit()
+            for work in list(self._pending):
                 self._finish(work, EngineError("the engine was closed"))
 
+    def _work_or_closed(self) -> bool:
+        self._admit()
+        return bool(self._pending) or self._closed
+
     def _all_back(self) -> bool:
+        self._admit()
         return self._closed or self._expected <= {w.sequence.seq_id for w in self._pending}
 
     def _step(self) -> None:
         decoding = [w for w in self._pending if w.is_decode_step]
-        # The request that started first finishes its prefill first (FIFO admission), rather
-        # than every new request's prefill advancing a piece at a time and all starting late.
-        prefill = min((w for w in self._pending if not w.is_decode_step),
-                      key=lambda w: w.sequence.request_started, default=None)
+        waiting = sorted((w for w in self._pending if not w.is_decode_step),
+                         key=lambda w: w.sequence.request_started)
+        # A short text prefill (a question after a history already cached, a tool's result)
+        # rides in this step whatever waits before it: it waits one step, not for a long
+        # prefill ahead of it to finish. The long ones go FIFO: the request that started first
+        # finishes its prefill first, rather than every one advancing a piece at a time and all
+        # starting late.
+        short = [w for w in waiting if w.tokens is not None
+                 and w.n_items - w.done_items <= self._host.n_batch // SHORT_PREFILL_SHARE]
+        prefill = next((w for w in waiting if w not in short), None)
         self._expected = set()
         self._tokens.clear()
         at = {w: self._tokens.add_tokens(w.sequence, w.tokens, logits_last=True)  # type: ignore[arg-type]
               for w in decoding}
-        chunk = self._add_text_chunk(prefill, at) if prefill is not None else 0
-        included = decoding + ([prefill] if chunk and prefill is not None else [])
+        prefills = [*short, *([prefill] if prefill is not None else [])]
+        chunks = {w: n for w in prefills if (n := self._add_text_chunk(w, at))}
+        included = decoding + list(chunks)
         if included and not self._decode(self._tokens, included):
             return
         for work in included:
-            self._advance(work, chunk if work is prefill else 1, at[work])
+            self._advance(work, chunks.get(work, 1), at[work])
         if prefill is not None and prefill.rows is not None:
             self._step_rows(prefill)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -70,6 +71,29 @@ def test_a_sequence_sees_only_its_own_tokens(engine4: Engine) -> None:
     assert np.abs(leaked - alone).max() > 100 * LOGIT_TOLERANCE  # so the check above can fail
     assert all(s.n_past == s.kv_cells() for s in engine4.sequences())
     assert engine4.n_ctx == 1024 and [s.seq_id for s in engine4.sequences()] == [0, 1, 2, 3]
+
+
+def test_a_short_prefill_waits_one_step_not_for_a_long_one_ahead(test_models: dict[str, Path]) -> None:
+    """Issue 39.6: a client's small request during another's long history prefill waited for all
+    of it (prefills were strictly FIFO); a short one now rides in the next step."""
+    import threading
+
+    with Engine(EngineConfig(TEXT_MODEL, None, n_ctx=2048, n_gpu_layers=0, n_seq=2, n_batch=64,
+                             n_ubatch=64)) as engine:
+        long, short = engine.sequences()
+        history = long.tokenize("A long history of many turns, resent in full. " * 120)[:1500]
+        reading = threading.Thread(target=long.eval_text, args=(history,))
+        reading.start()
+        deadline = time.monotonic() + 60
+        while long.n_past < 64 and time.monotonic() < deadline:  # its first step is done
+            time.sleep(0.001)
+        before = long.n_past
+        short.eval_text(short.tokenize("And one more question?"))
+        waited = long.n_past - before
+        reading.join()
+        assert 0 < before < len(history) and long.n_past == len(history) == long.kv_cells()
+        assert waited <= 2 * 64, waited  # the step in flight and the one it rode in, not 1500 tokens
+        assert short.n_past == short.kv_cells() > 0
 
 
 def test_concurrent_generation_keeps_every_ledger(engine4: Engine) -> None:
