@@ -356,6 +356,9 @@ def test_a_full_queue_answers_503(server: tuple[str, ServerState], monkeypatch: 
     url, state = server
     monkeypatch.setattr(state.scheduler, "max_queue", 1)
     monkeypatch.setattr(state, "max_tokens", 200)
+    sequence = state.scheduler.session.conversation.sequence
+    monkeypatch.setattr(sequence, "step_s", 0.02)  # the running answer outlasts the other two requests
+    sequence.script(" ".join(str(n) for n in range(1, 101)), " ".join(str(n) for n in range(1, 101)))
     body = {"messages": [{"role": "user", "content": "Count to one hundred."}], "max_tokens": 200}
     with ThreadPoolExecutor(2) as pool:
         running = pool.submit(httpx.post, f"{url}/v1/chat/completions", json=body, timeout=120)
