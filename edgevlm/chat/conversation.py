@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from typing import Protocol
 
 import numpy as np
@@ -52,7 +53,7 @@ from edgevlm.values.embedding import ImageBlock, ImageEmbedding
 from edgevlm.values.sampling import Sampling
 from edgevlm.values.stats import RequestStats
 from edgevlm.vision.images import LoadedImage
-from edgevlm.vision.layout import ImageLayout, ImagePlan
+from edgevlm.vision.layout import Detail, ImageLayout, ImagePlan
 from edgevlm.vision.tiling import PLANNED_IMAGES, TurnCosts, even_share, useful_pixels
 
 DEFAULT_QUESTION = "Describe this image in detail."
@@ -130,7 +131,7 @@ class Conversation:
                  sampling: Sampling | None = None, max_tiles: int | None = None,
                  summary: str = "caption", keep_images: int = 0, system: str | None = None,
                  caption_tokens: int = CAPTION_TOKENS, pool: int | None = 1,
-                 layout: ImageLayout | None = None,
+                 layout: ImageLayout | None = None, detail: Detail = Detail.CHAT,
                  encoder: Callable[[Image.Image], ImageEmbedding] | EmbeddingCache | CacheView | None = None,
                  prefix_cache: PrefixCache | None = None) -> None:
         if summary not in SUMMARY_MODES:
@@ -143,6 +144,7 @@ class Conversation:
         self.sampling = sampling or Sampling()
         self.max_tiles = max_tiles
         self.pool = pool  # 1, 2, or None for auto (pooled tiles only when they buy a larger grid)
+        self.detail = detail  # what images are shown for: each family's budget for that task
         self.system = system
         self.stop: tuple[str, ...] = ()  # the answer ends before the first of these
         self.last_answer_interrupted = False  # the last answer was stopped before it ended
@@ -269,7 +271,7 @@ class Conversation:
     @property
     def view_settings(self) -> ViewSettings:
         """How images are cut into views now."""
-        return ViewSettings(self.tile_size, self.pool, self.max_tiles)
+        return ViewSettings(self.tile_size, self.pool, self.max_tiles, self.detail)
 
     # -- whole conversations ------------------------------------------------------------------
 
@@ -327,8 +329,12 @@ class Conversation:
         return self.costs(question).room(self.sequence.n_ctx, self.max_tokens)
 
     def prepare(self, image: LoadedImage, room: int) -> PreparedImage:
-        """The CPU side of an image turn (grid, global view, tiles); safe on a helper thread."""
-        return self.blocks.prepare(image, room, self.view_settings, max_tokens=self.max_tokens)
+        """The CPU side of an image turn (grid, global view, tiles); safe on a helper thread. A
+        video's frame is planned within its family's budget for a frame."""
+        settings = self.view_settings
+        if image.time_s is not None:
+            settings = replace(settings, detail=Detail.VIDEO_FRAME)
+        return self.blocks.prepare(image, room, settings, max_tokens=self.max_tokens)
 
     def ask(self, question: str, *, image: LoadedImage | PreparedImage | None = None,
             images: Sequence[LoadedImage | PreparedImage] = (),

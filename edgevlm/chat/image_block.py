@@ -20,7 +20,7 @@ from edgevlm.chat.records import (
 from edgevlm.errors import ConfigError, ContextOverflowError
 from edgevlm.values.embedding import ImageBlock, ImageEmbedding
 from edgevlm.vision.images import LoadedImage
-from edgevlm.vision.layout import BlockTooLarge, ImageLayout, ImagePlan, ViewBudget
+from edgevlm.vision.layout import BlockTooLarge, ImageLayout, ImagePlan, TaskTooLarge, ViewBudget, with_task
 
 
 class BlockSequence(Protocol):
@@ -59,15 +59,21 @@ class ImageBlockWriter:
         return PreparedImage(image, plan, views, room, time.perf_counter() - started, settings)
 
     def budget(self, room: int, settings: ViewSettings) -> ViewBudget:
-        """The room and the view costs the layout plans within."""
-        return ViewBudget(room=room, tile_size=settings.tile_size,
-                          view_tokens=self._sequence.image_tokens(), label_tokens=self.label_tokens,
-                          whole_label_tokens=self.whole_image_tokens, pool=settings.pool,
-                          max_tiles=settings.max_tiles)
+        """The room and the view costs the layout plans within, held to the task's budget."""
+        budget = ViewBudget(room=room, tile_size=settings.tile_size,
+                            view_tokens=self._sequence.image_tokens(), label_tokens=self.label_tokens,
+                            whole_label_tokens=self.whole_image_tokens, pool=settings.pool,
+                            max_tiles=settings.max_tiles)
+        return with_task(budget, settings.detail, self.layout.budgets)
 
     def _plan(self, image: LoadedImage, room: int, settings: ViewSettings, max_tokens: int) -> ImagePlan:
         try:
             return self.layout.plan(image.size, self.budget(room, settings))
+        except TaskTooLarge as exc:  # the task's floor: a larger context, or a task that needs less
+            raise ContextOverflowError(
+                f"{exc}, beside the prompt and max_tokens {max_tokens} in a context of "
+                f"{self._sequence.n_ctx}; raise n_ctx, or choose another detail",
+                settings=("n_ctx", "max_tokens", "detail")) from None
         except BlockTooLarge as exc:  # the context, not the pool: say which settings make room
             raise ContextOverflowError(
                 f"the image needs at least {exc.tokens} tokens (at its smallest size) and only "

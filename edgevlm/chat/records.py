@@ -10,7 +10,7 @@ from PIL import Image
 
 from edgevlm.values.embedding import ImageEmbedding
 from edgevlm.vision.images import LoadedImage
-from edgevlm.vision.layout import ImagePlan
+from edgevlm.vision.layout import Detail, ImagePlan
 
 
 @dataclass(frozen=True, eq=False)
@@ -51,6 +51,7 @@ class ViewSettings:
     tile_size: int
     pool: int | None = 1  # 1, 2, or None for auto (pooled tiles only when they buy a larger grid)
     max_tiles: int | None = None
+    detail: Detail = Detail.CHAT  # what the image is shown for: its family's budget for that task
 
 
 @dataclass(frozen=True, eq=False)

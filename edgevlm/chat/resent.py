@@ -20,7 +20,7 @@ from edgevlm.store.caches import SummaryStore
 from edgevlm.values.sampling import Sampling
 from edgevlm.vision.documents import render_document_bytes
 from edgevlm.vision.images import LoadedImage, load_image_bytes
-from edgevlm.vision.layout import FrameScaffold
+from edgevlm.vision.layout import Detail, FrameScaffold
 from edgevlm.vision.video import MAX_WINDOW_FRAMES, read_video_bytes
 
 HISTORY_FILL = 0.75  # a cut history fills this share of the room, leaving some for follow-ups
@@ -89,6 +89,7 @@ class TurnOptions:
     max_tiles: int | None = None  # None: as many as the context allows; 0: the global view only
     stop: tuple[str, ...] = ()
     pool: int | None = None  # None: the session's own setting; 0: auto; 1 or 2: that factor
+    detail: Detail | None = None  # what the images are for (None: the session's own setting)
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,7 @@ class ResentChat:
         self.summaries = summaries
         self._system_default = conversation.system
         self._pool_default = conversation.pool
+        self._detail_default = conversation.detail
         self._digests: dict[str, str] = {}  # a live image's name -> its SHA-256, till summarised
         conversation.on_summary = self._keep_summary
 
@@ -197,6 +199,7 @@ class ResentChat:
         conversation.max_tiles = options.max_tiles
         conversation.stop = options.stop
         conversation.pool = self._pool_default if options.pool is None else (options.pool or None)
+        conversation.detail = self._detail_default if options.detail is None else options.detail
 
     def _first_kept(self, turn: ChatTurn) -> int:
         """How many of the oldest past turns to drop, before anything is decoded or summarised,

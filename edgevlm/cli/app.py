@@ -19,18 +19,18 @@ from rich.markup import escape
 
 from edgevlm import __version__
 from edgevlm.cli import options as opt
-from edgevlm.cli.render import err
+from edgevlm.cli.render import DescribeView, err
 from edgevlm.cli.repl_help import HELP
 from edgevlm.errors import ConfigError, EdgeVLMError, Interrupted, one_line
 from edgevlm.models.catalog import DEFAULT_PRESET as DEFAULT_MODEL
 
 if TYPE_CHECKING:  # the heavy modules load inside the commands: `--help` stays instant
     from edgevlm.chat.structured import OutputFormat
-    from edgevlm.cli.render import DescribeView
     from edgevlm.describe.describer import Describer, Question
     from edgevlm.describe.folders import BatchEvent, BatchSummary, Found, JsonlLog, Target, XmpOutput
     from edgevlm.runtime.loading import Loaded, ModelFlags, Placement
     from edgevlm.values.sampling import Sampling
+    from edgevlm.vision.layout import Detail as ImageDetail
     from edgevlm.vision.sources import Source
 
 T = TypeVar("T")
@@ -137,51 +137,51 @@ def _root(version: Annotated[bool, typer.Option(
 def describe(
     ctx: typer.Context, photos: opt.Photos, prompt: opt.Prompt = None, ask: opt.Ask = None,
     prompts: opt.Prompts = None, max_tokens: opt.MaxTokens = 512, tiles: opt.Tiles = "auto",
-    pool: opt.Pool = "auto", model: opt.Model = DEFAULT_MODEL, mmproj: opt.Mmproj = None,
-    n_gpu_layers: opt.NGpuLayers = None, swa_full: opt.SwaFull = None, n_ctx: opt.NCtx = None,
-    seed: opt.Seed = None, temperature: opt.Temperature = 0.0, json_out: opt.JsonOut = False,
-    fmt: opt.Format = None, schema: opt.Schema = None, tags: opt.Tags = False, max_tags: opt.MaxTags = 8,
-    language: opt.Language = "English", together: opt.Together = False, pages: opt.Pages = None,
-    fps: opt.Fps = 1.0, quiet: opt.Quiet = False, recursive: opt.Recursive = False, glob: opt.Glob = None,
-    write_captions: opt.WriteCaptions = False, out_dir: opt.OutDir = None, jsonl: opt.Jsonl = None,
-    write_xmp: opt.WriteXmp = False, embed: opt.Embed = False, xmp_name: opt.XmpName = "IMG.jpg.xmp",
-    overwrite: opt.Overwrite = False, fetch_missing: opt.Fetch = False, threads: opt.Threads = None,
-    no_cache: opt.NoCache = False, parallel: opt.Parallel = "auto", verbose: opt.Verbose = False,
-    rpc: opt.Rpc = None, tensor_split: opt.TensorSplit = None, debug: opt.Debug = False,
-    split_mode: opt.SplitMode = "layer", main_gpu: opt.MainGpu = 0, mmproj_device: opt.MmprojDevice = None,
+    pool: opt.Pool = "auto", detail: opt.Detail = "chat", model: opt.Model = DEFAULT_MODEL,
+    mmproj: opt.Mmproj = None, n_gpu_layers: opt.NGpuLayers = None, swa_full: opt.SwaFull = None,
+    n_ctx: opt.NCtx = None, seed: opt.Seed = None, temperature: opt.Temperature = 0.0,
+    json_out: opt.JsonOut = False, fmt: opt.Format = None, schema: opt.Schema = None, tags: opt.Tags = False,
+    max_tags: opt.MaxTags = 8, language: opt.Language = "English", together: opt.Together = False,
+    pages: opt.Pages = None, fps: opt.Fps = 1.0, quiet: opt.Quiet = False, recursive: opt.Recursive = False,
+    glob: opt.Glob = None, write_captions: opt.WriteCaptions = False, out_dir: opt.OutDir = None,
+    jsonl: opt.Jsonl = None, write_xmp: opt.WriteXmp = False, embed: opt.Embed = False,
+    xmp_name: opt.XmpName = "IMG.jpg.xmp", overwrite: opt.Overwrite = False, fetch_missing: opt.Fetch = False,
+    threads: opt.Threads = None, no_cache: opt.NoCache = False, parallel: opt.Parallel = "auto",
+    verbose: opt.Verbose = False, rpc: opt.Rpc = None, tensor_split: opt.TensorSplit = None,
+    debug: opt.Debug = False, split_mode: opt.SplitMode = "layer", main_gpu: opt.MainGpu = 0,
+    mmproj_device: opt.MmprojDevice = None,
 ) -> None:
     """Describe photos and folders (see DESCRIBE_HELP)."""
-    from edgevlm.cli.render import DescribeView
     from edgevlm.describe.folders import BatchSummary, JsonlLog, find_images, needs_work
     from edgevlm.runtime.conversations import ChatSettings, describers_for
 
-    _configure_logging(verbose)
-    with _handled(debug):
-        max_tiles, pool_factor = _tiles_option(ctx, tiles), _pool_option(ctx, pool)
+    with _handled(debug, verbose=verbose):
+        max_tiles, pool_factor, task = _view_options(ctx, tiles, pool, detail)
         n_seq = _parallel_option(ctx, parallel)
-        placement = _placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device)
         questions, output, budget = _describe_questions(prompt, _asked(ask, prompts), fmt, schema, tags,
                                                         max_tags, language, max_tokens)
         _check_describe_outputs(ctx, write_captions, jsonl, out_dir, write_xmp or embed, bool(ask or prompts))
         found = find_images(photos, recursive=recursive, pattern=glob)
         writes = write_captions or write_xmp or jsonl is not None  # the text goes to files, not stdout
-        parts = (pages, fps, bool(questions.more or questions.asked))
-        targets, xmp = _describe_targets(found, parts, together, write_captions, out_dir, write_xmp, embed,
-                                         xmp_name, (model, mmproj, questions.prompt, output, max_tiles,
-                                                    pool_factor, budget))
-        log = JsonlLog(jsonl) if jsonl is not None else None
-        view = DescribeView(total=1 if together else len(targets), json_out=json_out, quiet=quiet,
-                            text_to_stdout=not writes, named=len(targets) + len(found.missing))
+        targets, xmp = _describe_targets(found, (pages, fps, bool(questions.more or questions.asked)),
+                                         together, write_captions, out_dir, write_xmp, embed, xmp_name, (
+                                             model, mmproj, questions.prompt, output, max_tiles, pool_factor,
+                                             budget, *_chat_detail(task)))
+        log, view = JsonlLog(jsonl) if jsonl is not None else None, DescribeView(
+            total=1 if together else len(targets), json_out=json_out, quiet=quiet, text_to_stdout=not writes,
+            named=len(targets) + len(found.missing))
         summary = BatchSummary(skipped=len(targets))  # until something needs doing
         if together or needs_work(targets, jsonl=log, overwrite=overwrite, xmp=xmp):
             flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, budget, fetch_missing,
                                  parallel=n_seq if len(targets) > 1 and not together else 1,
-                                 placement=placement, swa_full=swa_full)
-            settings = ChatSettings(max_tokens, _sampling(temperature, seed), max_tiles, pool_factor)
+                                 placement=_placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device),
+                                 swa_full=swa_full)
+            settings = ChatSettings(max_tokens, _sampling(temperature, seed), max_tiles, pool_factor,
+                                    detail=task)
             with _loaded(flags, quiet=quiet or json_out, tiles=(max_tiles, pool_factor)) as loaded, view:
-                describers = describers_for(loaded, settings, cache=not no_cache, output=output)
-                summary = _describe_all(describers, targets, questions, view, together=together,
-                                        overwrite=overwrite, log=log, xmp=xmp)
+                summary = _describe_all(describers_for(loaded, settings, cache=not no_cache, output=output),
+                                        targets, questions, view, together=together, overwrite=overwrite,
+                                        log=log, xmp=xmp)
         if view.summary(summary, found.missing, folder=writes or embed or any(p.is_dir() for p in photos)):
             raise typer.Exit(2)
 
@@ -342,6 +342,12 @@ def _answer_shape(fmt: str | None, schema: Path | None, tags: bool, max_tags: in
     return output, prompt or output.prompt or DEFAULT_PROMPT, answer_budget(output, max_tokens)
 
 
+def _chat_detail(task: ImageDetail) -> tuple[str, ...]:
+    """The detail in the settings a caption was made with: nothing at the default (chat), so
+    captions written before --detail existed still count as done."""
+    return () if task.value == "chat" else (task.value,)
+
+
 def _describe_targets(found: Found, parts: tuple[str | None, float, bool], together: bool,
                       write_captions: bool, out_dir: Path | None, write_xmp: bool, embed: bool, xmp_name: str,
                       settings: tuple[object, ...]) -> tuple[list[Target], XmpOutput | None]:
@@ -380,7 +386,8 @@ def chat(
     swa_full: opt.SwaFull = None,
     temperature: opt.Temperature = 0.0, seed: opt.Seed = None, summary: opt.Summary = "caption",
     keep_images: opt.KeepImages = 0, tiles: opt.Tiles = "auto", pool: opt.Pool = "auto",
-    system: opt.System = None, session: opt.Session = None, resume: opt.Resume = None,
+    detail: opt.Detail = "chat", system: opt.System = None, session: opt.Session = None,
+    resume: opt.Resume = None,
     stats_json: opt.StatsJson = None, fetch_missing: opt.Fetch = False, threads: opt.Threads = None,
     no_cache: opt.NoCache = False, rpc: opt.Rpc = None, tensor_split: opt.TensorSplit = None,
     split_mode: opt.SplitMode = "layer", main_gpu: opt.MainGpu = 0, mmproj_device: opt.MmprojDevice = None,
@@ -396,7 +403,7 @@ def chat(
     with _handled(debug):
         if summary not in ("caption", "answer"):
             raise ConfigError(f"--summary must be caption or answer, not '{summary}'")
-        max_tiles, pool_factor = _tiles_option(ctx, tiles), _pool_option(ctx, pool)
+        max_tiles, pool_factor, task = _view_options(ctx, tiles, pool, detail)
         max_pixels()  # a bad EDGEVLM_MAX_PIXELS is refused before anything loads
         if stats_json is not None:
             check_writable(stats_json, "--stats-json")
@@ -411,7 +418,7 @@ def chat(
         with _loaded(flags, quiet=False, tiles=(max_tiles, pool_factor)) as loaded:
             conversation = conversation_for(loaded, ChatSettings(
                 max_tokens=max_tokens, sampling=_sampling(temperature, seed), max_tiles=max_tiles,
-                summary=summary, keep_images=keep_images, system=system, pool=pool_factor),
+                summary=summary, keep_images=keep_images, system=system, pool=pool_factor, detail=task),
                 cache=not no_cache)
             run_chat(conversation, loaded, saved=saved, session=session or resume, stats_json=stats_json)
 
@@ -424,7 +431,8 @@ def serve(
     n_ctx: opt.NCtx = None, n_gpu_layers: opt.NGpuLayers = None, max_tokens: opt.MaxTokens = 512,
     swa_full: opt.SwaFull = None,
     temperature: opt.Temperature = 0.0, tiles: opt.Tiles = "auto", pool: opt.Pool = "auto",
-    summary: opt.Summary = "caption", no_cache: opt.NoCache = False, fetch_missing: opt.Fetch = False,
+    detail: opt.Detail = "chat", summary: opt.Summary = "caption", no_cache: opt.NoCache = False,
+    fetch_missing: opt.Fetch = False,
     parallel: opt.Parallel = "auto", threads: opt.Threads = None,
     rpc: opt.Rpc = None, tensor_split: opt.TensorSplit = None,
     split_mode: opt.SplitMode = "layer", main_gpu: opt.MainGpu = 0, mmproj_device: opt.MmprojDevice = None,
@@ -446,7 +454,7 @@ def serve(
             host=host, port=port, api_key=api_key, media_dir=media_dir, max_queue=max_queue,
             max_body_mb=max_body_mb, max_tokens=max_tokens, max_tiles=_tiles_option(ctx, tiles),
             pool=_pool_option(ctx, pool), sampling=Sampling(temperature=temperature),
-            summary=summary, cache=not no_cache)
+            summary=summary, cache=not no_cache, detail=_parsed(ctx, "detail", detail, opt.parse_detail))
         n_seq = _parallel_option(ctx, parallel)
         check(settings)  # unsafe or impossible settings fail before the model loads
         flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, max_tokens, fetch_missing,
@@ -700,6 +708,13 @@ def _sampling(temperature: float, seed: int | None) -> Sampling:
     return Sampling(temperature=temperature, seed=seed if seed is not None else random.getrandbits(31))
 
 
+def _view_options(ctx: typer.Context, tiles: str, pool: str, detail: str
+                  ) -> tuple[int | None, int | None, ImageDetail]:
+    """--tiles, --pool and --detail, each checked."""
+    return (_tiles_option(ctx, tiles), _pool_option(ctx, pool),
+            _parsed(ctx, "detail", detail, opt.parse_detail))
+
+
 def _tiles_option(ctx: typer.Context, value: str) -> int | None:
     return _parsed(ctx, "tiles", value, opt.parse_tiles)
 
@@ -759,8 +774,11 @@ def _names_value(message: str, value: str) -> bool:
 
 
 @contextlib.contextmanager
-def _handled(debug: bool) -> Iterator[None]:
-    """User errors become one line and an exit code; tracebacks only with --debug."""
+def _handled(debug: bool, *, verbose: bool | None = None) -> Iterator[None]:
+    """User errors become one line and an exit code; tracebacks only with --debug (and the log set
+    up for --verbose, when given)."""
+    if verbose is not None:
+        _configure_logging(verbose)
     try:
         yield
     except Interrupted:  # Ctrl-C reached the engine: whatever was running stopped cleanly

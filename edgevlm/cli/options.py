@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+from edgevlm.vision.layout import Detail as ImageDetail
 from edgevlm.vision.tiling import POOL_CHOICES
 
 # The environment variables that stand for flags (an error about the value names the one used).
@@ -30,6 +31,14 @@ def parse_tiles(value: str) -> int | None:
     if not value.strip().isdigit():
         raise ValueError(f"must be auto, 0 or a positive number, not '{value}'")
     return int(value)
+
+
+def parse_detail(value: str) -> ImageDetail:
+    """A task name (caption, chat, ocr, grounding, video-frame); ValueError says what is accepted."""
+    try:
+        return ImageDetail(value.strip().lower())
+    except ValueError:
+        raise ValueError(f"must be {', '.join(d.value for d in ImageDetail)}, not '{value}'") from None
 
 
 def parse_pool(value: str) -> int | None:
@@ -118,6 +127,12 @@ Seed = Annotated[int | None, typer.Option(metavar="N", help="Sampling seed (with
 Tiles = Annotated[str, typer.Option(
     metavar="auto|0|N", help="Local 336px tiles beside the global view: auto (as many as the context "
     "allows), 0 (global view only, best for whole-scene questions) or a maximum N.")]
+Detail = Annotated[str, typer.Option(
+    "--detail", metavar="TASK",
+    help="What images are shown for, which sets how many tokens each may take within its family's "
+    "limits: caption (few tokens: fast captions for a photo library), chat (the largest view that fits), "
+    "ocr or grounding (at least the family's floor of tokens for small text and boxes, e.g. 1024 on "
+    "Qwen-VL), video-frame. `edgevlm plan` shows each task's tokens.")]
 Pool = Annotated[str, typer.Option(
     "--pool", envvar=POOL_ENV, metavar="auto|1|2",
     help="Average-pool each close-up tile's 24x24 tokens: 1 (full detail), 2 (2x2: 576 -> 144 tokens "

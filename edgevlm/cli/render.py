@@ -290,6 +290,10 @@ def _media_lines(out: Console, p: Plan) -> None:
     if p.most_images_per_turn:
         out.print(f"  one question holds up to {p.most_images_per_turn} such photos at their smallest "
                   "views (describe --together, several images in a message)")
+    if p.task_tokens:
+        tasks = " · ".join(f"{name} {tokens:,}" if tokens else f"{name} does not fit (raise --n-ctx)"
+                           for name, tokens in p.task_tokens)
+        out.print(f"  visual tokens for that photo by --detail: {tasks}")
 
 
 def _memory(p: Plan) -> str:

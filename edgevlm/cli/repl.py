@@ -16,7 +16,7 @@ from rich.console import Console
 from edgevlm.chat.conversation import DEFAULT_QUESTION, Conversation
 from edgevlm.chat.records import TurnRecord, TurnStats, to_plain
 from edgevlm.chat.worker import JobKind, SequenceWorker
-from edgevlm.cli.options import flag_word, parse_pool, parse_tiles
+from edgevlm.cli.options import flag_word, parse_detail, parse_pool, parse_tiles
 from edgevlm.cli.render import PrefillDisplay
 from edgevlm.cli.repl_help import HELP
 from edgevlm.describe.describer import DOCUMENT_PROMPT, VIDEO_PROMPT
@@ -199,6 +199,8 @@ class ChatRepl:
             self._set_tiles(rest.strip())
         elif name == "/pool":
             self._set_pool(rest.strip())
+        elif name == "/detail":
+            self._set_detail(rest.strip())
         elif name == "/stats":
             self._print_stats()
         elif name == "/save":
@@ -319,6 +321,14 @@ class ChatRepl:
             self._error("usage: /pool auto|1|2")
             return
         self._note(f"pool: {value}")
+
+    def _set_detail(self, value: str) -> None:
+        try:
+            self.conversation.detail = parse_detail(value)
+        except ValueError:
+            self._error("usage: /detail caption|chat|ocr|grounding|video-frame")
+            return
+        self._note(f"detail: {self.conversation.detail.value}")
 
     def _print_stats(self) -> None:
         """A short account: turns, photos live or summarised, the cache, the last turn's speed."""

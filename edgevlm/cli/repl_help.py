@@ -11,6 +11,8 @@ Type a question, or:
                            description kept as text, then ask about it
   /tiles auto|N            close-up tiles per image (0: global view only)
   /pool auto|1|2           pool tiles 2x2 (576 -> 144 tokens each): more tiles, faster, less detail
+  /detail TASK             what images are for: caption (few tokens), chat, ocr or grounding
+                           (the most the model reads), video-frame
   /stats                   what the cache holds and what the last turn cost
   /save FILE               write the transcript so far (JSONL)
   /reset                   forget the conversation

@@ -8,4 +8,6 @@ from __future__ import annotations
 
 from edgevlm.families.mtmd import MtmdFamily
 
-INTERNVL = MtmdFamily("internvl", frozenset({"internvl"}), owns_text_archs=False)
+# mtmd tiles a large image in 448 px views and a thumbnail: a caption takes the thumbnail alone.
+INTERNVL = MtmdFamily("internvl", frozenset({"internvl"}), owns_text_archs=False, caption_views=1,
+                      frame_views=1)

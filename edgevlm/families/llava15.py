@@ -16,7 +16,7 @@ from PIL import Image
 
 from edgevlm.families.family import BlockCounter
 from edgevlm.models.gguf import ProjectorFacts
-from edgevlm.vision.layout import TIMED_FRAMES, BlockStep, ImagePlan, ViewBudget
+from edgevlm.vision.layout import TIMED_FRAMES, BlockStep, Detail, ImagePlan, TaskBudget, ViewBudget
 from edgevlm.vision.tiling import (
     LLAVA_15_TILES,
     MAX_AUTO_TILES,
@@ -34,6 +34,11 @@ from edgevlm.vision.tiling import (
 # The projectors edgevlm lays images out for itself (both LLaVA families): every other type
 # needs mtmd's own slicing, positions and masks, and fed LLaVA tiles would answer wrongly.
 LLAVA_PROJECTORS = frozenset({"mlp", "mlp_norm"})
+# Budgets by task for edgevlm's tiles: a caption sees the global view alone (one view's tokens),
+# reading text and finding objects get full-resolution tiles (never pooled), chat and video
+# frames the largest grid that fits (pooled where that buys more tiles).
+LLAVA_TASKS = {Detail.CAPTION: TaskBudget(max_tiles=0), Detail.OCR: TaskBudget(pool=1),
+               Detail.GROUNDING: TaskBudget(pool=1)}
 WHOLE_IMAGE = "Whole image:\n"  # the label before the global view, when tiles follow
 TILES_INTRO = "Close-up tiles of the same image follow, left to right, top to bottom."
 
@@ -57,6 +62,7 @@ class LabelledTiles:
     packed = False
     native = False  # edgevlm lays the image out (mtmd's families: families/mtmd.py)
     frames = TIMED_FRAMES
+    budgets = LLAVA_TASKS
 
     def label_texts(self) -> tuple[str, str]:
         """"Whole image:" and the widest tile label."""

@@ -22,7 +22,7 @@ import numpy as np
 from PIL import Image
 
 from edgevlm.families.family import BlockCounter
-from edgevlm.families.llava15 import LLAVA_PROJECTORS, clip_compute_bytes
+from edgevlm.families.llava15 import LLAVA_PROJECTORS, LLAVA_TASKS, clip_compute_bytes
 from edgevlm.models.gguf import ProjectorFacts, read_image_newline
 from edgevlm.vision.images import resize_view
 from edgevlm.vision.layout import TIMED_FRAMES, BlockStep, ImagePlan, ViewBudget
@@ -188,6 +188,7 @@ class LlavaNextLayout:
     packed = True
     native = False
     frames = TIMED_FRAMES
+    budgets = LLAVA_TASKS  # a caption sees the overview alone, reading the unpooled canvas
 
     def __init__(self, pinpoints: tuple[tuple[int, int], ...],
                  newline: np.ndarray | Callable[[], np.ndarray]) -> None:

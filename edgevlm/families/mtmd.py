@@ -12,7 +12,7 @@ Pure: nothing here imports llama_cpp; the counter is handed in by whoever holds 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,12 +20,23 @@ from PIL import Image
 
 from edgevlm.families.family import BlockCounter
 from edgevlm.models.gguf import ProjectorFacts
-from edgevlm.vision.layout import TIMED_FRAMES, BlockStep, BlockTooLarge, FrameScaffold, ViewBudget
+from edgevlm.vision.layout import (
+    TIMED_FRAMES,
+    BlockStep,
+    BlockTooLarge,
+    Detail,
+    FrameScaffold,
+    TaskBudget,
+    TaskTooLarge,
+    ViewBudget,
+)
 
 # Each step down shrinks the image's sides by this factor (its area by about 0.72).
 SHRINK = 0.85
 # Below this side the family's own minimum takes over; smaller steps would change nothing.
 MIN_SIDE_PX = 28
+# The most an image is enlarged to reach a task's floor of tokens (a small photo to read).
+MAX_UPSCALE = 4.0
 
 
 @dataclass(frozen=True)
@@ -65,23 +76,68 @@ class NativeLayout:
     packed = False
     native = True
 
-    def __init__(self, projector_type: str, count: BlockCounter, *,
-                 frames: FrameScaffold = TIMED_FRAMES) -> None:
+    def __init__(self, projector_type: str, count: BlockCounter, *, frames: FrameScaffold = TIMED_FRAMES,
+                 budgets: Mapping[Detail, TaskBudget] | None = None) -> None:
         self.name = f"mtmd-{projector_type}"
         self._count = count
         self.frames = frames
+        self.budgets: Mapping[Detail, TaskBudget] = budgets or {}
 
     def label_texts(self) -> tuple[str, str]:
         """No labels of edgevlm's own: the family's markers are part of mtmd's block."""
         return ("", "")
 
     def plan(self, image_size: tuple[int, int], budget: ViewBudget) -> NativePlan:
-        """The largest size of the image, down from its own, whose block fits budget.room."""
-        for size in _sizes(image_size):
+        """The largest size of the image whose block fits the room and whose visual tokens fit
+        the task's ceiling (or, where not even the least does, the least that fits the room):
+        down from its own size, or from a larger one where the task's floor needs more tokens
+        than the image gives (a small photo to read). TaskTooLarge when the floor could be met
+        but not in the room; BlockTooLarge when not even the least fits."""
+        scale = self._floor_scale(image_size, budget.floor)
+        least: NativePlan | None = None
+        too_large = scale
+        for size in _sizes(image_size, scale):
+            tokens, visual = self._count(size)
+            if tokens > budget.room:
+                too_large = size[0] / image_size[0]
+                continue
+            plan = NativePlan(self.name, size, tokens, visual, image_size)
+            if budget.ceiling is None or visual <= budget.ceiling:
+                if visual < budget.floor and self._count(_scaled(image_size, scale))[1] >= budget.floor:
+                    return self._at_floor(image_size, budget, plan, too_large)
+                return plan
+            if least is None or visual < least.visual_tokens:  # small sizes need not count fewer
+                least = plan
+        if least is not None:  # every size is above the task's ceiling: the one with the fewest
+            return least
+        raise BlockTooLarge(tokens, budget.room)
+
+    def _at_floor(self, image_size: tuple[int, int], budget: ViewBudget, fits: NativePlan,
+                  too_large: float) -> NativePlan:
+        """Between the step that fits the room under the task's floor and the one above it that
+        does not fit, the largest size that fits (a family that tiles large images jumps from
+        many tokens to few across a step); TaskTooLarge when even that is under the floor."""
+        low, high = fits.size[0] / image_size[0], too_large
+        best = fits
+        for _ in range(12):  # about 1/4000 of the scale: a pixel on any photo
+            middle = (low + high) / 2
+            size = _scaled(image_size, middle)
             tokens, visual = self._count(size)
             if tokens <= budget.room:
-                return NativePlan(self.name, size, tokens, visual, image_size)
-        raise BlockTooLarge(tokens, budget.room)
+                low, best = middle, NativePlan(self.name, size, tokens, visual, image_size)
+            else:
+                high = middle
+        if best.visual_tokens < budget.floor:
+            raise TaskTooLarge(budget.detail, budget.floor, budget.room)
+        return best
+
+    def _floor_scale(self, image_size: tuple[int, int], floor: int) -> float:
+        """How much to enlarge the image so that its visual tokens reach the floor (1: not at all;
+        at most MAX_UPSCALE: past that, the family's own limit is what stops it)."""
+        scale = 1.0
+        while floor and self._count(_scaled(image_size, scale))[1] < floor and scale < MAX_UPSCALE:
+            scale /= SHRINK
+        return scale
 
     def views(self, image: Image.Image, plan: NativePlan) -> list[Image.Image]:  # type: ignore[override]
         """The image itself, or shrunk to the plan's size (mtmd then does its own resizing)."""
@@ -105,13 +161,18 @@ class NativeLayout:
         return 0
 
 
-def _sizes(image_size: tuple[int, int]) -> list[tuple[int, int]]:
-    """The image's own size, then smaller ones (aspect kept) down to MIN_SIDE_PX on the short side."""
+def _scaled(image_size: tuple[int, int], scale: float) -> tuple[int, int]:
     width, height = image_size
-    sizes, scale = [(width, height)], 1.0
-    while min(width, height) * scale > MIN_SIDE_PX:
+    return (width, height) if scale == 1.0 else (max(1, round(width * scale)), max(1, round(height * scale)))
+
+
+def _sizes(image_size: tuple[int, int], start: float = 1.0) -> list[tuple[int, int]]:
+    """The image at `start` times its own size, then smaller ones (aspect kept) down to MIN_SIDE_PX
+    on the short side."""
+    sizes, scale = [_scaled(image_size, start)], start
+    while min(image_size) * scale > MIN_SIDE_PX:
         scale *= SHRINK
-        size = (max(1, round(width * scale)), max(1, round(height * scale)))
+        size = _scaled(image_size, scale)
         if size != sizes[-1]:
             sizes.append(size)
     return sizes
@@ -164,6 +225,15 @@ class MtmdFamily:
     frames: FrameScaffold = TIMED_FRAMES
     grid_rule: GridRule | None = field(default=None, compare=False)  # plan-time count; None: mtmd's
     deepstack: bool = False
+    # Budgets by task, for a family whose tokens follow the image's size: the most visual tokens a
+    # caption takes (in tokens, or in views of the projector's own size), the most a video frame
+    # takes, and the least reading text or finding objects takes (Qwen's advice: 1024-2048 for
+    # grounding and OCR, llama.cpp #16842). None and 0: the task is planned as chat is.
+    caption_tokens: int | None = None
+    caption_views: int | None = None
+    frame_tokens: int | None = None
+    frame_views: int | None = None
+    reading_floor_tokens: int = 0
     native = True
     own_template = True
 
@@ -172,9 +242,19 @@ class MtmdFamily:
         return projector.projector_type in self.projector_types
 
     def layout(self, projector: ProjectorFacts, measure: BlockCounter | None = None) -> NativeLayout:
-        """mtmd's layout, the image's size chosen to fit (see block_counter)."""
+        """mtmd's layout, the image's size chosen to fit (see block_counter) within each task's budget."""
         return NativeLayout(projector.projector_type, self.block_counter(projector, measure),
-                            frames=self.frames)
+                            frames=self.frames, budgets=self.budgets(projector))
+
+    def budgets(self, projector: ProjectorFacts) -> dict[Detail, TaskBudget]:
+        """Each task's floor and ceiling of visual tokens for this projector."""
+        def most(tokens: int | None, views: int | None) -> int | None:
+            return tokens or (views * projector.tokens_per_image if views else None)
+
+        reading = TaskBudget(floor_tokens=self.reading_floor_tokens)
+        return {Detail.CAPTION: TaskBudget(ceiling_tokens=most(self.caption_tokens, self.caption_views)),
+                Detail.VIDEO_FRAME: TaskBudget(ceiling_tokens=most(self.frame_tokens, self.frame_views)),
+                Detail.OCR: reading, Detail.GROUNDING: reading}
 
     def block_counter(self, projector: ProjectorFacts, measure: BlockCounter | None = None) -> BlockCounter:
         """A block's (tokens, visual tokens) for an image size: the family's rule (checked against

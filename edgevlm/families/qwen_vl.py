@@ -50,10 +50,15 @@ def grid_counter(projector: ProjectorFacts) -> BlockCounter:
     return count
 
 
+# Budgets by task: a caption needs little (256 tokens: a 448 px square); a video frame at most what
+# qwen-vl-utils gives one (VIDEO_MAX_PIXELS, 768 x 28 x 28); reading text and finding objects at
+# least the 1024 tokens the Qwen team advises (llama.cpp #16842).
+QWEN_TASKS = {"caption_tokens": 256, "frame_tokens": 768, "reading_floor_tokens": 1024}
 QWEN2_VL = MtmdFamily("qwen2-vl", frozenset({"qwen2vl_merger", "qwen2.5vl_merger"}),
                       text_archs=frozenset({"qwen2vl"}), default_merge=2,
-                      warmup_tokens_per_side=QWEN_VL_WARMUP_SIDE, grid_rule=grid_counter)
+                      warmup_tokens_per_side=QWEN_VL_WARMUP_SIDE, grid_rule=grid_counter, **QWEN_TASKS)
 # Qwen3-VL's rows also feed its deepstack layers: a whole multiple of the text model's width.
 QWEN3_VL = MtmdFamily("qwen3-vl", frozenset({"qwen3vl_merger"}),
                       text_archs=frozenset({"qwen3vl", "qwen3vlmoe"}), default_merge=2,
-                      warmup_tokens_per_side=QWEN_VL_WARMUP_SIDE, grid_rule=grid_counter, deepstack=True)
+                      warmup_tokens_per_side=QWEN_VL_WARMUP_SIDE, grid_rule=grid_counter, deepstack=True,
+                      **QWEN_TASKS)

@@ -16,5 +16,7 @@ SMOLVLM_FRAMES = FrameScaffold(
     intro="You are provided the following series of {n} frames from a {duration} [H:MM:SS] video.\n",
     label="\nFrame from {mmss}:", outro="\n\n")
 # Its text models are general architectures (llama, smollm3): others' projectors may pair with them.
+# mtmd splits a large image into tiles of the projector's size and a global view; a caption (and a
+# video frame, as SmolVLM2's processor shows one) takes a single view.
 SMOLVLM = MtmdFamily("smolvlm", frozenset({"idefics3"}), text_archs=frozenset({"llama", "smollm3"}),
-                     owns_text_archs=False, frames=SMOLVLM_FRAMES)
+                     owns_text_archs=False, frames=SMOLVLM_FRAMES, caption_views=1, frame_views=1)

@@ -23,7 +23,7 @@ from typing import Any
 from edgevlm.families import BlockCounter, family_for
 from edgevlm.models.gguf import ProjectorFacts, TextModelFacts
 from edgevlm.planning.split import DeviceShare, GpuBudget, LayerCosts, place
-from edgevlm.vision.layout import ImagePlan, ViewBudget
+from edgevlm.vision.layout import Detail, ImageLayout, ImagePlan, ViewBudget, with_task
 from edgevlm.vision.tiling import LLAVA_15_TILES, TurnCosts, even_share, page_room, pooled_tokens
 from edgevlm.vision.video import MAX_WINDOW_FRAMES
 
@@ -199,6 +199,9 @@ class Plan:
     video_frame_tokens: int = 0  # a 720p frame of a video window: its visual tokens (0: not counted)
     video_frame_shown: tuple[int, int] = (0, 0)  # … the size it is shown at
     video_window_frames: int = 0  # … and how many frames a window shows
+    # The example photo's visual tokens for each task (--detail), one image a question; 0: that
+    # task's floor does not fit this context (empty: not counted)
+    task_tokens: tuple[tuple[str, int], ...] = ()
 
     @property
     def photo_tiles(self) -> int:
@@ -225,7 +228,8 @@ class Plan:
                               "tiles": self.photo_tiles, "pool": self.photo_pool,
                               "visual_tokens": self.photo_visual_tokens, "shown": list(self.photo_shown),
                               "of_images": self.images_per_turn,
-                              "most_per_turn": self.most_images_per_turn},
+                              "most_per_turn": self.most_images_per_turn,
+                              "tokens_by_task": dict(self.task_tokens)},
             "video_minute": {"frame_size": list(EXAMPLE_FRAME), "fps": 1.0, "frames": 60,
                              "window_frames": self.video_window_frames,
                              "windows": -(-60 // MAX_WINDOW_FRAMES),
@@ -456,6 +460,34 @@ def _visual_tokens(plan: ImagePlan) -> int:
     return int(getattr(plan, "visual_tokens", 0))
 
 
+def _visual(layout: ImageLayout, plan: ImagePlan, tokens: int, costs: TurnCosts) -> int:
+    """A plan's visual tokens: mtmd counts them apart from its markers; a packed block is all
+    rows; labelled tiles' labels are text, not visual tokens."""
+    if layout.native:
+        return _visual_tokens(plan)
+    if layout.packed:
+        return tokens
+    return costs.view_tokens + plan.n_tiles * pooled_tokens(costs.view_tokens, plan.pool)
+
+
+def task_tokens_at(costs: TurnCosts, projector: ProjectorFacts, n_ctx: int, answer_tokens: int, *,
+                   blocks: BlockCounter | None = None) -> tuple[tuple[str, int], ...]:
+    """EXAMPLE_PHOTO's visual tokens for each task, one image a question, as describe plans them
+    (the family's budget for the task within the room); 0 where the task's floor does not fit."""
+    layout = family_for(projector).layout(projector, blocks)
+    room = costs.room(n_ctx, answer_tokens)
+    found = []
+    for detail in Detail:
+        budget = with_task(_budget(costs, projector, room, pool=None), detail, layout.budgets)
+        try:
+            plan = layout.plan(EXAMPLE_PHOTO, budget)
+        except ValueError:  # the floor, or not even the smallest view, fits
+            found.append((detail.value, 0))
+            continue
+        found.append((detail.value, _visual(layout, plan, layout.block_tokens(plan, budget), costs)))
+    return tuple(found)
+
+
 def _shown(plan: ImagePlan) -> tuple[int, int]:
     """The size an mtmd family's image is handed to mtmd at ((0, 0) for edgevlm's own layouts)."""
     return tuple(getattr(plan, "size", (0, 0)))  # type: ignore[return-value]
@@ -473,17 +505,16 @@ def video_frame_at(costs: TurnCosts, projector: ProjectorFacts, n_ctx: int, answ
     share = even_share(room, frames)
     if not layout.native and share < floor:
         return 0, (0, 0), 0
-    found = _planned(projector, blocks, EXAMPLE_FRAME, _budget(costs, projector, share, pool=None))
+    budget = with_task(_budget(costs, projector, share, pool=None), Detail.VIDEO_FRAME, layout.budgets)
+    found = _planned(projector, blocks, EXAMPLE_FRAME, budget)
     if found is None:
         return 0, (0, 0), 0
     frame, tokens = found
     if layout.native:
         return _visual_tokens(frame), _shown(frame), frames
     side = projector.image_size
-    # A packed layout's block is all rows; labelled tiles' labels are text, not visual tokens.
-    visual = tokens if layout.packed else costs.view_tokens + frame.n_tiles * pooled_tokens(costs.view_tokens,
-                                                                                              frame.pool)
-    return visual, ((frame.grid[0] * side, frame.grid[1] * side) if frame.n_tiles else (side, side)), frames
+    shown = (frame.grid[0] * side, frame.grid[1] * side) if frame.n_tiles else (side, side)
+    return _visual(layout, frame, tokens, costs), shown, frames
 
 
 def most_images_at(costs: TurnCosts, projector: ProjectorFacts, n_ctx: int, answer_tokens: int, *,

@@ -18,7 +18,7 @@ from edgevlm.runtime.loading import Loaded
 from edgevlm.store.caches import CacheView, EmbeddingCache
 from edgevlm.store.prefix_cache import PrefixCache
 from edgevlm.values.sampling import Sampling
-from edgevlm.vision.layout import ImageLayout
+from edgevlm.vision.layout import Detail, ImageLayout
 
 Encoder = EmbeddingCache | CacheView | None  # projector rows through a cache (None: CLIP each time)
 
@@ -34,6 +34,7 @@ class ChatSettings:
     summary: str = "caption"  # "caption", "answer" or "none"
     keep_images: int = 0
     system: str | None = None
+    detail: Detail = Detail.CHAT  # what images are shown for (caption, chat, ocr, grounding, video-frame)
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ def open_conversation(sequence: ChatSequence, model: ModelSide, settings: ChatSe
         sequence, model.fmt, tile_size=model.tile_size, max_tokens=settings.max_tokens,
         sampling=settings.sampling, max_tiles=settings.max_tiles, summary=settings.summary,
         keep_images=settings.keep_images, system=settings.system, pool=settings.pool,
-        layout=model.layout, encoder=encoder, prefix_cache=prefix_cache)
+        layout=model.layout, encoder=encoder, prefix_cache=prefix_cache, detail=settings.detail)
 
 
 def conversation_for(loaded: Loaded, settings: ChatSettings, *, cache: bool = False) -> Conversation:

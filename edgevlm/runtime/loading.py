@@ -36,6 +36,7 @@ from edgevlm.planning.memory import (
     compare,
     estimated_costs,
     most_images_at,
+    task_tokens_at,
     video_frame_at,
 )
 from edgevlm.planning.split import GpuBudget
@@ -211,8 +212,9 @@ def _with_media(plan: Plan, costs: TurnCosts, projector: ProjectorFacts, flags: 
                           limit=MAX_IMAGES_PER_TURN)
     frame_tokens, frame_shown, frames = video_frame_at(costs, projector, plan.n_ctx, flags.answer_tokens,
                                                        blocks=blocks)
+    tasks = task_tokens_at(costs, projector, plan.n_ctx, flags.answer_tokens, blocks=blocks)
     return replace(plan, most_images_per_turn=most, video_frame_tokens=frame_tokens,
-                   video_frame_shown=frame_shown, video_window_frames=frames)
+                   video_frame_shown=frame_shown, video_window_frames=frames, task_tokens=tasks)
 
 
 def _settings(flags: ModelFlags, *, costs: TurnCosts | None, blocks: BlockCounter | None) -> Settings:

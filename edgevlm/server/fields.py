@@ -9,6 +9,7 @@ from edgevlm.chat.structured import OutputFormat
 from edgevlm.errors import ConfigError
 from edgevlm.server.http import bad_request
 from edgevlm.values.sampling import Sampling
+from edgevlm.vision.layout import Detail
 from edgevlm.vision.tiling import POOL_CHOICES
 
 MAX_STOPS = 8
@@ -55,6 +56,21 @@ def pool(value: object, param: str) -> int | None:
         return int(str(value))
     choices = ", ".join(map(str, POOL_CHOICES))
     raise bad_request(f"expected auto, {choices}, got {json.dumps(value)}", param)
+
+
+def detail(value: object, param: str) -> Detail | None:
+    """edgevlm's own `detail`: absent (None: the server's), or a task (caption, chat, ocr, …)."""
+    if value is None:
+        return None
+    try:
+        return Detail(value) if isinstance(value, str) else Detail(str(value))
+    except ValueError:
+        choices = ", ".join(d.value for d in Detail)
+        raise bad_request(f"expected one of {choices}, got {json.dumps(value)[:60]}", param) from None
+
+
+# OpenAI's image detail, as a task: "low" a caption's few tokens, "high" the most the family reads.
+OPENAI_DETAIL = {"low": Detail.CAPTION, "high": Detail.OCR}
 
 
 # The sampler fields a request may set (both APIs name them as Sampling does), with their ranges.

@@ -19,6 +19,7 @@ from edgevlm.server.scheduler import Scheduler
 from edgevlm.server.turns import ModelInfo, ServerState
 from edgevlm.store.caches import SummaryStore
 from edgevlm.values.sampling import Sampling
+from edgevlm.vision.layout import Detail
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class ServeSettings:
     sampling: Sampling = Sampling()
     summary: str = "caption"
     cache: bool = True
+    detail: Detail = Detail.CHAT  # what images are for when a request does not say
 
 
 def check(settings: ServeSettings) -> None:
@@ -55,7 +57,8 @@ def build_state(loaded: Loaded, settings: ServeSettings) -> ServerState:
     """A slot per llama.cpp sequence, each with its conversation; the scheduler in front."""
     summaries = SummaryStore(loaded.cache_identity(), persist=settings.cache)
     chat = ChatSettings(max_tokens=settings.max_tokens, sampling=settings.sampling,
-                        max_tiles=settings.max_tiles, summary=settings.summary, pool=settings.pool)
+                        max_tiles=settings.max_tiles, summary=settings.summary, pool=settings.pool,
+                        detail=settings.detail)
     sessions = [ResentChat(conversation, summaries)
                 for conversation in slot_conversations(loaded, chat, cache=settings.cache)]
     first = sessions[0].conversation

@@ -107,7 +107,7 @@ def parse_request(body: dict[str, object], state: ServerState) -> tuple[ChatTurn
     messages, detail = _messages(body.get("messages"), state)
     extra = body.get("edgevlm") or {}
     if not isinstance(extra, dict):
-        raise bad_request("expected an object of edgevlm's own options (pool)", "edgevlm")
+        raise bad_request("expected an object of edgevlm's own options (pool, detail)", "edgevlm")
     answer = _grammar(body.get("response_format"))  # with tools: the answer when it is no call
     tools = tool_use(body.get("tools"), body.get("tool_choice"), answer_grammar=answer)
     grammar = tools.grammar if tools is not None else answer
@@ -117,7 +117,8 @@ def parse_request(body: dict[str, object], state: ServerState) -> tuple[ChatTurn
         stop=opt.stops(body.get("stop"), "stop"),
         sampling=opt.sampling(body, fields=opt.OPENAI_SAMPLING, grammar=grammar),
         max_tiles=0 if detail == "low" else state.max_tiles,
-        pool=opt.pool(extra.get("pool"), "edgevlm.pool"))
+        pool=opt.pool(extra.get("pool"), "edgevlm.pool"),
+        detail=opt.detail(extra.get("detail"), "edgevlm.detail") or opt.OPENAI_DETAIL.get(detail))
     return chat_turn(messages, options, tools), tools
 
 

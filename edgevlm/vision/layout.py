@@ -10,14 +10,36 @@ Pure: nothing here imports llama_cpp.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from enum import Enum
 from typing import Protocol
 
 import numpy as np
 from PIL import Image
 
 from edgevlm.vision.images import clock
+
+
+class Detail(str, Enum):
+    """What an image is shown for, which decides how many tokens it may take (--detail)."""
+
+    CAPTION = "caption"  # a caption for a photo library: few tokens, fast
+    CHAT = "chat"  # the default: the largest view that fits the room
+    OCR = "ocr"  # reading text: a floor of tokens where the family needs one, the largest view that fits
+    GROUNDING = "grounding"  # finding objects: as for ocr
+    VIDEO_FRAME = "video-frame"  # one frame of a video window: few tokens, so a window holds several
+
+
+@dataclass(frozen=True)
+class TaskBudget:
+    """What one task may spend on an image, as its family says: a floor and a ceiling of visual
+    tokens (mtmd's dynamic-resolution families), or a tile cap and pooling (edgevlm's tiles)."""
+
+    floor_tokens: int = 0
+    ceiling_tokens: int | None = None
+    max_tiles: int | None = None  # None: as the settings say
+    pool: int | None = None  # None: as the settings say
 
 
 @dataclass(frozen=True)
@@ -31,6 +53,28 @@ class ViewBudget:
     whole_label_tokens: int = 0  # the label before the whole-image view
     pool: int | None = 1  # 1 or 2; None: pool only when it buys a larger grid
     max_tiles: int | None = None  # None: as many as fit; 0: the global view only
+    floor: int = 0  # the task's least visual tokens (mtmd's dynamic families; 0: none)
+    ceiling: int | None = None  # … and its most (None: as many as fit)
+    detail: Detail = Detail.CHAT  # the task they are for
+
+
+def with_task(budget: ViewBudget, detail: Detail, budgets: Mapping[Detail, TaskBudget]) -> ViewBudget:
+    """A view budget held to a task's, as the layout's family sets it: its floor and ceiling, and
+    its tile cap and pooling where the settings leave them to it (no --tiles; --pool auto)."""
+    task = budgets.get(detail, TaskBudget())
+    tiles = budget.max_tiles if budget.max_tiles is not None else task.max_tiles
+    pool = task.pool if task.pool is not None and budget.pool is None else budget.pool
+    return replace(budget, pool=pool, max_tiles=tiles, floor=task.floor_tokens,
+                   ceiling=task.ceiling_tokens, detail=detail)
+
+
+class TaskTooLarge(ValueError):
+    """A task's floor of tokens does not fit the room left for the image."""
+
+    def __init__(self, detail: Detail, floor: int, room: int) -> None:
+        super().__init__(f"detail {detail.value} needs at least {floor} visual tokens an image, and "
+                         f"only {max(room, 0)} are left for it")
+        self.detail, self.floor, self.room = detail, floor, room
 
 
 @dataclass(frozen=True)
@@ -106,6 +150,7 @@ class ImageLayout(Protocol):
     packed: bool  # True: every view's rows are packed into one block (pack); False: step by step
     native: bool  # True: mtmd lays each view out for its family (markers, slices, positions)
     frames: FrameScaffold  # how the family is shown a video's frames
+    budgets: Mapping[Detail, TaskBudget]  # each task's budget, as the family says (missing: chat's)
 
     def label_texts(self) -> tuple[str, str]:
         """The label before the whole-image view and the widest label between views ("" for none):

@@ -594,3 +594,19 @@ def test_a_symlink_out_of_the_media_folder_does_not_reveal_its_target(
     part = {"type": "image_url", "image_url": {"url": (media / "link.png").as_uri()}}
     reply = httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": [part]}]})
     assert reply.status_code == 400 and "hidden-place" not in reply.text and "link.png" in reply.text
+
+
+def test_a_request_chooses_its_images_budget_by_task(client: OpenAI, server: tuple[str, ServerState]) -> None:
+    """Issue 38: OpenAI's detail (low: a caption's few tokens, high: the most the family reads) and
+    edgevlm's own `detail` (caption, chat, ocr, grounding, video-frame); a bad one is a 400."""
+    low = client.chat.completions.create(model="", messages=[image_message("What?", seed=61, detail="low")])
+    high = client.chat.completions.create(model="", messages=[image_message("What?", seed=61, detail="high")])
+    assert low.model_extra["edgevlm"]["n_tiles"] == 0 and low.model_extra["edgevlm"]["visual_tokens"] == 64
+    assert high.model_extra["edgevlm"]["n_tiles"] > 0 and high.model_extra["edgevlm"]["pool"] == 1
+    caption = client.chat.completions.create(model="", messages=[image_message("What?", seed=61)],
+                                             extra_body={"edgevlm": {"detail": "caption"}})
+    assert caption.model_extra["edgevlm"]["visual_tokens"] == 64
+    bad = httpx.post(f"{server[0]}/v1/chat/completions", json={
+        "messages": [image_message("What?", seed=61)], "edgevlm": {"detail": "everything"}})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "edgevlm.detail"
+    _checked(server[1])
