@@ -198,8 +198,8 @@ def _integer_range(node: dict[str, Any]) -> dict[str, Any]:
         return rest
     if low > high:
         raise ValueError(f"no integer lies between the bounds {bounds}: no answer can follow them")
-    if high - low + 1 > INTEGER_ENUM_LIMIT:
-        return rest
+    if high - low + 1 > INTEGER_ENUM_LIMIT:  # too many to list: a non-negative range is held
+        return node if low >= 0 and set(bounds) <= {"minimum", "maximum"} else rest  # by digits
     return {key: value for key, value in rest.items() if key != "type"} | {"enum": list(range(low, high + 1))}
 
 
@@ -279,7 +279,12 @@ def tags_prompt(max_tags: int, language: str) -> str:
 
 
 def answer_tokens_needed(output: OutputFormat) -> int:
-    """Tokens the longest answer --tags allows (one token per character at worst), with room."""
+    """Tokens the longest answer --tags or --find allows (one token per character at worst), with
+    room: a grammar is never cut mid-object."""
+    if output.kind == "boxes" and output.schema is not None:
+        items = output.schema["items"]["properties"]
+        per_box = items["label"]["maxLength"] + 4 * 4 + 24  # label, four numbers, the JSON around them
+        return output.schema["maxItems"] * per_box + 8
     if output.kind != "tags" or output.schema is None:
         return 0
     max_tags = output.schema["properties"]["tags"]["maxItems"]

@@ -28,8 +28,10 @@ if TYPE_CHECKING:  # the heavy modules load inside the commands: `--help` stays 
     from edgevlm.chat.structured import OutputFormat
     from edgevlm.describe.describer import Describer, Question
     from edgevlm.describe.folders import BatchEvent, BatchSummary, Found, JsonlLog, Target, XmpOutput
+    from edgevlm.runtime.conversations import ChatSettings
     from edgevlm.runtime.loading import Loaded, ModelFlags, Placement
     from edgevlm.values.sampling import Sampling
+    from edgevlm.vision.boxes import Grounding
     from edgevlm.vision.layout import Detail as ImageDetail
     from edgevlm.vision.sources import Source
 
@@ -149,41 +151,70 @@ def describe(
     threads: opt.Threads = None, no_cache: opt.NoCache = False, parallel: opt.Parallel = "auto",
     verbose: opt.Verbose = False, rpc: opt.Rpc = None, tensor_split: opt.TensorSplit = None,
     debug: opt.Debug = False, split_mode: opt.SplitMode = "layer", main_gpu: opt.MainGpu = 0,
-    mmproj_device: opt.MmprojDevice = None,
+    mmproj_device: opt.MmprojDevice = None, find: opt.Find = None, draw: opt.Draw = None,
 ) -> None:
     """Describe photos and folders (see DESCRIBE_HELP)."""
     from edgevlm.describe.folders import BatchSummary, JsonlLog, find_images, needs_work
-    from edgevlm.runtime.conversations import ChatSettings, describers_for
+    from edgevlm.runtime.conversations import ChatSettings
 
     with _handled(debug, verbose=verbose):
-        max_tiles, pool_factor, task = _view_options(ctx, tiles, pool, detail)
+        finding = _finding(find, draw, model, mmproj, photos, asking=bool(prompt or ask or prompts))
+        max_tiles, pool_factor, task = _view_options(ctx, tiles, pool, detail, finding=finding is not None)
         n_seq = _parallel_option(ctx, parallel)
         questions, output, budget = _describe_questions(prompt, _asked(ask, prompts), fmt, schema, tags,
-                                                        max_tags, language, max_tokens)
+                                                        max_tags, language, max_tokens, finding)
         _check_describe_outputs(ctx, write_captions, jsonl, out_dir, write_xmp or embed, bool(ask or prompts))
-        found = find_images(photos, recursive=recursive, pattern=glob)
         writes = write_captions or write_xmp or jsonl is not None  # the text goes to files, not stdout
-        targets, xmp = _describe_targets(found, (pages, fps, bool(questions.more or questions.asked)),
-                                         together, write_captions, out_dir, write_xmp, embed, xmp_name, (
-                                             model, mmproj, questions.prompt, output, max_tiles, pool_factor,
-                                             budget, *_chat_detail(task)))
-        log, view = JsonlLog(jsonl) if jsonl is not None else None, DescribeView(
-            total=1 if together else len(targets), json_out=json_out, quiet=quiet, text_to_stdout=not writes,
-            named=len(targets) + len(found.missing))
+        found, targets, xmp = _describe_targets(
+            find_images(photos, recursive=recursive, pattern=glob), (pages, fps, questions.asks_more),
+            together, write_captions, out_dir, write_xmp, embed, xmp_name,
+            (model, mmproj, questions.prompt, output, max_tiles, pool_factor, budget, *_chat_detail(task)))
+        view = DescribeView(total=1 if together else len(targets), json_out=json_out, quiet=quiet, draw=draw,
+                            text_to_stdout=not writes, named=len(targets) + len(found.missing),
+                            finding=finding is not None)
+        run = _DescribeRun(targets, questions, view, output, JsonlLog(jsonl) if jsonl is not None else None,
+                           xmp, together=together, overwrite=overwrite, cache=not no_cache,
+                           find=finding is not None)
         summary = BatchSummary(skipped=len(targets))  # until something needs doing
-        if together or needs_work(targets, jsonl=log, overwrite=overwrite, xmp=xmp):
+        if together or needs_work(targets, jsonl=run.log, overwrite=overwrite, xmp=xmp):
             flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, budget, fetch_missing,
                                  parallel=n_seq if len(targets) > 1 and not together else 1,
                                  placement=_placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device),
                                  swa_full=swa_full)
             settings = ChatSettings(max_tokens, _sampling(temperature, seed), max_tiles, pool_factor,
                                     detail=task)
-            with _loaded(flags, quiet=quiet or json_out, tiles=(max_tiles, pool_factor)) as loaded, view:
-                summary = _describe_all(describers_for(loaded, settings, cache=not no_cache, output=output),
-                                        targets, questions, view, together=together, overwrite=overwrite,
-                                        log=log, xmp=xmp)
+            summary = _describe_loaded(flags, settings, run, quiet=quiet or json_out)
         if view.summary(summary, found.missing, folder=writes or embed or any(p.is_dir() for p in photos)):
             raise typer.Exit(2)
+
+
+@dataclass(frozen=True)
+class _DescribeRun:
+    """What one describe run does once the model is loaded: its targets and questions, where the
+    answers go, and how."""
+
+    targets: list[Target]
+    questions: _Asked
+    view: DescribeView
+    output: OutputFormat
+    log: JsonlLog | None
+    xmp: XmpOutput | None
+    together: bool = False
+    overwrite: bool = False
+    cache: bool = True
+    find: bool = False
+
+
+def _describe_loaded(flags: ModelFlags, settings: ChatSettings, run: _DescribeRun, *, quiet: bool
+                     ) -> BatchSummary:
+    """Load the model, make its describers and run (the view shows the work as it goes)."""
+    from edgevlm.runtime.conversations import describers_for
+
+    max_tiles, pool = settings.max_tiles, settings.pool
+    with _loaded(flags, quiet=quiet, tiles=(max_tiles, pool)) as loaded, run.view:
+        describers = describers_for(loaded, settings, cache=run.cache, output=run.output, find=run.find)
+        return _describe_all(describers, run.targets, run.questions, run.view, together=run.together,
+                             overwrite=run.overwrite, log=run.log, xmp=run.xmp)
 
 
 @dataclass(frozen=True)
@@ -196,14 +227,28 @@ class _Asked:
     asked: list[str]
     document_prompt: str | None
 
+    @property
+    def asks_more(self) -> bool:
+        """Whether anything is asked beside the first question (--ask, --prompts)."""
+        return bool(self.more or self.asked)
+
 
 def _describe_questions(prompt: str | None, asked: list[str], fmt: str | None, schema: Path | None,
-                        tags: bool, max_tags: int, language: str, max_tokens: int
-                        ) -> tuple[_Asked, OutputFormat, int]:
+                        tags: bool, max_tags: int, language: str, max_tokens: int,
+                        finding: tuple[str, Grounding] | None = None) -> tuple[_Asked, OutputFormat, int]:
     """What describe asks, the answer's format and the room its longest answer needs."""
-    from edgevlm.describe.describer import DOCUMENT_PROMPT
+    from edgevlm.chat.structured import TEXT, OutputFormat
+    from edgevlm.describe.describer import DOCUMENT_PROMPT, answer_budget
+    from edgevlm.vision.boxes import boxes_schema
 
     structured = bool(fmt or schema or tags)
+    if finding is not None:  # --find: the family's own question, held to a grammar where it writes JSON
+        if structured:
+            raise ConfigError("--find gives its answer's shape (boxes); drop --format, --schema or --tags")
+        what, grounding = finding
+        output = OutputFormat("boxes", boxes_schema()) if grounding.json else TEXT
+        output.grammar()
+        return _Asked(grounding.question(what), [], [], None), output, answer_budget(output, max_tokens)
     # A page is transcribed unless the user asks it something (or for a structured answer);
     # an --ask about a document is answered over all of its pages (see _read_and_ask).
     document_prompt = None if prompt or structured else DOCUMENT_PROMPT
@@ -350,9 +395,9 @@ def _chat_detail(task: ImageDetail) -> tuple[str, ...]:
 
 def _describe_targets(found: Found, parts: tuple[str | None, float, bool], together: bool,
                       write_captions: bool, out_dir: Path | None, write_xmp: bool, embed: bool, xmp_name: str,
-                      settings: tuple[object, ...]) -> tuple[list[Target], XmpOutput | None]:
-    """Each image (and each chosen page of a PDF, checked now) with where its outputs go, and
-    what its XMP files hold now (when XMP is asked for)."""
+                      settings: tuple[object, ...]) -> tuple[Found, list[Target], XmpOutput | None]:
+    """What was found, each image (and each chosen page of a PDF, checked now) with where its
+    outputs go, and what its XMP files hold now (when XMP is asked for)."""
     from edgevlm.describe.folders import (
         check_targets_writable,
         plan_targets,
@@ -373,10 +418,10 @@ def _describe_targets(found: Found, parts: tuple[str | None, float, bool], toget
                            xmp_name=xmp_name if write_xmp else None, embed=embed)
     check_targets_writable(targets)  # a read-only folder is refused before the model loads
     if not (write_xmp or embed):
-        return targets, None
+        return found, targets, None
     check_exiftool()  # before the model loads, not after the first answer
     writer = f"edgevlm {__version__} · {Path(str(settings[0])).name}"
-    return targets, read_xmp(targets, model=writer, settings=settings_stamp(*settings))
+    return found, targets, read_xmp(targets, model=writer, settings=settings_stamp(*settings))
 
 
 @app.command(help=CHAT_HELP, short_help="Chat about images in the terminal.")
@@ -708,11 +753,47 @@ def _sampling(temperature: float, seed: int | None) -> Sampling:
     return Sampling(temperature=temperature, seed=seed if seed is not None else random.getrandbits(31))
 
 
-def _view_options(ctx: typer.Context, tiles: str, pool: str, detail: str
+def _view_options(ctx: typer.Context, tiles: str, pool: str, detail: str, *, finding: bool = False
                   ) -> tuple[int | None, int | None, ImageDetail]:
-    """--tiles, --pool and --detail, each checked."""
+    """--tiles, --pool and --detail, each checked (--find shows images at grounding's detail
+    unless --detail is given)."""
+    if finding and _is_default(ctx, "detail"):
+        detail = "grounding"
     return (_tiles_option(ctx, tiles), _pool_option(ctx, pool),
             _parsed(ctx, "detail", detail, opt.parse_detail))
+
+
+def _finding(find: str | None, draw: Path | None, model: str, mmproj: Path | None, photos: list[Path], *,
+             asking: bool) -> tuple[str, Grounding] | None:
+    """--find's target and the model family's box format, checked before anything loads: a
+    family that writes no boxes, documents and videos, and --draw's one photo and file."""
+    from edgevlm.families import family_for
+    from edgevlm.paths import check_writable
+    from edgevlm.runtime.loading import ModelFlags, inspect
+    from edgevlm.vision.documents import is_document
+    from edgevlm.vision.video import is_video
+
+    if find is None:
+        if draw is not None:
+            raise ConfigError("--draw draws the boxes --find gives; add --find WHAT")
+        return None
+    if not find.strip():
+        raise ConfigError("--find needs something to find, e.g. --find 'every street sign'")
+    if asking:
+        raise ConfigError("--find asks its own question; drop --prompt, --ask and --prompts")
+    if any(is_document(p) or is_video(p) for p in photos):
+        raise ConfigError("--find finds things in photos; PDFs and videos are read with describe alone")
+    if draw is not None:
+        if len(photos) != 1 or not photos[0].is_file():
+            raise ConfigError("--draw writes one photo with its boxes; give --find one photo")
+        check_writable(draw, "--draw")
+    _, _, projector = inspect(ModelFlags(model=model, mmproj=str(mmproj) if mmproj else None))
+    family = family_for(projector)
+    grounding = family.grounding(projector)
+    if grounding is None:
+        raise ConfigError(f"--find: {family.name} models write no boxes edgevlm can place on the photo; "
+                          "use a Qwen2-VL, Qwen2.5-VL or Qwen3-VL model")
+    return find, grounding
 
 
 def _tiles_option(ctx: typer.Context, value: str) -> int | None:

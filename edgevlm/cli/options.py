@@ -147,6 +147,14 @@ Photos = Annotated[list[Path], typer.Argument(show_default=False, metavar="IMAGE
 JsonOut = Annotated[bool, typer.Option("--json", help="One JSON object per image on stdout.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress or stats on stderr.")]
 Recursive = Annotated[bool, typer.Option("--recursive", "-r", help="Descend into subfolders.")]
+Find = Annotated[str | None, typer.Option(
+    "--find", metavar="WHAT", help="Find things in each photo, e.g. --find 'every street sign': their boxes "
+    "in the photo's own pixels (upright, whatever the model was shown), one line each, or a `boxes` "
+    "list with --json. Needs a model that writes boxes (Qwen2-VL, Qwen2.5-VL, Qwen3-VL); the photo is "
+    "shown at --detail grounding unless --detail says otherwise.")]
+Draw = Annotated[Path | None, typer.Option(
+    "--draw", metavar="FILE", help="With --find on one photo: write it to FILE with the boxes drawn "
+    "(JPEG, PNG or WebP by FILE's suffix).")]
 Together = Annotated[bool, typer.Option(
     "--together", help="One answer about all the images, shown in one question (e.g. --prompt "
     "'What changed?'); they share the context's room.")]

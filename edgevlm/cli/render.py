@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # imported lazily at run time: `edgevlm --help` must not load
     from edgevlm.describe.folders import BatchEvent, BatchSummary
     from edgevlm.planning.memory import Check, Plan
     from edgevlm.runtime.loading import Loaded, ModelFlags
+    from edgevlm.vision.boxes import FoundBox
     from edgevlm.vision.sources import Source
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -132,8 +133,10 @@ class DescribeView:
     stats, or a folder progress bar when the text is not shown on the terminal."""
 
     def __init__(self, *, total: int, json_out: bool, quiet: bool, text_to_stdout: bool,
-                 named: int | None = None) -> None:
+                 named: int | None = None, finding: bool = False, draw: Path | None = None) -> None:
         self.json_out, self.quiet, self.text = json_out, quiet, text_to_stdout and not json_out
+        # --find: stdout gets the boxes on the photo, not the model's answer in its own frame
+        self.finding, self.draw = finding, draw
         self.several = (named if named is not None else total) > 1  # missing files were named too
         text_on_screen = self.text and sys.stdout.isatty()
         self.show_bar = not quiet and err.is_terminal and total > 1 and not text_on_screen
@@ -168,7 +171,7 @@ class DescribeView:
             self._prefill.update(event.progress)
         elif isinstance(event, TextPiece):
             self._prefill.clear()
-            if self.text:
+            if self.text and not self.finding:
                 write_stdout(event.text)
         elif isinstance(event, ImageStarted):
             self._started_image(event.path, event.note, event.question)
@@ -198,10 +201,16 @@ class DescribeView:
             self._advance()
         if self.json_out:
             self._json_row(result.to_json())
+        elif self.text and self.finding:  # one line a box: its label, then x1, y1, x2, y2 on the photo
+            write_stdout("".join(f"{b.label or 'found'}: {', '.join(f'{v:.0f}' for v in b.box)}\n"
+                                 for b in result.boxes))
         elif self.text:
             write_stdout("\n")
+        if self.draw is not None:
+            draw_found(Path(result.image), result.boxes, self.draw)
         if not self.quiet and not self.show_bar:
-            err.print(stats_line(result))
+            found = f" | {len(result.boxes)} boxes" if self.finding else ""
+            err.print(stats_line(result) + found)
 
     def _json_row(self, row: dict[str, object]) -> None:
         import json
@@ -420,3 +429,17 @@ def _chat_table(r: BenchReport) -> Table:
                      f"{t.summary_s:.2f} s" if t.summary_s else "-", f"{t.kv_tokens}/{r.n_ctx}",
                      str(t.visual_tokens_live))
     return chat
+
+
+def draw_found(photo: Path, boxes: Sequence[FoundBox], target: Path) -> None:
+    """--draw: the photo, upright at full resolution, with its boxes, written to target."""
+    from edgevlm.errors import UserError
+    from edgevlm.vision.boxes import draw_boxes
+    from edgevlm.vision.images import load_image
+
+    drawn = draw_boxes(load_image(photo).image, boxes)
+    try:
+        drawn.save(target)
+    except (OSError, ValueError) as exc:  # an unknown suffix, a full disk
+        raise UserError(f"--draw {target}: could not write it ({exc})") from None
+    err.print(f"[dim]boxes drawn on {escape(str(target))}[/]")

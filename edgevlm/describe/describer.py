@@ -23,6 +23,7 @@ from edgevlm.chat.structured import TEXT, OutputFormat, answer_tokens_needed
 from edgevlm.chat.worker import SequenceWorker
 from edgevlm.errors import ImageError, Interrupted
 from edgevlm.store.prefix_cache import PrefixCache
+from edgevlm.vision.boxes import BoxGeometry, FoundBox, Grounding, found_boxes
 from edgevlm.vision.documents import DocumentPage
 from edgevlm.vision.images import LoadedImage, clock
 from edgevlm.vision.layout import FrameScaffold
@@ -86,6 +87,8 @@ class DescribeResult:
     frame_times_s: tuple[float, ...] = ()  # … the times of the frames shown, in order
     skipped_frames: int = 0  # … how many sampled frames were dropped as duplicates
     left_out_frames: int = 0  # … and how many more than the room holds were left out
+    boxes: tuple[FoundBox, ...] = ()  # with --find: what the model found, on the upright photo
+    shown_size: tuple[int, int] = (0, 0)  # the size the image was handed to the model at (mtmd's families)
 
     def to_json(self) -> dict[str, Any]:
         """A plain dict for --json (floats rounded for reading; the parsed answer as it is)."""
@@ -189,10 +192,13 @@ class Describer:
     """Describe requests on a loaded engine; the system prompt is decoded once for all images."""
 
     def __init__(self, conversation: Conversation, *, output: OutputFormat = TEXT, max_tokens: int = 512,
-                 n_gpu_layers: int = 0, system_prefill_s: float = 0.0) -> None:
+                 n_gpu_layers: int = 0, system_prefill_s: float = 0.0,
+                 grounding: Grounding | None = None) -> None:
         self._conversation = conversation  # made by runtime.conversations.new_describer
         self.max_tokens = max_tokens  # the user's cap; a --tags answer may need more (answer_budget)
         self.n_gpu_layers = n_gpu_layers
+        # With --find: the family's box format; each answer's boxes are put on the photo.
+        self.grounding = grounding
         self._use_output(output)  # the answer's grammar and token budget
         # The system prompt's decode, charged to the first image so its figures add up.
         self._system_prefill_s: float | None = system_prefill_s
@@ -403,7 +409,16 @@ class Describer:
             prefix_cache=stats.prefix_cache,
             restore_s=stats.restore_s, question=question, data=data,
             memory=self._conversation.sequence.memory_kind, image_tokens=stats.image_tokens,
-            page=loaded.page if loaded else 0)
+            page=loaded.page if loaded else 0, boxes=self._boxes(text, stats, loaded),
+            shown_size=stats.canvas_size)
+
+    def _boxes(self, text: str, stats: TurnStats, image: LoadedImage | None) -> tuple[FoundBox, ...]:
+        """The answer's boxes on the upright photo, where the describer is finding things: the
+        model's frame is its processor's resize of the size the image was handed to mtmd at."""
+        if self.grounding is None or image is None:
+            return ()
+        model = self.grounding.model_size(stats.canvas_size)
+        return found_boxes(text, BoxGeometry(self.grounding.frame, model, image.size))
 
     def _parsed(self, text: str) -> tuple[object, str]:
         """The answer as data (JSON formats only), or why it is not."""

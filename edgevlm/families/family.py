@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from edgevlm.models.gguf import ProjectorFacts
+from edgevlm.vision.boxes import Grounding
 from edgevlm.vision.layout import ImageLayout
 
 BlockCounter = Callable[[tuple[int, int]], tuple[int, int]]  # (w, h) -> (block tokens, visual tokens)
@@ -50,4 +51,8 @@ class Family(Protocol):
 
     def encoder_compute_bytes(self, projector: ProjectorFacts, *, flash_attn: bool) -> int:
         """The vision encoder's compute buffer, as llama.cpp reserves it."""
+        ...
+
+    def grounding(self, projector: ProjectorFacts) -> Grounding | None:
+        """How the family is asked for boxes and writes them (None: it has no box format)."""
         ...

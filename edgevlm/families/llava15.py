@@ -164,5 +164,9 @@ class Llava15:
         """CLIP's graph for one view."""
         return clip_compute_bytes(projector, flash_attn=flash_attn)
 
+    def grounding(self, projector: ProjectorFacts) -> None:
+        """LLaVA writes no boxes edgevlm can place."""
+        return None
+
 
 LLAVA_15 = Llava15()

@@ -269,5 +269,9 @@ class LlavaNext:
         """CLIP's graph for one view (the views are encoded one at a time)."""
         return clip_compute_bytes(projector, flash_attn=flash_attn)
 
+    def grounding(self, projector: ProjectorFacts) -> None:
+        """LLaVA writes no boxes edgevlm can place."""
+        return None
+
 
 LLAVA_NEXT_FAMILY = LlavaNext()

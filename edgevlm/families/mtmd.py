@@ -20,6 +20,7 @@ from PIL import Image
 
 from edgevlm.families.family import BlockCounter
 from edgevlm.models.gguf import ProjectorFacts
+from edgevlm.vision.boxes import Grounding
 from edgevlm.vision.layout import (
     TIMED_FRAMES,
     BlockStep,
@@ -234,6 +235,8 @@ class MtmdFamily:
     frame_tokens: int | None = None
     frame_views: int | None = None
     reading_floor_tokens: int = 0
+    # How the family is asked for boxes and writes them, by projector (None: no box format)
+    grounding_rule: Callable[[ProjectorFacts], Grounding | None] | None = field(default=None, compare=False)
     native = True
     own_template = True
 
@@ -266,6 +269,10 @@ class MtmdFamily:
             return measure
         fixed = projector.tokens_per_image
         return lambda _size: (fixed + FIXED_MARKERS, fixed)
+
+    def grounding(self, projector: ProjectorFacts) -> Grounding | None:
+        """The family's box format for this projector, if it has one."""
+        return self.grounding_rule(projector) if self.grounding_rule is not None else None
 
     def encoder_compute_bytes(self, projector: ProjectorFacts, *, flash_attn: bool) -> int:
         """The vision graph at mtmd's warmup size."""

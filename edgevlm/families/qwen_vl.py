@@ -7,11 +7,14 @@ Pure: nothing here imports llama_cpp.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from edgevlm.families.family import BlockCounter
 from edgevlm.families.mtmd import MtmdFamily
 from edgevlm.models.gguf import ProjectorFacts
+from edgevlm.vision.boxes import BoxFrame, Grounding
 
 # mtmd's own token limits for the family (clip.cpp: set_limit_image_tokens(8, 4096)).
 QWEN_VL_TOKENS = (8, 4096)
@@ -54,11 +57,44 @@ def grid_counter(projector: ProjectorFacts) -> BlockCounter:
 # qwen-vl-utils gives one (VIDEO_MAX_PIXELS, 768 x 28 x 28); reading text and finding objects at
 # least the 1024 tokens the Qwen team advises (llama.cpp #16842).
 QWEN_TASKS = {"caption_tokens": 256, "frame_tokens": 768, "reading_floor_tokens": 1024}
+def model_size(projector: ProjectorFacts) -> Callable[[tuple[int, int]], tuple[int, int]]:
+    """The size (w, h) Qwen-VL's processor resizes an image handed to mtmd at (w, h) to: its
+    merged grid times patch x merge pixels (smart_resize's result)."""
+    side = projector.patch_size * projector.merge
+
+    def resized(size: tuple[int, int]) -> tuple[int, int]:
+        columns, rows = qwen_vl_grid(size, patch_size=projector.patch_size, merge=projector.merge)
+        return columns * side, rows * side
+    return resized
+
+
+# How each generation answers for boxes (their model cards and cookbooks): Qwen2-VL in
+# thousandths of each side, with its <|box_start|>(x1,y1),(x2,y2)<|box_end|> tokens; Qwen2.5-VL
+# a JSON list of {"bbox_2d": [x1, y1, x2, y2], "label": …} in pixels of the image as resized;
+# Qwen3-VL the same JSON in thousandths (QwenLM/Qwen3-VL #676, llama.cpp #17131).
+JSON_PROMPT = ("Locate every {what} in the image and output their bounding box coordinates in JSON "
+               'format: [{{"bbox_2d": [x1, y1, x2, y2], "label": "…"}}].')
+TOKEN_PROMPT = "Find <|object_ref_start|>{what}<|object_ref_end|> and give its bounding box."
+
+
+def qwen2_grounding(projector: ProjectorFacts) -> Grounding:
+    """Qwen2-VL's boxes (per-mille, box tokens), or Qwen2.5-VL's (pixels of the resized image, JSON)."""
+    if projector.projector_type == "qwen2vl_merger":
+        return Grounding(BoxFrame.PER_MILLE, TOKEN_PROMPT, json=False, model_size=model_size(projector))
+    return Grounding(BoxFrame.RESIZED_PIXELS, JSON_PROMPT, json=True, model_size=model_size(projector))
+
+
+def qwen3_grounding(projector: ProjectorFacts) -> Grounding:
+    """Qwen3-VL's boxes: thousandths of each side, as JSON."""
+    return Grounding(BoxFrame.PER_MILLE, JSON_PROMPT, json=True, model_size=model_size(projector))
+
+
 QWEN2_VL = MtmdFamily("qwen2-vl", frozenset({"qwen2vl_merger", "qwen2.5vl_merger"}),
                       text_archs=frozenset({"qwen2vl"}), default_merge=2,
-                      warmup_tokens_per_side=QWEN_VL_WARMUP_SIDE, grid_rule=grid_counter, **QWEN_TASKS)
+                      warmup_tokens_per_side=QWEN_VL_WARMUP_SIDE, grid_rule=grid_counter,
+                      grounding_rule=qwen2_grounding, **QWEN_TASKS)
 # Qwen3-VL's rows also feed its deepstack layers: a whole multiple of the text model's width.
 QWEN3_VL = MtmdFamily("qwen3-vl", frozenset({"qwen3vl_merger"}),
                       text_archs=frozenset({"qwen3vl", "qwen3vlmoe"}), default_merge=2,
                       warmup_tokens_per_side=QWEN_VL_WARMUP_SIDE, grid_rule=grid_counter, deepstack=True,
-                      **QWEN_TASKS)
+                      grounding_rule=qwen3_grounding, **QWEN_TASKS)

@@ -18,6 +18,7 @@ from edgevlm.runtime.loading import Loaded
 from edgevlm.store.caches import CacheView, EmbeddingCache
 from edgevlm.store.prefix_cache import PrefixCache
 from edgevlm.values.sampling import Sampling
+from edgevlm.vision.boxes import Grounding
 from edgevlm.vision.layout import Detail, ImageLayout
 
 Encoder = EmbeddingCache | CacheView | None  # projector rows through a cache (None: CLIP each time)
@@ -79,7 +80,7 @@ def slot_conversations(loaded: Loaded, settings: ChatSettings, *, cache: bool) -
 
 def new_describer(sequence: ChatSequence, model: ModelSide, settings: ChatSettings, *,
                   output: OutputFormat = TEXT, n_gpu_layers: int = 0, encoder: Encoder = None,
-                  prefix_cache: PrefixCache | None = None) -> Describer:
+                  prefix_cache: PrefixCache | None = None, grounding: Grounding | None = None) -> Describer:
     """A describer on this sequence: single turns from the cached system prompt, no summaries
     (the describer sets the answer's grammar and token budget from its output format)."""
     started = time.perf_counter()
@@ -88,20 +89,22 @@ def new_describer(sequence: ChatSequence, model: ModelSide, settings: ChatSettin
     # The system prompt is decoded now, before any request's clock starts: the first image is
     # charged for it (prefill and TTFT alike), so its figures add up.
     return Describer(conversation, output=output, max_tokens=settings.max_tokens, n_gpu_layers=n_gpu_layers,
-                     system_prefill_s=time.perf_counter() - started)
+                     system_prefill_s=time.perf_counter() - started, grounding=grounding)
 
 
 def describers_for(loaded: Loaded, settings: ChatSettings, *, cache: bool = False,
-                   output: OutputFormat = TEXT) -> list[Describer]:
+                   output: OutputFormat = TEXT, find: bool = False) -> list[Describer]:
     """One describer per sequence of the loaded engine (one without --parallel).
 
     With cache, projector rows and image prefixes are kept (RAM and disk), so an image seen
-    before skips CLIP, and its prefill too where restoring its KV is faster.
+    before skips CLIP, and its prefill too where restoring its KV is faster. With find, each
+    answer's boxes are put on the photo, as the model's family writes them.
     """
     prefixes = loaded.prefix_cache() if cache else None
     model = ModelSide.of(loaded)
+    grounding = loaded.grounding if find else None
     return [new_describer(sequence, model, settings, output=output, n_gpu_layers=loaded.n_gpu_layers,
-                          encoder=encoder, prefix_cache=prefixes)
+                          encoder=encoder, prefix_cache=prefixes, grounding=grounding)
             for sequence, encoder in _sequences(loaded, cache=cache)]
 
 

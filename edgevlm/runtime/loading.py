@@ -44,6 +44,7 @@ from edgevlm.rpc import endpoints as rpc
 from edgevlm.store.caches import CacheView, EmbeddingCache, for_files, pair_identity
 from edgevlm.store.prefix_cache import RAM_BYTES as PREFIX_RAM_BYTES
 from edgevlm.store.prefix_cache import PrefixCache
+from edgevlm.vision.boxes import Grounding
 from edgevlm.vision.layout import ImageLayout
 from edgevlm.vision.tiling import TurnCosts
 
@@ -132,6 +133,11 @@ class Loaded:
         """Image prefixes kept for this model, its KV types and this build (RAM and disk)."""
         return PrefixCache(f"{self.cache_identity()}|{self.engine.state_format()}",
                            ram_bytes=self.plan.prefix_ram_bytes)
+
+    @property
+    def grounding(self) -> Grounding | None:
+        """How the model's family is asked for boxes and writes them (None: it writes none)."""
+        return family_for(self.projector_facts).grounding(self.projector_facts)
 
     def cache_identity(self) -> str:
         """The model/projector pair as the caches know it."""

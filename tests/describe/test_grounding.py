@@ -1,0 +1,99 @@
+"""`describe --find` on the Qwen2.5-VL test pair (issue 38): the model's boxes, in pixels of the
+image as its processor resized it, come back in the original photo's pixels, upright; --draw
+writes them on the photo; a family without a box format is refused before loading."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from PIL import Image, ImageDraw
+
+from edgevlm.llama.sequence import EngineSequence
+from edgevlm.values.sampling import Sampling
+
+from ..conftest import invoke_cli
+from ..vision.test_boxes import smart_resize
+
+# Where the red square is on the photo as a viewer sees it (upright: 1200 wide, 1600 high).
+SQUARE = (300, 500, 700, 1100)
+
+
+def _sideways_photo(path: Path) -> Path:
+    """A photo stored 1600x1200 with EXIF orientation 6: shown upright, 1200x1600, with a red
+    square at SQUARE."""
+    upright = Image.new("RGB", (1200, 1600), (190, 190, 190))
+    ImageDraw.Draw(upright).rectangle(SQUARE, fill=(220, 30, 30))
+    stored = upright.transpose(Image.Transpose.ROTATE_90)  # orientation 6 turns it back
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    stored.save(path, exif=exif, quality=95)
+    return path
+
+
+@pytest.fixture()
+def scripted(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The answers the model gives, in turn: decoded into the cache as a real answer is."""
+    answers: list[str] = []
+
+    def generate(self: EngineSequence, max_tokens: int, sampling: Sampling | None = None) -> Iterator[str]:
+        text = answers.pop(0)
+        tokens = self.tokenize(text)[:max_tokens]
+        self.eval_text(tokens)
+        self.last_completion_tokens = list(tokens)
+        yield self.detokenize(tokens)
+
+    monkeypatch.setattr(EngineSequence, "generate", generate)
+    yield answers
+
+
+def test_find_gives_boxes_on_the_upright_photo_and_draws_them(test_models: dict[str, Path], tmp_path: Path,
+                                                              scripted: list[str]) -> None:
+    photo = _sideways_photo(tmp_path / "sideways.jpg")
+    pair = ["--model", str(test_models["qwen_text"]), "--mmproj", str(test_models["qwen_mmproj"]),
+            "--n-ctx", "4096"]
+    scripted.append("[]")
+    first = json.loads(invoke_cli("describe", str(photo), "--find", "the red square", *pair, "--json").stdout)
+    shown = tuple(first["shown_size"])
+    assert first["boxes"] == [] and shown[1] > shown[0]  # handed to the model upright
+    # The model answers in pixels of the image as Qwen's processor resized the shown one.
+    height, width = smart_resize(shown[1], shown[0])
+    model_box = [round(v * side / full) for v, side, full in
+                 zip(SQUARE, (width, height, width, height), (1200, 1600, 1200, 1600), strict=True)]
+    scripted.append(json.dumps([{"bbox_2d": model_box, "label": "red square"}]))
+    drawn = tmp_path / "boxes.png"
+    done = invoke_cli("describe", str(photo), "--find", "the red square", *pair, "--json",
+                      "--draw", str(drawn))
+    assert done.returncode == 0, done.stderr
+    row = json.loads(done.stdout)
+    assert [b["label"] for b in row["boxes"]] == ["red square"] and row["boxes"][0]["model_box"] == model_box
+    unit = (1200 / width, 1600 / height)  # photo pixels per pixel the model saw
+    for got, want, step in zip(row["boxes"][0]["box"], SQUARE, (*unit, *unit), strict=True):
+        assert abs(got - want) <= step / 2 + 1  # within a pixel of the square, beyond the model's rounding
+    image = Image.open(drawn)
+    assert image.size == (1200, 1600)  # the original, upright, full size
+    assert image.getpixel((SQUARE[0], (SQUARE[1] + SQUARE[3]) // 2))[:3] == (255, 40, 40)  # the left edge
+    scripted.append(json.dumps([{"bbox_2d": model_box, "label": "red square"}]))
+    text = invoke_cli("describe", str(photo), "--find", "the red square", *pair)
+    line = text.stdout.strip()
+    assert line.startswith("red square: ") and len(line.split(", ")) == 4  # the boxes, not the raw answer
+
+
+def test_find_is_refused_in_one_line_where_it_cannot_work(test_models: dict[str, Path],
+                                                          tmp_path: Path) -> None:
+    photo = _sideways_photo(tmp_path / "p.jpg")
+    llava = ["--model", str(test_models["text"]), "--mmproj", str(test_models["mmproj_112"])]
+    qwen = ["--model", str(test_models["qwen_text"]), "--mmproj", str(test_models["qwen_mmproj"])]
+    for args, message in [
+        ([*llava, "--find", "a cat"], "llava-1.5 models write no boxes"),
+        ([*qwen, "--find", "a cat", "--tags"], "--find gives its answer's shape"),
+        ([*qwen, "--find", "a cat", "--ask", "Why?"], "--find asks its own question"),
+        ([*qwen, "--draw", str(tmp_path / "out.png")], "--draw draws the boxes --find gives"),
+        ([*qwen, "--find", "a cat", "--draw", str(tmp_path)], "is a directory"),
+    ]:
+        done = invoke_cli("describe", str(photo), *args)
+        assert done.returncode == 2, (args, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and message in lines[0], (args, lines)
