@@ -18,9 +18,11 @@ class AnswerText:
         self._call = ""  # the text of a tool call, held whole
         self._started = False
         self._is_call = False
+        self.text = ""  # the whole answer so far, as generated
 
     def feed(self, piece: str) -> str:
         """The text to send now for this piece (maybe empty)."""
+        self.text += piece
         if self._is_call:
             self._call += piece
             return ""

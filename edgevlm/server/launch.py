@@ -68,7 +68,7 @@ def build_state(loaded: Loaded, settings: ServeSettings) -> ServerState:
         max_body_bytes=settings.max_body_mb << 20, max_tokens=settings.max_tokens,
         max_tiles=settings.max_tiles, useful_pixels=first.useful_pixels, pool=settings.pool,
         temperature=settings.sampling.temperature, summaries=summaries, plan=loaded.plan.to_json(),
-        tokens=first.sequence)
+        tokens=first.sequence, grounding=loaded.grounding)
 
 
 def _model_info(loaded: Loaded) -> ModelInfo:

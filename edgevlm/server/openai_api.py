@@ -6,6 +6,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from fastapi import APIRouter, Request
@@ -26,6 +27,7 @@ from edgevlm.server.tool_calls import assistant_calls_text, tool_result_text, to
 from edgevlm.server.turns import (
     RUNNING_GRACE_S,
     ServerState,
+    box_reader,
     collect,
     edgevlm_numbers,
     error_for,
@@ -36,6 +38,8 @@ from edgevlm.server.turns import (
     state_of,
     stream_events,
 )
+from edgevlm.vision.boxes import boxes_schema
+from edgevlm.vision.layout import Detail
 
 router = APIRouter(prefix="/v1", responses=sc.errors(sc.OpenAIError, 400, 401, 404, 408, 413, 503))
 
@@ -69,7 +73,7 @@ async def chat_completions(request: Request) -> JSONResponse | EventSourceRespon
     body = await read_json(request, state.max_body_bytes)
     return await answer_chat(request, state, body, lambda turn, tools: OpenAIReply(
         state.model.id, turn.options.max_tokens, state.model.n_ctx,
-        lambda: past_summaries(turn, state.summaries), tools))
+        lambda: past_summaries(turn, state.summaries), tools, boxes=box_reader(turn, state)))
 
 
 class OpenAIShape(Protocol):
@@ -107,8 +111,9 @@ def parse_request(body: dict[str, object], state: ServerState) -> tuple[ChatTurn
     messages, detail = _messages(body.get("messages"), state)
     extra = body.get("edgevlm") or {}
     if not isinstance(extra, dict):
-        raise bad_request("expected an object of edgevlm's own options (pool, detail)", "edgevlm")
-    answer = _grammar(body.get("response_format"))  # with tools: the answer when it is no call
+        raise bad_request("expected an object of edgevlm's own options (pool, detail, find)", "edgevlm")
+    find = _finding(extra.get("find"), body, state)
+    answer = find.grammar if find is not None else _grammar(body.get("response_format"))
     tools = tool_use(body.get("tools"), body.get("tool_choice"), answer_grammar=answer)
     grammar = tools.grammar if tools is not None else answer
     options = TurnOptions(
@@ -118,8 +123,36 @@ def parse_request(body: dict[str, object], state: ServerState) -> tuple[ChatTurn
         sampling=opt.sampling(body, fields=opt.OPENAI_SAMPLING, grammar=grammar),
         max_tiles=0 if detail == "low" else state.max_tiles,
         pool=opt.pool(extra.get("pool"), "edgevlm.pool"),
-        detail=opt.detail(extra.get("detail"), "edgevlm.detail") or opt.OPENAI_DETAIL.get(detail))
-    return chat_turn(messages, options, tools), tools
+        detail=opt.detail(extra.get("detail"), "edgevlm.detail") or (
+            Detail.GROUNDING if find is not None else opt.OPENAI_DETAIL.get(detail)))
+    turn = chat_turn(messages, options, tools)
+    return (replace(turn, question=find.question) if find is not None else turn), tools
+
+
+@dataclass(frozen=True)
+class _Find:
+    """edgevlm's own `find`: the family's question for it, and its answer's grammar (None where
+    the family writes its box tokens as text)."""
+
+    question: str
+    grammar: str | None
+
+
+def _finding(value: object, body: dict[str, object], state: ServerState) -> _Find | None:
+    """`edgevlm.find` checked: a family that writes boxes, no other answer shape, an image to look at."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise bad_request("expected what to find, e.g. \"every street sign\"", "edgevlm.find")
+    if state.grounding is None:
+        raise ApiError(400, "this model's family writes no boxes edgevlm can place on a photo; grounding "
+                       "works with Qwen2-VL, Qwen2.5-VL and Qwen3-VL", param="edgevlm.find",
+                       code="grounding_unsupported")
+    if body.get("response_format") is not None or body.get("tools"):
+        raise bad_request("edgevlm.find gives the answer's shape (boxes); drop response_format and tools",
+                          "edgevlm.find")
+    grammar = opt.grammar_for(boxes_schema(), "edgevlm.find") if state.grounding.json else None
+    return _Find(state.grounding.question(value[:200]), grammar)
 
 
 # Fields edgevlm cannot honour: refused by name rather than ignored (value: what is accepted).
@@ -214,15 +247,18 @@ class OpenAIReply:
     """One completion's replies in OpenAI's shapes."""
 
     def __init__(self, model: str, max_tokens: int, n_ctx: int,
-                 summaries: Callable[[], list[dict[str, object]]], tools: ToolUse | None) -> None:
+                 summaries: Callable[[], list[dict[str, object]]], tools: ToolUse | None, *,
+                 boxes: Callable[[str, Answered], list[dict[str, object]]] | None = None) -> None:
         self.id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         self.model, self.max_tokens, self.created = model, max_tokens, int(time.time())
-        self.n_ctx, self.summaries, self.tools = n_ctx, summaries, tools
+        self.n_ctx, self.summaries, self.tools, self.boxes = n_ctx, summaries, tools, boxes
 
-    def numbers(self, answered: Answered) -> dict[str, object]:
-        """The `edgevlm` block: the turn's numbers and the summaries of the request's earlier images
-        (looked up once answered: the turn may have waited for one)."""
-        return {**edgevlm_numbers(answered, self.n_ctx), "summaries": self.summaries()}
+    def numbers(self, answered: Answered, text: str) -> dict[str, object]:
+        """The `edgevlm` block: the turn's numbers, the summaries of the request's earlier images
+        (looked up once answered: the turn may have waited for one), and with detail grounding
+        the answer's boxes on the photo."""
+        found = {"boxes": self.boxes(text, answered)} if self.boxes is not None else {}
+        return {**edgevlm_numbers(answered, self.n_ctx), "summaries": self.summaries(), **found}
 
     def _head(self, kind: str) -> dict[str, object]:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
@@ -245,7 +281,7 @@ class OpenAIReply:
         choice = {"index": 0, "message": message, "finish_reason": self._finish(answered, call),
                   "logprobs": None}
         return {**self._head("chat.completion"), "choices": [choice], "usage": self.usage(answered),
-                "edgevlm": self.numbers(answered)}
+                "edgevlm": self.numbers(answered, text)}
 
     def chunk(self, delta: dict[str, object], finish: str | None = None) -> dict[str, object]:
         choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
@@ -276,7 +312,7 @@ class OpenAIReply:
         if call is not None:
             lines.append(_data(self.chunk({"tool_calls": [{"index": 0, **_call_entry(call)}]})))
         last = self.chunk({}, self._finish(answered, call))
-        last.update(usage=self.usage(answered), edgevlm=self.numbers(answered))
+        last.update(usage=self.usage(answered), edgevlm=self.numbers(answered, answer.text))
         return [*lines, _data(last)]
 
 

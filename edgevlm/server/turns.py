@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from starlette.requests import Request
 
-from edgevlm.chat.records import TurnStats
+from edgevlm.chat.records import TurnStats, to_plain
 from edgevlm.chat.resent import ChatTurn
 from edgevlm.errors import ContextOverflowError, EngineError, Interrupted, UserError, in_words, one_line
 from edgevlm.server.http import ApiError
 from edgevlm.server.scheduler import Answered, Failed, JobEvent, Piece, QueueFull, Scheduler, TurnJob
 from edgevlm.store.caches import SummaryStore
+from edgevlm.vision.boxes import BoxGeometry, Grounding, found_boxes
+from edgevlm.vision.layout import Detail
 
 RETRY_AFTER_S = 5
 RUNNING_GRACE_S = 3.0  # how long a running answer may go on after a stop signal
@@ -62,6 +64,7 @@ class ServerState:
     summaries: SummaryStore | None = None
     plan: dict[str, object] = field(default_factory=dict)  # the memory plan, as `plan --json`
     tokens: TokenCodec | None = None  # for /api/generate's context
+    grounding: Grounding | None = None  # how the model's family writes boxes (None: it writes none)
     created: int = field(default_factory=lambda: int(time.time()))
 
     def model_matches(self, name: object) -> bool:
@@ -174,6 +177,25 @@ def edgevlm_numbers(answered: Answered, n_ctx: int) -> dict[str, object]:
             "summary_wait_s": round(s.summary_wait_s, 4), "ttft_s": round(s.ttft_s, 4),
             "decode_tok_s": round(s.decode_tok_s, 2), "image_tokens": list(s.image_tokens),
             "kv": _kv_split(s, n_ctx)}
+
+
+BoxReader = Callable[[str, Answered], list[dict[str, object]]]  # an answer's boxes on the photo
+
+
+def box_reader(turn: ChatTurn, state: ServerState) -> BoxReader | None:
+    """With detail grounding, on a family that writes boxes: the answer's boxes on the latest
+    message's first image, in that image's own upright pixels (None otherwise)."""
+    grounding = state.grounding
+    if grounding is None or turn.options.detail is not Detail.GROUNDING or not turn.images:
+        return None
+    photo = turn.images[0].image
+
+    def read(text: str, answered: Answered) -> list[dict[str, object]]:
+        stats = answered.stats
+        shown = stats.canvas_sizes[0] if stats.canvas_sizes else stats.canvas_size
+        geometry = BoxGeometry(grounding.frame, grounding.model_size(shown), photo.size)
+        return [to_plain(box) for box in found_boxes(text, geometry)]
+    return read
 
 
 def _kv_split(stats: TurnStats, n_ctx: int) -> dict[str, int]:

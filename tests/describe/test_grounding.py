@@ -97,3 +97,49 @@ def test_find_is_refused_in_one_line_where_it_cannot_work(test_models: dict[str,
         assert done.returncode == 2, (args, done.stderr)
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and message in lines[0], (args, lines)
+
+
+def test_the_api_gives_boxes_on_the_photo_in_the_edgevlm_block(test_models: dict[str, Path], tmp_path: Path,
+                                                              scripted: list[str]) -> None:
+    """The OpenAI API with edgevlm's own `find`: the family's question, its grammar, and the boxes
+    in the photo's upright pixels in the `edgevlm` block."""
+    import base64
+
+    from openai import OpenAI
+
+    from edgevlm.runtime.loading import ModelFlags, load
+    from edgevlm.server.launch import ServeSettings, build_state
+
+    from ..server.test_app import serving
+
+    photo = _sideways_photo(tmp_path / "sideways.jpg")
+    url = "data:image/jpeg;base64," + base64.b64encode(photo.read_bytes()).decode()
+    loaded = load(ModelFlags(model=str(test_models["qwen_text"]), mmproj=str(test_models["qwen_mmproj"]),
+                             n_ctx=4096, n_gpu_layers=0))
+    try:
+        # Summaries from the answer: every generate call is a scripted answer here.
+        state = build_state(loaded, ServeSettings(max_tokens=64, cache=False, summary="answer"))
+        with serving(state) as base:
+            client = OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
+            content = [{"type": "image_url", "image_url": {"url": url}}]
+
+            def ask(find: str) -> dict[str, object]:
+                reply = client.chat.completions.create(
+                    model="", messages=[{"role": "user", "content": content}],
+                    extra_body={"edgevlm": {"find": find}})
+                return reply.model_extra["edgevlm"]
+
+            scripted.append("[]")
+            shown = ask("the red square")
+            assert shown["boxes"] == []
+            height, width = smart_resize(shown["canvas"][1], shown["canvas"][0])
+            model_box = [round(v * side / full) for v, side, full in
+                         zip(SQUARE, (width, height, width, height), (1200, 1600, 1200, 1600), strict=True)]
+            scripted.append(json.dumps([{"bbox_2d": model_box, "label": "red square"}]))
+            found = ask("the red square")["boxes"]
+            assert [b["label"] for b in found] == ["red square"]
+            assert all(abs(got - want) <= 1200 / width / 2 + 1 for got, want in zip(found[0]["box"], SQUARE,
+                                                                                     strict=True))
+            state.scheduler.close()
+    finally:
+        loaded.engine.close()

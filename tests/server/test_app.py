@@ -610,3 +610,11 @@ def test_a_request_chooses_its_images_budget_by_task(client: OpenAI, server: tup
         "messages": [image_message("What?", seed=61)], "edgevlm": {"detail": "everything"}})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "edgevlm.detail"
     _checked(server[1])
+
+
+def test_find_is_refused_on_a_family_that_writes_no_boxes(server: tuple[str, ServerState]) -> None:
+    reply = httpx.post(f"{server[0]}/v1/chat/completions", json={
+        "messages": [image_message("Where?", seed=62)], "edgevlm": {"find": "a cat"}})
+    assert reply.status_code == 400
+    error = reply.json()["error"]
+    assert error["param"] == "edgevlm.find" and error["code"] == "grounding_unsupported"

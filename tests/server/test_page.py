@@ -278,3 +278,59 @@ def test_several_photos_and_a_pdf_go_in_one_message(qwen_server: str, browser: w
     beside = [c.text for c in shown.find_elements(By.CSS_SELECTOR, ".more-images .name")]
     assert beside == ["b.jpg", "notes.pdf"]
     assert not browser.find_element(By.ID, "attachment").is_displayed()  # sent: the composer is empty
+
+
+def test_found_boxes_are_drawn_over_the_photo(test_models: dict[str, Path], browser: webdriver.Chrome,
+                                              tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 38: "/find the red square" in the page asks for boxes; the server puts the model's
+    answer (scripted here: the test pair's words are random) on the photo, and the page draws it
+    where the square is."""
+    from edgevlm.llama.sequence import EngineSequence
+    from edgevlm.runtime.loading import ModelFlags, load
+    from edgevlm.server.launch import ServeSettings, build_state
+
+    from ..describe.test_grounding import SQUARE
+    from ..vision.test_boxes import smart_resize
+    from .test_app import serving
+
+    upright = Image.new("RGB", (1200, 1600), (190, 190, 190))
+    upright.paste((220, 30, 30), SQUARE)
+    photo = tmp_path / "square.png"
+    upright.save(photo)
+    answers = ["[]"]  # every answer the model gives, summaries of earlier turns' photos included
+
+    def generate(self: EngineSequence, max_tokens: int, sampling: object = None) -> Iterator[str]:
+        tokens = self.tokenize(answers[-1])[:max_tokens]
+        self.eval_text(tokens)
+        self.last_completion_tokens = list(tokens)
+        yield self.detokenize(tokens)
+
+    monkeypatch.setattr(EngineSequence, "generate", generate)
+    loaded = load(ModelFlags(model=str(test_models["qwen_text"]), mmproj=str(test_models["qwen_mmproj"]),
+                             n_ctx=4096, n_gpu_layers=0))
+    try:
+        state = build_state(loaded, ServeSettings(max_tokens=256, cache=False, summary="answer"))
+        with serving(state) as url:
+            browser.get(url)
+            WebDriverWait(browser, 30).until(lambda d: d.find_element(By.ID, "model-name").text)
+            shown = None
+            for attempt in range(2):  # once to learn the size the model is shown, once with its boxes
+                if shown is not None:
+                    height, width = smart_resize(shown[1], shown[0])
+                    box = [round(v * side / full) for v, side, full in
+                           zip(SQUARE, (width, height, width, height), (1200, 1600, 1200, 1600), strict=True)]
+                    answers.append(json.dumps([{"bbox_2d": box, "label": "red square"}]))
+                _send(browser, "/find the red square", attach=photo)
+                _wait_for_states(browser, *["done"] * (attempt + 1))
+                shown = _stored(browser)["turns"][-1]["numbers"]["canvas"]
+            found = _turns(browser)[-1].find_elements(By.CSS_SELECTOR, ".boxes .box")
+            assert [b.get_attribute("data-label") for b in found] == ["red square"]
+            image = _turns(browser)[-1].find_element(By.CSS_SELECTOR, ".photo").rect
+            drawn = found[0].rect
+            for got, want, side in ((drawn["x"] - image["x"], SQUARE[0], 1200),
+                                    (drawn["y"] - image["y"], SQUARE[1], 1600),
+                                    (drawn["width"], SQUARE[2] - SQUARE[0], 1200)):
+                assert abs(got / image["width" if side == 1200 else "height"] - want / side) < 0.02
+        state.scheduler.close()
+    finally:
+        loaded.engine.close()

@@ -137,6 +137,9 @@ function requestBody(turn, past) {
   if (s.maxTokens) body.max_tokens = Number(s.maxTokens);
   if (s.temperature !== "") body.temperature = Number(s.temperature);
   if (s.pool) body.edgevlm = { pool: s.pool === "auto" ? "auto" : Number(s.pool) };
+  // "/find every street sign" asks the model for boxes: the server puts them on the photo.
+  const find = /^\/find\s+(.+)/s.exec(turn.text.trim());
+  if (find) body.edgevlm = { ...(body.edgevlm || {}), find: find[1].trim() };
   return body;
 }
 
@@ -300,6 +303,27 @@ function showImage(section, turn) {
   const photo = figure.querySelector(".photo");
   if (photo.getAttribute("src") !== first.url) photo.src = first.url;
   drawGrid(figure, turn.imageError ? null : turn.numbers);
+  drawBoxes(figure, turn.imageError ? null : turn.numbers);
+}
+
+function drawBoxes(figure, numbers) {
+  // What the model found (/find), in the photo's own pixels: placed over the photo as shown.
+  const layer = figure.querySelector(".boxes");
+  const photo = figure.querySelector(".photo");
+  const place = () => {
+    const [w, h] = [photo.naturalWidth, photo.naturalHeight];
+    layer.replaceChildren(...(numbers?.boxes || []).filter(() => w && h).map((b) => {
+      const box = document.createElement("span");
+      const [x1, y1, x2, y2] = b.box;
+      box.className = "box";
+      Object.assign(box.style, { left: `${(100 * x1) / w}%`, top: `${(100 * y1) / h}%`,
+        width: `${(100 * (x2 - x1)) / w}%`, height: `${(100 * (y2 - y1)) / h}%` });
+      box.dataset.label = b.label || "";
+      box.title = `${b.label || "found"}: ${b.box.map((v) => Math.round(v)).join(", ")}`;
+      return box;
+    }));
+  };
+  if (photo.complete) place(); else photo.addEventListener("load", place, { once: true });
 }
 
 function drawGrid(figure, numbers) {
