@@ -11,6 +11,9 @@
   `gemma3` projector (16 tokens per image, attended non-causally);
 - a random-weight SmolVLM2 pair: a `llama` text model (8 MB) with SmolVLM's markers and an
   `idefics3` projector (images split into labelled tiles and an overview);
+- a random-weight Gemma 4 pair: a `gemma4` text model (window and global layers of different
+  head sizes, KV shared by its last layers) and a `gemma4v` projector (70 to 1120 tokens an image
+  by its size, attended both ways);
 - a random-weight LFM2-VL pair: an `lfm2` text model (hybrid memory: short-convolution layers with
   a recurrent state between attention layers, 8 MB) and an `lfm2` projector.
 """
@@ -564,6 +567,132 @@ def write_gemma3_projector(path: Path, *, text_width: int = 64, width: int = 32,
     return _finish(writer, tmp, path)
 
 
+# Gemma 4's turn, image and thinking-channel markers, appended to SmolLM2's vocabulary.
+GEMMA4_TOKENS = ("<|turn>", "<turn|>", "<|image>", "<image|>", "<|image|>", "<|channel>", "<channel|>")
+# Gemma 4's chat template in shape (models/templates/google-gemma-4-31B-it.jinja in llama.cpp): a
+# system turn of its own, <|turn>ROLE … <turn|> turns, <|image|> where an image part goes, and an
+# empty thought channel after the generation prompt when thinking is off.
+GEMMA4_TEMPLATE = (
+    "{{- bos_token -}}{%- set rest = messages -%}"
+    "{%- if messages[0]['role'] in ['system', 'developer'] -%}"
+    "{{- '<|turn>system\\n' + messages[0]['content'] | trim + '<turn|>\\n' -}}{%- set rest = messages[1:] -%}"
+    "{%- endif -%}"
+    "{%- for message in rest -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{- '<|turn>' + role + '\\n' -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] | trim -}}{%- else -%}"
+    "{%- for part in message['content'] -%}{%- if part['type'] == 'image' -%}{{- '<|image|>' -}}"
+    "{%- elif part['type'] == 'text' -%}{{- part['text'] | trim -}}{%- endif -%}{%- endfor -%}{%- endif -%}"
+    "{{- '<turn|>\\n' -}}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|turn>model\\n' -}}"
+    "{%- if not enable_thinking | default(false) -%}{{- '<|channel>thought\\n<channel|>' -}}{%- endif -%}"
+    "{%- endif -%}")
+# Which of the Gemma 4 test model's layers attend within the window (llama.cpp reads the pattern as
+# an array for this architecture): the last two reuse the KV of the last window layer and the
+# last global one before them (shared_kv_layers, as Gemma 4 E2B and E4B do).
+GEMMA4_SWA_PATTERN = (True, True, False, True, False)
+GEMMA4_SHARED_KV_LAYERS = 2
+
+
+def write_gemma4_text(path: Path, vocab_source: Path, *, n_embd: int = 64, n_head: int = 4,
+                      n_head_kv: int = 2, head_dim: int = 32, head_dim_swa: int = 16, n_ff: int = 128,
+                      sliding_window: int = 64, seed: int = 7) -> Path:
+    """A random-weight `gemma4` text model: five layers, window layers with heads of 16 and global
+    ones with heads of 32 (their RoPE through rope_freqs), the last two sharing earlier layers' KV,
+    q/k/v norms and post-norms, final-logit softcapping; SmolLM2's vocabulary with Gemma 4's
+    markers and a template in the shape of Gemma 4's. Its width (64) is neither E2B's nor E4B's,
+    so mtmd has its images attended both ways on the window layers."""
+    import gguf
+
+    if _is_current(path):
+        return path
+    tokens, types, merges, ids = _vocab(vocab_source)
+    vocab = (tokens + list(GEMMA4_TOKENS), types + [3] * len(GEMMA4_TOKENS), merges, ids)
+    rng = np.random.default_rng(seed)
+    n_layer = len(GEMMA4_SWA_PATTERN)
+
+    def mat(rows: int, cols: int) -> np.ndarray:
+        return (rng.standard_normal((rows, cols)) * 0.05).astype(np.float16)
+
+    def ones(n: int) -> np.ndarray:
+        return np.ones(n, dtype=np.float32)
+
+    tmp = path.with_suffix(".part")
+    writer = gguf.GGUFWriter(str(tmp), "gemma4")
+    _text_header(writer, "edgevlm-test-gemma4", vocab, GEMMA4_TEMPLATE, n_embd=n_embd, n_layer=n_layer,
+                 n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv, add_bos=True, head_dim=head_dim,
+                 sliding_window=sliding_window)
+    writer.add_array("gemma4.attention.sliding_window_pattern", list(GEMMA4_SWA_PATTERN))
+    writer.add_uint32("gemma4.attention.shared_kv_layers", GEMMA4_SHARED_KV_LAYERS)
+    writer.add_uint32("gemma4.attention.key_length_swa", head_dim_swa)
+    writer.add_uint32("gemma4.attention.value_length_swa", head_dim_swa)
+    writer.add_uint32("gemma4.rope.dimension_count", head_dim)
+    writer.add_uint32("gemma4.rope.dimension_count_swa", head_dim_swa)
+    writer.add_float32("gemma4.rope.freq_base_swa", 10000.0)
+    writer.add_uint32("gemma4.embedding_length_per_layer_input", 0)  # no per-layer inputs
+    writer.add_float32("gemma4.final_logit_softcapping", 30.0)
+    writer.add_tensor("token_embd.weight", mat(len(vocab[0]), n_embd))
+    writer.add_tensor("output_norm.weight", ones(n_embd))
+    writer.add_tensor("rope_freqs.weight", ones(head_dim // 2))  # the global layers' (all rotate)
+    owners = n_layer - GEMMA4_SHARED_KV_LAYERS
+    for i, windowed in enumerate(GEMMA4_SWA_PATTERN):
+        p, dim = f"blk.{i}", head_dim_swa if windowed else head_dim
+        q, kv = n_head * dim, n_head_kv * dim
+        shapes = [("attn_q", (q, n_embd)), ("attn_output", (n_embd, q)), ("ffn_gate", (n_ff, n_embd)),
+                  ("ffn_up", (n_ff, n_embd)), ("ffn_down", (n_embd, n_ff))]
+        norms = [("attn_norm", n_embd), ("attn_q_norm", dim), ("post_attention_norm", n_embd),
+                 ("ffn_norm", n_embd), ("post_ffw_norm", n_embd)]
+        if i < owners:  # a layer that shares KV has no K and V of its own
+            shapes += [("attn_k", (kv, n_embd)), ("attn_v", (kv, n_embd))]
+            norms += [("attn_k_norm", dim)]
+        for name, shape in shapes:
+            writer.add_tensor(f"{p}.{name}.weight", mat(*shape))
+        for name, n in norms:
+            writer.add_tensor(f"{p}.{name}.weight", ones(n))
+    return _finish(writer, tmp, path)
+
+
+def write_gemma4_projector(path: Path, *, text_width: int = 64, width: int = 32, blocks: int = 2,
+                           heads: int = 2, ff: int = 64, patch: int = 16, positions: int = 2048,
+                           seed: int = 8) -> Path:
+    """A random-weight Gemma 4 vision tower (`gemma4v`): 16 px patches without a bias, learned x and
+    y position tables and 2D RoPE, RMS-normed blocks with q/k norms and post-norms, a gated
+    FFN, patches average-pooled 3x3 (clip.cpp's default, left out of the file as real ones do) and
+    one projection. mtmd sizes an image to 70..1120 tokens of 48 px."""
+    import gguf
+
+    if _is_current(path):
+        return path
+    rng = np.random.default_rng(seed)
+
+    def mat(rows: int, cols: int, scale: float = 0.05) -> np.ndarray:
+        return (rng.standard_normal((rows, cols)) * scale).astype(np.float16)
+
+    tmp = path.with_suffix(".part")
+    writer = gguf.GGUFWriter(str(tmp), "clip")
+    _clip_header(writer, "edgevlm-test-gemma4-mmproj", "gemma4v", {"use_gelu": True}, eps=1e-6,
+                 image_size=224, patch_size=patch, embedding_length=width,
+                 feed_forward_length=ff, projection_dim=text_width, head_count=heads, block_count=blocks)
+    kernel = rng.standard_normal((width, 3, patch, patch)) * 0.02
+    writer.add_tensor("v.patch_embd.weight", kernel.astype(np.float16))
+    # x then y: clip.cpp views the table as two [width, positions] halves
+    table = rng.standard_normal((2, positions, width)) * 0.05
+    writer.add_tensor("v.position_embd.weight", table.astype(np.float32))
+    head = width // heads
+    for b in range(blocks):
+        p = f"v.blk.{b}"
+        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            writer.add_tensor(f"{p}.{name}.weight", mat(width, width))
+        for name, n in (("attn_q_norm", head), ("attn_k_norm", head), ("ln1", width), ("ln2", width),
+                        ("attn_post_norm", width), ("ffn_post_norm", width)):
+            writer.add_tensor(f"{p}.{name}.weight", np.ones(n, np.float32))
+        writer.add_tensor(f"{p}.ffn_gate.weight", mat(ff, width))
+        writer.add_tensor(f"{p}.ffn_up.weight", mat(ff, width))
+        writer.add_tensor(f"{p}.ffn_down.weight", mat(width, ff))
+    writer.add_tensor("mm.input_projection.weight", mat(text_width, width, 0.2))
+    return _finish(writer, tmp, path)
+
+
 # SmolVLM's image markers (mtmd looks them up as single tokens) and its end of turn.
 SMOLVLM_TOKENS = ("<fake_token_around_image>", "<global-img>", "<end_of_utterance>",
                   *(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)))
@@ -754,6 +883,8 @@ def main() -> None:
         write_idefics3_projector(args.out_dir / "mmproj-idefics3-test.gguf"),
         write_lfm2_text(args.out_dir / "lfm2-test.gguf", args.out_dir / TEXT_MODEL_NAME),
         write_lfm2_projector(args.out_dir / "mmproj-lfm2-test.gguf"),
+        write_gemma4_text(args.out_dir / "gemma4-test.gguf", args.out_dir / TEXT_MODEL_NAME),
+        write_gemma4_projector(args.out_dir / "mmproj-gemma4-test.gguf"),
     ]
     for path in made:
         print(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}"

@@ -25,6 +25,8 @@ GEMMA_TEXT = TEST_MODELS / "gemma3-test.gguf"  # Gemma-3-style: sliding-window a
 GEMMA_MMPROJ = TEST_MODELS / "mmproj-gemma3-test.gguf"  # 16 tokens per image, attended both ways
 SMOLVLM_TEXT = TEST_MODELS / "smolvlm-test.gguf"  # SmolVLM-style: llama with SmolVLM's markers
 SMOLVLM_MMPROJ = TEST_MODELS / "mmproj-idefics3-test.gguf"  # images split into labelled tiles
+GEMMA4_TEXT = TEST_MODELS / "gemma4-test.gguf"  # Gemma-4-style: window and global heads, shared KV
+GEMMA4_MMPROJ = TEST_MODELS / "mmproj-gemma4-test.gguf"  # 70..1120 tokens by size, attended both ways
 LFM2_TEXT = TEST_MODELS / "lfm2-test.gguf"  # LFM2-style hybrid: convolution (recurrent) + attention
 LFM2_MMPROJ = TEST_MODELS / "mmproj-lfm2-test.gguf"
 
@@ -44,7 +46,7 @@ def load_script(name: str) -> ModuleType:
 def _ensure_test_models() -> None:
     if not all(p.exists() for p in (TEXT_MODEL, MMPROJ_336, MMPROJ_112, MMPROJ_NEXT, QWEN_TEXT,
                                     QWEN_MMPROJ, GEMMA_TEXT, GEMMA_MMPROJ, SMOLVLM_TEXT, SMOLVLM_MMPROJ,
-                                    LFM2_TEXT, LFM2_MMPROJ)):
+                                    LFM2_TEXT, LFM2_MMPROJ, GEMMA4_TEXT, GEMMA4_MMPROJ)):
         subprocess.run([sys.executable, str(ROOT / "scripts" / "make_test_models.py")], check=True)
 
 
@@ -56,7 +58,8 @@ def test_models() -> dict[str, Path]:
             "mmproj_next": MMPROJ_NEXT, "qwen_text": QWEN_TEXT, "qwen_mmproj": QWEN_MMPROJ,
             "gemma_text": GEMMA_TEXT, "gemma_mmproj": GEMMA_MMPROJ,
             "smolvlm_text": SMOLVLM_TEXT, "smolvlm_mmproj": SMOLVLM_MMPROJ,
-            "lfm2_text": LFM2_TEXT, "lfm2_mmproj": LFM2_MMPROJ}
+            "lfm2_text": LFM2_TEXT, "lfm2_mmproj": LFM2_MMPROJ,
+            "gemma4_text": GEMMA4_TEXT, "gemma4_mmproj": GEMMA4_MMPROJ}
 
 
 def make_engine(mmproj: Path, *, n_ctx: int = 2048, n_batch: int = 512,  # noqa: ANN201

@@ -109,9 +109,17 @@ def _after_image(render: Render) -> str:
 def _adds_up(fmt: PromptFormat, render: Render, bos: str) -> bool:
     """The pieces, put together turn by turn, equal the template's render of three turns. What
     a template puts before an answer's text (SmolVLM's space after "Assistant:") is the model's
-    to generate, so it counts as part of the answer."""
+    to generate, so it counts as part of the answer. What only the generation prompt adds (Gemma
+    4's empty thought block when thinking is off) stays before each answer in the cache, as the
+    model was given it when it answered: the template's render drops it from past turns, which
+    would cost a re-decode of every later turn (llama-server's), for no difference the model was
+    trained to need."""
     answers = (ANSWER_1, "answerprobeqe")
     full = render(_conversation(SYSTEM, USER_1, USER_2, USER_3, answers=answers), True)
+    past = full[full.index(USER_1) + len(USER_1):full.index(ANSWER_1)]
+    if fmt.user_suffix != past and fmt.user_suffix.startswith(past):
+        for answer in answers:
+            full = full.replace(past + answer, fmt.user_suffix + answer, 1)
     first_answer = full.index(ANSWER_1)
     lead = full[full.index(USER_1) + len(USER_1) + len(fmt.user_suffix):first_answer]
     pieces = [bos if fmt.add_bos else "", fmt.system(SYSTEM)]

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from edgevlm.models.gguf import ProjectorFacts
+from edgevlm.models.gguf import ProjectorFacts, TextModelFacts
 from edgevlm.vision.boxes import Grounding
 from edgevlm.vision.layout import ImageLayout
 
@@ -55,4 +55,9 @@ class Family(Protocol):
 
     def grounding(self, projector: ProjectorFacts) -> Grounding | None:
         """How the family is asked for boxes and writes them (None: it has no box format)."""
+        ...
+
+    def non_causal_rows(self, projector: ProjectorFacts, text: TextModelFacts) -> int:
+        """The most rows of one image that attend to each other both ways beside this text model
+        (mtmd_decode_use_non_causal), which must then be decoded in one ubatch; 0: causal."""
         ...

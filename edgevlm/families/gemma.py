@@ -1,14 +1,51 @@
 """The Gemma family's vision models: Gemma 3 (a SigLIP image of 896 px pooled 4x4 into 256 tokens,
-attended both ways), Gemma 3n and Gemma 4. Each projector pairs with its own text architecture.
+attended both ways), Gemma 3n and Gemma 4 (an image of any size in 70 to 1120 tokens of 48 px,
+attended both ways beside every text model but E2B's and E4B's). Each projector pairs with its
+own text architecture.
 
 Pure: nothing here imports llama_cpp.
 """
 
 from __future__ import annotations
 
-from edgevlm.families.mtmd import MtmdFamily
+from edgevlm.families.family import BlockCounter
+from edgevlm.families.mtmd import FIXED_MARKERS, MtmdFamily, dyn_size_grid
+from edgevlm.models.gguf import ProjectorFacts, TextModelFacts
 
 # clip.cpp pools Gemma 3's patches 4x4 where the GGUF does not say (hparams.n_merge = 4).
-GEMMA3 = MtmdFamily("gemma3", frozenset({"gemma3"}), text_archs=frozenset({"gemma3"}), default_merge=4)
+GEMMA3 = MtmdFamily("gemma3", frozenset({"gemma3"}), text_archs=frozenset({"gemma3"}), default_merge=4,
+                    both_ways_rule=lambda _projector, _text: True)
 GEMMA3N = MtmdFamily("gemma3n", frozenset({"gemma3nv"}), text_archs=frozenset({"gemma3n"}))
-GEMMA4 = MtmdFamily("gemma4", frozenset({"gemma4v"}), text_archs=frozenset({"gemma4"}))
+
+# Gemma 4 in clip.cpp: patches pooled 3x3 where the GGUF does not say, an image sized by mtmd's
+# dynamic-size rule into 70..1120 tokens (set_limit_image_tokens), warmed up at 256 tokens (16 a
+# side); mtmd wraps each image in <|image> … <image|>.
+GEMMA4_TOKENS = (70, 1120)
+GEMMA4_WARMUP_SIDE = 16
+# mtmd keeps the images of Gemma 4 E2B (1536 wide) and E4B (2560) causal, and has every other
+# Gemma 4 attend to an image both ways (mtmd_decode_use_non_causal; the unified projector always).
+GEMMA4_CAUSAL_WIDTHS = frozenset({1536, 2560})
+
+
+def gemma4_counter(projector: ProjectorFacts) -> BlockCounter:
+    """A block's (tokens, visual tokens) for an image size: the pooled grid and two markers."""
+    align = projector.patch_size * max(projector.merge, 1)
+
+    def count(size: tuple[int, int]) -> tuple[int, int]:
+        columns, rows = dyn_size_grid(size, align=align, tokens=GEMMA4_TOKENS)
+        return columns * rows + FIXED_MARKERS, columns * rows
+    return count
+
+
+def gemma4_both_ways(projector: ProjectorFacts, text: TextModelFacts) -> bool:
+    """Gemma 4's images attend both ways, except beside E2B and E4B."""
+    return projector.projector_type == "gemma4uv" or text.n_embd not in GEMMA4_CAUSAL_WIDTHS
+
+
+# Budgets by task on Google's ladder of 70, 140, 280, 560 and 1120 tokens (the Gemma 4 vision
+# docs: low budgets for video frames, high ones for OCR and small details): a caption at the
+# default 280, a video frame at 70, reading and finding at 560 or more.
+GEMMA4 = MtmdFamily("gemma4", frozenset({"gemma4v", "gemma4uv"}), text_archs=frozenset({"gemma4"}),
+                    default_merge=3, warmup_tokens_per_side=GEMMA4_WARMUP_SIDE, grid_rule=gemma4_counter,
+                    both_ways_rule=gemma4_both_ways, max_image_tokens=GEMMA4_TOKENS[1],
+                    caption_tokens=280, frame_tokens=70, reading_floor_tokens=560, image_kept=True)

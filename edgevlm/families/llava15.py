@@ -15,7 +15,7 @@ import numpy as np
 from PIL import Image
 
 from edgevlm.families.family import BlockCounter
-from edgevlm.models.gguf import ProjectorFacts
+from edgevlm.models.gguf import ProjectorFacts, TextModelFacts
 from edgevlm.vision.layout import TIMED_FRAMES, BlockStep, Detail, ImagePlan, TaskBudget, ViewBudget
 from edgevlm.vision.tiling import (
     LLAVA_15_TILES,
@@ -167,6 +167,10 @@ class Llava15:
     def grounding(self, projector: ProjectorFacts) -> None:
         """LLaVA writes no boxes edgevlm can place."""
         return None
+
+    def non_causal_rows(self, projector: ProjectorFacts, text: TextModelFacts) -> int:
+        """None: LLaVA's image rows are decoded causally, like text."""
+        return 0
 
 
 LLAVA_15 = Llava15()

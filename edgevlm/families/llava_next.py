@@ -23,7 +23,7 @@ from PIL import Image
 
 from edgevlm.families.family import BlockCounter
 from edgevlm.families.llava15 import LLAVA_PROJECTORS, LLAVA_TASKS, clip_compute_bytes
-from edgevlm.models.gguf import ProjectorFacts, read_image_newline
+from edgevlm.models.gguf import ProjectorFacts, TextModelFacts, read_image_newline
 from edgevlm.vision.images import resize_view
 from edgevlm.vision.layout import TIMED_FRAMES, BlockStep, ImagePlan, ViewBudget
 
@@ -272,6 +272,10 @@ class LlavaNext:
     def grounding(self, projector: ProjectorFacts) -> None:
         """LLaVA writes no boxes edgevlm can place."""
         return None
+
+    def non_causal_rows(self, projector: ProjectorFacts, text: TextModelFacts) -> int:
+        """None: LLaVA's image rows are decoded causally, like text."""
+        return 0
 
 
 LLAVA_NEXT_FAMILY = LlavaNext()

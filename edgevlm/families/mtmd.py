@@ -19,7 +19,7 @@ import numpy as np
 from PIL import Image
 
 from edgevlm.families.family import BlockCounter
-from edgevlm.models.gguf import ProjectorFacts
+from edgevlm.models.gguf import ProjectorFacts, TextModelFacts
 from edgevlm.vision.boxes import Grounding
 from edgevlm.vision.layout import (
     TIMED_FRAMES,
@@ -179,7 +179,8 @@ def _sizes(image_size: tuple[int, int], start: float = 1.0) -> list[tuple[int, i
     return sizes
 
 
-def native_compute_bytes(projector: ProjectorFacts, *, warmup_tokens_per_side: int, flash_attn: bool) -> int:
+def native_compute_bytes(projector: ProjectorFacts, *, warmup_tokens_per_side: int, flash_attn: bool,
+                         image_kept: bool = False) -> int:
     """An mtmd family's vision graph, reserved at mtmd's warmup size (`warmup_tokens_per_side`
     merged tokens a side for a dynamic-resolution projector, else its own image size): for
     windowed attention an f32 patch-by-patch mask, alive throughout; then the larger of the f32
@@ -200,12 +201,45 @@ def native_compute_bytes(projector: ProjectorFacts, *, warmup_tokens_per_side: i
         attention = 4 * heads * patches * patches
     activations = 4 * patches * (2 * ff + 1.6 * width)
     projection = 8 * patches // merge ** 2 * projector.projection_dim
-    # The image is freed once the patch kernel has run: attention's peak comes after it.
-    return int(mask + max(image + max(columns, activations, projection), attention))
+    # The image is freed once the patch kernel has run: attention's peak comes after it, except in
+    # a graph that keeps it (Gemma 4's rescales it first: measured, its 7 MB of a 768 px warmup
+    # image beside the test pair's 42 MB of scores).
+    kept = image if image_kept else 0
+    return int(mask + max(image + max(columns, activations, projection), kept + attention))
+
+
+def dyn_size_grid(size: tuple[int, int], *, align: int, tokens: tuple[int, int]) -> tuple[int, int]:
+    """The token grid (columns, rows) mtmd's dynamic-size preprocessor makes of a (w, h) image
+    (mtmd_image_preprocessor_dyn_size, img_tool::calc_size_preserved_ratio): each side rounded to
+    `align` pixels (a patch times the merge), then scaled, aspect kept, into the family's token
+    limits. Qwen-VL's and Gemma 4's rule alike; transformers' smart_resize, in float32 like mtmd."""
+    f = np.float32(align)
+    width, height = (np.float32(v) for v in size)
+    area_min, area_max = (np.float32(t) * f * f for t in tokens)
+    w_bar = max(f, _round_half_away(width / f) * f)
+    h_bar = max(f, _round_half_away(height / f) * f)
+    if h_bar * w_bar > area_max:
+        beta = np.sqrt(np.float32(height * width / area_max), dtype=np.float32)
+        h_bar = max(f, np.floor(height / beta / f) * f)
+        w_bar = max(f, np.floor(width / beta / f) * f)
+    elif h_bar * w_bar < area_min:
+        beta = np.sqrt(np.float32(area_min / (height * width)), dtype=np.float32)
+        h_bar = np.ceil(height * beta / f) * f
+        w_bar = np.ceil(width * beta / f) * f
+    return int(w_bar // f), int(h_bar // f)
+
+
+def _round_half_away(x: np.float32) -> np.float32:
+    """std::round: halves away from zero (numpy's round goes to even: 22.5 would be 22, not 23)."""
+    lower = np.floor(x)
+    return lower + 1 if x - lower >= 0.5 else lower
 
 
 # A block's tokens for an image size by the family's own rule, from the projector's facts.
 GridRule = Callable[[ProjectorFacts], BlockCounter]
+# Whether mtmd has a projector's image attended both ways beside this text model
+# (mtmd_decode_use_non_causal, which asks the projector type and the text model's width).
+BothWaysRule = Callable[[ProjectorFacts, TextModelFacts], bool]
 # The marker tokens mtmd puts around an image of a fixed-size family (begin and end).
 FIXED_MARKERS = 2
 
@@ -237,6 +271,12 @@ class MtmdFamily:
     reading_floor_tokens: int = 0
     # How the family is asked for boxes and writes them, by projector (None: no box format)
     grounding_rule: Callable[[ProjectorFacts], Grounding | None] | None = field(default=None, compare=False)
+    # Whether an image's rows attend to each other both ways (then its whole chunk must sit in one
+    # ubatch), and the most rows mtmd gives one image (a dynamic-resolution family's limit; None:
+    # the projector's fixed tokens per image)
+    both_ways_rule: BothWaysRule | None = field(default=None, compare=False)
+    max_image_tokens: int | None = None
+    image_kept: bool = False  # its vision graph keeps the input image alive through attention
     native = True
     own_template = True
 
@@ -274,10 +314,17 @@ class MtmdFamily:
         """The family's box format for this projector, if it has one."""
         return self.grounding_rule(projector) if self.grounding_rule is not None else None
 
+    def non_causal_rows(self, projector: ProjectorFacts, text: TextModelFacts) -> int:
+        """The most rows of one image that attend to each other both ways beside this text model,
+        and so must be decoded in one ubatch (0: causal, an image may be split across ubatches)."""
+        if self.both_ways_rule is None or not self.both_ways_rule(projector, text):
+            return 0
+        return self.max_image_tokens or projector.tokens_per_image
+
     def encoder_compute_bytes(self, projector: ProjectorFacts, *, flash_attn: bool) -> int:
         """The vision graph at mtmd's warmup size."""
         return native_compute_bytes(projector, warmup_tokens_per_side=self.warmup_tokens_per_side,
-                                    flash_attn=flash_attn)
+                                    flash_attn=flash_attn, image_kept=self.image_kept)
 
 
 # The vision projectors of the llama.cpp edgevlm builds (tools/mtmd/clip-impl.h, the names of the
@@ -290,4 +337,6 @@ MTMD_VISION_PROJECTORS = frozenset({
     "janus_pro", "dots_ocr", "dots3note_v", "deepseekocr", "deepseekocr2", "deepseek4v", "glm4v",
     "glm5v", "youtuvl", "yasa2", "kimik25", "nemotron_v2_vl", "exaone4_5", "hunyuanvl",
     "minicpmv4_6", "mimovl", "minimax_m3", "granite4_vision", "muse-glimmer"})
-OTHER_MTMD = MtmdFamily("mtmd", MTMD_VISION_PROJECTORS, owns_text_archs=False)
+# DeepSeek-V4's images attend both ways too (mtmd_decode_use_non_causal).
+OTHER_MTMD = MtmdFamily("mtmd", MTMD_VISION_PROJECTORS, owns_text_archs=False,
+                        both_ways_rule=lambda projector, _text: projector.projector_type == "deepseek4v")

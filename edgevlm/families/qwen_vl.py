@@ -9,10 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
-
 from edgevlm.families.family import BlockCounter
-from edgevlm.families.mtmd import MtmdFamily
+from edgevlm.families.mtmd import MtmdFamily, dyn_size_grid
 from edgevlm.models.gguf import ProjectorFacts
 from edgevlm.vision.boxes import BoxFrame, Grounding
 
@@ -26,23 +24,9 @@ QWEN_VL_WARMUP_SIDE = 46
 
 def qwen_vl_grid(size: tuple[int, int], *, patch_size: int, merge: int = 2,
                  tokens: tuple[int, int] = QWEN_VL_TOKENS) -> tuple[int, int]:
-    """The merged token grid (columns, rows) mtmd makes of a (w, h) image for Qwen-VL: its side
-    rounded to patch*merge, then scaled (aspect kept) into the family's token limits. This is
-    transformers' smart_resize as mtmd computes it, in float32 like mtmd."""
-    f = np.float32(patch_size * merge)
-    width, height = (np.float32(v) for v in size)
-    area_min, area_max = (np.float32(t) * f * f for t in tokens)
-    w_bar = max(f, np.round(width / f) * f)
-    h_bar = max(f, np.round(height / f) * f)
-    if h_bar * w_bar > area_max:
-        beta = np.sqrt(np.float32(height * width / area_max), dtype=np.float32)
-        h_bar = max(f, np.floor(height / beta / f) * f)
-        w_bar = max(f, np.floor(width / beta / f) * f)
-    elif h_bar * w_bar < area_min:
-        beta = np.sqrt(np.float32(area_min / (height * width)), dtype=np.float32)
-        h_bar = np.ceil(height * beta / f) * f
-        w_bar = np.ceil(width * beta / f) * f
-    return int(w_bar // f), int(h_bar // f)
+    """The merged token grid (columns, rows) mtmd makes of a (w, h) image for Qwen-VL: mtmd's
+    dynamic-size rule at patch x merge pixels and the family's token limits."""
+    return dyn_size_grid(size, align=patch_size * merge, tokens=tokens)
 
 
 def grid_counter(projector: ProjectorFacts) -> BlockCounter:

@@ -103,6 +103,18 @@ PRESETS: dict[str, Preset] = {
                "mmproj-model-f16.gguf", None, approx_bytes=2_490_000_000 + 851_000_000, aliases=("gemma3",)),
         Preset("gemma-3-12b", "ggml-org/gemma-3-12b-it-GGUF", "gemma-3-12b-it-Q4_K_M.gguf",
                "mmproj-model-f16.gguf", None, approx_bytes=7_300_000_000 + 854_000_000),
+        # Gemma 4 from ggml-org's conversions (llama.cpp's docs/multimodal.md), one a card size:
+        # E2B for 8 GB, E4B for 12 GB, the 26B mixture of experts (4B active) for 16 GB with
+        # some experts on the CPU, the 31B dense one for 24 GB. Its image budget follows --detail.
+        Preset("gemma-4-e2b", "ggml-org/gemma-4-E2B-it-GGUF", "gemma-4-E2B-it-Q4_K_M.gguf",
+               "mmproj-gemma-4-E2B-it-Q8_0.gguf", None, approx_bytes=3_110_000_000 + 557_368_064,
+               aliases=("gemma4", "gemma-4")),
+        Preset("gemma-4-e4b", "ggml-org/gemma-4-E4B-it-GGUF", "gemma-4-E4B-it-Q4_K_M.gguf",
+               "mmproj-gemma-4-E4B-it-Q8_0.gguf", None, approx_bytes=4_977_169_568 + 560_000_000),
+        Preset("gemma-4-26b-a4b", "ggml-org/gemma-4-26B-A4B-it-GGUF", "gemma-4-26B-A4B-it-Q4_K_M.gguf",
+               "mmproj-gemma-4-26B-A4B-it-Q8_0.gguf", None, approx_bytes=16_800_000_000 + 806_408_320),
+        Preset("gemma-4-31b", "ggml-org/gemma-4-31B-it-GGUF", "gemma-4-31B-it-Q4_K_M.gguf",
+               "mmproj-gemma-4-31B-it-Q8_0.gguf", None, approx_bytes=19_600_000_000 + 806_408_320),
         Preset("smolvlm2-2.2b", "ggml-org/SmolVLM2-2.2B-Instruct-GGUF", "SmolVLM2-2.2B-Instruct-Q4_K_M.gguf",
                "mmproj-SmolVLM2-2.2B-Instruct-Q8_0.gguf", None, approx_bytes=1_112_602_656 + 592_523_200,
                aliases=("smolvlm2",)),

@@ -22,7 +22,7 @@ GGUF_MAGIC = b"GGUF"
 PROJECTOR_ARCH = "clip"
 # Decoder architectures edgevlm has prompt formats and memory rules for.
 SUPPORTED_TEXT_ARCHS = frozenset({"llama", "mistral", "qwen2", "gemma", "phi3", "granite",
-                                  "qwen2vl", "qwen3vl", "qwen3", "gemma3", "lfm2"})
+                                  "qwen2vl", "qwen3vl", "qwen3", "gemma3", "gemma4", "lfm2"})
 # Architectures whose layers keep a recurrent state (some or all): their cache cannot be cut at a
 # position, so the ledger goes back through checkpoints (chat/checkpoints.py).
 HYBRID_ARCHS = frozenset({"lfm2", "lfm2moe", "granitehybrid", "nemotron_h", "falcon_h1", "jamba", "qwen35",
@@ -30,13 +30,23 @@ HYBRID_ARCHS = frozenset({"lfm2", "lfm2moe", "granitehybrid", "nemotron_h", "fal
 RECURRENT_ARCHS = frozenset({"mamba", "mamba2", "rwkv6", "rwkv7", "arwkv7", "rwkv6qwen2"})
 # Architectures whose sliding window llama.cpp honours, and which of their layers use it where the
 # GGUF does not say: every n-th layer global, the rest windowed (llama_model_gemma3's pattern of
-# 6). Others' `sliding_window` keys are ignored by llama.cpp (Phi-3's, Qwen2's), and so here.
-SWA_PATTERN_DEFAULT = {"gemma3": 6}
+# 6; Gemma 4's files always list it, one flag a layer). Others' `sliding_window` keys are ignored
+# by llama.cpp (Phi-3's, Qwen2's), and so here.
+SWA_PATTERN_DEFAULT: dict[str, int | None] = {"gemma3": 6, "gemma4": None}
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.")
 # Bump when the facts' fields change, so stale cache entries are ignored.
-_CACHE_VERSION = 9
+_CACHE_VERSION = 10
 IMAGE_NEWLINE_TENSOR = "model.image_newline"
 _Facts = TypeVar("_Facts", "TextModelFacts", "ProjectorFacts")
+
+
+@dataclass(frozen=True)
+class KvLayerShape:
+    """One attention layer's cache, per cell: its KV heads and their K and V widths."""
+
+    n_head_kv: int
+    head_dim_k: int
+    head_dim_v: int
 
 
 @dataclass(frozen=True)
@@ -66,6 +76,11 @@ class TextModelFacts:
     n_kv_layers: int = 0  # layers with a KV cache (0: every layer; hybrids have fewer)
     n_swa: int = 0  # the sliding window, in tokens (0: none)
     n_swa_layers: int = 0  # layers that attend only within it (their cache can be a window's worth)
+    # The windowed layers' heads where they differ from the global layers' (Gemma 4: 256-wide
+    # heads in the window, 512-wide global ones); None: the same
+    swa_shape: KvLayerShape | None = None
+    # The last layers that reuse an earlier layer's KV and keep none of their own (Gemma 4 E2B/E4B)
+    n_shared_kv_layers: int = 0
     recurrent_state_bytes: int = 0  # one sequence's recurrent state (f32), where edgevlm knows its shape
 
     @property
@@ -76,13 +91,23 @@ class TextModelFacts:
         if self.architecture in HYBRID_ARCHS or 0 < self.n_kv_layers < self.n_layer:
             return Hybrid(self.recurrent_state_bytes)
         if self.n_swa:
-            return SlidingWindow(self.n_swa, self.n_swa_layers, self.n_layer)
+            return SlidingWindow(self.n_swa, self.n_swa_layers, self.n_layer, self.n_shared_kv_layers)
         return Attention()
 
     @property
     def kv_layers(self) -> int:
-        """Layers that hold attention KV."""
-        return self.n_kv_layers or self.n_layer
+        """Layers that hold attention KV of their own."""
+        return (self.n_kv_layers or self.n_layer) - self.n_shared_kv_layers
+
+    @property
+    def global_shape(self) -> KvLayerShape:
+        """The global (not windowed) attention layers' cache shape."""
+        return KvLayerShape(self.n_head_kv, self.head_dim_k, self.head_dim_v)
+
+    @property
+    def window_shape(self) -> KvLayerShape:
+        """The windowed layers' cache shape."""
+        return self.swa_shape or self.global_shape
 
     @property
     def weight_bytes(self) -> int:
@@ -148,8 +173,6 @@ def _read_text_model(path: Path) -> TextModelFacts:
     heads_kv = fields.get(f"{arch}.attention.head_count_kv", n_head)
     listed = isinstance(heads_kv, (list, tuple))
     per_layer = [int(h) for h in heads_kv] if listed else [int(heads_kv)] * n_layer
-    n_head_kv = max(per_layer)  # hybrids list it per layer: 0 on the recurrent ones
-    head_dim = n_embd // n_head
     tokens = fields.get("tokenizer.ggml.tokens")
     n_vocab = int(fields.get(f"{arch}.vocab_size", len(tokens) if tokens is not None else 0))
 
@@ -162,9 +185,7 @@ def _read_text_model(path: Path) -> TextModelFacts:
         n_layer=n_layer,
         n_embd=n_embd,
         n_head=n_head,
-        n_head_kv=n_head_kv,
-        head_dim_k=int(fields.get(f"{arch}.attention.key_length", head_dim)),
-        head_dim_v=int(fields.get(f"{arch}.attention.value_length", head_dim)),
+        **_attention_layers(fields, arch, per_layer, n_embd // n_head),
         n_ff=int(fields.get(f"{arch}.feed_forward_length", 0)),
         n_ctx_train=int(fields.get(f"{arch}.context_length", 2048)),
         n_vocab=n_vocab,
@@ -175,28 +196,57 @@ def _read_text_model(path: Path) -> TextModelFacts:
         file_bytes=path.stat().st_size,
         tied_embeddings=not sizes.has_output_weight,
         n_kv_layers=sum(1 for h in per_layer if h),
-        **_sliding_window(fields, arch, per_layer),
         recurrent_state_bytes=_recurrent_state_bytes(fields, arch, n_embd, per_layer.count(0)),
         bos_text=_token_text(reader, "bos"),
         eos_text=_token_text(reader, "eos"),
     )
 
 
-def _sliding_window(fields: dict[str, Any], arch: str, heads_kv: list[int]) -> dict[str, int]:
-    """n_swa, the window llama.cpp applies in tokens, and n_swa_layers, how many layers it applies
-    to (as llama_hparams::set_swa_pattern counts them); none where llama.cpp applies none."""
+def _attention_layers(fields: dict[str, Any], arch: str, heads_kv: list[int],
+                      head_dim: int) -> dict[str, Any]:
+    """The attention layers' facts: the global layers' heads, the windowed layers' (where they
+    differ), the window, and the last layers that share earlier layers' KV."""
+    shared = int(fields.get(f"{arch}.attention.shared_kv_layers", 0))
+    window = _sliding_window(fields, arch, heads_kv[:len(heads_kv) - shared])
+    whole, windowed = _kv_shapes(fields, arch, heads_kv, window.pop("windowed"), head_dim)
+    return {"n_head_kv": whole.n_head_kv, "head_dim_k": whole.head_dim_k, "head_dim_v": whole.head_dim_v,
+            "swa_shape": windowed if windowed != whole else None, "n_shared_kv_layers": shared, **window}
+
+
+def _sliding_window(fields: dict[str, Any], arch: str, heads_kv: list[int]) -> dict[str, Any]:
+    """n_swa, the window llama.cpp applies in tokens, n_swa_layers, how many of the layers with a
+    cache of their own (`heads_kv`) it applies to (as llama_hparams::set_swa_pattern counts them),
+    and which ones ("windowed"); none where llama.cpp applies none."""
     n_swa = int(fields.get(f"{arch}.attention.sliding_window", 0))
     if n_swa <= 0 or (arch not in SWA_PATTERN_DEFAULT and arch not in HYBRID_ARCHS):
-        return {}
+        return {"windowed": [False] * len(heads_kv)}
     if arch in HYBRID_ARCHS:  # LFM2 with a window: every attention layer uses it
-        return {"n_swa": n_swa, "n_swa_layers": sum(1 for h in heads_kv if h)}
-    pattern = fields.get(f"{arch}.attention.sliding_window_pattern", SWA_PATTERN_DEFAULT[arch])
-    if isinstance(pattern, (list, tuple)):
-        windowed = sum(1 for flag in pattern[:len(heads_kv)] if flag)
+        windowed = [bool(h) for h in heads_kv]
     else:
-        every = int(pattern)
-        windowed = sum(1 for il in range(len(heads_kv)) if every == 0 or il % every < every - 1)
-    return {"n_swa": n_swa, "n_swa_layers": windowed}
+        pattern = fields.get(f"{arch}.attention.sliding_window_pattern", SWA_PATTERN_DEFAULT[arch])
+        if isinstance(pattern, (list, tuple)):
+            windowed = [bool(flag) for flag in pattern[:len(heads_kv)]]
+        elif pattern is None:  # an architecture that lists it, in a file that does not: none
+            windowed = [False] * len(heads_kv)
+        else:
+            every = int(pattern)
+            windowed = [every == 0 or il % every < every - 1 for il in range(len(heads_kv))]
+    return {"n_swa": n_swa, "n_swa_layers": sum(windowed), "windowed": windowed}
+
+
+def _kv_shapes(fields: dict[str, Any], arch: str, heads_kv: list[int], windowed: list[bool],
+               head_dim: int) -> tuple[KvLayerShape, KvLayerShape]:
+    """The global and the windowed layers' cache shapes (llama_hparams::n_embd_k_gqa(il)): their
+    KV heads (the most on any such layer; hybrids list 0 on recurrent layers) and head widths
+    (key_length_swa where the file gives the windowed layers their own)."""
+    k = int(fields.get(f"{arch}.attention.key_length", head_dim))
+    v = int(fields.get(f"{arch}.attention.value_length", head_dim))
+    k_swa = int(fields.get(f"{arch}.attention.key_length_swa", k))
+    v_swa = int(fields.get(f"{arch}.attention.value_length_swa", v))
+    in_window = [h for h, w in zip(heads_kv, windowed, strict=False) if w]
+    outside = [h for h, w in zip(heads_kv, windowed + [False] * len(heads_kv), strict=False) if not w]
+    heads = max(outside or heads_kv)
+    return KvLayerShape(heads, k, v), KvLayerShape(max(in_window or [heads]), k_swa, v_swa)
 
 
 def _recurrent_state_bytes(fields: dict[str, Any], arch: str, n_embd: int, n_recurrent: int) -> int:
@@ -288,7 +338,10 @@ def _merge(fields: dict[str, Any]) -> int:
 
 
 def _frozen(value: object) -> object:
-    """JSON lists back to the tuples the frozen facts hold (nested too)."""
+    """JSON lists back to the tuples the frozen facts hold (nested too), and a layer shape's
+    object back to its value."""
+    if isinstance(value, dict):
+        return KvLayerShape(**value)
     return tuple(_frozen(v) for v in value) if isinstance(value, list) else value
 
 

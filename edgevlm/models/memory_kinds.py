@@ -96,8 +96,9 @@ class SlidingWindow:
     whole (llama.cpp's swa_full, cut anywhere) or a window's worth, with checkpoints of it."""
 
     n_swa: int  # the window, in tokens
-    n_swa_layers: int  # the layers that use it
+    n_swa_layers: int  # the layers with a cache of their own that use it
     n_layer: int
+    n_shared_kv_layers: int = 0  # the last layers, which reuse earlier layers' KV (Gemma 4)
     name = MemoryKindName.SLIDING_WINDOW
 
     def can_cut(self, *, swa_full: bool) -> bool:
@@ -123,7 +124,10 @@ class SlidingWindow:
 
     def note(self) -> str:
         """The window and its layers."""
-        return f"sliding window of {self.n_swa} tokens on {self.n_swa_layers} of {self.n_layer} layers"
+        shared = (f" (the last {self.n_shared_kv_layers} reuse earlier layers' KV)"
+                  if self.n_shared_kv_layers else "")
+        return (f"sliding window of {self.n_swa} tokens on {self.n_swa_layers} of {self.n_layer} "
+                f"layers{shared}")
 
     def agrees(self, *, recurrent: bool, hybrid: bool, n_swa: int) -> bool:
         """A window, no recurrent layers."""

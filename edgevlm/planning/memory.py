@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from edgevlm.families import BlockCounter, family_for
-from edgevlm.models.gguf import ProjectorFacts, TextModelFacts
+from edgevlm.models.gguf import KvLayerShape, ProjectorFacts, TextModelFacts
 from edgevlm.planning.split import DeviceShare, GpuBudget, LayerCosts, place
 from edgevlm.vision.layout import Detail, ImageLayout, ImagePlan, ViewBudget, with_task
 from edgevlm.vision.tiling import LLAVA_15_TILES, TurnCosts, even_share, page_room, pooled_tokens
@@ -279,20 +279,29 @@ def _tied_copy(text: TextModelFacts) -> int:
     return text.token_embd_bytes if text.tied_embeddings else 0
 
 
-def kv_bytes_per_layer(text: TextModelFacts, n_ctx: int, type_k: str = "f16",
-                       type_v: str = "f16", *, window_cells: int | None = None) -> int:
+def kv_bytes_per_layer(text: TextModelFacts, n_ctx: int, type_k: str = "f16", type_v: str = "f16", *,
+                       window_cells: int | None = None, flash_attn: bool = True) -> int:
     """K and V for one layer: n_ctx x n_head_kv x head_dim each, at the cache type's size,
     averaged over every layer: a hybrid's attention layers alone hold any, and with window_cells
-    a sliding-window model's windowed layers hold that many cells, not n_ctx."""
-    windowed = text.n_swa_layers if window_cells is not None else 0
-    cells = (text.kv_layers - windowed) * n_ctx + windowed * min(window_cells or 0, n_ctx)
-    return int(_cell_bytes(text, type_k, type_v) * cells / text.n_layer)
+    a sliding-window model's windowed layers hold that many cells, not n_ctx. Without flash
+    attention llama.cpp stores V transposed, every layer as wide as the widest (Gemma 4's window
+    layers then take its global layers' V width)."""
+    windowed = text.n_swa_layers
+    window = n_ctx if window_cells is None else min(window_cells, n_ctx)
+    widest_v = None if flash_attn else max(_v_width(text.global_shape), _v_width(text.window_shape))
+    total = ((text.kv_layers - windowed) * n_ctx * _cell_bytes(text.global_shape, type_k, type_v, widest_v)
+             + windowed * window * _cell_bytes(text.window_shape, type_k, type_v, widest_v))
+    return int(total / text.n_layer)
 
 
-def _cell_bytes(text: TextModelFacts, type_k: str, type_v: str) -> float:
-    """K and V of one cell on one attention layer."""
-    return text.n_head_kv * (text.head_dim_k * KV_BYTES_PER_ELEMENT[type_k]
-                             + text.head_dim_v * KV_BYTES_PER_ELEMENT[type_v])
+def _v_width(shape: KvLayerShape) -> int:
+    return shape.n_head_kv * shape.head_dim_v
+
+
+def _cell_bytes(shape: KvLayerShape, type_k: str, type_v: str, v_width: int | None = None) -> float:
+    """K and V of one cell on one attention layer of this shape (V `v_width` wide where given)."""
+    return (shape.n_head_kv * shape.head_dim_k * KV_BYTES_PER_ELEMENT[type_k]
+            + (v_width or _v_width(shape)) * KV_BYTES_PER_ELEMENT[type_v])
 
 
 def _windowed_cells(text: TextModelFacts, n_ctx: int, n_ubatch: int, n_seq: int, *,
@@ -305,7 +314,8 @@ def _windowed_cells(text: TextModelFacts, n_ctx: int, n_ubatch: int, n_seq: int,
 def checkpoint_bytes(text: TextModelFacts, n_ctx: int, kv_type: str, *, swa_full: bool) -> int:
     """One checkpoint of one sequence (chat/checkpoints.py), as the model's memory kind says:
     a hybrid's recurrent state, a window's cells where the window cache is not kept whole."""
-    return text.memory.checkpoint_bytes(_cell_bytes(text, kv_type, kv_type), n_ctx, swa_full=swa_full)
+    return text.memory.checkpoint_bytes(_cell_bytes(text.window_shape, kv_type, kv_type), n_ctx,
+                                        swa_full=swa_full)
 
 
 def kv_bytes(text: TextModelFacts, n_ctx: int, type_k: str = "f16", type_v: str = "f16") -> int:
@@ -356,7 +366,7 @@ def estimate(text: TextModelFacts, projector: ProjectorFacts, *, n_ctx: int, n_g
     n_layers = text.n_layer + 1
     gpu_layers = max(0, min(n_gpu_layers, n_layers)) if on_gpu else 0
     gpu_blocks = max(0, gpu_layers - 1)
-    kv_layer = kv_bytes_per_layer(text, n_ctx, type_k, type_v, window_cells=window)
+    kv_layer = kv_bytes_per_layer(text, n_ctx, type_k, type_v, window_cells=window, flash_attn=flash_attn)
     backend = "cuda" if on_gpu else "cpu"
     compute = compute_bytes(text, n_ctx, n_ubatch=n_ubatch, flash_attn=flash_attn, backend=backend)
     clip_on_gpu = mmproj_on_gpu and on_gpu
@@ -530,8 +540,12 @@ def most_images_at(costs: TurnCosts, projector: ProjectorFacts, n_ctx: int, answ
     return low
 
 
-def ubatch_for(projector: ProjectorFacts) -> int:
-    """n_ubatch (= n_batch) so that one image view is decoded in one ubatch.
+def ubatch_for(projector: ProjectorFacts, text: TextModelFacts | None = None) -> int:
+    """n_ubatch (= n_batch) so that one image view is decoded in one ubatch, and, for a family
+    whose image rows attend to each other both ways beside this text model (Gemma 3, most
+    Gemma 4), its largest image: such a block must sit in one ubatch (mtmd decodes it so), so
+    the planner raises the ubatch rather than refuse the image; the compute buffer it costs is
+    counted with it.
 
     LLaVA's 576-token view would otherwise be split 512 + 64, and the small remainder runs at
     a fraction of the speed on a GPU. Measured on the CPU: 576 vs 512 is within noise (+2%),
@@ -539,8 +553,11 @@ def ubatch_for(projector: ProjectorFacts) -> int:
     """
     tokens = projector.tokens_per_image
     if tokens >= MIN_UBATCH:
-        return tokens if tokens <= MAX_UBATCH else MIN_UBATCH
-    return -(-MIN_UBATCH // tokens) * tokens
+        one_view = tokens if tokens <= MAX_UBATCH else MIN_UBATCH
+    else:
+        one_view = -(-MIN_UBATCH // tokens) * tokens
+    both_ways = family_for(projector).non_causal_rows(projector, text) if text is not None else 0
+    return max(one_view, both_ways)
 
 
 def swa_note(text: TextModelFacts, plan: Plan, other: Plan | None) -> str:
@@ -652,7 +669,7 @@ class _Planner:
         self.min_ctx = settings.n_ctx or min(
             min_ctx_for_images(projector, answer_tokens=settings.answer_tokens), self.ctx_cap)
         self.kv_choices = [settings.kv_type] if settings.kv_type else ["f16", "q8_0"]
-        self.n_ubatch = settings.n_ubatch or ubatch_for(projector)
+        self.n_ubatch = settings.n_ubatch or ubatch_for(projector, text)
         self.costs = settings.costs or estimated_costs(projector)
         self.n_seq = settings.n_seq or 1
         # Only a sliding-window model has a choice (a hybrid with a window uses checkpoints anyway):
@@ -706,7 +723,8 @@ class _Planner:
         costs = LayerCosts(
             kv_per_layer=kv_bytes_per_layer(self.text, total_ctx, kv, kv,
                                             window_cells=_windowed_cells(self.text, n_ctx, self.n_ubatch,
-                                                                         self.n_seq, swa_full=self.swa_full)),
+                                                                         self.n_seq, swa_full=self.swa_full),
+                                            flash_attn=fa),
             compute_layers=compute_bytes(self.text, total_ctx, n_ubatch=self.n_ubatch, flash_attn=fa,
                                          output_layer=False),
             compute_output=compute_bytes(self.text, total_ctx, n_ubatch=self.n_ubatch, flash_attn=fa),

@@ -47,7 +47,7 @@ def _chat(engine: Engine, test_models: dict[str, Path], **options: object) -> Co
 
 def test_the_grid_rule_is_mtmds_count(qwen_engine: Engine) -> None:
     sequence = qwen_engine.sequence()
-    for size in [*SIZES, (4000, 3000), (28, 900), (1597, 1203)]:
+    for size in [*SIZES, (4000, 3000), (28, 900), (1597, 1203), (1078, 770)]:  # the last: halves
         block = sequence.count_block(Image.new("RGB", size))
         columns, rows = qwen_vl_grid(size, patch_size=14)
         assert block.visual_tokens == columns * rows, size

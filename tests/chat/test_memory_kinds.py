@@ -1,8 +1,8 @@
 """The summary swap on every memory kind: a plain KV cache (Qwen2.5-VL test pair), a sliding
-window (Gemma 3, window 64: kept whole, and a window's worth through checkpoints) and hybrid
-memory with a recurrent state (LFM2, through checkpoints). After every turn of a ten-image chat
-the cache gives the next token the same logits as a fresh context prefilled with the same
-segments, and no turn re-processes the history."""
+window (Gemma 3, window 64: kept whole, and a window's worth through checkpoints; Gemma 4's, its
+images attended both ways) and hybrid memory with a recurrent state (LFM2, through
+checkpoints). After every turn of a ten-image chat the cache gives the next token the same logits
+as a fresh context prefilled with the same segments, and no turn re-processes the history."""
 
 from __future__ import annotations
 
@@ -27,10 +27,11 @@ from edgevlm.vision.images import LoadedImage
 
 from ..conftest import make_engine
 
-KINDS = {"qwen": "attention", "gemma": "sliding-window", "lfm2": "hybrid"}
-# The engines under test: a family's pair, and for Gemma its window cache kept whole or not.
+KINDS = {"qwen": "attention", "gemma": "sliding-window", "lfm2": "hybrid", "gemma4": "sliding-window"}
+# The engines under test: a family's pair, and for Gemma its window cache kept whole or not;
+# Gemma 4's window cache (heads of two sizes, KV shared by its last layers) through checkpoints.
 ENGINES = {"qwen": ("qwen", True), "gemma": ("gemma", True), "gemma-window": ("gemma", False),
-           "lfm2": ("lfm2", True)}
+           "lfm2": ("lfm2", True), "gemma4-window": ("gemma4", False)}
 
 
 @pytest.fixture(scope="module", params=list(ENGINES))
@@ -99,7 +100,7 @@ def test_ten_image_turns_equal_a_fresh_prefill_after_every_turn(pair: tuple[str,
     assert work[9] <= 1.5 * work[1], work
     if not engine.memory.can_cut(swa_full=engine.swa_full):  # the hybrid, and the window cache
         assert 0 < len(chat.checkpoints) <= 16 and chat.checkpoints.nbytes < 1 << 20
-    if family == "gemma" and not engine.swa_full:  # the window cache did move on
+    if family.startswith("gemma") and not engine.swa_full:  # the window cache did move on
         assert chat.kv_positions > 256 + engine.n_swa
 
 
@@ -180,7 +181,7 @@ def test_the_plan_counts_the_recurrent_state_and_its_checkpoints(pair: tuple[str
 
 
 def _check_the_window_checkpoint(engine: Engine, text: TextModelFacts) -> None:
-    """Past its window, the Gemma pair's checkpoint holds the window layer's cells inside the
+    """Past its window, the Gemma pairs' checkpoint holds the window layers' cells inside the
     window (64 of the cache's 256), as the planner counts them, plus llama.cpp's framing (each
     cell's position and sequences: 10 % on this tiny model, nothing on a real one)."""
     from edgevlm.planning.memory import checkpoint_bytes
@@ -190,7 +191,10 @@ def _check_the_window_checkpoint(engine: Engine, text: TextModelFacts) -> None:
     sequence.eval_text(sequence.tokenize(" ".join(["the red square"] * 150)))
     assert sequence.n_past > 256
     counted = checkpoint_bytes(text, 2048, "f16", swa_full=False)
-    assert counted == 64 * 2 * (16 + 16) * 2  # cells x KV heads x (K + V head dims) x f16
+    shape = text.window_shape  # Gemma 3's pair: 1 window layer; Gemma 4's: 2 (of 3 with a cache)
+    assert shape.n_head_kv == 2 and shape.head_dim_k == shape.head_dim_v == 16
+    # window layers x cells x KV heads x (K + V head dims) x f16
+    assert counted == text.n_swa_layers * 64 * 2 * (16 + 16) * 2
     saved = sequence.save_partial().nbytes
     assert counted <= saved <= 1.15 * counted
 

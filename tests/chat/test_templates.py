@@ -87,3 +87,31 @@ def test_the_qwen_test_model_is_prompted_with_its_own_template(test_models: dict
     llava = prompt_format(resolve(str(test_models["text"]), str(test_models["mmproj_112"])),
                           read_text_model(test_models["text"]), read_projector(test_models["mmproj_112"]))
     assert llava.name == "chatml"
+
+
+def test_gemma4s_empty_thought_block_stays_before_each_answer(test_models: dict[str, Path]) -> None:
+    """Gemma 4's template opens the answer with an empty thought block when thinking is off, and
+    drops it from past answers. The cut keeps it in the cache as the model was given it (its
+    render of the history differs only by those blocks), rather than re-decode every later turn;
+    and the test Gemma 4 is prompted with its own template, not a look-alike."""
+    from edgevlm.families import read_projector
+    from edgevlm.models.catalog import resolve
+    from edgevlm.models.gguf import read_text_model
+    from edgevlm.runtime.loading import prompt_format
+
+    writers = load_script("make_test_models")
+    fmt = format_from_template(writers.GEMMA4_TEMPLATE, bos="<bos>", eos="<eos>")
+    assert fmt is not None and fmt.add_bos and not fmt.system_opens_turn
+    assert (fmt.system_prefix, fmt.user_prefix) == ("<|turn>system\n", "<|turn>user\n")
+    assert fmt.user_suffix == "<turn|>\n<|turn>model\n<|channel>thought\n<channel|>"
+    assert fmt.assistant_suffix == "<turn|>\n"
+    incremental = "".join(["<bos>", fmt.system("Be brief."), fmt.head(first=True, has_system=True), MEDIA,
+                           "What is it?", fmt.user_suffix, "A cat.", fmt.assistant_suffix,
+                           fmt.head(first=False, has_system=True), "And its colour?", fmt.user_suffix])
+    turns = _turns("Be brief.")
+    rendered = renderer(writers.GEMMA4_TEMPLATE, bos="<bos>", eos="<eos>")(turns, True)
+    assert incremental.replace("<|channel>thought\n<channel|>A cat.", "A cat.") == rendered
+    text_path, mmproj_path = test_models["gemma4_text"], test_models["gemma4_mmproj"]
+    chosen = prompt_format(resolve(str(text_path), str(mmproj_path)), read_text_model(text_path),
+                           read_projector(mmproj_path))
+    assert chosen.name == "gemma4 template" and chosen.user_suffix == fmt.user_suffix

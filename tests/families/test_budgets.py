@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from edgevlm.families import layout_for, read_projector
-from edgevlm.families.mtmd import _sizes
+from edgevlm.families.mtmd import MAX_UPSCALE, _sizes
 from edgevlm.llama.vision import block_counter
 from edgevlm.vision.layout import BlockTooLarge, Detail, TaskBudget, TaskTooLarge, ViewBudget, with_task
 from edgevlm.vision.tiling import pooled_tokens
@@ -22,7 +22,8 @@ from ..conftest import invoke_cli
 
 PAIRS = {"llava": ("text", "mmproj_336"), "next": ("text", "mmproj_next"),
          "qwen": ("qwen_text", "qwen_mmproj"), "gemma": ("gemma_text", "gemma_mmproj"),
-         "smolvlm": ("smolvlm_text", "smolvlm_mmproj"), "lfm2": ("lfm2_text", "lfm2_mmproj")}
+         "smolvlm": ("smolvlm_text", "smolvlm_mmproj"), "lfm2": ("lfm2_text", "lfm2_mmproj"),
+         "gemma4": ("gemma4_text", "gemma4_mmproj")}
 SIZES = [(4000, 3000), (3000, 4000), (1920, 1080), (640, 640), (300, 200)]  # photos, a screenshot, small ones
 ROOMS = [700, 3000]
 
@@ -83,6 +84,29 @@ def test_a_reading_task_gets_the_familys_floor_even_from_a_small_photo(test_mode
     assert chat.visual_tokens < 1024 <= ocr.visual_tokens and ocr.size[0] > 300
 
 
+def test_gemma4s_tokens_at_each_task_are_mtmds_count(test_models: dict[str, Path]) -> None:
+    """Gemma 4's plan-time rule (its 70..1120 token ladder, 48 px a token) gives, for every task,
+    the visual tokens mtmd makes of the size the plan hands it, within the task's floor and
+    ceiling: a caption at most 280, a video frame the fewest, reading at least 560 (or as many as
+    the photo enlarged 4x gives)."""
+    projector = read_projector(test_models["gemma4_mmproj"])
+    layout = layout_for(projector)  # the family's own rule: nothing loaded
+    with block_counter(str(test_models["gemma4_text"]), str(test_models["gemma4_mmproj"])) as mtmd:
+        for size in [*SIZES, (1597, 1203), (48, 900)]:
+            seen = {}
+            for detail in Detail:
+                budget = with_task(ViewBudget(room=3000, tile_size=projector.image_size,
+                                              view_tokens=projector.tokens_per_image), detail, layout.budgets)
+                plan = layout.plan(size, budget)
+                assert mtmd(plan.size) == (plan.tokens, plan.visual_tokens), (size, detail)
+                seen[detail] = plan.visual_tokens
+            assert 70 <= seen[Detail.VIDEO_FRAME] <= seen[Detail.CAPTION] <= 280, (size, seen)
+            assert seen[Detail.OCR] == seen[Detail.GROUNDING] <= 1120, (size, seen)
+            enlarged = tuple(round(side * MAX_UPSCALE) for side in size)  # the most a floor enlarges
+            assert seen[Detail.OCR] >= min(560, mtmd(enlarged)[1]), (size, seen)
+            assert seen[Detail.CAPTION] <= seen[Detail.CHAT] <= seen[Detail.OCR]
+
+
 def _photo(path: Path, size: tuple[int, int]) -> Path:
     pixels = np.random.default_rng(5).integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)
     Image.fromarray(pixels).save(path, quality=85)
@@ -137,3 +161,28 @@ def test_caption_shows_llava_the_global_view_and_reading_never_pools(test_models
     assert rows["caption"]["n_tiles"] == 0 and rows["caption"]["visual_tokens"] == 64
     assert rows["ocr"]["pool"] == 1 and rows["ocr"]["n_tiles"] > 0
     assert rows["chat"]["visual_tokens"] > rows["caption"]["visual_tokens"]
+
+
+def test_a_block_larger_than_the_default_ubatch_is_read_without_a_flag(test_models: dict[str, Path],
+                                                                       tmp_path: Path) -> None:
+    """Gemma 4's image attends both ways (mtmd_decode_use_non_causal), so its whole block must sit
+    in one ubatch: the planner sizes the ubatch for the largest it allows (1120 rows), counting
+    the compute that costs, and `describe --detail ocr` reads a photo at 560 tokens or more (over
+    the default 512) with no flag. Beside E2B's and E4B's widths mtmd keeps it causal, and the
+    ubatch is the default."""
+    import dataclasses
+
+    from edgevlm.models.gguf import read_text_model
+    from edgevlm.planning.memory import ubatch_for
+
+    pair = ["--model", str(test_models["gemma4_text"]), "--mmproj", str(test_models["gemma4_mmproj"])]
+    planned = json.loads(invoke_cli("plan", *pair, "--json").stdout)
+    assert planned["n_ubatch"] == 1120
+    photo = _photo(tmp_path / "receipt.jpg", (900, 1600))
+    done = invoke_cli("describe", str(photo), *pair, "--detail", "ocr", "--json", "--max-tokens", "4")
+    assert done.returncode == 0, done.stderr
+    assert 512 < json.loads(done.stdout)["visual_tokens"] <= 1120
+    text = read_text_model(test_models["gemma4_text"])
+    projector = read_projector(test_models["gemma4_mmproj"])
+    e4b = dataclasses.replace(text, n_embd=2560)
+    assert ubatch_for(projector, text) == 1120 and ubatch_for(projector, e4b) == 512

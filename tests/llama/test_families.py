@@ -141,16 +141,19 @@ def _reference_logits(model_path: Path, mmproj_path: Path, prompt: str,
 
 
 SMOLVLM_QUESTION = "<|im_start|>User:{marker} What is it?<end_of_utterance>\nAssistant:"
+GEMMA4_QUESTION = "<|turn>user\n{marker}What is it?<turn|>\n<|turn>model\n<|channel>thought\n<channel|>"
 
 
 @pytest.mark.parametrize(("family", "prompt", "add_bos", "n_images"), [
     ("gemma", GEMMA_QUESTION, True, 1), ("smolvlm", SMOLVLM_QUESTION, False, 5),
-    ("lfm2", QUESTION, True, 1)])
+    ("lfm2", QUESTION, True, 1), ("gemma4", GEMMA4_QUESTION, True, 1)])
 def test_other_families_equal_mtmds_own_path(test_models: dict[str, Path], family: str, prompt: str,
                                              add_bos: bool, n_images: int) -> None:
     """Gemma 3: one image decoded non-causally (mtmd_decode_use_non_causal). SmolVLM: the image split
     into four labelled tiles and an overview. LFM2: a hybrid text model (convolutions with a
-    recurrent state). The first answer token's logits equal the reference's."""
+    recurrent state). Gemma 4: 77 rows attended both ways on the window layers, window and global
+    layers of different head sizes, the last layers sharing KV. The first answer token's logits
+    equal the reference's."""
     from edgevlm.llama.engine import Engine
     from edgevlm.llama.types import EngineConfig
 
@@ -158,13 +161,13 @@ def test_other_families_equal_mtmds_own_path(test_models: dict[str, Path], famil
     pixels = np.random.default_rng(3).integers(0, 255, (200, 300, 3), dtype=np.uint8)
     reference = _reference_logits(text, mmproj, prompt, pixels)
     with Engine(EngineConfig(text, mmproj, n_ctx=1024, n_gpu_layers=0)) as engine:
-        assert engine.n_swa == (64 if family == "gemma" else 0)  # a window kept whole (swa_full)
+        assert engine.n_swa == (64 if family.startswith("gemma") else 0)  # a window kept whole (swa_full)
         sequence = engine.sequence()
         head, tail = prompt.split("{marker}")
         sequence.eval_text(sequence.tokenize(head, add_bos=add_bos))
         block = sequence.encode_block(pixels)
         images = [p for p in block.pieces if not isinstance(p, tuple)]
-        assert len(images) == n_images and all(p.non_causal == (family == "gemma") for p in images)
+        assert len(images) == n_images and all(p.non_causal == family.startswith("gemma") for p in images)
         for piece in block.pieces:
             sequence.eval_text(list(piece)) if isinstance(piece, tuple) else sequence.eval_embedding(piece)
         sequence.eval_text(sequence.tokenize(tail))
@@ -173,7 +176,8 @@ def test_other_families_equal_mtmds_own_path(test_models: dict[str, Path], famil
 
 
 @pytest.mark.parametrize(("family", "prompt", "add_bos"), [
-    ("qwen", QUESTION, False), ("gemma", GEMMA_QUESTION, True), ("smolvlm", SMOLVLM_QUESTION, False)])
+    ("qwen", QUESTION, False), ("gemma", GEMMA_QUESTION, True), ("smolvlm", SMOLVLM_QUESTION, False),
+    ("gemma4", GEMMA4_QUESTION, True)])
 def test_two_images_in_one_prompt_equal_mtmds_own_path(test_models: dict[str, Path], family: str,
                                                       prompt: str, add_bos: bool) -> None:
     """Two photos of different sizes in one question, written block after block as a turn of
@@ -200,4 +204,8 @@ def test_two_images_in_one_prompt_equal_mtmds_own_path(test_models: dict[str, Pa
                     sequence.eval_embedding(piece)
         sequence.eval_text(sequence.tokenize(tail))
         ours = sequence._current_logits().copy()
-    assert np.abs(ours - reference).max() < 1e-3
+    # Each marker is decoded here on its own (as the ledger writes it), where mtmd decodes the
+    # first image's end marker with the second's start: one token takes ggml's vector kernels,
+    # several its matrix ones. On Gemma 4's pair that rounding alone reaches 1.1e-3 (the same
+    # decode with the markers put together as mtmd does differs by 0.0).
+    assert np.abs(ours - reference).max() < (2e-3 if family == "gemma4" else 1e-3)

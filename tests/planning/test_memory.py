@@ -328,13 +328,15 @@ def test_the_prefix_cache_is_counted_in_ram(llava: tuple[TextModelFacts, Project
     assert 0 <= tight.prefix_ram_bytes < GIB  # only what the model leaves free, less the margin
 
 
-@pytest.mark.parametrize("family", ["qwen", "gemma", "smolvlm", "lfm2"])
+@pytest.mark.parametrize("family", ["qwen", "gemma", "smolvlm", "lfm2", "gemma4"])
 @pytest.mark.parametrize("flash_attn", [True, False])
 def test_the_estimate_holds_for_every_family(test_models: dict[str, Path], family: str,
                                             flash_attn: bool) -> None:
     """mtmd families: the projector's compute reserved at mtmd's warmup size (Qwen2.5-VL's
     windowed attention: a patch-by-patch mask over 8464 patches) within 10 %; the hybrid LFM2's KV
-    on its attention layers only; the rest as ever."""
+    on its attention layers only; Gemma 4's on its three layers with a cache of their own, heads
+    of 16 in the window and 32 outside it, at the ubatch its largest image needs (1120 rows
+    attended both ways); the rest as ever."""
     text_path, mmproj_path = test_models[f"{family}_text"], test_models[f"{family}_mmproj"]
     text, projector = read_text_model(text_path), read_projector(mmproj_path)
     plan = choose(text, projector, MachineMemory(vram_free=None, ram_free=16 * GIB),
@@ -349,6 +351,25 @@ def test_the_estimate_holds_for_every_family(test_models: dict[str, Path], famil
         assert abs(checks[name].error) <= 0.10, checks[name]
     if family == "qwen":
         assert checks["mmproj_compute"].reported > 400 * 2**20  # the mask is real and counted
+    if family == "gemma4":
+        assert plan.n_ubatch == 1120
+
+
+def test_gemma4s_window_estimate_matches_llama_cpp(test_models: dict[str, Path]) -> None:
+    """The test Gemma 4 without swa_full: window layers at the window and a ubatch (padded), global
+    ones at n_ctx, the shared layers at nothing; the KV llama.cpp allocates, within 1 %."""
+    text_path, mmproj_path = test_models["gemma4_text"], test_models["gemma4_mmproj"]
+    text, projector = read_text_model(text_path), read_projector(mmproj_path)
+    assert (text.n_swa, text.n_swa_layers, text.kv_layers, text.n_shared_kv_layers) == (64, 2, 3, 2)
+    plan = choose(text, projector, MachineMemory(vram_free=None, ram_free=16 * GIB),
+                  Settings(n_ctx=8192, swa_full=False))
+    with Engine(EngineConfig(text_path, mmproj_path, n_ctx=8192, n_gpu_layers=0, n_batch=plan.n_ubatch,
+                             n_ubatch=plan.n_ubatch, swa_full=False)) as engine:
+        checks = {c.component: c for c in compare(plan, engine.reported_buffers)}
+    assert abs(checks["kv"].error) <= 0.01, checks["kv"]
+    # one global layer of 2 x 32-wide heads at 8192 cells; two window layers of 16-wide ones at 1280
+    expected = 8192 * 2 * 64 * 2 + 2 * 1280 * 2 * 32 * 2
+    assert abs(plan.breakdown.kv_host - expected) <= text.n_layer  # averaged per layer, rounded down
 
 
 # -- sliding-window models: the whole window cache, or a window's worth and checkpoints ------
