@@ -99,13 +99,13 @@ def _noise_folder(folder: Path, count: int) -> None:
 @pytest.mark.slow
 def test_a_folder_of_photos_with_tags_all_parse_strictly_and_validate(test_models: dict[str, Path],
                                                                      tmp_path: Path) -> None:
-    _noise_folder(tmp_path / "photos", 8)  # eight different random answers under the grammar
+    _noise_folder(tmp_path / "photos", 4)  # four different random answers under the grammar
     done = run_cli("describe", str(tmp_path / "photos"), "--tags", "--max-tags", "3", "--json",
                    "--tiles", "0", "--model", str(test_models["text"]),
                    "--mmproj", str(test_models["mmproj_112"]), "--n-ctx", "2048", timeout=900)
     assert done.returncode == 0, done.stderr
     rows = [json.loads(line, strict=True) for line in done.stdout.splitlines()]
-    assert len(rows) == 8
+    assert len(rows) == 4
     for row in rows:  # random words, but every answer follows the schema: the grammar's doing
         jsonschema.validate(row["data"], tags_schema(3))
         assert json.loads(row["text"], strict=True) == row["data"]  # no raw control characters
