@@ -26,11 +26,12 @@ def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = MI
     """transformers' Qwen2-VL image processor's smart_resize, as published (each side rounded to
     the factor, the area scaled into [min_pixels, max_pixels], the aspect kept), in float32 as
     llama.cpp's mtmd computes it: at the area's bound a square's side is 63.99… or 64.0 patches
-    by the precision, and the model sees mtmd's."""
+    by the precision, and an exact half (294 px: 10.5 patches) goes up with C++'s std::round
+    where Python's round() goes to even. The model sees mtmd's."""
     f32 = np.float32
     h, w, fac = f32(height), f32(width), f32(factor)
-    h_bar = max(fac, np.round(h / fac) * fac)
-    w_bar = max(fac, np.round(w / fac) * fac)
+    h_bar = max(fac, np.floor(h / fac + f32(0.5)) * fac)
+    w_bar = max(fac, np.floor(w / fac + f32(0.5)) * fac)
     if h_bar * w_bar > f32(max_pixels):
         beta = np.sqrt(f32(h * w / f32(max_pixels)), dtype=f32)
         h_bar = max(fac, np.floor(h / beta / fac) * fac)
