@@ -646,18 +646,27 @@ def fetch(presets: opt.Presets = None, debug: opt.Debug = False) -> None:
 
 
 @app.command()
-def models() -> None:
+def models(json_out: Annotated[bool, typer.Option(
+        "--json", help="One JSON object per preset: its repository, files, bytes, fit and state.")] = False,
+           ) -> None:
     """List the presets: size, fit on this machine, files."""
     from edgevlm.models.catalog import all_presets
     from edgevlm.models.fetch import preset_state
     from edgevlm.planning.devices import detect, fits_machine
 
     machine = detect()
-    typer.echo(f"{'preset':<22} {'download':>9}  {'on ' + machine.name[:28]:<32} {'files':<10} folder")
+    if not json_out:
+        typer.echo(f"{'preset':<22} {'download':>9}  {'on ' + machine.name[:28]:<32} {'files':<10} folder")
     for preset in all_presets().values():
         state, folder = preset_state(preset)
-        size = f"~{preset.approx_bytes / 1e9:.1f} GB" if preset.approx_bytes else "local"
         fits = fits_machine(preset.approx_bytes, machine)
+        if json_out:
+            typer.echo(json.dumps({
+                "name": preset.name, "aliases": list(preset.aliases), "repo_id": preset.repo_id,
+                "model_file": preset.model_file, "mmproj_file": preset.mmproj_file,
+                "approx_bytes": preset.approx_bytes, "fits": fits, "state": state, "folder": str(folder)}))
+            continue
+        size = f"~{preset.approx_bytes / 1e9:.1f} GB" if preset.approx_bytes else "local"
         typer.echo(f"{preset.name:<22} {size:>9}  {fits:<32} {state:<10} {folder}")
 
 

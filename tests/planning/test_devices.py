@@ -110,5 +110,20 @@ def test_models_lists_every_family_with_its_size_and_fit() -> None:
     result = run_cli("models")
     assert result.returncode == 0, result.stderr
     rows = {line.split()[0]: line for line in result.stdout.splitlines()[1:]}
-    for name in ("qwen2.5-vl-7b", "qwen3-vl-8b", "gemma-3-12b", "smolvlm2-2.2b", "internvl3-8b"):
+    for name in ("qwen2.5-vl-7b", "qwen3-vl-8b", "gemma-3-12b", "smolvlm2-2.2b", "internvl3-8b",
+                 "gemma-4-e2b", "gemma-4-e4b", "gemma-4-26b-a4b", "gemma-4-31b"):
         assert "GB" in rows[name] and ("RAM" in rows[name] or "GPU" in rows[name] or "too big" in rows[name])
+
+
+def test_models_json_is_one_object_per_preset() -> None:
+    import json
+
+    from ..conftest import invoke_cli
+
+    result = invoke_cli("models", "--json")
+    assert result.returncode == 0, result.stderr
+    rows = {row["name"]: row for row in map(json.loads, result.stdout.splitlines())}
+    e2b = rows["gemma-4-e2b"]
+    assert e2b["repo_id"] == "ggml-org/gemma-4-E2B-it-GGUF" and e2b["approx_bytes"] > 3 * 10**9
+    assert e2b["mmproj_file"].startswith("mmproj-") and e2b["state"] in ("missing", "present", "unverified", "verified")
+    assert "gemma4" in e2b["aliases"] and rows["test"]["repo_id"] is None
