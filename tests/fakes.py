@@ -210,10 +210,12 @@ class FakeSequence:
         rows[:, 0] = np.arange(self._view_tokens) / self._view_tokens
         return ImageEmbedding(rows)
 
-    def encode_block(self, image: Image.Image | np.ndarray) -> ImageBlock:
-        return ImageBlock(((IMAGE,), self.encode_image(image), (IMAGE,)))
+    def encode_block(self, image: Image.Image | np.ndarray, *,
+                     merged_with: Image.Image | np.ndarray | None = None) -> ImageBlock:
+        return ImageBlock(((IMAGE,), self.encode_image(image), (IMAGE,)))  # a pair: one frame's rows
 
-    def count_block(self, image: Image.Image | np.ndarray) -> ImageBlock:
+    def count_block(self, image: Image.Image | np.ndarray, *,
+                    merged_with: Image.Image | np.ndarray | None = None) -> ImageBlock:
         rows = np.zeros((self._view_tokens, N_EMBD), dtype=np.float32)
         return ImageBlock(((IMAGE,), ImageEmbedding(rows), (IMAGE,)))
 

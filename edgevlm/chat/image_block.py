@@ -18,7 +18,7 @@ from edgevlm.chat.records import (
     ViewSettings,
 )
 from edgevlm.errors import ConfigError, ContextOverflowError
-from edgevlm.values.embedding import ImageBlock, ImageEmbedding
+from edgevlm.values.embedding import BlockEncoder, ImageEmbedding
 from edgevlm.vision.images import LoadedImage
 from edgevlm.vision.layout import BlockTooLarge, ImageLayout, ImagePlan, TaskTooLarge, ViewBudget, with_task
 
@@ -45,7 +45,7 @@ class ImageBlockWriter:
 
     def __init__(self, ledger: KvLedger, sequence: BlockSequence, layout: ImageLayout, *,
                  encode: Callable[[Image.Image], ImageEmbedding],
-                 encode_block: Callable[[Image.Image], ImageBlock]) -> None:
+                 encode_block: BlockEncoder) -> None:
         self._ledger, self._sequence, self.layout = ledger, sequence, layout
         self.encode, self._encode_block = encode, encode_block  # CLIP, or a cache in front of it
         self.whole_image_tokens, self.label_tokens = label_tokens(sequence, layout)
@@ -56,6 +56,10 @@ class ImageBlockWriter:
         started = time.perf_counter()
         plan = self._plan(image, room, settings, max_tokens)
         views = tuple(self.layout.views(image.image, plan))
+        if image.merged_with is not None:  # a merged pair of frames: the second at the same size
+            if not self.layout.native:
+                raise ValueError("only an mtmd family merges video frames in time")
+            views += tuple(self.layout.views(image.merged_with.image, plan))
         return PreparedImage(image, plan, views, room, time.perf_counter() - started, settings)
 
     def budget(self, room: int, settings: ViewSettings) -> ViewBudget:
@@ -93,7 +97,7 @@ class ImageBlockWriter:
         budget = self.budget(prepared.room, prepared.settings)
         progress = ProgressCounter(on_progress, views=len(views), tokens=layout.block_tokens(plan, budget))
         if layout.native:
-            self._write_native(views[0], turn, progress, slot)
+            self._write_native(views, turn, progress, slot)
             return BlockCost()
         if layout.packed:
             rows = []
@@ -118,11 +122,13 @@ class ImageBlockWriter:
             labelled = 0
         return BlockCost(tile_tokens, tile_s)
 
-    def _write_native(self, view: Image.Image, turn: int, progress: ProgressCounter, slot: int) -> None:
-        """mtmd's block for the view: the family's marker tokens as labels, each image chunk's
-        rows (with their positions and attention) as an image segment."""
-        block = self._encode_block(view)
-        progress.add(0)
+    def _write_native(self, views: tuple[Image.Image, ...], turn: int, progress: ProgressCounter,
+                      slot: int) -> None:
+        """mtmd's block for the view (or for a merged pair of frames, both views in one block):
+        the family's marker tokens as labels, each image chunk's rows (with their positions and
+        attention) as an image segment."""
+        block = self._encode_block(views[0], merged_with=views[1] if len(views) > 1 else None)
+        progress.add(0, views=len(views))
         for piece in block.pieces:
             if isinstance(piece, ImageEmbedding):
                 tokens, _ = self._decode_image(piece, turn, slot)

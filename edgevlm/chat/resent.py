@@ -21,7 +21,7 @@ from edgevlm.values.sampling import Sampling
 from edgevlm.vision.documents import render_document_bytes
 from edgevlm.vision.images import LoadedImage, load_image_bytes
 from edgevlm.vision.layout import Detail, FrameScaffold
-from edgevlm.vision.video import MAX_WINDOW_FRAMES, read_video_bytes
+from edgevlm.vision.video import MAX_WINDOW_FRAMES, merge_frames, read_video_bytes
 
 HISTORY_FILL = 0.75  # a cut history fills this share of the room, leaving some for follow-ups
 
@@ -42,14 +42,17 @@ class ChatImage:
 
     @classmethod
     def frames_of(cls, data: bytes, *, suffix: str = ".mp4", useful_pixels: int | None = None,
-                  most: int = MAX_WINDOW_FRAMES) -> tuple[ChatImage, ...]:
-        """A video upload's frames, at most `most` spread over the clip (one window), each with
-        its time as its label; named and keyed by the clip's digest and the time."""
+                  most: int = MAX_WINDOW_FRAMES, merge: int = 1) -> tuple[ChatImage, ...]:
+        """A video upload's frames as `most` blocks spread over the clip (one window), each with
+        its time as its label; named and keyed by the clip's digest and the time. With merge 2
+        (Qwen-VL) twice the frames are read, two to a block, for the same tokens."""
         digest = hashlib.sha256(data).hexdigest()
         frames, duration = read_video_bytes(data, f"video-{digest[:8]}{suffix}", useful_pixels=useful_pixels,
-                                            most=most)
-        return tuple(cls(hashlib.sha256(f"{digest}#t={frame.time_s}".encode()).hexdigest(), frame,
-                         clip_s=duration) for frame in frames)
+                                            most=most * max(merge, 1))
+        def key(frame: LoadedImage) -> str:
+            return hashlib.sha256(f"{digest}#t={','.join(map(str, frame.times_s))}".encode()).hexdigest()
+
+        return tuple(cls(key(frame), frame, clip_s=duration) for frame in merge_frames(frames, merge))
 
     @classmethod
     def pages_of(cls, data: bytes, *, useful_pixels: int | None = None) -> tuple[ChatImage, ...]:
@@ -291,7 +294,7 @@ def _frame_labels(scaffold: FrameScaffold, images: tuple[ChatImage, ...]) -> lis
             clips.setdefault(image.image.path, []).append(k)  # one upload's frames share its name
     for slots in clips.values():
         frames = [images[k] for k in slots]
-        times = [f.image.time_s or 0.0 for f in frames]
+        times = [f.image.shown_at_s or 0.0 for f in frames]
         texts = scaffold.labels(times, frames[0].clip_s or 0.0)
         for k, text in zip(slots, texts, strict=True):
             labels[k] = text

@@ -290,12 +290,14 @@ def _media_lines(out: Console, p: Plan) -> None:
     from edgevlm.vision.video import MAX_WINDOW_FRAMES
 
     if p.video_frame_tokens:
-        window = p.video_frame_tokens * p.video_window_frames
         shown = f"{p.video_frame_shown[0]}x{p.video_frame_shown[1]}"
         frames = p.video_window_frames
+        each = ("each frame" if p.video_frames_per_block == 1
+                else f"merged {p.video_frames_per_block} to a block, each block")
         out.print(f"  a minute of 1280x720 video at 1 fps: {-(-60 // MAX_WINDOW_FRAMES)} windows showing "
-                  f"{frames} frames each, each frame {p.video_frame_tokens} visual tokens at {shown} "
-                  f"({window} a window; one window in the cache at a time, however long the clip)")
+                  f"{frames} frames each, {each} {p.video_frame_tokens} visual tokens at {shown} "
+                  f"({p.video_window_tokens} a window; one window in the cache at a time, however long "
+                  "the clip)")
     if p.most_images_per_turn:
         out.print(f"  one question holds up to {p.most_images_per_turn} such photos at their smallest "
                   "views (describe --together, several images in a message)")

@@ -27,7 +27,7 @@ from edgevlm.store.files import USER_FILE_MODE, JsonlAppender, write_atomically
 from edgevlm.vision.documents import DocumentPage, open_document, parse_pages
 from edgevlm.vision.images import IMAGE_SUFFIXES, LoadedImage, clock
 from edgevlm.vision.sources import load_source
-from edgevlm.vision.video import frame_labels, plan_windows, probe_video, read_window
+from edgevlm.vision.video import frame_labels, merge_frames, plan_windows, probe_video, read_window
 
 if TYPE_CHECKING:
     from edgevlm.runtime.loading import Loaded
@@ -275,10 +275,11 @@ class ChatRepl:
         windows = plan_windows(probe_video(Path(path).expanduser()))
         for window in windows:
             self.out.write(f"==> {window.name} <==\n")
-            frames = read_window(window, useful_pixels=self.conversation.useful_pixels).frames
+            read = read_window(window, useful_pixels=self.conversation.useful_pixels).frames
             scaffold = self.conversation.layout.frames
+            frames = merge_frames(read, scaffold.merge)  # Qwen-VL: two frames to a block
             asked = scaffold.outro + VIDEO_PROMPT.format(
-                n=len(frames), start=clock(window.start_s), end=clock(window.end_s),
+                n=len(read), start=clock(window.start_s), end=clock(window.end_s),
                 length=clock(window.duration_s))
             labels = frame_labels(scaffold, frames, window.duration_s)
             self._turn(asked, list(frames), transcribed=True, labels=labels)

@@ -29,7 +29,14 @@ from edgevlm.vision.images import LoadedImage, clock
 from edgevlm.vision.layout import FrameScaffold
 from edgevlm.vision.sources import Source, load_source
 from edgevlm.vision.tiling import page_room
-from edgevlm.vision.video import VideoWindow, WindowFrames, fit_frames, read_window
+from edgevlm.vision.video import (
+    VideoWindow,
+    WindowFrames,
+    fit_frames,
+    frame_labels,
+    merge_frames,
+    read_window,
+)
 
 DEFAULT_PROMPT = DEFAULT_QUESTION
 # A document's page, unless the user asks something else: its transcript is what stands for it.
@@ -115,9 +122,10 @@ class PreparedWindow:
     @classmethod
     def of(cls, frames: WindowFrames, describer: Describer, room: int) -> PreparedWindow:
         """The window's frames cut for their share of `room` (CPU only; safe on a helper thread)."""
-        kept, share = fit_frames(frames.frames, room, describer.image_floor)
+        shown = merge_frames(frames.frames, describer.frames.merge)  # Qwen-VL: pairs in one block
+        kept, share = fit_frames(shown, room, describer.image_floor)
         return cls(tuple(describer.prepare(frame, share) for frame in kept), frames.skipped,
-                   len(frames.frames) - len(kept))
+                   len(frames.frames) - sum(len(frame.times_s) for frame in kept))
 
 
 # A source with its prepared image, or a window's frames (or the error reading it), and the
@@ -313,15 +321,15 @@ class Describer:
         """One stretch of a video: its frames in one question, each after its time, sharing the room."""
         shown = list(frames.views)
         scaffold = self.frames
+        times = tuple(t for view in shown for t in view.image.times_s)  # a merged pair's both
         asked = scaffold.outro + (prompt or VIDEO_PROMPT.format(
-            n=len(shown), start=clock(window.start_s), end=clock(window.end_s),
+            n=len(times), start=clock(window.start_s), end=clock(window.end_s),
             length=clock(window.duration_s)))
-        labels = scaffold.labels([view.image.time_s or 0.0 for view in shown], window.duration_s)
+        labels = frame_labels(scaffold, [view.image for view in shown], window.duration_s)
         result = self._fresh_turn(asked, shown, labels=labels, started=started, on_piece=on_piece,
                                   on_progress=on_progress, read_s=read_s)
         return replace(result, images=tuple(view.image.key for view in shown),
-                       window=(window.start_s, window.end_s),
-                       frame_times_s=tuple(view.image.time_s or 0.0 for view in shown),
+                       window=(window.start_s, window.end_s), frame_times_s=times,
                        skipped_frames=frames.skipped, left_out_frames=frames.left_out)
 
     def _fresh_turn(self, prompt: str, images: Sequence[LoadedImage | PreparedImage], *,

@@ -28,7 +28,7 @@ from edgevlm.describe.describer import (
 )
 from edgevlm.vision.documents import DocumentPage
 from edgevlm.vision.sources import load_source
-from edgevlm.vision.video import VideoWindow, fit_frames, frame_labels, read_window
+from edgevlm.vision.video import VideoWindow, fit_frames, frame_labels, merge_frames, read_window
 
 # Pages a question may bring back live beside the transcripts: each costs its full visual tokens.
 MOST_LIVE_PAGES = 2
@@ -164,7 +164,7 @@ def ask_document(describer: Describer, pages: Sequence[ReadPage], question: str,
     windows = [pages[k].page for k in live if isinstance(pages[k].page, VideoWindow)]
     if windows:  # a clip's answer says which stretch it saw again
         result = replace(result, window=(windows[0].start_s, windows[-1].end_s),
-                         frame_times_s=tuple(view.image.time_s or 0.0 for view in views))
+                         frame_times_s=tuple(t for view in views for t in view.image.times_s))
     on_event(ImageDone(index, total, document, result, further=True))
     return result
 
@@ -175,8 +175,9 @@ def _views(describer: Describer, part: DocumentPage | VideoWindow, room: int
     even share of it, each after its time."""
     if isinstance(part, DocumentPage):
         return [describer.prepare(load_source(part, useful_pixels=describer.useful_pixels), room)], None
-    frames, share = fit_frames(read_window(part, useful_pixels=describer.useful_pixels).frames, room,
-                               describer.image_floor)  # the frames it was read with
+    read = read_window(part, useful_pixels=describer.useful_pixels).frames
+    frames, share = fit_frames(merge_frames(read, describer.frames.merge), room,
+                               describer.image_floor)  # the frames it was read with, as it was read
     return ([describer.prepare(frame, share) for frame in frames],
             frame_labels(describer.frames, frames, part.duration_s))
 

@@ -8,11 +8,13 @@ Pure: nothing here imports llama_cpp.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from edgevlm.families.family import BlockCounter
 from edgevlm.families.mtmd import MtmdFamily, dyn_size_grid
 from edgevlm.models.gguf import ProjectorFacts
 from edgevlm.vision.boxes import BoxFrame, Grounding
+from edgevlm.vision.layout import TIMED_FRAMES, FrameScaffold
 
 # mtmd's own token limits for the family (clip.cpp: set_limit_image_tokens(8, 4096)).
 QWEN_VL_TOKENS = (8, 4096)
@@ -73,12 +75,23 @@ def qwen3_grounding(projector: ProjectorFacts) -> Grounding:
     return Grounding(BoxFrame.PER_MILLE, JSON_PROMPT, json=True, model_size=model_size(projector))
 
 
+# Video: Qwen-VL's vision tower takes two frames in one temporal patch (temporal_patch_size 2),
+# and mtmd merges two adjacent same-size frames marked mergeable into one block with one frame's
+# tokens (clip_model_n_temporal_merge). Qwen2/2.5-VL's processor writes no time in the text (its
+# M-RoPE carries it within one video block, and mtmd gives each pair its own block): each pair
+# gets edgevlm's timed label, at its middle time. Qwen3-VL's processor (transformers'
+# processing_qwen3_vl.py) writes `<t.t seconds>` before each temporal patch's vision block, t the
+# mean of its frames' times; without it the model takes the frames as unrelated images
+# (lmms-eval #1404).
+QWEN2_FRAMES = replace(TIMED_FRAMES, merge=2)
+QWEN3_FRAMES = FrameScaffold(label="<{seconds:.1f} seconds>", merge=2)
+
 QWEN2_VL = MtmdFamily("qwen2-vl", frozenset({"qwen2vl_merger", "qwen2.5vl_merger"}),
                       text_archs=frozenset({"qwen2vl"}), default_merge=2,
                       warmup_tokens_per_side=QWEN_VL_WARMUP_SIDE, grid_rule=grid_counter,
-                      grounding_rule=qwen2_grounding, **QWEN_TASKS)
+                      grounding_rule=qwen2_grounding, frames=QWEN2_FRAMES, **QWEN_TASKS)
 # Qwen3-VL's rows also feed its deepstack layers: a whole multiple of the text model's width.
 QWEN3_VL = MtmdFamily("qwen3-vl", frozenset({"qwen3vl_merger"}),
                       text_archs=frozenset({"qwen3vl", "qwen3vlmoe"}), default_merge=2,
                       warmup_tokens_per_side=QWEN_VL_WARMUP_SIDE, grid_rule=grid_counter, deepstack=True,
-                      grounding_rule=qwen3_grounding, **QWEN_TASKS)
+                      grounding_rule=qwen3_grounding, frames=QWEN3_FRAMES, **QWEN_TASKS)

@@ -277,13 +277,16 @@ class Engine:
         """Run the projector on one RGB view, charging the time to `meter`."""
         return self._projector().encode(image, meter)
 
-    def encode_block(self, image: Image.Image | np.ndarray, meter: RequestMeter) -> ImageBlock:
-        """One image through mtmd's own layout for the projector's family (see Projector)."""
-        return self._projector().encode_block(image, meter)
+    def encode_block(self, image: Image.Image | np.ndarray, meter: RequestMeter, *,
+                     merged_with: Image.Image | np.ndarray | None = None) -> ImageBlock:
+        """One image (or two frames merged in time) through mtmd's own layout for the projector's
+        family (see Projector)."""
+        return self._projector().encode_block(image, meter, merged_with=merged_with)
 
-    def count_block(self, image: Image.Image | np.ndarray) -> ImageBlock:
+    def count_block(self, image: Image.Image | np.ndarray, *,
+                    merged_with: Image.Image | np.ndarray | None = None) -> ImageBlock:
         """An image's tokens and positions under the projector's own layout, without encoding."""
-        return self._projector().count_block(image)
+        return self._projector().count_block(image, merged_with=merged_with)
 
     def _projector(self) -> Projector:
         if self.projector is None:

@@ -70,8 +70,10 @@ class SequenceHost(Protocol):
     def generation_ended(self, sequence: EngineSequence) -> None: ...
     def image_tokens_per_view(self) -> int: ...
     def encode_view(self, image: Image.Image | np.ndarray, meter: RequestMeter) -> ImageEmbedding: ...
-    def encode_block(self, image: Image.Image | np.ndarray, meter: RequestMeter) -> ImageBlock: ...
-    def count_block(self, image: Image.Image | np.ndarray) -> ImageBlock: ...
+    def encode_block(self, image: Image.Image | np.ndarray, meter: RequestMeter, *,
+                     merged_with: Image.Image | np.ndarray | None = None) -> ImageBlock: ...
+    def count_block(self, image: Image.Image | np.ndarray, *,
+                    merged_with: Image.Image | np.ndarray | None = None) -> ImageBlock: ...
 
 
 class EngineSequence:
@@ -282,13 +284,16 @@ class EngineSequence:
         """Run the projector on one RGB image (raw pixels, no re-encoding); nothing is decoded."""
         return self._host.encode_view(image, self._meter)
 
-    def encode_block(self, image: Image.Image | np.ndarray) -> ImageBlock:
-        """One image as its family's model was trained to see it (mtmd's layout); nothing decoded."""
-        return self._host.encode_block(image, self._meter)
+    def encode_block(self, image: Image.Image | np.ndarray, *,
+                     merged_with: Image.Image | np.ndarray | None = None) -> ImageBlock:
+        """One image (or two video frames merged in time, see Projector.encode_block) as its
+        family's model was trained to see it (mtmd's layout); nothing decoded."""
+        return self._host.encode_block(image, self._meter, merged_with=merged_with)
 
-    def count_block(self, image: Image.Image | np.ndarray) -> ImageBlock:
+    def count_block(self, image: Image.Image | np.ndarray, *,
+                    merged_with: Image.Image | np.ndarray | None = None) -> ImageBlock:
         """The tokens and positions encode_block would give this image, without encoding it."""
-        return self._host.count_block(image)
+        return self._host.count_block(image, merged_with=merged_with)
 
     def eval_embedding(self, embedding: ImageEmbedding) -> int:
         """Decode projector rows at the end of the cache, in n_batch pieces; returns tokens."""

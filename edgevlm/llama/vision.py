@@ -76,16 +76,22 @@ class Projector:
         """Run the projector on one RGB view, charging the time to `meter`."""
         return self._with_chunks(image, meter, lambda chunks: self._encode_chunks(chunks, meter))
 
-    def encode_block(self, image: Image.Image | np.ndarray, meter: RequestMeter) -> ImageBlock:
+    def encode_block(self, image: Image.Image | np.ndarray, meter: RequestMeter, *,
+                     merged_with: Image.Image | np.ndarray | None = None) -> ImageBlock:
         """One image as this family's model was trained to see it: mtmd's own resizing and slicing,
-        its marker tokens, and rows with their positions and attention (every family mtmd runs)."""
-        return self._with_chunks(image, meter, lambda chunks: self._block_of(chunks, meter, encode=True))
+        its marker tokens, and rows with their positions and attention (every family mtmd runs).
+        With merged_with, two video frames of one size as one temporal patch, where the family
+        merges frames (Qwen-VL: one block of one frame's tokens; elsewhere two blocks)."""
+        return self._with_chunks(image, meter, lambda chunks: self._block_of(chunks, meter, encode=True),
+                                 merged_with=merged_with)
 
-    def count_block(self, image: Image.Image | np.ndarray) -> ImageBlock:
+    def count_block(self, image: Image.Image | np.ndarray, *,
+                    merged_with: Image.Image | np.ndarray | None = None) -> ImageBlock:
         """What encode_block would give, without running the encoder: tokens and positions, with
         empty rows (mtmd's preprocessing only: cheap enough for planning an image's size)."""
         return self._with_chunks(image, RequestMeter(),
-                                 lambda chunks: self._block_of(chunks, None, encode=False))
+                                 lambda chunks: self._block_of(chunks, None, encode=False),
+                                 merged_with=merged_with)
 
     def count_size(self, size: tuple[int, int]) -> tuple[int, int]:
         """(block tokens, visual tokens) of an image of this (width, height): count_block by size."""
@@ -99,27 +105,33 @@ class Projector:
             self._mctx = None
 
     def _with_chunks(self, image: Image.Image | np.ndarray, meter: RequestMeter,
-                     use: Callable[[ctypes.c_void_p], T]) -> T:
+                     use: Callable[[ctypes.c_void_p], T], *,
+                     merged_with: Image.Image | np.ndarray | None = None) -> T:
         started = time.perf_counter()
-        pixels = np.ascontiguousarray(np.asarray(image, dtype=np.uint8))
-        if pixels.ndim != 3 or pixels.shape[2] != 3:
-            raise EngineError(f"images must be RGB arrays, got shape {pixels.shape}")
-        height, width = pixels.shape[:2]
+        shown = [_rgb_pixels(image)] + ([_rgb_pixels(merged_with)] if merged_with is not None else [])
+        if len(shown) > 1 and shown[0].shape != shown[1].shape:
+            raise EngineError(f"frames merged in time must be one size, not {shown[0].shape} and "
+                              f"{shown[1].shape}")
+        marker = self._marker * len(shown)  # adjacent markers: nothing between the frames
         with self._lock:
-            bitmap = mtmd_cpp.mtmd_bitmap_init(
-                width, height, pixels.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)))
+            bitmaps = [mtmd_cpp.mtmd_bitmap_init(
+                p.shape[1], p.shape[0], p.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))) for p in shown]
+            if len(bitmaps) > 1:  # mtmd merges a family's two frames only when both say they may be
+                for bitmap in bitmaps:
+                    mtmd_cpp.mtmd_bitmap_set_mergeable(bitmap, True)
             chunks = mtmd_cpp.mtmd_input_chunks_init()
             try:
-                text = mtmd_cpp.mtmd_input_text(self._marker, len(self._marker), False, True)
-                bitmaps = (mtmd_cpp.mtmd_bitmap_p_ctypes * 1)(bitmap)
-                rc = mtmd_cpp.mtmd_tokenize(self._mctx, chunks, ctypes.byref(text), bitmaps, 1)
+                text = mtmd_cpp.mtmd_input_text(marker, len(marker), False, True)
+                array = (mtmd_cpp.mtmd_bitmap_p_ctypes * len(bitmaps))(*bitmaps)
+                rc = mtmd_cpp.mtmd_tokenize(self._mctx, chunks, ctypes.byref(text), array, len(bitmaps))
                 if rc != 0:
                     raise EngineError(f"mtmd could not preprocess the image (code {rc})")
                 meter.preprocess_s += time.perf_counter() - started
                 return use(chunks)
             finally:
                 mtmd_cpp.mtmd_input_chunks_free(chunks)
-                mtmd_cpp.mtmd_bitmap_free(bitmap)
+                for bitmap in bitmaps:
+                    mtmd_cpp.mtmd_bitmap_free(bitmap)
 
     @staticmethod
     def _image_chunks(chunks: ctypes.c_void_p) -> list[ctypes.c_void_p]:
@@ -192,3 +204,11 @@ class Projector:
         meter.clip_encode_s += time.perf_counter() - started
         meter.clip_encodes += 1
         return rows.reshape(n_tokens, self._n_embd).copy()  # mtmd reuses its buffer
+
+
+def _rgb_pixels(image: Image.Image | np.ndarray) -> np.ndarray:
+    """An image as the contiguous height x width x 3 bytes mtmd reads."""
+    pixels = np.ascontiguousarray(np.asarray(image, dtype=np.uint8))
+    if pixels.ndim != 3 or pixels.shape[2] != 3:
+        raise EngineError(f"images must be RGB arrays, got shape {pixels.shape}")
+    return pixels

@@ -198,7 +198,8 @@ class Plan:
     most_images_per_turn: int = 0  # how many example photos one question can show (0: not counted)
     video_frame_tokens: int = 0  # a 720p frame of a video window: its visual tokens (0: not counted)
     video_frame_shown: tuple[int, int] = (0, 0)  # … the size it is shown at
-    video_window_frames: int = 0  # … and how many frames a window shows
+    video_window_frames: int = 0  # … how many frames a window shows
+    video_frames_per_block: int = 1  # … and how many frames one block shows (2: Qwen-VL's merged pairs)
     # The example photo's visual tokens for each task (--detail), one image a question; 0: that
     # task's floor does not fit this context (empty: not counted)
     task_tokens: tuple[tuple[str, int], ...] = ()
@@ -211,6 +212,11 @@ class Plan:
     def photo_prefixes_in_ram(self) -> int:
         """How many 4K-photo prefixes the RAM tier holds."""
         return self.prefix_ram_bytes // self.photo_prefix_bytes if self.photo_prefix_bytes else 0
+
+    @property
+    def video_window_tokens(self) -> int:
+        """The visual tokens of one window of that minute: a block's tokens times its blocks."""
+        return self.video_frame_tokens * -(-self.video_window_frames // max(self.video_frames_per_block, 1))
 
     def to_json(self) -> dict[str, Any]:
         """The plan for `edgevlm plan --json`: all sizes in bytes."""
@@ -234,7 +240,8 @@ class Plan:
                              "window_frames": self.video_window_frames,
                              "windows": -(-60 // MAX_WINDOW_FRAMES),
                              "frame_tokens": self.video_frame_tokens, "shown": list(self.video_frame_shown),
-                             "window_tokens": self.video_frame_tokens * self.video_window_frames},
+                             "frames_per_block": self.video_frames_per_block,
+                             "window_tokens": self.video_window_tokens},
             "bytes": {
                 "weights_gpu": b.weights_gpu, "weights_host": b.weights_host,
                 "kv": b.kv, "kv_gpu": b.kv_gpu, "kv_host": b.kv_host,
@@ -503,28 +510,40 @@ def _shown(plan: ImagePlan) -> tuple[int, int]:
     return tuple(getattr(plan, "size", (0, 0)))  # type: ignore[return-value]
 
 
+@dataclass(frozen=True)
+class VideoFrameCost:
+    """A 720p frame of a video window as describe shows it: a block's visual tokens, the size it
+    is shown at, the frames a window shows, and the frames one block shows (a merged pair: 2)."""
+
+    block_tokens: int = 0
+    shown: tuple[int, int] = (0, 0)
+    window_frames: int = 0
+    frames_per_block: int = 1
+
+
 def video_frame_at(costs: TurnCosts, projector: ProjectorFacts, n_ctx: int, answer_tokens: int, *,
-                   blocks: BlockCounter | None = None) -> tuple[int, tuple[int, int], int]:
-    """A 720p video frame as describe shows it (one of a window's frames, each an even share of
-    half the room; fewer frames a window where not all fit, see fit_frames): its visual tokens,
-    the size it is shown at, and how many frames a window shows."""
+                   blocks: BlockCounter | None = None) -> VideoFrameCost:
+    """A 720p video frame as describe shows it: one of a window's blocks (a frame, or a merged
+    pair where the family merges them), each an even share of half the room; fewer frames a
+    window where not all fit (see fit_frames)."""
     room = page_room(costs.room(n_ctx, answer_tokens))
     layout = family_for(projector).layout(projector, blocks)
+    merge = max(layout.frames.merge, 1)
     floor = costs.whole_image_tokens + costs.view_tokens  # LLaVA's global view (mtmd's least is far less)
     frames = MAX_WINDOW_FRAMES if layout.native else max(1, min(MAX_WINDOW_FRAMES, room // floor))
-    share = even_share(room, frames)
+    share = even_share(room, -(-frames // merge))
     if not layout.native and share < floor:
-        return 0, (0, 0), 0
+        return VideoFrameCost()
     budget = with_task(_budget(costs, projector, share, pool=None), Detail.VIDEO_FRAME, layout.budgets)
     found = _planned(projector, blocks, EXAMPLE_FRAME, budget)
     if found is None:
-        return 0, (0, 0), 0
+        return VideoFrameCost()
     frame, tokens = found
     if layout.native:
-        return _visual_tokens(frame), _shown(frame), frames
+        return VideoFrameCost(_visual_tokens(frame), _shown(frame), frames, merge)
     side = projector.image_size
     shown = (frame.grid[0] * side, frame.grid[1] * side) if frame.n_tiles else (side, side)
-    return _visual(layout, frame, tokens, costs), shown, frames
+    return VideoFrameCost(_visual(layout, frame, tokens, costs), shown, frames)
 
 
 def most_images_at(costs: TurnCosts, projector: ProjectorFacts, n_ctx: int, answer_tokens: int, *,

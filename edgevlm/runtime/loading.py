@@ -216,11 +216,11 @@ def _with_media(plan: Plan, costs: TurnCosts, projector: ProjectorFacts, flags: 
     """The plan with how many example photos one question holds and a minute of video's cost."""
     most = most_images_at(costs, projector, plan.n_ctx, flags.answer_tokens, blocks=blocks,
                           limit=MAX_IMAGES_PER_TURN)
-    frame_tokens, frame_shown, frames = video_frame_at(costs, projector, plan.n_ctx, flags.answer_tokens,
-                                                       blocks=blocks)
+    video = video_frame_at(costs, projector, plan.n_ctx, flags.answer_tokens, blocks=blocks)
     tasks = task_tokens_at(costs, projector, plan.n_ctx, flags.answer_tokens, blocks=blocks)
-    return replace(plan, most_images_per_turn=most, video_frame_tokens=frame_tokens,
-                   video_frame_shown=frame_shown, video_window_frames=frames, task_tokens=tasks)
+    return replace(plan, most_images_per_turn=most, video_frame_tokens=video.block_tokens,
+                   video_frame_shown=video.shown, video_window_frames=video.window_frames,
+                   video_frames_per_block=video.frames_per_block, task_tokens=tasks)
 
 
 def _settings(flags: ModelFlags, *, costs: TurnCosts | None, blocks: BlockCounter | None) -> Settings:

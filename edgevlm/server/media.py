@@ -56,10 +56,11 @@ def image_from_base64(data: object, param: str, *, useful_pixels: int | None) ->
 
 
 def video_frames(part: object, param: str, *, media_dir: Path | None, useful_pixels: int | None,
-                 max_file_bytes: int | None = None) -> tuple[ChatImage, ...]:
+                 max_file_bytes: int | None = None, merge: int = 1) -> tuple[ChatImage, ...]:
     """A video as frames of the message: OpenAI-style `video_url` ({"url": a data:video/…;base64
     URL or file:// inside --media-dir}) or llama-server's `input_video` ({"data": base64,
-    "format": "mp4"}); at most one window's frames, spread over the clip, each after its time."""
+    "format": "mp4"}); at most one window's frames, spread over the clip, each after its time
+    (`merge` frames to a block, as the family shows them)."""
     if not isinstance(part, dict):
         raise bad_request("expected an object with the video's url (or data)", param)
     if "url" in part:
@@ -79,7 +80,7 @@ def video_frames(part: object, param: str, *, media_dir: Path | None, useful_pix
         where = f"{param}.data"
         raw, suffix = _b64(str(part.get("data") or ""), where), f".{part.get('format') or 'mp4'}"
     try:
-        return ChatImage.frames_of(raw, suffix=suffix, useful_pixels=useful_pixels)
+        return ChatImage.frames_of(raw, suffix=suffix, useful_pixels=useful_pixels, merge=merge)
     except ImageError as exc:
         reason = str(exc).split(": ", 1)[-1]  # the made-up name means nothing to a client
         raise bad_request(reason, where, code="invalid_video") from None

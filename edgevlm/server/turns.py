@@ -59,6 +59,7 @@ class ServerState:
     max_tokens: int = 512
     max_tiles: int | None = None
     useful_pixels: int | None = None
+    frame_merge: int = 1  # video frames to a block, as the family shows them (2: Qwen-VL)
     pool: int | None = None  # the server's --pool (None: auto)
     temperature: float = 0.0
     summaries: SummaryStore | None = None

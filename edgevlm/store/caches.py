@@ -23,7 +23,7 @@ from PIL import Image
 from edgevlm.paths import cache_dir
 from edgevlm.store.files import CappedFolder, write_atomically
 from edgevlm.store.lru import BytesLru
-from edgevlm.values.embedding import ImageBlock, ImageEmbedding
+from edgevlm.values.embedding import BlockEncoder, ImageBlock, ImageEmbedding
 
 log = logging.getLogger("edgevlm")
 RAM_BYTES = 1 << 30  # 1 GiB of projector rows: ~100 LLaVA-1.5-7B views, thousands for small models
@@ -34,7 +34,6 @@ ENTRIES = "*/*.np[yz]"
 SUMMARY_ENTRIES = "*/*.txt"  # one file per image, in a folder per model
 
 Encode = Callable[[Image.Image], ImageEmbedding]
-EncodeBlock = Callable[[Image.Image], ImageBlock]
 V = TypeVar("V", ImageEmbedding, ImageBlock)
 
 
@@ -97,7 +96,7 @@ class EmbeddingCache:
 
     def __init__(self, encode: Encode, identity: str, *, folder: Path | None = None,
                  ram_bytes: int = RAM_BYTES, disk_bytes: int = DISK_BYTES,
-                 encode_block: EncodeBlock | None = None) -> None:
+                 encode_block: BlockEncoder | None = None) -> None:
         self._encode, self._encode_block, self._identity = encode, encode_block, identity
         self.folder = folder if folder is not None else cache_dir() / "embeddings"
         disk = CappedFolder(self.folder, disk_bytes, ENTRIES)
@@ -112,21 +111,24 @@ class EmbeddingCache:
         """The view's projector rows, from the cache when it has them."""
         return self._lookup(view, self._encode)
 
-    def block(self, view: Image.Image) -> ImageBlock:
+    def block(self, view: Image.Image, *, merged_with: Image.Image | None = None) -> ImageBlock:
         """An mtmd family's block for the view (see Projector.encode_block), from the cache when it has it."""
         if self._encode_block is None:
             raise ValueError("this cache was made without a block encoder")
-        return self._lookup_block(view, self._encode_block)
+        return self._lookup_block(view, self._encode_block, merged_with)
 
-    def using(self, encode: Encode, encode_block: EncodeBlock | None = None) -> CacheView:
+    def using(self, encode: Encode, encode_block: BlockEncoder | None = None) -> CacheView:
         """This cache in front of another sequence's encoders (each times its own CLIP work)."""
         return CacheView(self, encode, encode_block or self._encode_block)
 
     def _lookup(self, view: Image.Image, encode: Encode) -> ImageEmbedding:
         return self._through(self._rows, self._key(view), view, encode)
 
-    def _lookup_block(self, view: Image.Image, encode: EncodeBlock) -> ImageBlock:
-        return self._through(self._blocks, "b" + self._key(view)[1:], view, encode)  # apart from its rows
+    def _lookup_block(self, view: Image.Image, encode: BlockEncoder,
+                      merged_with: Image.Image | None) -> ImageBlock:
+        key = self._key(view) if merged_with is None else self._key(view, merged_with)
+        return self._through(self._blocks, "b" + key[1:], view,  # apart from its rows
+                             lambda image: encode(image, merged_with=merged_with))
 
     def _through(self, tier: _Tier[V], key: str, view: Image.Image, encode: Callable[[Image.Image], V]) -> V:
         """The tier's value for the view, or the encoder's (then kept)."""
@@ -143,11 +145,13 @@ class EmbeddingCache:
         """Hits, misses and the RAM in use."""
         return CacheStats(self.hits, self.misses, self._rows.ram.used_bytes)
 
-    def _key(self, view: Image.Image) -> str:
-        pixels = np.ascontiguousarray(np.asarray(view, dtype=np.uint8))
+    def _key(self, *views: Image.Image) -> str:
+        """The views' pixels under the model pair's identity (two views: a merged pair of frames)."""
         digest = hashlib.sha256(self._identity.encode())
-        digest.update(repr(pixels.shape).encode())
-        digest.update(pixels.tobytes())
+        for view in views:
+            pixels = np.ascontiguousarray(np.asarray(view, dtype=np.uint8))
+            digest.update(repr(pixels.shape).encode())
+            digest.update(pixels.tobytes())
         return digest.hexdigest()
 
 
@@ -172,17 +176,17 @@ class CacheView:
 
     cache: EmbeddingCache
     encode: Encode
-    encode_block: EncodeBlock | None
+    encode_block: BlockEncoder | None
 
     def __call__(self, view: Image.Image) -> ImageEmbedding:
         """The view's projector rows, through the shared cache."""
         return self.cache._lookup(view, self.encode)
 
-    def block(self, view: Image.Image) -> ImageBlock:
+    def block(self, view: Image.Image, *, merged_with: Image.Image | None = None) -> ImageBlock:
         """The view's mtmd block, through the shared cache."""
         if self.encode_block is None:
             raise ValueError("this cache view has no block encoder")
-        return self.cache._lookup_block(view, self.encode_block)
+        return self.cache._lookup_block(view, self.encode_block, merged_with)
 
 
 def _block_bytes(block: ImageBlock) -> int:
@@ -262,6 +266,6 @@ def pair_identity(model_path: Path, mmproj_path: Path | None) -> str:
 
 
 def for_files(encode: Encode, model_path: Path, mmproj_path: Path | None, *,
-              encode_block: EncodeBlock | None = None) -> EmbeddingCache:
+              encode_block: BlockEncoder | None = None) -> EmbeddingCache:
     """The cache for one model/projector pair, in the user's cache directory."""
     return EmbeddingCache(encode, pair_identity(model_path, mmproj_path), encode_block=encode_block)

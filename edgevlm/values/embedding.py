@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
+from PIL import Image
 
 from edgevlm.errors import EngineError
 
@@ -91,3 +93,10 @@ class ImageBlock:
     def n_positions(self) -> int:
         """How far the block moves the next position (mtmd's n_pos, summed)."""
         return sum(p.n_positions if isinstance(p, ImageEmbedding) else len(p) for p in self.pieces)
+
+
+class BlockEncoder(Protocol):
+    """An mtmd family's block for a view (or for two video frames merged in time): the encoder
+    itself, or a cache in front of it."""
+
+    def __call__(self, image: Image.Image, *, merged_with: Image.Image | None = None) -> ImageBlock: ...

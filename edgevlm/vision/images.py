@@ -39,13 +39,34 @@ class LoadedImage:
     full_size: tuple[int, int] | None = None  # upright size before any JPEG draft reduction
     page: int = 0  # a document's page, numbered from 1 (0: a photo)
     time_s: float | None = None  # a video frame's time in its clip
+    # The next frame of the same clip, shown with this one as one temporal patch (Qwen-VL's
+    # video: mtmd merges two same-size frames into one block of one frame's tokens)
+    merged_with: LoadedImage | None = None
 
     @property
     def name(self) -> str:
         """How the image is named in summaries: the file's name, and its page or time."""
         if self.page:
             return f"{self.path.name}, page {self.page}"
-        return self.path.name if self.time_s is None else f"{self.path.name} at {clock(self.time_s)}"
+        if self.time_s is None:
+            return self.path.name
+        if self.merged_with is not None and self.merged_with.time_s is not None:
+            return f"{self.path.name} at {clock(self.time_s)}–{clock(self.merged_with.time_s)}"
+        return f"{self.path.name} at {clock(self.time_s)}"
+
+    @property
+    def times_s(self) -> tuple[float, ...]:
+        """A video frame's time, or a merged pair's two times (empty for a photo or a page)."""
+        if self.time_s is None:
+            return ()
+        return (self.time_s, *self.merged_with.times_s) if self.merged_with is not None else (self.time_s,)
+
+    @property
+    def shown_at_s(self) -> float | None:
+        """The time a frame stands for: its own, or a merged pair's middle (as Qwen3-VL's processor
+        times a temporal patch: the mean of its frames' times)."""
+        times = self.times_s
+        return sum(times) / len(times) if times else None
 
     @property
     def key(self) -> str:

@@ -80,21 +80,25 @@ class TaskTooLarge(ValueError):
 @dataclass(frozen=True)
 class FrameScaffold:
     """How a family is shown a video's frames: the text before the first, before each, and after
-    the last (format fields: {n} frames, {duration} H:MM:SS, {clock} m:ss, {mmss} MM:SS)."""
+    the last (format fields: {n} frames, {duration} H:MM:SS, {clock} m:ss, {mmss} MM:SS,
+    {seconds} the time in seconds, a float), and how many frames make one block (`merge`: 2
+    where mtmd merges two same-size frames into one temporal patch, as Qwen-VL was trained)."""
 
     label: str
     intro: str = ""
     outro: str = ""
+    merge: int = 1
 
     def labels(self, times_s: Sequence[float], duration_s: float) -> list[str]:
-        """The text before each frame, the intro before the first."""
+        """The text before each block (a frame, or a merged pair at its middle time), the intro
+        before the first."""
         intro = self.intro.format(n=len(times_s), duration=_hms(duration_s))
-        return [(intro if slot == 0 else "") + self.label.format(clock=clock(t), mmss=_mmss(t))
+        return [(intro if slot == 0 else "") + self.label.format(clock=clock(t), mmss=_mmss(t), seconds=t)
                 for slot, t in enumerate(times_s)]
 
 
 # Frames as images, each after its time on its own line: what a family without a video prompt
-# of its own is shown (LLaVA, Gemma 3, Qwen-VL as edgevlm shows them: one image per frame).
+# of its own is shown (LLaVA, Gemma 3: one image per frame).
 TIMED_FRAMES = FrameScaffold(label="\nFrame at {clock}: ")
 
 

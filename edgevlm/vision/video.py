@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -232,8 +232,28 @@ def fit_frames(frames: Sequence[LoadedImage], room: int, floor: int) -> tuple[li
 
 
 def frame_labels(scaffold: FrameScaffold, frames: Sequence[LoadedImage], duration_s: float) -> list[str]:
-    """The text before each of a window's frames, in the family's way (see FrameScaffold)."""
-    return scaffold.labels([frame.time_s or 0.0 for frame in frames], duration_s)
+    """The text before each of a window's frames (or merged pairs), in the family's way (see
+    FrameScaffold)."""
+    return scaffold.labels([frame.shown_at_s or 0.0 for frame in frames], duration_s)
+
+
+def merge_frames(frames: Sequence[LoadedImage], merge: int) -> list[LoadedImage]:
+    """A window's frames as the family shows them: with merge 2, each two in a row of the same
+    size as one merged pair (the first, carrying the second), an odd one at the end alone; as
+    they are otherwise. A merged pair costs one frame's tokens and shows both."""
+    if merge < 2:
+        return list(frames)
+    merged: list[LoadedImage] = []
+    k = 0
+    while k < len(frames):
+        first = frames[k]
+        if k + 1 < len(frames) and frames[k + 1].image.size == first.image.size:
+            merged.append(replace(first, merged_with=frames[k + 1]))
+            k += 2
+        else:
+            merged.append(first)
+            k += 1
+    return merged
 
 
 def read_video_bytes(data: bytes, name: str, *, useful_pixels: int | None = None,

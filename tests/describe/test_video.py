@@ -60,9 +60,14 @@ def test_a_ten_minute_clip_is_read_window_by_window_with_the_cache_flat(
     first, last = done[0].result, done[-1].result
     assert first.window == (0.0, 8.0) and last.window == (592.0, 600.0)
     assert first.frame_times_s == (0.5, 1.5, 2.5, 3.5, 4.5, 5.5, 6.5, 7.5) and first.skipped_frames == 0
-    assert len(first.image_tokens) == 8 and sum(first.image_tokens) == first.visual_tokens
-    expected = qwen.sequence().count_block(Image.new("RGB", (64, 48))).visual_tokens
-    assert set(first.image_tokens) == {expected}  # each frame as mtmd counts its size
+    # Qwen-VL: two frames to a block (one temporal patch), so 8 frames are 4 blocks, each of
+    # one frame's tokens, as mtmd counts a merged pair of that size
+    assert len(first.image_tokens) == 4 and sum(first.image_tokens) == first.visual_tokens
+    frame = Image.new("RGB", (64, 48))
+    pair = qwen.sequence().count_block(frame, merged_with=frame)
+    assert len([p for p in pair.pieces if not isinstance(p, tuple)]) == 1
+    one = qwen.sequence().count_block(frame).visual_tokens
+    assert set(first.image_tokens) == {pair.visual_tokens} == {one}
     assert first.question.startswith("These are 8 frames of a video, from 0:00 to 0:08 of its 10:00")
     assert str(started[1].path).endswith("ten.mp4, 0:08–0:16")
 

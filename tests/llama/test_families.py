@@ -11,6 +11,7 @@ import llama_cpp
 import numpy as np
 import pytest
 from llama_cpp import mtmd_cpp as mtmd
+from PIL import Image
 
 QUESTION = "<|im_start|>user\n{marker}What is it?<|im_end|>\n<|im_start|>assistant\n"
 
@@ -209,3 +210,113 @@ def test_two_images_in_one_prompt_equal_mtmds_own_path(test_models: dict[str, Pa
     # several its matrix ones. On Gemma 4's pair that rounding alone reaches 1.1e-3 (the same
     # decode with the markers put together as mtmd does differs by 0.0).
     assert np.abs(ours - reference).max() < (2e-3 if family == "gemma4" else 1e-3)
+
+
+# Each family's turn around a window: the text before its frames, after them, and whether the
+# model adds a BOS token.
+WINDOW_PROMPTS = {
+    "qwen": ("<|im_start|>user\n", "What happens?<|im_end|>\n<|im_start|>assistant\n", False),
+    "smolvlm": ("<|im_start|>User:", " What happens?<end_of_utterance>\nAssistant:", False),
+    "gemma": ("<start_of_turn>user\n", "What happens?<end_of_turn>\n<start_of_turn>model\n", True)}
+
+
+@pytest.mark.parametrize("family", ["qwen", "smolvlm", "gemma"])
+def test_a_video_window_equals_mtmds_own_path(test_models: dict[str, Path], family: str) -> None:
+    """A window of four frames as the family is shown a clip: its labels (SmolVLM2's own words,
+    timed labels elsewhere), each frame's block, and on Qwen2.5-VL two frames merged into one
+    temporal patch (mergeable bitmaps: one block of one frame's tokens). The first answer
+    token's logits equal llama.cpp's reference on the same text and frames, within 1e-3."""
+    from edgevlm.families import layout_for
+    from edgevlm.llama.engine import Engine
+    from edgevlm.llama.types import EngineConfig
+    from edgevlm.models.gguf import read_projector
+    from edgevlm.vision.images import LoadedImage
+    from edgevlm.vision.video import frame_labels, merge_frames
+
+    text, mmproj = test_models[f"{family}_text"], test_models[f"{family}_mmproj"]
+    scaffold = layout_for(read_projector(mmproj)).frames
+    rng = np.random.default_rng(11)
+    pixels = [rng.integers(0, 255, (48, 64, 3), dtype=np.uint8) for _ in range(4)]
+    frames = [LoadedImage(path=Path("clip.mp4"), image=Image.fromarray(p), source_size=(64, 48),
+                          time_s=t + 0.5) for t, p in enumerate(pixels)]
+    blocks = merge_frames(frames, scaffold.merge)
+    assert len(blocks) == (2 if family == "qwen" else 4)
+    labels = frame_labels(scaffold, blocks, 4.0)
+    head, tail, add_bos = WINDOW_PROMPTS[family]
+    marker = "{marker}"
+    prompt = head + "".join(label + marker * len(b.times_s) for label, b in zip(labels, blocks, strict=True))
+    prompt += scaffold.outro + tail
+    reference, reference_tokens = _reference_window(text, mmproj, prompt, pixels, merge=scaffold.merge > 1)
+    with Engine(EngineConfig(text, mmproj, n_ctx=1024, n_gpu_layers=0)) as engine:
+        sequence = engine.sequence()
+        ours_tokens = sequence.tokenize(head, add_bos=add_bos)
+        sequence.eval_text(ours_tokens)
+        images = 0
+        for label, block in zip(labels, blocks, strict=True):
+            label_tokens = sequence.tokenize(label)
+            sequence.eval_text(label_tokens)
+            ours_tokens = ours_tokens + label_tokens
+            second = block.merged_with.image if block.merged_with is not None else None
+            for piece in sequence.encode_block(block.image, merged_with=second).pieces:
+                if isinstance(piece, tuple):
+                    sequence.eval_text(list(piece))
+                    ours_tokens = ours_tokens + list(piece)
+                else:
+                    sequence.eval_embedding(piece)
+                    images += 1
+                    ours_tokens = ours_tokens + [-1] * piece.n_tokens
+        rest = sequence.tokenize(scaffold.outro + tail)
+        sequence.eval_text(rest)
+        ours = sequence._current_logits().copy()
+    assert ours_tokens + rest == reference_tokens  # the same prompt, token for token
+    # Qwen-VL: four frames in two blocks; SmolVLM: each frame four tiles and an overview
+    assert images == {"qwen": 2, "gemma": 4, "smolvlm": 20}[family]
+    assert np.abs(ours - reference).max() < 1e-3
+
+
+def _reference_window(model_path: Path, mmproj_path: Path, prompt: str, pixels: list[np.ndarray], *,
+                      merge: bool) -> tuple[np.ndarray, list[int]]:
+    """llama.cpp's own path for a window: mtmd_tokenize with every frame's bitmap (mergeable where
+    the family merges frames), mtmd_helper_eval_chunks; the logits, and the prompt's tokens
+    (-1 for each image row)."""
+    defaults = llama_cpp.llama_model_default_params()
+    model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), defaults)
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx, params.n_batch, params.n_ubatch, params.swa_full = 1024, 512, 512, True
+    ctx = llama_cpp.llama_init_from_model(model, params)
+    options = mtmd.mtmd_context_params_default()
+    options.use_gpu, options.n_threads, options.print_timings, options.warmup = False, 2, False, False
+    projector = mtmd.mtmd_init_from_file(str(mmproj_path).encode(), model, options)
+    bitmaps = [mtmd.mtmd_bitmap_init(p.shape[1], p.shape[0],
+                                     (ctypes.c_uint8 * p.size).from_buffer_copy(p.tobytes())) for p in pixels]
+    for bitmap in bitmaps:
+        mtmd.mtmd_bitmap_set_mergeable(bitmap, merge)
+    text = prompt.format(marker=mtmd.mtmd_default_marker().decode()).encode()
+    request = mtmd.mtmd_input_text()
+    request.text, request.text_len, request.add_special, request.parse_special = text, len(text), True, True
+    chunks = mtmd.mtmd_input_chunks_init()
+    try:
+        assert mtmd.mtmd_tokenize(projector, chunks, ctypes.byref(request),
+                                  (mtmd.mtmd_bitmap_p_ctypes * len(bitmaps))(*bitmaps), len(bitmaps)) == 0
+        tokens: list[int] = []
+        for i in range(mtmd.mtmd_input_chunks_size(chunks)):
+            chunk = mtmd.mtmd_input_chunks_get(chunks, i)
+            if mtmd.mtmd_input_chunk_get_type(chunk) == mtmd.MTMD_INPUT_CHUNK_TYPE_TEXT:
+                n = ctypes.c_size_t(0)
+                found = mtmd.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
+                tokens += [found[j] for j in range(n.value)]
+            else:
+                tokens += [-1] * mtmd.mtmd_input_chunk_get_n_tokens(chunk)
+        n_past = llama_cpp.llama_pos(0)
+        assert mtmd.mtmd_helper_eval_chunks(projector, ctx, chunks, 0, 0, 512, True,
+                                            ctypes.byref(n_past)) == 0
+        n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(n_vocab,)).copy()
+        return logits, tokens
+    finally:
+        mtmd.mtmd_input_chunks_free(chunks)
+        for bitmap in bitmaps:
+            mtmd.mtmd_bitmap_free(bitmap)
+        mtmd.mtmd_free(projector)
+        llama_cpp.llama_free(ctx)
+        llama_cpp.llama_model_free(model)

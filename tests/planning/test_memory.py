@@ -453,3 +453,20 @@ def test_swa_settings_on_a_model_without_a_window_say_they_change_nothing(
     plain, asked = choose(*llava, machine), choose(*llava, machine, Settings(swa_full=False))
     assert (asked.n_ctx, asked.n_gpu_layers, asked.swa_full) == (plain.n_ctx, plain.n_gpu_layers, False)
     assert asked.notes[-1] == "--no-swa-full changes nothing: this model has no sliding-window cache"
+
+
+def test_a_minute_of_video_is_planned_in_the_familys_blocks(test_models: dict[str, Path]) -> None:
+    """Qwen-VL shows two frames in one block (a merged temporal patch): `plan` counts a window as
+    4 blocks of 8 frames, each at one frame's tokens; Gemma 3 shows each frame alone."""
+    from ..conftest import invoke_cli
+
+    found = {}
+    for family in ("qwen", "gemma"):
+        result = invoke_cli("plan", "--model", str(test_models[f"{family}_text"]), "--mmproj",
+                            str(test_models[f"{family}_mmproj"]), "--n-ctx", "8192", "--json")
+        assert result.returncode == 0, result.stderr
+        found[family] = json.loads(result.stdout)["video_minute"]
+    qwen, gemma = found["qwen"], found["gemma"]
+    assert qwen["window_frames"] == 8 and qwen["frames_per_block"] == 2
+    assert qwen["window_tokens"] == 4 * qwen["frame_tokens"] > 0
+    assert gemma["frames_per_block"] == 1 and gemma["window_tokens"] == 8 * gemma["frame_tokens"] > 0

@@ -126,8 +126,8 @@ def test_two_images_in_one_message_from_both_clients_on_the_qwen_pair(
 def test_a_video_url_is_read_as_its_frames_and_ollama_refuses_a_video(qwen_server: tuple[str, ServerState],
                                                                        tmp_path: Path) -> None:
     """The openai client sends a clip as a `video_url` data URL (and as llama-server's
-    `input_video`): up to 8 frames spread over it are shown, each after its time. The Ollama
-    API has no video: a 400 that says so."""
+    `input_video`): up to 8 blocks spread over it are shown, each after its time (Qwen-VL: two
+    frames to a block, 16 frames at most). The Ollama API has no video: a 400 that says so."""
     import base64
 
     import ollama
@@ -143,7 +143,8 @@ def test_a_video_url_is_read_as_its_frames_and_ollama_refuses_a_video(qwen_serve
         answer = client.chat.completions.create(model="", messages=[
             {"role": "user", "content": [part, {"type": "text", "text": "What moves?"}]}])
         extra = answer.model_extra["edgevlm"]
-        assert answer.choices[0].message.content and len(extra["image_tokens"]) == 8  # 12 s: 8 frames
+        assert answer.choices[0].message.content
+        assert len(extra["image_tokens"]) == 6  # 12 s at 1 fps: 12 frames, two to a block
         assert sum(extra["image_tokens"]) == extra["visual_tokens"]
     with pytest.raises(BadRequestError) as broken:
         client.chat.completions.create(model="", messages=[{"role": "user", "content": [

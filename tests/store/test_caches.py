@@ -98,7 +98,7 @@ def test_blocks_sit_beside_rows_under_one_cap_and_are_counted(tmp_path: Path) ->
     `edgevlm cache`'s count; a corrupt block is encoded again, never an error."""
     made = []
 
-    def encode_block(view: Image.Image) -> ImageBlock:
+    def encode_block(view: Image.Image, *, merged_with: Image.Image | None = None) -> ImageBlock:
         made.append(view)
         return _block(view)
 
@@ -121,6 +121,25 @@ def test_blocks_sit_beside_rows_under_one_cap_and_are_counted(tmp_path: Path) ->
     tight.block(_view(2))
     tight(_view(3))
     assert folder_bytes(folder, "*/*") <= one_block  # rows and blocks under one cap
+
+
+def test_a_merged_pair_of_frames_is_kept_under_both_frames(tmp_path: Path) -> None:
+    """Two video frames merged into one block are one entry, keyed by both: the pair comes back
+    whole, and neither frame alone (nor the pair the other way round) is taken for it."""
+    made: list[tuple[int, int | None]] = []
+    seeds = {_view(n).tobytes(): n for n in (1, 2)}
+
+    def encode_block(view: Image.Image, *, merged_with: Image.Image | None = None) -> ImageBlock:
+        made.append((seeds[view.tobytes()], seeds[merged_with.tobytes()] if merged_with else None))
+        return _block(view)
+
+    cache = EmbeddingCache(CountingEncoder(), "m", folder=tmp_path / "e", encode_block=encode_block)
+    cache.block(_view(1), merged_with=_view(2))
+    cache.block(_view(1), merged_with=_view(2))
+    assert made == [(1, 2)] and cache.stats().hits == 1
+    cache.block(_view(1))
+    cache.block(_view(2), merged_with=_view(1))
+    assert made == [(1, 2), (1, None), (2, 1)]
 
 
 def test_summaries_are_kept_by_model_and_digest(tmp_path: Path) -> None:

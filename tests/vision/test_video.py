@@ -140,3 +140,36 @@ def test_a_window_shows_the_frames_its_room_holds_spread_evenly(n: int, room: in
     assert len(kept) == max(1, min(n, room // floor)) and share == max(room // len(kept), 1)
     times = [f.time_s for f in kept]
     assert times == sorted(set(times))  # in order, none twice
+
+
+@given(st.lists(st.sampled_from([(64, 48), (48, 64)]), min_size=0, max_size=12), st.sampled_from([1, 2]))
+def test_frames_merge_two_by_two_where_the_family_merges_them(sizes: list[tuple[int, int]],
+                                                              merge: int) -> None:
+    """Merged pairs are adjacent frames of one size, in order, each frame shown once; a frame
+    with no partner of its size stays alone; without merging nothing changes. A pair's time is
+    its middle, as Qwen3-VL times a temporal patch."""
+    from PIL import Image
+
+    from edgevlm.vision.images import LoadedImage
+    from edgevlm.vision.video import merge_frames
+
+    frames = [LoadedImage(Path("c.mp4"), Image.new("RGB", size), size, time_s=k + 0.5)
+              for k, size in enumerate(sizes)]
+    blocks = merge_frames(frames, merge)
+    assert [t for b in blocks for t in b.times_s] == [f.time_s for f in frames]  # all, in order, once
+    for block in blocks:
+        if block.merged_with is not None:
+            assert merge == 2 and block.merged_with.image.size == block.image.size
+            assert block.shown_at_s == block.time_s + 0.5
+    if merge == 1 or len(set(sizes)) == 1:
+        assert len(blocks) == (len(frames) if merge == 1 else -(-len(frames) // 2))
+
+
+def test_qwen_families_label_a_merged_pair_by_its_middle_time() -> None:
+    """Qwen3-VL's own timestamps (transformers' processing_qwen3_vl.py: `<t.t seconds>` before
+    each temporal patch, t the mean of its two frames' times); Qwen2.5-VL edgevlm's timed label."""
+    from edgevlm.families.qwen_vl import QWEN2_FRAMES, QWEN3_FRAMES
+
+    assert QWEN3_FRAMES.merge == QWEN2_FRAMES.merge == 2
+    assert QWEN3_FRAMES.labels([1.0, 3.0, 64.25], 70) == ["<1.0 seconds>", "<3.0 seconds>", "<64.2 seconds>"]
+    assert QWEN2_FRAMES.labels([65.0], 70) == ["\nFrame at 1:05: "]
