@@ -20,8 +20,8 @@ from edgevlm.store.caches import SummaryStore
 from edgevlm.values.sampling import Sampling
 from edgevlm.vision.documents import render_document_bytes
 from edgevlm.vision.images import LoadedImage, load_image_bytes
-from edgevlm.vision.layout import Detail, FrameScaffold
-from edgevlm.vision.video import MAX_WINDOW_FRAMES, merge_frames, read_video_bytes
+from edgevlm.vision.layout import TIMED_FRAMES, Detail, FrameScaffold
+from edgevlm.vision.video import merge_frames, read_video_bytes
 
 HISTORY_FILL = 0.75  # a cut history fills this share of the room, leaving some for follow-ups
 
@@ -42,13 +42,14 @@ class ChatImage:
 
     @classmethod
     def frames_of(cls, data: bytes, *, suffix: str = ".mp4", useful_pixels: int | None = None,
-                  most: int = MAX_WINDOW_FRAMES, merge: int = 1) -> tuple[ChatImage, ...]:
-        """A video upload's frames as `most` blocks spread over the clip (one window), each with
-        its time as its label; named and keyed by the clip's digest and the time. With merge 2
-        (Qwen-VL) twice the frames are read, two to a block, for the same tokens."""
+                  scaffold: FrameScaffold = TIMED_FRAMES) -> tuple[ChatImage, ...]:
+        """A video upload's frames as one window's blocks spread over the clip (at the family's
+        rate where the clip is short enough), each with its time as its label; named and keyed
+        by the clip's digest and the time. Qwen-VL: twice the frames, two to a block."""
         digest = hashlib.sha256(data).hexdigest()
         frames, duration = read_video_bytes(data, f"video-{digest[:8]}{suffix}", useful_pixels=useful_pixels,
-                                            most=most * max(merge, 1))
+                                            most=scaffold.window_frames, fps=scaffold.fps)
+        merge = scaffold.merge
         def key(frame: LoadedImage) -> str:
             return hashlib.sha256(f"{digest}#t={','.join(map(str, frame.times_s))}".encode()).hexdigest()
 

@@ -21,7 +21,7 @@ from edgevlm import __version__
 from edgevlm.cli import options as opt
 from edgevlm.cli.render import DescribeView, err
 from edgevlm.cli.repl_help import HELP
-from edgevlm.errors import ConfigError, EdgeVLMError, Interrupted, one_line
+from edgevlm.errors import ConfigError, EdgeVLMError, Interrupted, ModelError, one_line
 from edgevlm.models.catalog import DEFAULT_PRESET as DEFAULT_MODEL
 
 if TYPE_CHECKING:  # the heavy modules load inside the commands: `--help` stays instant
@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # the heavy modules load inside the commands: `--help` stays 
     from edgevlm.values.sampling import Sampling
     from edgevlm.vision.boxes import Grounding
     from edgevlm.vision.layout import Detail as ImageDetail
+    from edgevlm.vision.layout import FrameScaffold
     from edgevlm.vision.sources import Source
 
 T = TypeVar("T")
@@ -144,7 +145,7 @@ def describe(
     n_ctx: opt.NCtx = None, seed: opt.Seed = None, temperature: opt.Temperature = 0.0,
     json_out: opt.JsonOut = False, fmt: opt.Format = None, schema: opt.Schema = None, tags: opt.Tags = False,
     max_tags: opt.MaxTags = 8, language: opt.Language = "English", together: opt.Together = False,
-    pages: opt.Pages = None, fps: opt.Fps = 1.0, quiet: opt.Quiet = False, recursive: opt.Recursive = False,
+    pages: opt.Pages = None, fps: opt.Fps = None, quiet: opt.Quiet = False, recursive: opt.Recursive = False,
     glob: opt.Glob = None, write_captions: opt.WriteCaptions = False, out_dir: opt.OutDir = None,
     jsonl: opt.Jsonl = None, write_xmp: opt.WriteXmp = False, embed: opt.Embed = False,
     xmp_name: opt.XmpName = "IMG.jpg.xmp", overwrite: opt.Overwrite = False, fetch_missing: opt.Fetch = False,
@@ -393,7 +394,7 @@ def _chat_detail(task: ImageDetail) -> tuple[str, ...]:
     return () if task.value == "chat" else (task.value,)
 
 
-def _describe_targets(found: Found, parts: tuple[str | None, float, bool], together: bool,
+def _describe_targets(found: Found, parts: tuple[str | None, float | None, bool], together: bool,
                       write_captions: bool, out_dir: Path | None, write_xmp: bool, embed: bool, xmp_name: str,
                       settings: tuple[object, ...]) -> tuple[Found, list[Target], XmpOutput | None]:
     """What was found, each image (and each chosen page of a PDF, checked now) with where its
@@ -410,7 +411,10 @@ def _describe_targets(found: Found, parts: tuple[str | None, float, bool], toget
     from edgevlm.vision.video import VideoWindow
 
     pages, fps, asking = parts
-    images = with_parts(found.images, parse_pages(pages) if pages is not None else None, fps=fps)
+    model, mmproj = settings[0], settings[1]
+    frames = _video_frames(str(model), mmproj if isinstance(mmproj, Path) else None, found)
+    images = with_parts(found.images, parse_pages(pages) if pages is not None else None,
+                        fps=fps or frames.fps, window_frames=frames.window_frames)
     if together and any(isinstance(image, VideoWindow) for image, _root in images):
         raise ConfigError("a video is described window by window; --together does not take one")
     _check_together(together, found, len(images), write_captions or write_xmp or embed or out_dir is not None)
@@ -770,6 +774,24 @@ def _view_options(ctx: typer.Context, tiles: str, pool: str, detail: str, *, fin
         detail = "grounding"
     return (_tiles_option(ctx, tiles), _pool_option(ctx, pool),
             _parsed(ctx, "detail", detail, opt.parse_detail))
+
+
+def _video_frames(model: str, mmproj: Path | None, found: Found) -> FrameScaffold:
+    """How the model's family is shown a video's frames (its rate and its frames to a block),
+    read from the model's files before anything loads, where a video is among the inputs; the
+    plain timed frames for a preset not downloaded yet (its windows span the same seconds)."""
+    from edgevlm.families import layout_for
+    from edgevlm.runtime.loading import ModelFlags, inspect
+    from edgevlm.vision.layout import TIMED_FRAMES
+    from edgevlm.vision.video import is_video
+
+    if not any(is_video(path) for path, _root in found.images):
+        return TIMED_FRAMES
+    try:
+        _, _, projector = inspect(ModelFlags(model=model, mmproj=str(mmproj) if mmproj else None))
+    except ModelError:
+        return TIMED_FRAMES
+    return layout_for(projector).frames
 
 
 def _finding(find: str | None, draw: Path | None, model: str, mmproj: Path | None, photos: list[Path], *,

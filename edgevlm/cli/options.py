@@ -160,8 +160,10 @@ Together = Annotated[bool, typer.Option(
     "'What changed?'); they share the context's room.")]
 Pages = Annotated[str | None, typer.Option(
     metavar="RANGES", help="Which pages of each PDF to read, e.g. 1-5,9 or 12- (default: all).")]
-Fps = Annotated[float, typer.Option(
-    "--fps", min=0.01, max=30.0, help="Frames taken per second of a video (its windows show 8 frames each).")]
+Fps = Annotated[float | None, typer.Option(
+    "--fps", min=0.01, max=30.0, show_default=False,
+    help="Frames taken per second of a video [default: the model family's own: 2 for Qwen-VL, which "
+         "sees two frames in one block; 1 otherwise]. A window shows 8 blocks.")]
 Glob = Annotated[str | None, typer.Option(
     metavar="PATTERN", help="In folders, only images whose name matches this pattern (e.g. 'IMG_*').")]
 WriteCaptions = Annotated[bool, typer.Option(help="Write IMAGE.txt next to each image (or under --out-dir).")]

@@ -59,7 +59,10 @@ def stats_line(r: DescribeResult) -> str:
         dropped = f", {r.skipped_frames} dropped as duplicates" if r.skipped_frames else ""
         dropped += f", {r.left_out_frames} left out to fit" if r.left_out_frames else ""
         names = f"{Path(r.image).name}, {clock(r.window[0])}–{clock(r.window[1])}"
-        grid = f"{len(r.frame_times_s)} frames ({' + '.join(map(str, r.image_tokens))} tokens{dropped})"
+        blocks = len(r.image_tokens)
+        merged = f" in {blocks} blocks" if 0 < blocks != len(r.frame_times_s) else ""  # Qwen's pairs
+        tokens = " + ".join(map(str, r.image_tokens))
+        grid = f"{len(r.frame_times_s)} frames{merged} ({tokens} tokens{dropped})"
     return (f"[dim]{escape(names)}: {grid}, {r.visual_tokens} visual tokens | "
             f"TTFT {r.ttft_s:.2f} s (prefill {r.prompt_tokens - r.cached_tokens} tok at "
             f"{r.prefill_tok_s:.0f} tok/s, CLIP {r.clip_encode_s:.2f} s{reused}) | "
@@ -287,15 +290,13 @@ def render_plan(p: Plan, model_name: str, checks: tuple[Check, ...]) -> None:
 
 def _media_lines(out: Console, p: Plan) -> None:
     """What a minute of video costs, and how many photos one question holds."""
-    from edgevlm.vision.video import MAX_WINDOW_FRAMES
-
     if p.video_frame_tokens:
         shown = f"{p.video_frame_shown[0]}x{p.video_frame_shown[1]}"
         frames = p.video_window_frames
         each = ("each frame" if p.video_frames_per_block == 1
                 else f"merged {p.video_frames_per_block} to a block, each block")
-        out.print(f"  a minute of 1280x720 video at 1 fps: {-(-60 // MAX_WINDOW_FRAMES)} windows showing "
-                  f"{frames} frames each, {each} {p.video_frame_tokens} visual tokens at {shown} "
+        out.print(f"  a minute of 1280x720 video at {p.video_fps:g} fps: {p.video_minute_windows} windows "
+                  f"showing {frames} frames each, {each} {p.video_frame_tokens} visual tokens at {shown} "
                   f"({p.video_window_tokens} a window; one window in the cache at a time, however long "
                   "the clip)")
     if p.most_images_per_turn:

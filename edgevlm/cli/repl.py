@@ -272,11 +272,12 @@ class ChatRepl:
         if not path:
             self._error("usage: /video CLIP.mp4")
             return
-        windows = plan_windows(probe_video(Path(path).expanduser()))
+        scaffold = self.conversation.layout.frames  # the family's rate, and its frames to a block
+        windows = plan_windows(probe_video(Path(path).expanduser()), fps=scaffold.fps,
+                               frames_per_window=scaffold.window_frames)
         for window in windows:
             self.out.write(f"==> {window.name} <==\n")
             read = read_window(window, useful_pixels=self.conversation.useful_pixels).frames
-            scaffold = self.conversation.layout.frames
             frames = merge_frames(read, scaffold.merge)  # Qwen-VL: two frames to a block
             asked = scaffold.outro + VIDEO_PROMPT.format(
                 n=len(read), start=clock(window.start_s), end=clock(window.end_s),

@@ -83,8 +83,10 @@ def qwen3_grounding(projector: ProjectorFacts) -> Grounding:
 # processing_qwen3_vl.py) writes `<t.t seconds>` before each temporal patch's vision block, t the
 # mean of its frames' times; without it the model takes the frames as unrelated images
 # (lmms-eval #1404).
-QWEN2_FRAMES = replace(TIMED_FRAMES, merge=2)
-QWEN3_FRAMES = FrameScaffold(label="<{seconds:.1f} seconds>", merge=2)
+# Both sample 2 frames a second by default (qwen-vl-utils' FPS), a pair to a block: a window of
+# 8 blocks is 8 s, as at 1 fps unmerged, for the same tokens.
+QWEN2_FRAMES = replace(TIMED_FRAMES, merge=2, fps=2.0)
+QWEN3_FRAMES = FrameScaffold(label="<{seconds:.1f} seconds>", merge=2, fps=2.0)
 
 QWEN2_VL = MtmdFamily("qwen2-vl", frozenset({"qwen2vl_merger", "qwen2.5vl_merger"}),
                       text_archs=frozenset({"qwen2vl"}), default_merge=2,

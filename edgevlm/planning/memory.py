@@ -25,7 +25,6 @@ from edgevlm.models.gguf import KvLayerShape, ProjectorFacts, TextModelFacts
 from edgevlm.planning.split import DeviceShare, GpuBudget, LayerCosts, place
 from edgevlm.vision.layout import Detail, ImageLayout, ImagePlan, ViewBudget, with_task
 from edgevlm.vision.tiling import LLAVA_15_TILES, TurnCosts, even_share, page_room, pooled_tokens
-from edgevlm.vision.video import MAX_WINDOW_FRAMES
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -199,7 +198,8 @@ class Plan:
     video_frame_tokens: int = 0  # a 720p frame of a video window: its visual tokens (0: not counted)
     video_frame_shown: tuple[int, int] = (0, 0)  # … the size it is shown at
     video_window_frames: int = 0  # … how many frames a window shows
-    video_frames_per_block: int = 1  # … and how many frames one block shows (2: Qwen-VL's merged pairs)
+    video_frames_per_block: int = 1  # … how many frames one block shows (2: Qwen-VL's merged pairs)
+    video_fps: float = 1.0  # … and the family's own sampling rate, frames a second
     # The example photo's visual tokens for each task (--detail), one image a question; 0: that
     # task's floor does not fit this context (empty: not counted)
     task_tokens: tuple[tuple[str, int], ...] = ()
@@ -212,6 +212,16 @@ class Plan:
     def photo_prefixes_in_ram(self) -> int:
         """How many 4K-photo prefixes the RAM tier holds."""
         return self.prefix_ram_bytes // self.photo_prefix_bytes if self.photo_prefix_bytes else 0
+
+    @property
+    def video_minute_frames(self) -> int:
+        """The frames a minute of video is sampled into at the family's rate."""
+        return round(60 * self.video_fps)
+
+    @property
+    def video_minute_windows(self) -> int:
+        """The windows those frames are read in."""
+        return -(-self.video_minute_frames // max(self.video_window_frames, 1))
 
     @property
     def video_window_tokens(self) -> int:
@@ -236,9 +246,9 @@ class Plan:
                               "of_images": self.images_per_turn,
                               "most_per_turn": self.most_images_per_turn,
                               "tokens_by_task": dict(self.task_tokens)},
-            "video_minute": {"frame_size": list(EXAMPLE_FRAME), "fps": 1.0, "frames": 60,
-                             "window_frames": self.video_window_frames,
-                             "windows": -(-60 // MAX_WINDOW_FRAMES),
+            "video_minute": {"frame_size": list(EXAMPLE_FRAME), "fps": self.video_fps,
+                             "frames": self.video_minute_frames, "window_frames": self.video_window_frames,
+                             "windows": self.video_minute_windows,
                              "frame_tokens": self.video_frame_tokens, "shown": list(self.video_frame_shown),
                              "frames_per_block": self.video_frames_per_block,
                              "window_tokens": self.video_window_tokens},
@@ -519,6 +529,7 @@ class VideoFrameCost:
     shown: tuple[int, int] = (0, 0)
     window_frames: int = 0
     frames_per_block: int = 1
+    fps: float = 1.0  # the family's own sampling rate
 
 
 def video_frame_at(costs: TurnCosts, projector: ProjectorFacts, n_ctx: int, answer_tokens: int, *,
@@ -528,9 +539,10 @@ def video_frame_at(costs: TurnCosts, projector: ProjectorFacts, n_ctx: int, answ
     window where not all fit (see fit_frames)."""
     room = page_room(costs.room(n_ctx, answer_tokens))
     layout = family_for(projector).layout(projector, blocks)
-    merge = max(layout.frames.merge, 1)
+    scaffold = layout.frames
+    merge = max(scaffold.merge, 1)
     floor = costs.whole_image_tokens + costs.view_tokens  # LLaVA's global view (mtmd's least is far less)
-    frames = MAX_WINDOW_FRAMES if layout.native else max(1, min(MAX_WINDOW_FRAMES, room // floor))
+    frames = scaffold.window_frames if layout.native else max(1, min(scaffold.window_frames, room // floor))
     share = even_share(room, -(-frames // merge))
     if not layout.native and share < floor:
         return VideoFrameCost()
@@ -540,10 +552,10 @@ def video_frame_at(costs: TurnCosts, projector: ProjectorFacts, n_ctx: int, answ
         return VideoFrameCost()
     frame, tokens = found
     if layout.native:
-        return VideoFrameCost(_visual_tokens(frame), _shown(frame), frames, merge)
+        return VideoFrameCost(_visual_tokens(frame), _shown(frame), frames, merge, scaffold.fps)
     side = projector.image_size
     shown = (frame.grid[0] * side, frame.grid[1] * side) if frame.n_tiles else (side, side)
-    return VideoFrameCost(_visual(layout, frame, tokens, costs), shown, frames)
+    return VideoFrameCost(_visual(layout, frame, tokens, costs), shown, frames, fps=scaffold.fps)
 
 
 def most_images_at(costs: TurnCosts, projector: ProjectorFacts, n_ctx: int, answer_tokens: int, *,

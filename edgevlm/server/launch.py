@@ -67,7 +67,7 @@ def build_state(loaded: Loaded, settings: ServeSettings) -> ServerState:
         api_key=settings.api_key, media_dir=settings.media_dir.resolve() if settings.media_dir else None,
         max_body_bytes=settings.max_body_mb << 20, max_tokens=settings.max_tokens,
         max_tiles=settings.max_tiles, useful_pixels=first.useful_pixels, pool=settings.pool,
-        frame_merge=first.layout.frames.merge,
+        video_frames=first.layout.frames,
         temperature=settings.sampling.temperature, summaries=summaries, plan=loaded.plan.to_json(),
         tokens=first.sequence, grounding=loaded.grounding)
 

@@ -11,6 +11,7 @@ from urllib.parse import unquote, urlparse
 from edgevlm.chat.resent import ChatImage
 from edgevlm.errors import ImageError
 from edgevlm.server.http import ApiError, bad_request, shown
+from edgevlm.vision.layout import TIMED_FRAMES, FrameScaffold
 
 PDF_MAGIC = b"%PDF-"
 VIDEO_TYPES = {"video/mp4": ".mp4", "video/webm": ".webm", "video/quicktime": ".mov",
@@ -56,11 +57,12 @@ def image_from_base64(data: object, param: str, *, useful_pixels: int | None) ->
 
 
 def video_frames(part: object, param: str, *, media_dir: Path | None, useful_pixels: int | None,
-                 max_file_bytes: int | None = None, merge: int = 1) -> tuple[ChatImage, ...]:
+                 max_file_bytes: int | None = None, scaffold: FrameScaffold = TIMED_FRAMES
+                 ) -> tuple[ChatImage, ...]:
     """A video as frames of the message: OpenAI-style `video_url` ({"url": a data:video/…;base64
     URL or file:// inside --media-dir}) or llama-server's `input_video` ({"data": base64,
     "format": "mp4"}); at most one window's frames, spread over the clip, each after its time
-    (`merge` frames to a block, as the family shows them)."""
+    (at the family's rate and frames to a block, `scaffold`)."""
     if not isinstance(part, dict):
         raise bad_request("expected an object with the video's url (or data)", param)
     if "url" in part:
@@ -80,7 +82,7 @@ def video_frames(part: object, param: str, *, media_dir: Path | None, useful_pix
         where = f"{param}.data"
         raw, suffix = _b64(str(part.get("data") or ""), where), f".{part.get('format') or 'mp4'}"
     try:
-        return ChatImage.frames_of(raw, suffix=suffix, useful_pixels=useful_pixels, merge=merge)
+        return ChatImage.frames_of(raw, suffix=suffix, useful_pixels=useful_pixels, scaffold=scaffold)
     except ImageError as exc:
         reason = str(exc).split(": ", 1)[-1]  # the made-up name means nothing to a client
         raise bad_request(reason, where, code="invalid_video") from None

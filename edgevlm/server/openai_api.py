@@ -216,7 +216,7 @@ def _content(content: object, where: str, state: ServerState) -> tuple[str, tupl
         elif kind in ("video_url", "input_video"):
             images.extend(video_frames(part.get(kind), f"{param}.{kind}", media_dir=state.media_dir,
                                        useful_pixels=state.useful_pixels,
-                                       max_file_bytes=state.max_body_bytes, merge=state.frame_merge))
+                                       max_file_bytes=state.max_body_bytes, scaffold=state.video_frames))
         elif kind == "file":
             images.extend(document_pages(part.get("file"), f"{param}.file",
                                          useful_pixels=state.useful_pixels))

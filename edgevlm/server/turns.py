@@ -18,7 +18,7 @@ from edgevlm.server.http import ApiError
 from edgevlm.server.scheduler import Answered, Failed, JobEvent, Piece, QueueFull, Scheduler, TurnJob
 from edgevlm.store.caches import SummaryStore
 from edgevlm.vision.boxes import BoxGeometry, Grounding, found_boxes
-from edgevlm.vision.layout import Detail
+from edgevlm.vision.layout import TIMED_FRAMES, Detail, FrameScaffold
 
 RETRY_AFTER_S = 5
 RUNNING_GRACE_S = 3.0  # how long a running answer may go on after a stop signal
@@ -59,7 +59,7 @@ class ServerState:
     max_tokens: int = 512
     max_tiles: int | None = None
     useful_pixels: int | None = None
-    frame_merge: int = 1  # video frames to a block, as the family shows them (2: Qwen-VL)
+    video_frames: FrameScaffold = TIMED_FRAMES  # how the family is shown a clip's frames
     pool: int | None = None  # the server's --pool (None: auto)
     temperature: float = 0.0
     summaries: SummaryStore | None = None

@@ -77,17 +77,28 @@ class TaskTooLarge(ValueError):
         self.detail, self.floor, self.room = detail, floor, room
 
 
+# The blocks (frames, or merged pairs) one video window shows together.
+WINDOW_BLOCKS = 8
+
+
 @dataclass(frozen=True)
 class FrameScaffold:
     """How a family is shown a video's frames: the text before the first, before each, and after
     the last (format fields: {n} frames, {duration} H:MM:SS, {clock} m:ss, {mmss} MM:SS,
-    {seconds} the time in seconds, a float), and how many frames make one block (`merge`: 2
-    where mtmd merges two same-size frames into one temporal patch, as Qwen-VL was trained)."""
+    {seconds} the time in seconds, a float), how many frames make one block (`merge`: 2 where
+    mtmd merges two same-size frames into one temporal patch, as Qwen-VL was trained), and the
+    rate the family's own processor samples a clip at (frames a second)."""
 
     label: str
     intro: str = ""
     outro: str = ""
     merge: int = 1
+    fps: float = 1.0
+
+    @property
+    def window_frames(self) -> int:
+        """The frames one window shows: WINDOW_BLOCKS blocks, of `merge` frames each."""
+        return WINDOW_BLOCKS * self.merge
 
     def labels(self, times_s: Sequence[float], duration_s: float) -> list[str]:
         """The text before each block (a frame, or a merged pair at its middle time), the intro

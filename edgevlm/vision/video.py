@@ -19,11 +19,11 @@ from PIL import Image
 
 from edgevlm.errors import ConfigError, ImageError, one_line
 from edgevlm.vision.images import MAX_PIXELS_ENV, LoadedImage, check_readable, clock, max_pixels, to_rgb
-from edgevlm.vision.layout import FrameScaffold
+from edgevlm.vision.layout import WINDOW_BLOCKS, FrameScaffold
 
 VIDEO_SUFFIXES = frozenset({".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi"})
 DEFAULT_FPS = 1.0  # frames sampled per second, unless a family or the user says otherwise
-MAX_WINDOW_FRAMES = 8  # frames one window shows together
+MAX_WINDOW_FRAMES = WINDOW_BLOCKS  # frames one window shows, one to a block (FrameScaffold.window_frames)
 DEFAULT_MAX_SECONDS = 4 * 3600
 MAX_SECONDS_ENV = "EDGEVLM_MAX_VIDEO_S"
 # Two frames are the same scene when even their most changed pixels (the top 1% of a 64x64 grey
@@ -257,9 +257,11 @@ def merge_frames(frames: Sequence[LoadedImage], merge: int) -> list[LoadedImage]
 
 
 def read_video_bytes(data: bytes, name: str, *, useful_pixels: int | None = None,
-                     most: int = MAX_WINDOW_FRAMES) -> tuple[tuple[LoadedImage, ...], float]:
-    """A clip held in memory (an upload) as at most `most` frames spread over it (one window),
-    and its length in seconds, checked as probe_video checks a file; errors name `name`."""
+                     most: int = MAX_WINDOW_FRAMES, fps: float = DEFAULT_FPS
+                     ) -> tuple[tuple[LoadedImage, ...], float]:
+    """A clip held in memory (an upload) as at most `most` frames spread over it (one window; at
+    `fps` where the clip is short enough), and its length in seconds, checked as probe_video
+    checks a file; errors name `name`."""
     import tempfile
 
     if not data:
@@ -270,8 +272,7 @@ def read_video_bytes(data: bytes, name: str, *, useful_pixels: int | None = None
         path.write_bytes(data)
         try:
             facts = probe_video(path)
-            fps = min(DEFAULT_FPS, most / facts.duration_s)
-            window = plan_windows(facts, fps=fps, frames_per_window=most)[0]
+            window = plan_windows(facts, fps=min(fps, most / facts.duration_s), frames_per_window=most)[0]
             frames = read_window(window, useful_pixels=useful_pixels).frames
         except ImageError as exc:
             raise ImageError(str(exc).replace(str(path), name)) from None

@@ -429,13 +429,14 @@ def test_describe_reads_a_video_window_by_window(test_models: dict[str, Path], t
     assert text.returncode == 0, text.stderr
     assert [line for line in text.stdout.splitlines() if line.startswith("==>")] == [
         f"==> {clip}, 0:00–0:08 <==", f"==> {clip}, 0:08–0:12 <=="]
-    assert "square.mp4, 0:00–0:08: 8 frames (" in text.stderr
+    # Qwen-VL's own rate, 2 frames a second, two frames to a block: a window of 8 s is 16 frames
+    assert "square.mp4, 0:00–0:08: 16 frames in 8 blocks (" in text.stderr
     asked = invoke_cli("describe", str(clip), "--ask", "What happens at 0:09?", *pair,
                     env={"EDGEVLM_NO_CACHE": "0"})
     assert asked.returncode == 0, asked.stderr
     assert asked.stdout.splitlines()[-2] == f"==> {clip} · What happens at 0:09? <=="
     shown = asked.stderr.splitlines()[-1]
-    assert "square.mp4, 0:08–0:12: 4 frames" in shown and "CLIP 0.00 s" in shown  # again, from the cache
+    assert "square.mp4, 0:08–0:12: 8 frames in 4 blocks" in shown and "CLIP 0.00 s" in shown  # from the cache
     together = invoke_cli("describe", str(clip), str(clip), "--together", *pair)
     assert together.returncode == 2 and "--together does not take one" in together.stderr
     (tmp_path / "bad.mp4").write_text("no")

@@ -379,8 +379,8 @@ def test_video_reads_each_window_as_a_turn_and_keeps_only_its_description(test_m
         "==> square.mp4, 0:00–0:08 <==", "==> square.mp4, 0:08–0:12 <=="]
     assert "read 2 windows of square.mp4" in result.stderr
     rows = [json.loads(line) for line in stats.read_text().splitlines()]
-    # two windows' frames (8 and 4, Qwen-VL's two to a block), then the question
-    assert [len(row["image_tokens"]) for row in rows] == [4, 2, 0]
+    # two windows' blocks (Qwen-VL's 2 fps, two frames to a block: 16 and 8 frames), then the question
+    assert [len(row["image_tokens"]) for row in rows] == [8, 4, 0]
     assert rows[1]["visual_tokens_live"] == rows[1]["visual_tokens"]  # the first window was swapped out
     turns = _turns(tmp_path / "session.jsonl")
-    assert turns[0]["user"].startswith("These are 8 frames of a video, from 0:00 to 0:08 of its 0:12")
+    assert turns[0]["user"].startswith("These are 16 frames of a video, from 0:00 to 0:08 of its 0:12")

@@ -456,8 +456,9 @@ def test_swa_settings_on_a_model_without_a_window_say_they_change_nothing(
 
 
 def test_a_minute_of_video_is_planned_in_the_familys_blocks(test_models: dict[str, Path]) -> None:
-    """Qwen-VL shows two frames in one block (a merged temporal patch): `plan` counts a window as
-    4 blocks of 8 frames, each at one frame's tokens; Gemma 3 shows each frame alone."""
+    """Qwen-VL samples 2 frames a second and shows two in one block (a merged temporal patch):
+    `plan` counts its minute as 120 frames in windows of 16, each window 8 blocks of one frame's
+    tokens; Gemma 3 shows each frame alone, at 1 fps."""
     from ..conftest import invoke_cli
 
     found = {}
@@ -467,6 +468,8 @@ def test_a_minute_of_video_is_planned_in_the_familys_blocks(test_models: dict[st
         assert result.returncode == 0, result.stderr
         found[family] = json.loads(result.stdout)["video_minute"]
     qwen, gemma = found["qwen"], found["gemma"]
-    assert qwen["window_frames"] == 8 and qwen["frames_per_block"] == 2
-    assert qwen["window_tokens"] == 4 * qwen["frame_tokens"] > 0
-    assert gemma["frames_per_block"] == 1 and gemma["window_tokens"] == 8 * gemma["frame_tokens"] > 0
+    assert (qwen["fps"], qwen["frames"], qwen["window_frames"], qwen["windows"]) == (2.0, 120, 16, 8)
+    assert qwen["frames_per_block"] == 2 and qwen["window_tokens"] == 8 * qwen["frame_tokens"] > 0
+    assert (gemma["fps"], gemma["frames"], gemma["window_frames"]) == (1.0, 60, 8)
+    assert gemma["frames_per_block"] == 1
+    assert gemma["window_tokens"] == 8 * gemma["frame_tokens"] > 0

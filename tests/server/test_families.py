@@ -144,7 +144,7 @@ def test_a_video_url_is_read_as_its_frames_and_ollama_refuses_a_video(qwen_serve
             {"role": "user", "content": [part, {"type": "text", "text": "What moves?"}]}])
         extra = answer.model_extra["edgevlm"]
         assert answer.choices[0].message.content
-        assert len(extra["image_tokens"]) == 6  # 12 s at 1 fps: 12 frames, two to a block
+        assert len(extra["image_tokens"]) == 8  # 12 s: 16 frames (at most 2 fps), two to a block
         assert sum(extra["image_tokens"]) == extra["visual_tokens"]
     with pytest.raises(BadRequestError) as broken:
         client.chat.completions.create(model="", messages=[{"role": "user", "content": [
