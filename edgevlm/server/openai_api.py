@@ -14,6 +14,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 
+from edgevlm.chat.records import to_plain
 from edgevlm.chat.resent import ChatTurn, TurnOptions
 from edgevlm.chat.tools import ToolCall, ToolUse
 from edgevlm.server import fields as opt
@@ -22,11 +23,12 @@ from edgevlm.server.answer import AnswerText, whole_answer
 from edgevlm.server.history import Message, chat_turn, check_role
 from edgevlm.server.http import ApiError, bad_request, read_json
 from edgevlm.server.media import document_pages, image_from_url, video_frames
-from edgevlm.server.scheduler import Answered, Failed, JobEvent, Piece, TurnJob
+from edgevlm.server.scheduler import Answered, Failed, JobEvent, Piece, Progress, TurnJob
 from edgevlm.server.tool_calls import assistant_calls_text, tool_result_text, tool_use
 from edgevlm.server.turns import (
     RUNNING_GRACE_S,
     ServerState,
+    VideoTimeline,
     box_reader,
     collect,
     edgevlm_numbers,
@@ -37,6 +39,7 @@ from edgevlm.server.turns import (
     start,
     state_of,
     stream_events,
+    video_timeline,
 )
 from edgevlm.vision.boxes import boxes_schema
 from edgevlm.vision.layout import Detail
@@ -73,7 +76,18 @@ async def chat_completions(request: Request) -> JSONResponse | EventSourceRespon
     body = await read_json(request, state.max_body_bytes)
     return await answer_chat(request, state, body, lambda turn, tools: OpenAIReply(
         state.model.id, turn.options.max_tokens, state.model.n_ctx,
-        lambda: past_summaries(turn, state.summaries), tools, boxes=box_reader(turn, state)))
+        lambda: past_summaries(turn, state.summaries), tools, boxes=box_reader(turn, state),
+        progress=_wants_progress(body), timeline=video_timeline(turn)))
+
+
+def _wants_progress(body: dict[str, object]) -> bool:
+    """`edgevlm.progress`: stream the prefill's progress as chunks with an empty delta (the page
+    asks for it; other clients see the standard stream)."""
+    extra = body.get("edgevlm")
+    wanted = extra.get("progress", False) if isinstance(extra, dict) else False
+    if not isinstance(wanted, bool):
+        raise bad_request("expected true or false", "edgevlm.progress")
+    return wanted
 
 
 class OpenAIShape(Protocol):
@@ -111,7 +125,8 @@ def parse_request(body: dict[str, object], state: ServerState) -> tuple[ChatTurn
     messages, detail = _messages(body.get("messages"), state)
     extra = body.get("edgevlm") or {}
     if not isinstance(extra, dict):
-        raise bad_request("expected an object of edgevlm's own options (pool, detail, find)", "edgevlm")
+        raise bad_request("expected an object of edgevlm's own options (pool, detail, find, progress)",
+                          "edgevlm")
     find = _finding(extra.get("find"), body, state)
     answer = find.grammar if find is not None else _grammar(body.get("response_format"))
     tools = tool_use(body.get("tools"), body.get("tool_choice"), answer_grammar=answer)
@@ -248,16 +263,20 @@ class OpenAIReply:
 
     def __init__(self, model: str, max_tokens: int, n_ctx: int,
                  summaries: Callable[[], list[dict[str, object]]], tools: ToolUse | None, *,
-                 boxes: Callable[[str, Answered], list[dict[str, object]]] | None = None) -> None:
+                 boxes: Callable[[str, Answered], list[dict[str, object]]] | None = None,
+                 progress: bool = False, timeline: VideoTimeline | None = None) -> None:
         self.id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         self.model, self.max_tokens, self.created = model, max_tokens, int(time.time())
         self.n_ctx, self.summaries, self.tools, self.boxes = n_ctx, summaries, tools, boxes
+        self.progress, self.timeline = progress, timeline
 
     def numbers(self, answered: Answered, text: str) -> dict[str, object]:
         """The `edgevlm` block: the turn's numbers, the summaries of the request's earlier images
         (looked up once answered: the turn may have waited for one), and with detail grounding
         the answer's boxes on the photo."""
         found = {"boxes": self.boxes(text, answered)} if self.boxes is not None else {}
+        if self.timeline is not None:
+            found["video"] = self.timeline.blocks(answered.stats.image_tokens)
         return {**edgevlm_numbers(answered, self.n_ctx), "summaries": self.summaries(), **found}
 
     def _head(self, kind: str) -> dict[str, object]:
@@ -296,6 +315,8 @@ class OpenAIReply:
             async for event in stream_events(job, first):
                 if isinstance(event, Piece) and (text := answer.feed(event.text)):
                     yield _data(self.chunk({"content": text}))
+                elif isinstance(event, Progress) and self.progress:
+                    yield _data(self.chunk({}) | {"edgevlm": {"progress": to_plain(event.progress)}})
                 elif isinstance(event, Answered):
                     for line in self._ending(request, event, answer):
                         yield line

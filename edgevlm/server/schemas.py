@@ -75,6 +75,7 @@ class ChatMessage(_Open):
 
 class EdgevlmOptions(_Open):
     pool: Literal["auto", 1, 2] | None = None
+    progress: bool | None = None
 
 
 class ChatCompletionRequest(_Open):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -181,6 +181,25 @@ def edgevlm_numbers(answered: Answered, n_ctx: int) -> dict[str, object]:
 
 
 BoxReader = Callable[[str, Answered], list[dict[str, object]]]  # an answer's boxes on the photo
+
+
+@dataclass(frozen=True)
+class VideoTimeline:
+    """The latest message's video frames as the model was shown them: each block's place among
+    the message's images, and the times of the frames it shows (two for Qwen-VL's merged pair)."""
+
+    slots: tuple[tuple[int, tuple[float, ...]], ...]
+
+    def blocks(self, image_tokens: Sequence[int]) -> list[dict[str, object]]:
+        """Each block's frame times (seconds) and its visual tokens, in the order shown."""
+        return [{"times_s": list(times), "tokens": image_tokens[k] if k < len(image_tokens) else 0}
+                for k, times in self.slots]
+
+
+def video_timeline(turn: ChatTurn) -> VideoTimeline | None:
+    """The latest message's video frames (None without a video)."""
+    slots = tuple((k, image.image.times_s) for k, image in enumerate(turn.images) if image.clip_s is not None)
+    return VideoTimeline(slots) if slots else None
 
 
 def box_reader(turn: ChatTurn, state: ServerState) -> BoxReader | None:

@@ -156,6 +156,44 @@ def test_a_video_url_is_read_as_its_frames_and_ollama_refuses_a_video(qwen_serve
     assert refused.value.status_code == 400 and "video" in refused.value.error
 
 
+def test_a_streamed_video_reports_its_prefill_and_its_frames(qwen_server: tuple[str, ServerState],
+                                                            tmp_path: Path) -> None:
+    """With `edgevlm.progress` the stream carries the prefill's progress (chunks with an empty
+    delta) before the first word, the tokens only growing; the last chunk's `video` says each
+    block's frame times (Qwen-VL: two frames to a block) and tokens. Without it, no such chunk."""
+    import base64
+    import json
+
+    import httpx
+
+    from ..vision.test_video import moving_square, write_clip
+
+    raw = write_clip(tmp_path / "clip.mp4", 6, draw=moving_square).read_bytes()
+    url = f"data:video/mp4;base64,{base64.b64encode(raw).decode()}"
+    message = {"role": "user", "content": [{"type": "video_url", "video_url": {"url": url}},
+                                           {"type": "text", "text": "What moves?"}]}
+
+    def chunks(extra: dict[str, object]) -> list[dict]:
+        body = {"messages": [message], "stream": True, "max_tokens": 4, **extra}
+        with httpx.stream("POST", f"{qwen_server[0]}/v1/chat/completions", json=body, timeout=120) as reply:
+            assert reply.status_code == 200
+            lines = [line[5:].strip() for line in reply.iter_lines() if line.startswith("data:")]
+        return [json.loads(line) for line in lines if line != "[DONE]"]
+
+    seen = chunks({"edgevlm": {"progress": True}})
+    progress = [c["edgevlm"]["progress"] for c in seen if "progress" in c.get("edgevlm", {})]
+    first_word = next(k for k, c in enumerate(seen) if c["choices"][0]["delta"].get("content"))
+    assert progress and all("progress" not in c.get("edgevlm", {}) for c in seen[first_word:])
+    done = [p["tokens_done"] for p in progress]
+    assert done == sorted(done) and progress[-1]["tokens_total"] > 0
+    video = seen[-1]["edgevlm"]["video"]
+    assert [b["times_s"] for b in video] == [[0.25, 0.75], [1.25, 1.75], [2.25, 2.75], [3.25, 3.75],
+                                             [4.25, 4.75], [5.25, 5.75]]  # 6 s at 2 fps, in pairs
+    assert [b["tokens"] for b in video] == seen[-1]["edgevlm"]["image_tokens"]
+    plain = chunks({})
+    assert not any("progress" in c.get("edgevlm", {}) for c in plain)
+
+
 def test_a_pdf_file_part_shows_its_pages_and_the_ollama_api_refuses_one(
         qwen_server: tuple[str, ServerState], tmp_path: Path) -> None:
     """The openai client sends a two-page PDF as a `file` part: each page is an image of the

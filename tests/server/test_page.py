@@ -280,6 +280,29 @@ def test_several_photos_and_a_pdf_go_in_one_message(qwen_server: str, browser: w
     assert not browser.find_element(By.ID, "attachment").is_displayed()  # sent: the composer is empty
 
 
+def test_a_video_is_sent_and_its_frames_shown_under_the_answer(qwen_server: str, browser: webdriver.Chrome,
+                                                               tmp_path: Path) -> None:
+    """A clip attached in the page goes as a video_url part; the page asks for the prefill's
+    progress (kept on the turn) and, once answered, shows the frames the model saw, block by
+    block (Qwen-VL: two frames to a block)."""
+    from ..vision.test_video import moving_square, write_clip
+
+    browser.get(qwen_server)
+    browser.execute_script("localStorage.clear()")
+    browser.refresh()
+    WebDriverWait(browser, 30).until(lambda d: d.find_element(By.ID, "model-name").text)
+    _send(browser, "What moves?", attach=write_clip(tmp_path / "clip.mp4", 4, draw=moving_square))
+    _wait_for_states(browser, "done")
+    turn = _stored(browser)["turns"][0]
+    assert [a["kind"] for a in turn["images"]] == ["video"]
+    assert turn["progress"]["tokens_total"] >= turn["progress"]["tokens_done"] > 0
+    assert len(turn["numbers"]["video"]) == 4  # 4 s at 2 fps: 8 frames, two to a block
+    timeline = _turns(browser)[0].find_element(By.CSS_SELECTOR, ".timeline")
+    assert timeline.is_displayed()
+    assert timeline.text == ("video: 8 frames in 4 blocks, at 0:00.3+0:00.8 · 0:01.3+0:01.8 · "
+                             "0:02.3+0:02.8 · 0:03.3+0:03.8")
+
+
 def test_found_boxes_are_drawn_over_the_photo(test_models: dict[str, Path], browser: webdriver.Chrome,
                                               tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 38: "/find the red square" in the page asks for boxes; the server puts the model's

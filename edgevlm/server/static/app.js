@@ -115,10 +115,13 @@ function showFacts(facts) {
 
 function userMessage(turn, detail) {
   if (!turn.images.length) return { role: "user", content: turn.text };
-  // Images as image_url parts, a PDF as a file part (each of its pages becomes an image).
+  // Images as image_url parts, a PDF as a file part (each of its pages becomes an image), a
+  // clip as a video_url part (its frames become images, each after its time).
   const parts = turn.images.map((a) => (a.kind === "pdf"
     ? { type: "file", file: { file_data: a.url, filename: a.name } }
-    : { type: "image_url", image_url: { url: a.url, detail } }));
+    : a.kind === "video"
+      ? { type: "video_url", video_url: { url: a.url } }
+      : { type: "image_url", image_url: { url: a.url, detail } }));
   return { role: "user", content: [{ type: "text", text: turn.text }, ...parts] };
 }
 
@@ -133,13 +136,14 @@ function requestBody(turn, past) {
   const messages = [];
   for (const t of past) messages.push(userMessage(t, s.detail), { role: "assistant", content: t.answer });
   messages.push(userMessage(turn, s.detail));
-  const body = { model: info ? info.model.id : "", messages, stream: true };
+  // edgevlm.progress: the prefill's progress comes as chunks with an empty delta.
+  const body = { model: info ? info.model.id : "", messages, stream: true, edgevlm: { progress: true } };
   if (s.maxTokens) body.max_tokens = Number(s.maxTokens);
   if (s.temperature !== "") body.temperature = Number(s.temperature);
-  if (s.pool) body.edgevlm = { pool: s.pool === "auto" ? "auto" : Number(s.pool) };
+  if (s.pool) body.edgevlm.pool = s.pool === "auto" ? "auto" : Number(s.pool);
   // "/find every street sign" asks the model for boxes: the server puts them on the photo.
   const find = /^\/find\s+(.+)/s.exec(turn.text.trim());
-  if (find) body.edgevlm = { ...(body.edgevlm || {}), find: find[1].trim() };
+  if (find) body.edgevlm.find = find[1].trim();
   return body;
 }
 
@@ -165,7 +169,7 @@ async function run(turn) {
   const controller = new AbortController();
   const past = history(turn);
   running = { turn, controller };
-  Object.assign(turn, { state: "waiting", answer: "", error: "", imageError: "", numbers: null });
+  Object.assign(turn, { state: "waiting", answer: "", error: "", imageError: "", numbers: null, progress: null });
   setBusy(true);
   const started = performance.now();
   const timer = setInterval(() => showWaiting(turn, started), 250);
@@ -203,6 +207,10 @@ async function readStream(turn, past, response) {
       turn.answer += delta;
       turn.state = "streaming";
     }
+    if (chunk.edgevlm?.progress) {
+      turn.progress = chunk.edgevlm.progress; // shown by the waiting timer
+      continue;
+    }
     if (chunk.edgevlm) took(turn, past, chunk.edgevlm);
     update(turn);
   }
@@ -214,7 +222,8 @@ async function refused(turn, response) {
   const error = await errorOf(response);
   if (response.status === 401 && askForKey()) {
     turn.error = "API key set: retry";
-  } else if (["invalid_image", "invalid_document"].includes(error.code) || /image_url|\.file/.test(error.param)) {
+  } else if (["invalid_image", "invalid_document", "invalid_video"].includes(error.code) ||
+             /image_url|video_url|\.file/.test(error.param)) {
     turn.imageError = error.message; // the server's own words, next to the image
   } else {
     turn.error = error.message;
@@ -258,6 +267,9 @@ function update(turn) {
   section.dataset.state = turn.state;
   q(".status").textContent = statusText(turn);
   q(".numbers").textContent = numbersText(turn.numbers);
+  const timeline = q(".timeline");
+  timeline.textContent = timelineText(turn.numbers);
+  timeline.hidden = !timeline.textContent;
   const last = chat.turns[chat.turns.length - 1] === turn;
   q(".retry").hidden = !(last && (turn.state === "dropped" || (turn.state === "error" && !turn.imageError)));
   showImage(section, turn);
@@ -278,10 +290,36 @@ function numbersText(n) {
     (n.summary_wait_s ? ` · waited ${n.summary_wait_s.toFixed(2)} s for the earlier photo's summary` : "");
 }
 
+function clock(seconds) {
+  // A frame's time in its clip, to a tenth: 1:05.5
+  const tenths = Math.round(seconds * 10);
+  const secs = (tenths % 600) / 10;
+  return `${Math.floor(tenths / 600)}:${secs < 10 ? "0" : ""}${secs.toFixed(1)}`;
+}
+
+function timelineText(n) {
+  // A clip's frames as the model saw them: each block's times (Qwen-VL shows two frames in one).
+  if (!n || !n.video || !n.video.length) return "";
+  const frames = n.video.reduce((sum, b) => sum + b.times_s.length, 0);
+  const blocks = n.video.map((b) => b.times_s.map(clock).join("+")).join(" · ");
+  const merged = frames !== n.video.length ? ` in ${n.video.length} blocks` : "";
+  return `video: ${frames} frames${merged}, at ${blocks}`;
+}
+
+function progressText(p) {
+  // The prefill's progress, as the server streams it (edgevlm.progress).
+  if (!p) return "";
+  const stage = p.stage === "summary" ? "summarising the earlier image" : "reading";
+  const views = p.views_total ? ` ${p.views_done}/${p.views_total} views,` : "";
+  return `${stage}:${views} ${p.tokens_done}/${p.tokens_total} tokens`;
+}
+
 function showWaiting(turn, started) {
   if (turn.state !== "waiting") return;
   const n = turn.images.length;
-  const what = n > 1 ? `reading the ${n} attachments` : n ? "reading the image" : "reading the prompt";
+  const what = turn.progress ? progressText(turn.progress)
+    : n > 1 ? `reading the ${n} attachments` : n ? `reading the ${turn.images[0].kind === "video" ? "video" : "image"}`
+      : "reading the prompt";
   view(turn).querySelector(".status").textContent = `${what}… ${((performance.now() - started) / 1000).toFixed(1)} s`;
 }
 
@@ -429,15 +467,21 @@ function isPdf(file) {
   return file.type === "application/pdf" || file.name.toLowerCase().endsWith(".pdf");
 }
 
+function isVideo(file) {
+  return file.type.startsWith("video/") || /\.(mp4|m4v|mov|mkv|webm|avi)$/i.test(file.name);
+}
+
 async function attach(files) {
   // Several at once are shown in one question, in the order chosen.
   for (const file of files || []) {
     if (isPdf(file)) {
       attached.push({ url: await readDataUrl(file), name: file.name, kind: "pdf" });
+    } else if (isVideo(file)) {
+      attached.push({ url: await readDataUrl(file), name: file.name, kind: "video" });
     } else if (!file.type || file.type.startsWith("image/")) {
       attached.push({ ...(await prepareImage(file)), kind: "image" });
     } else {
-      notice(`${file.name} is neither an image nor a PDF.`);
+      notice(`${file.name} is not an image, a PDF or a video.`);
       continue;
     }
     notice("");
@@ -447,8 +491,8 @@ async function attach(files) {
 
 function attachmentChip(a, onRemove) {
   const chip = Object.assign(document.createElement("span"), { className: "chip" });
-  chip.append(a.kind === "pdf"
-    ? Object.assign(document.createElement("span"), { className: "pdf", textContent: "PDF" })
+  chip.append(a.kind === "pdf" || a.kind === "video"
+    ? Object.assign(document.createElement("span"), { className: "pdf", textContent: a.kind === "pdf" ? "PDF" : "VIDEO" })
     : Object.assign(document.createElement("img"), { src: a.url, alt: a.name }));
   chip.append(Object.assign(document.createElement("span"), { className: "muted name", textContent: a.name }));
   if (onRemove) {
