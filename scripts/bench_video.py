@@ -3,8 +3,9 @@
 input (`video_url`, from the same pinned llama.cpp, decoded by its ffmpeg) on the same clips.
 
 The Qwen2.5-VL test pair at n_ctx 8192 on the CPU, 1 frame a second on both sides (`--fps 1`,
-`--video-fps 1`), 320x240 frames (99 visual tokens each on this pair, on both). Clips are
-generated here (a bar sweeping over a grey field), 30 s, 2 min and 10 min.
+`--video-fps 1`), 320x240 frames, two merged into one temporal patch of 99 visual tokens on both
+sides (mergeable bitmaps). Clips are generated here (a bar sweeping over a grey field), 30 s,
+2 min and 10 min.
 - edgevlm, in process: `describe clip.mp4` then `--ask "What happens at <a time>?"`: windows
   read, tokens prefilled per window, the KV cells after the first and the last window, how much
   the process's RSS grew while reading, and the question's prefill, TTFT and encoder runs.
