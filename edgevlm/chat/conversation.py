@@ -132,6 +132,7 @@ class Conversation:
                  summary: str = "caption", keep_images: int = 0, system: str | None = None,
                  caption_tokens: int = CAPTION_TOKENS, pool: int | None = 1,
                  layout: ImageLayout | None = None, detail: Detail = Detail.CHAT,
+                 frame_tokens: int | None = None,
                  encoder: Callable[[Image.Image], ImageEmbedding] | EmbeddingCache | CacheView | None = None,
                  prefix_cache: PrefixCache | None = None) -> None:
         if summary not in SUMMARY_MODES:
@@ -145,6 +146,7 @@ class Conversation:
         self.max_tiles = max_tiles
         self.pool = pool  # 1, 2, or None for auto (pooled tiles only when they buy a larger grid)
         self.detail = detail  # what images are shown for: each family's budget for that task
+        self.frame_tokens = frame_tokens  # the most a video frame takes (None: its family's budget)
         self.system = system
         self.stop: tuple[str, ...] = ()  # the answer ends before the first of these
         self.last_answer_interrupted = False  # the last answer was stopped before it ended
@@ -271,7 +273,7 @@ class Conversation:
     @property
     def view_settings(self) -> ViewSettings:
         """How images are cut into views now."""
-        return ViewSettings(self.tile_size, self.pool, self.max_tiles, self.detail)
+        return ViewSettings(self.tile_size, self.pool, self.max_tiles, self.detail, self.frame_tokens)
 
     # -- whole conversations ------------------------------------------------------------------
 

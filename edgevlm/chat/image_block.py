@@ -20,7 +20,16 @@ from edgevlm.chat.records import (
 from edgevlm.errors import ConfigError, ContextOverflowError
 from edgevlm.values.embedding import BlockEncoder, ImageEmbedding
 from edgevlm.vision.images import LoadedImage
-from edgevlm.vision.layout import BlockTooLarge, ImageLayout, ImagePlan, TaskTooLarge, ViewBudget, with_task
+from edgevlm.vision.layout import (
+    BlockTooLarge,
+    Detail,
+    ImageLayout,
+    ImagePlan,
+    TaskTooLarge,
+    ViewBudget,
+    with_frame_tokens,
+    with_task,
+)
 
 
 class BlockSequence(Protocol):
@@ -68,7 +77,10 @@ class ImageBlockWriter:
                             view_tokens=self._sequence.image_tokens(), label_tokens=self.label_tokens,
                             whole_label_tokens=self.whole_image_tokens, pool=settings.pool,
                             max_tiles=settings.max_tiles)
-        return with_task(budget, settings.detail, self.layout.budgets)
+        budget = with_task(budget, settings.detail, self.layout.budgets)
+        if settings.detail is Detail.VIDEO_FRAME and settings.frame_tokens:
+            budget = with_frame_tokens(budget, settings.frame_tokens)
+        return budget
 
     def _plan(self, image: LoadedImage, room: int, settings: ViewSettings, max_tokens: int) -> ImagePlan:
         try:

@@ -52,6 +52,7 @@ class ViewSettings:
     pool: int | None = 1  # 1, 2, or None for auto (pooled tiles only when they buy a larger grid)
     max_tiles: int | None = None
     detail: Detail = Detail.CHAT  # what the image is shown for: its family's budget for that task
+    frame_tokens: int | None = None  # the most a video frame (or merged pair) takes; None: the family's
 
 
 @dataclass(frozen=True, eq=False)

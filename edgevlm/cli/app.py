@@ -145,7 +145,8 @@ def describe(
     n_ctx: opt.NCtx = None, seed: opt.Seed = None, temperature: opt.Temperature = 0.0,
     json_out: opt.JsonOut = False, fmt: opt.Format = None, schema: opt.Schema = None, tags: opt.Tags = False,
     max_tags: opt.MaxTags = 8, language: opt.Language = "English", together: opt.Together = False,
-    pages: opt.Pages = None, fps: opt.Fps = None, quiet: opt.Quiet = False, recursive: opt.Recursive = False,
+    pages: opt.Pages = None, fps: opt.Fps = None, frame_tokens: opt.FrameTokens = None,
+    quiet: opt.Quiet = False, recursive: opt.Recursive = False,
     glob: opt.Glob = None, write_captions: opt.WriteCaptions = False, out_dir: opt.OutDir = None,
     jsonl: opt.Jsonl = None, write_xmp: opt.WriteXmp = False, embed: opt.Embed = False,
     xmp_name: opt.XmpName = "IMG.jpg.xmp", overwrite: opt.Overwrite = False, fetch_missing: opt.Fetch = False,
@@ -183,7 +184,7 @@ def describe(
                                  placement=_placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device),
                                  swa_full=swa_full)
             settings = ChatSettings(max_tokens, _sampling(temperature, seed), max_tiles, pool_factor,
-                                    detail=task)
+                                    detail=task, frame_tokens=frame_tokens)
             summary = _describe_loaded(flags, settings, run, quiet=quiet or json_out)
         if view.summary(summary, found.missing, folder=writes or embed or any(p.is_dir() for p in photos)):
             raise typer.Exit(2)
@@ -435,7 +436,8 @@ def chat(
     swa_full: opt.SwaFull = None,
     temperature: opt.Temperature = 0.0, seed: opt.Seed = None, summary: opt.Summary = "caption",
     keep_images: opt.KeepImages = 0, tiles: opt.Tiles = "auto", pool: opt.Pool = "auto",
-    detail: opt.Detail = "chat", system: opt.System = None, session: opt.Session = None,
+    detail: opt.Detail = "chat", frame_tokens: opt.FrameTokens = None, system: opt.System = None,
+    session: opt.Session = None,
     resume: opt.Resume = None,
     stats_json: opt.StatsJson = None, fetch_missing: opt.Fetch = False, threads: opt.Threads = None,
     no_cache: opt.NoCache = False, rpc: opt.Rpc = None, tensor_split: opt.TensorSplit = None,
@@ -467,7 +469,8 @@ def chat(
         with _loaded(flags, quiet=False, tiles=(max_tiles, pool_factor)) as loaded:
             conversation = conversation_for(loaded, ChatSettings(
                 max_tokens=max_tokens, sampling=_sampling(temperature, seed), max_tiles=max_tiles,
-                summary=summary, keep_images=keep_images, system=system, pool=pool_factor, detail=task),
+                summary=summary, keep_images=keep_images, system=system, pool=pool_factor, detail=task,
+                frame_tokens=frame_tokens),
                 cache=not no_cache)
             run_chat(conversation, loaded, saved=saved, session=session or resume, stats_json=stats_json)
 

@@ -160,6 +160,11 @@ Together = Annotated[bool, typer.Option(
     "'What changed?'); they share the context's room.")]
 Pages = Annotated[str | None, typer.Option(
     metavar="RANGES", help="Which pages of each PDF to read, e.g. 1-5,9 or 12- (default: all).")]
+FrameTokens = Annotated[int | None, typer.Option(
+    "--frame-tokens", min=16, max=16384, metavar="N", show_default=False,
+    help="The most visual tokens a video frame (or Qwen-VL's merged pair) may take [default: the family's "
+         "budget for a frame, e.g. 768 for Qwen-VL, 70 for Gemma 4]: fewer tokens, smaller frames and a "
+         "faster prefill. LLaVA always shows a frame's whole view (576).")]
 Fps = Annotated[float | None, typer.Option(
     "--fps", min=0.01, max=30.0, show_default=False,
     help="Frames taken per second of a video [default: the model family's own: 2 for Qwen-VL, which "

@@ -36,6 +36,7 @@ class ChatSettings:
     keep_images: int = 0
     system: str | None = None
     detail: Detail = Detail.CHAT  # what images are shown for (caption, chat, ocr, grounding, video-frame)
+    frame_tokens: int | None = None  # the most visual tokens a video frame takes (None: its family's)
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,8 @@ def open_conversation(sequence: ChatSequence, model: ModelSide, settings: ChatSe
         sequence, model.fmt, tile_size=model.tile_size, max_tokens=settings.max_tokens,
         sampling=settings.sampling, max_tiles=settings.max_tiles, summary=settings.summary,
         keep_images=settings.keep_images, system=settings.system, pool=settings.pool,
-        layout=model.layout, encoder=encoder, prefix_cache=prefix_cache, detail=settings.detail)
+        layout=model.layout, encoder=encoder, prefix_cache=prefix_cache, detail=settings.detail,
+        frame_tokens=settings.frame_tokens)
 
 
 def conversation_for(loaded: Loaded, settings: ChatSettings, *, cache: bool = False) -> Conversation:

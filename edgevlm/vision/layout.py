@@ -68,6 +68,17 @@ def with_task(budget: ViewBudget, detail: Detail, budgets: Mapping[Detail, TaskB
                    ceiling=task.ceiling_tokens, detail=detail)
 
 
+def with_frame_tokens(budget: ViewBudget, most: int) -> ViewBudget:
+    """A video frame's budget held to `most` visual tokens (--frame-tokens): the ceiling of a family
+    whose tokens follow the image's size, and a tile cap for a tiled layout (whose whole-image
+    view is always shown, however few tokens that leaves)."""
+    tiles = max(0, most // budget.view_tokens - 1) if budget.view_tokens else None
+    if tiles is not None and budget.max_tiles is not None:
+        tiles = min(tiles, budget.max_tiles)
+    ceiling = most if budget.ceiling is None else min(most, budget.ceiling)
+    return replace(budget, ceiling=ceiling, max_tiles=tiles, floor=min(budget.floor, most))
+
+
 class TaskTooLarge(ValueError):
     """A task's floor of tokens does not fit the room left for the image."""
 

@@ -439,6 +439,10 @@ def test_describe_reads_a_video_window_by_window(test_models: dict[str, Path], t
     assert "square.mp4, 0:08–0:12: 8 frames in 4 blocks" in shown and "CLIP 0.00 s" in shown  # from the cache
     together = invoke_cli("describe", str(clip), str(clip), "--together", *pair)
     assert together.returncode == 2 and "--together does not take one" in together.stderr
+    small = invoke_cli("describe", str(clip), "--json", "--frame-tokens", "16", *pair)
+    assert small.returncode == 0, small.stderr
+    tokens = [t for line in small.stdout.splitlines() for t in json.loads(line)["image_tokens"]]
+    assert tokens and max(tokens) <= 16 < 24  # each merged pair at most 16, where 24 was the family's
     (tmp_path / "bad.mp4").write_text("no")
     bad = invoke_cli("describe", str(tmp_path / "bad.mp4"), *pair)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "not a video" in bad.stderr
