@@ -446,3 +446,24 @@ def test_describe_reads_a_video_window_by_window(test_models: dict[str, Path], t
     (tmp_path / "bad.mp4").write_text("no")
     bad = invoke_cli("describe", str(tmp_path / "bad.mp4"), *pair)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "not a video" in bad.stderr
+
+
+def test_a_clip_damaged_halfway_keeps_the_windows_before_the_damage(test_models: dict[str, Path],
+                                                                    tmp_path: Path) -> None:
+    """A clip cut short (its header says 20 s, its frames stop near 11 s): the windows that could
+    be read are described and logged, the window past the damage is one line, exit 2."""
+    from ..vision.test_video import moving_square, write_clip
+
+    whole = write_clip(tmp_path / "whole.mkv", 20, draw=moving_square).read_bytes()
+    cut = tmp_path / "cut.mkv"
+    cut.write_bytes(whole[:int(len(whole) * 0.55)])
+    log = tmp_path / "out.jsonl"
+    result = invoke_cli("describe", str(cut), "--model", str(test_models["qwen_text"]), "--mmproj",
+                        str(test_models["qwen_mmproj"]), "--n-ctx", "2048", "--max-tokens", "4",
+                        "--jsonl", str(log))
+    assert result.returncode == 2
+    assert (f"edgevlm: error: {cut}, 0:16–0:20: no frame could be decoded in this stretch of the video"
+            in result.stderr)
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [row["window"] for row in rows if "window" in row][:2] == [[0.0, 8.0], [8.0, 16.0]]
+    assert "2 captioned, 0 skipped (already done), 1 failed" in result.stderr
