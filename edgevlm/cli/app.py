@@ -146,18 +146,17 @@ def describe(
     json_out: opt.JsonOut = False, fmt: opt.Format = None, schema: opt.Schema = None, tags: opt.Tags = False,
     max_tags: opt.MaxTags = 8, language: opt.Language = "English", together: opt.Together = False,
     pages: opt.Pages = None, fps: opt.Fps = None, frame_tokens: opt.FrameTokens = None,
-    quiet: opt.Quiet = False, recursive: opt.Recursive = False,
-    glob: opt.Glob = None, write_captions: opt.WriteCaptions = False, out_dir: opt.OutDir = None,
-    jsonl: opt.Jsonl = None, write_xmp: opt.WriteXmp = False, embed: opt.Embed = False,
-    xmp_name: opt.XmpName = "IMG.jpg.xmp", overwrite: opt.Overwrite = False, fetch_missing: opt.Fetch = False,
-    threads: opt.Threads = None, no_cache: opt.NoCache = False, parallel: opt.Parallel = "auto",
-    verbose: opt.Verbose = False, rpc: opt.Rpc = None, tensor_split: opt.TensorSplit = None,
-    debug: opt.Debug = False, split_mode: opt.SplitMode = "layer", main_gpu: opt.MainGpu = 0,
-    mmproj_device: opt.MmprojDevice = None, find: opt.Find = None, draw: opt.Draw = None,
+    quiet: opt.Quiet = False, recursive: opt.Recursive = False, glob: opt.Glob = None,
+    write_captions: opt.WriteCaptions = False, out_dir: opt.OutDir = None, jsonl: opt.Jsonl = None,
+    write_xmp: opt.WriteXmp = False, embed: opt.Embed = False, xmp_name: opt.XmpName = "IMG.jpg.xmp",
+    overwrite: opt.Overwrite = False, fetch_missing: opt.Fetch = False, threads: opt.Threads = None,
+    no_cache: opt.NoCache = False, parallel: opt.Parallel = "auto", verbose: opt.Verbose = False,
+    rpc: opt.Rpc = None, tensor_split: opt.TensorSplit = None, debug: opt.Debug = False,
+    split_mode: opt.SplitMode = "layer", main_gpu: opt.MainGpu = 0, mmproj_device: opt.MmprojDevice = None,
+    find: opt.Find = None, draw: opt.Draw = None,
 ) -> None:
     """Describe photos and folders (see DESCRIBE_HELP)."""
     from edgevlm.describe.folders import BatchSummary, JsonlLog, find_images, needs_work
-    from edgevlm.runtime.conversations import ChatSettings
 
     with _handled(debug, verbose=verbose):
         finding = _finding(find, draw, model, mmproj, photos, asking=bool(prompt or ask or prompts))
@@ -183,11 +182,20 @@ def describe(
                                  parallel=n_seq if len(targets) > 1 and not together else 1,
                                  placement=_placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device),
                                  swa_full=swa_full)
-            settings = ChatSettings(max_tokens, _sampling(temperature, seed), max_tiles, pool_factor,
-                                    detail=task, frame_tokens=frame_tokens)
+            settings = _describe_settings(max_tokens, (temperature, seed), max_tiles, pool_factor, task,
+                                          frame_tokens)
             summary = _describe_loaded(flags, settings, run, quiet=quiet or json_out)
         if view.summary(summary, found.missing, folder=writes or embed or any(p.is_dir() for p in photos)):
             raise typer.Exit(2)
+
+
+def _describe_settings(max_tokens: int, sampling: tuple[float, int | None], max_tiles: int | None,
+                       pool: int | None, task: ImageDetail, frame_tokens: int | None) -> ChatSettings:
+    """What describe's flags come to for its conversation."""
+    from edgevlm.runtime.conversations import ChatSettings
+
+    return ChatSettings(max_tokens, _sampling(*sampling), max_tiles, pool, detail=task,
+                        frame_tokens=frame_tokens)
 
 
 @dataclass(frozen=True)
