@@ -1,5 +1,5 @@
 """`python -m edgevlm`: the same as the `edgevlm` command."""
 
-from edgevlm.entry import main
+from edgevlm.cli.entry import main
 
 main()

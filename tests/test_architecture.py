@@ -11,8 +11,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "edgevlm"
 MODULES = sorted(PACKAGE.rglob("*.py"))
 # The top level holds the package's face and small shared leaves only; every concern is a folder.
-TOP_LEVEL = {"__init__.py", "__main__.py", "entry.py", "errors.py", "paths.py", "network.py",
-             "interrupts.py"}
+TOP_LEVEL = {"__init__.py", "__main__.py", "errors.py", "paths.py", "network.py", "interrupts.py"}
 PURE = ["edgevlm.vision.tiling", "edgevlm.vision.layout", "edgevlm.families", "edgevlm.families.llava15",
         "edgevlm.families.llava_next", "edgevlm.families.mtmd", "edgevlm.families.qwen_vl",
         "edgevlm.models.memory_kinds", "edgevlm.values.sampling", "edgevlm.values.embedding",

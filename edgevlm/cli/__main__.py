@@ -1,5 +1,5 @@
 """`python -m edgevlm.cli`: the same as the `edgevlm` command."""
 
-from edgevlm.entry import main
+from edgevlm.cli.entry import main
 
 main()
