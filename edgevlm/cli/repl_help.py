@@ -7,7 +7,7 @@ Type a question, or:
                            dropped path works too)
   /doc FILE.pdf [PAGES]    read a PDF page by page (e.g. 1-5,9), each page's transcript kept
                            as text, then ask about it
-  /video CLIP.mp4          read a video window by window (8 frames each), each window's
+  /video CLIP.mp4          read a video window by window (8 frames, or pairs, each), each window's
                            description kept as text, then ask about it
   /tiles auto|N            close-up tiles per image (0: global view only)
   /pool auto|1|2           pool tiles 2x2 (576 -> 144 tokens each): more tiles, faster, less detail

@@ -40,7 +40,7 @@ class ContentPart(_Open):
     image_url: ImageUrl | None = None
     file: FileData | None = Field(None, description="a PDF: each page is shown as an image of the message")
     video_url: VideoUrl | None = Field(
-        None, description="a video: up to 8 frames spread over it, each after its time")
+        None, description="a video: one window's frames spread over it (8 blocks), each after its time")
     input_video: InputVideo | None = Field(None, description="llama-server's form of a video part")
 
 
