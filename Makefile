@@ -40,7 +40,8 @@ TEST_MODELS := models/test/SmolLM2-135M-Instruct.Q4_1.gguf models/test/mmproj-te
   models/test/gemma3-test.gguf models/test/mmproj-gemma3-test.gguf \
   models/test/smolvlm-test.gguf models/test/mmproj-idefics3-test.gguf \
   models/test/lfm2-test.gguf models/test/mmproj-lfm2-test.gguf \
-  models/test/gemma4-test.gguf models/test/mmproj-gemma4-test.gguf
+  models/test/gemma4-test.gguf models/test/mmproj-gemma4-test.gguf \
+  models/test/qwen3vl-test.gguf models/test/mmproj-qwen3vl-test.gguf
 PYTEST_ARGS ?=
 # llama-index's OpenAI client needs openai<3 while the pinned llm needs openai>=3: it gets a venv of
 # its own, and the tests drive it as a separate client process (tests/server/llama_index_client.py).

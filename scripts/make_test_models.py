@@ -7,6 +7,8 @@
   (576 tokens per image, like the real thing) and a 112 px one (64 tokens) for fast CLI tests;
 - a random-weight Qwen2.5-VL pair: a `qwen2vl` text model (M-RoPE, 8 MB) on SmolLM2's vocabulary,
   and a `qwen2.5vl_merger` projector (dynamic resolution: an image's tokens follow its size);
+- a random-weight Qwen3-VL pair: a `qwen3vl` text model whose image rows are twice its width (one
+  deepstack layer) and a `qwen3vl_merger` projector (learned position embeddings, deepstack);
 - a random-weight Gemma 3 pair: a `gemma3` text model (sliding-window attention, 8 MB) and a
   `gemma3` projector (16 tokens per image, attended non-causally);
 - a random-weight SmolVLM2 pair: a `llama` text model (8 MB) with SmolVLM's markers and an
@@ -451,6 +453,119 @@ def write_qwen25vl_projector(path: Path, *, text_width: int = 64, width: int = 3
     return _finish(writer, tmp, path)
 
 
+def write_qwen3vl_text(path: Path, vocab_source: Path, *, n_embd: int = 64, n_layer: int = 2,
+                       n_head: int = 4, n_head_kv: int = 2, n_ff: int = 128, deepstack: int = 1,
+                       seed: int = 3) -> Path:
+    """A random-weight `qwen3vl` text model (interleaved M-RoPE, q/k norms, no biases) whose
+    input rows carry `deepstack` extra slices of the projector's features (so an image row is
+    (1 + deepstack) x n_embd wide), on SmolLM2's vocabulary with Qwen-VL's markers (tensor names
+    and shapes from llama.cpp's src/models/qwen3vl.cpp)."""
+    import gguf
+
+    if _is_current(path):
+        return path
+
+    tokens, types, merges, ids = _vocab(vocab_source)
+    tokens = tokens + list(VISION_TOKENS)
+    types = types + [3] * len(VISION_TOKENS)  # CONTROL
+    n_vocab, head_dim = len(tokens), n_embd // n_head
+    rng = np.random.default_rng(seed)
+
+    def mat(rows: int, cols: int, scale: float = 0.05) -> np.ndarray:
+        return (rng.standard_normal((rows, cols)) * scale).astype(np.float16)
+
+    def ones(n: int) -> np.ndarray:
+        return np.ones(n, dtype=np.float32)
+
+    tmp = path.with_suffix(".part")
+    writer = gguf.GGUFWriter(str(tmp), "qwen3vl")
+    _text_header(writer, "edgevlm-test-qwen3vl", (tokens, types, merges, ids), QWEN_TEMPLATE,
+                 n_embd=n_embd, n_layer=n_layer, n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv,
+                 add_bos=False, rope_sections=head_dim // 2)
+    writer.add_uint32("qwen3vl.n_deepstack_layers", deepstack)
+    writer.add_tensor("token_embd.weight", mat(n_vocab, n_embd))
+    writer.add_tensor("output_norm.weight", ones(n_embd))
+    for i in range(n_layer):
+        p = f"blk.{i}"
+        writer.add_tensor(f"{p}.attn_norm.weight", ones(n_embd))
+        writer.add_tensor(f"{p}.attn_q.weight", mat(n_head * head_dim, n_embd))
+        writer.add_tensor(f"{p}.attn_k.weight", mat(n_head_kv * head_dim, n_embd))
+        writer.add_tensor(f"{p}.attn_v.weight", mat(n_head_kv * head_dim, n_embd))
+        writer.add_tensor(f"{p}.attn_output.weight", mat(n_embd, n_head * head_dim))
+        writer.add_tensor(f"{p}.attn_q_norm.weight", ones(head_dim))
+        writer.add_tensor(f"{p}.attn_k_norm.weight", ones(head_dim))
+        writer.add_tensor(f"{p}.ffn_norm.weight", ones(n_embd))
+        writer.add_tensor(f"{p}.ffn_gate.weight", mat(n_ff, n_embd))
+        writer.add_tensor(f"{p}.ffn_up.weight", mat(n_ff, n_embd))
+        writer.add_tensor(f"{p}.ffn_down.weight", mat(n_embd, n_ff))
+    return _finish(writer, tmp, path)
+
+
+def write_qwen3vl_projector(path: Path, *, text_width: int = 64, width: int = 32, blocks: int = 2,
+                            heads: int = 2, ff: int = 64, patch: int = 16, positions_side: int = 8,
+                            deepstack_blocks: tuple[int, ...] = (0,), seed: int = 4) -> Path:
+    """A random-weight Qwen3-VL vision tower and merger (`qwen3vl_merger`): two patch kernels
+    with a bias, learned position embeddings (interpolated to the image's grid), LayerNorm
+    blocks with fused QKV and a GELU MLP, 2x2 patch merging, and deepstack mergers on
+    `deepstack_blocks` whose features are appended to each row (tensor names and shapes from
+    llama.cpp's tools/mtmd/clip.cpp and models/qwen3vl.cpp)."""
+    import gguf
+
+    if _is_current(path):
+        return path
+
+    rng = np.random.default_rng(seed)
+
+    def mat(rows: int, cols: int, scale: float = 0.05) -> np.ndarray:
+        return (rng.standard_normal((rows, cols)) * scale).astype(np.float16)
+
+    def vec(n: int) -> np.ndarray:
+        return (rng.standard_normal(n) * 0.02).astype(np.float32)
+
+    tmp = path.with_suffix(".part")
+    writer = gguf.GGUFWriter(str(tmp), "clip")
+    _clip_header(writer, "edgevlm-test-qwen3vl-mmproj", "qwen3vl_merger", {"use_gelu": True},
+                 eps=1e-6, image_size=positions_side * patch, patch_size=patch, embedding_length=width,
+                 feed_forward_length=ff, projection_dim=text_width, head_count=heads, block_count=blocks)
+    writer.add_uint32("clip.vision.spatial_merge_size", 2)
+    kernel = (width, 3, patch, patch)
+    writer.add_tensor("v.patch_embd.weight", (rng.standard_normal(kernel) * 0.02).astype(np.float16))
+    writer.add_tensor("v.patch_embd.weight.1", (rng.standard_normal(kernel) * 0.02).astype(np.float16))
+    writer.add_tensor("v.patch_embd.bias", vec(width))
+    # F32: llama.cpp interpolates it to the image's grid (ggml_interpolate takes F32 only)
+    table = mat(positions_side * positions_side, width, 0.02).astype(np.float32)
+    writer.add_tensor("v.position_embd.weight", table)
+    merged = width * 4
+    for b in range(blocks):
+        p = f"v.blk.{b}"
+        writer.add_tensor(f"{p}.attn_qkv.weight", mat(3 * width, width))
+        writer.add_tensor(f"{p}.attn_qkv.bias", vec(3 * width))
+        writer.add_tensor(f"{p}.attn_out.weight", mat(width, width))
+        writer.add_tensor(f"{p}.attn_out.bias", vec(width))
+        for norm in ("ln1", "ln2"):
+            writer.add_tensor(f"{p}.{norm}.weight", np.ones(width, np.float32))
+            writer.add_tensor(f"{p}.{norm}.bias", vec(width))
+        writer.add_tensor(f"{p}.ffn_up.weight", mat(ff, width))
+        writer.add_tensor(f"{p}.ffn_up.bias", vec(ff))
+        writer.add_tensor(f"{p}.ffn_down.weight", mat(width, ff))
+        writer.add_tensor(f"{p}.ffn_down.bias", vec(width))
+        if b in deepstack_blocks:
+            d = f"v.deepstack.{b}"
+            writer.add_tensor(f"{d}.norm.weight", np.ones(merged, np.float32))
+            writer.add_tensor(f"{d}.norm.bias", vec(merged))
+            writer.add_tensor(f"{d}.fc1.weight", mat(merged, merged))
+            writer.add_tensor(f"{d}.fc1.bias", vec(merged))
+            writer.add_tensor(f"{d}.fc2.weight", mat(text_width, merged))
+            writer.add_tensor(f"{d}.fc2.bias", vec(text_width))
+    writer.add_tensor("v.post_ln.weight", np.ones(width, np.float32))
+    writer.add_tensor("v.post_ln.bias", vec(width))
+    writer.add_tensor("mm.0.weight", mat(merged, merged))
+    writer.add_tensor("mm.0.bias", vec(merged))
+    writer.add_tensor("mm.2.weight", mat(text_width, merged))
+    writer.add_tensor("mm.2.bias", vec(text_width))
+    return _finish(writer, tmp, path)
+
+
 def _siglip_tower(writer: object, rng: np.random.Generator, *, width: int, blocks: int, ff: int,
                   image_size: int, patch: int) -> None:
     """A SigLIP-style ViT (Gemma 3, SmolVLM): a biased patch kernel, learned positions (f32: ggml
@@ -877,6 +992,8 @@ def main() -> None:
         write_projector(args.out_dir / "mmproj-test-next-112.gguf", image_size=112, seed=2, next_style=True),
         write_qwen2vl_text(args.out_dir / "qwen2vl-test.gguf", args.out_dir / TEXT_MODEL_NAME),
         write_qwen25vl_projector(args.out_dir / "mmproj-qwen2.5vl-test.gguf"),
+        write_qwen3vl_text(args.out_dir / "qwen3vl-test.gguf", args.out_dir / TEXT_MODEL_NAME),
+        write_qwen3vl_projector(args.out_dir / "mmproj-qwen3vl-test.gguf"),
         write_gemma3_text(args.out_dir / "gemma3-test.gguf", args.out_dir / TEXT_MODEL_NAME),
         write_gemma3_projector(args.out_dir / "mmproj-gemma3-test.gguf"),
         write_smolvlm_text(args.out_dir / "smolvlm-test.gguf", args.out_dir / TEXT_MODEL_NAME),

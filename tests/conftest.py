@@ -21,6 +21,8 @@ MMPROJ_112 = TEST_MODELS / "mmproj-test-112.gguf"  # 64 tokens per image, for fa
 MMPROJ_NEXT = TEST_MODELS / "mmproj-test-next-112.gguf"  # LLaVA-1.6-style: pinpoints, newline
 QWEN_TEXT = TEST_MODELS / "qwen2vl-test.gguf"  # Qwen2.5-VL-style: M-RoPE text model, 8 MB
 QWEN_MMPROJ = TEST_MODELS / "mmproj-qwen2.5vl-test.gguf"  # its dynamic-resolution merger
+QWEN3_TEXT = TEST_MODELS / "qwen3vl-test.gguf"  # Qwen3-VL-style: rows twice its width (deepstack)
+QWEN3_MMPROJ = TEST_MODELS / "mmproj-qwen3vl-test.gguf"  # learned positions, a deepstack merger
 GEMMA_TEXT = TEST_MODELS / "gemma3-test.gguf"  # Gemma-3-style: sliding-window attention, 8 MB
 GEMMA_MMPROJ = TEST_MODELS / "mmproj-gemma3-test.gguf"  # 16 tokens per image, attended both ways
 SMOLVLM_TEXT = TEST_MODELS / "smolvlm-test.gguf"  # SmolVLM-style: llama with SmolVLM's markers
@@ -46,7 +48,8 @@ def load_script(name: str) -> ModuleType:
 def _ensure_test_models() -> None:
     if not all(p.exists() for p in (TEXT_MODEL, MMPROJ_336, MMPROJ_112, MMPROJ_NEXT, QWEN_TEXT,
                                     QWEN_MMPROJ, GEMMA_TEXT, GEMMA_MMPROJ, SMOLVLM_TEXT, SMOLVLM_MMPROJ,
-                                    LFM2_TEXT, LFM2_MMPROJ, GEMMA4_TEXT, GEMMA4_MMPROJ)):
+                                    LFM2_TEXT, LFM2_MMPROJ, GEMMA4_TEXT, GEMMA4_MMPROJ, QWEN3_TEXT,
+                                    QWEN3_MMPROJ)):
         subprocess.run([sys.executable, str(ROOT / "scripts" / "make_test_models.py")], check=True)
 
 
@@ -59,7 +62,8 @@ def test_models() -> dict[str, Path]:
             "gemma_text": GEMMA_TEXT, "gemma_mmproj": GEMMA_MMPROJ,
             "smolvlm_text": SMOLVLM_TEXT, "smolvlm_mmproj": SMOLVLM_MMPROJ,
             "lfm2_text": LFM2_TEXT, "lfm2_mmproj": LFM2_MMPROJ,
-            "gemma4_text": GEMMA4_TEXT, "gemma4_mmproj": GEMMA4_MMPROJ}
+            "gemma4_text": GEMMA4_TEXT, "gemma4_mmproj": GEMMA4_MMPROJ,
+            "qwen3_text": QWEN3_TEXT, "qwen3_mmproj": QWEN3_MMPROJ}
 
 
 def make_engine(mmproj: Path, *, n_ctx: int = 2048, n_batch: int = 512,  # noqa: ANN201

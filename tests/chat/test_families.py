@@ -54,6 +54,24 @@ def test_the_grid_rule_is_mtmds_count(qwen_engine: Engine) -> None:
         assert block.n_positions == max(columns, rows) + 2, size  # + <|vision_start|>, <|vision_end|>
 
 
+def test_qwen3s_grid_rule_is_mtmds_count_at_its_16_px_patches(test_models: dict[str, Path]) -> None:
+    """Qwen3-VL: 16 px patches merged 2x2 (32 px a token), counted before loading by the family's
+    rule exactly as mtmd counts them; its rows are twice the text model's width (one deepstack
+    layer), which the pair check accepts."""
+    from edgevlm.families import check_pair, family_for
+    from edgevlm.families.qwen_vl import grid_counter
+    from edgevlm.llama.vision import block_counter
+    from edgevlm.models.gguf import read_text_model
+
+    projector = read_projector(test_models["qwen3_mmproj"])
+    assert family_for(projector).name == "qwen3-vl" and projector.patch_size == 16
+    check_pair(read_text_model(test_models["qwen3_text"]), projector)
+    rule = grid_counter(projector)
+    with block_counter(str(test_models["qwen3_text"]), str(test_models["qwen3_mmproj"])) as mtmd:
+        for size in [*SIZES, (4000, 3000), (32, 900), (1597, 1203), (1072, 784), (1040, 752)]:
+            assert rule(size) == mtmd(size), size
+
+
 def test_describe_at_four_sizes_reports_mtmds_tokens_and_fits(qwen_engine: Engine,
                                                               test_models: dict[str, Path]) -> None:
     chat = _chat(qwen_engine, test_models, summary="none")

@@ -1,5 +1,6 @@
-"""`describe --find` on the Qwen2.5-VL test pair (issue 38): the model's boxes, in pixels of the
-image as its processor resized it, come back in the original photo's pixels, upright; --draw
+"""`describe --find` on the Qwen2.5-VL and Qwen3-VL test pairs (issue 38): the model's boxes, in
+pixels of the image as its processor resized it (Qwen3-VL: thousandths of each side), come back
+in the original photo's pixels, upright; --draw
 writes them on the photo; a family without a box format is refused before loading."""
 
 from __future__ import annotations
@@ -79,6 +80,23 @@ def test_find_gives_boxes_on_the_upright_photo_and_draws_them(test_models: dict[
     text = invoke_cli("describe", str(photo), "--find", "the red square", *pair)
     line = text.stdout.strip()
     assert line.startswith("red square: ") and len(line.split(", ")) == 4  # the boxes, not the raw answer
+
+
+def test_qwen3_answers_in_thousandths_of_the_photo(test_models: dict[str, Path], tmp_path: Path,
+                                                  scripted: list[str]) -> None:
+    """Qwen3-VL (its test pair) writes the same JSON in thousandths of each side, whatever size the
+    photo was shown at: the box lands on the upright photo within a thousandth of a side."""
+    photo = _sideways_photo(tmp_path / "sideways.jpg")
+    pair = ["--model", str(test_models["qwen3_text"]), "--mmproj", str(test_models["qwen3_mmproj"]),
+            "--n-ctx", "4096"]
+    model_box = [round(1000 * v / side) for v, side in zip(SQUARE, (1200, 1600, 1200, 1600), strict=True)]
+    scripted.append(json.dumps([{"bbox_2d": model_box, "label": "red square"}]))
+    done = invoke_cli("describe", str(photo), "--find", "the red square", *pair, "--json")
+    assert done.returncode == 0, done.stderr
+    [box] = json.loads(done.stdout)["boxes"]
+    assert box["model_box"] == model_box
+    for got, want, side in zip(box["box"], SQUARE, (1200, 1600, 1200, 1600), strict=True):
+        assert abs(got - want) <= side / 1000 + 1
 
 
 def test_find_is_refused_in_one_line_where_it_cannot_work(test_models: dict[str, Path],

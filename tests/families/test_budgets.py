@@ -23,7 +23,7 @@ from ..conftest import invoke_cli
 PAIRS = {"llava": ("text", "mmproj_336"), "next": ("text", "mmproj_next"),
          "qwen": ("qwen_text", "qwen_mmproj"), "gemma": ("gemma_text", "gemma_mmproj"),
          "smolvlm": ("smolvlm_text", "smolvlm_mmproj"), "lfm2": ("lfm2_text", "lfm2_mmproj"),
-         "gemma4": ("gemma4_text", "gemma4_mmproj")}
+         "gemma4": ("gemma4_text", "gemma4_mmproj"), "qwen3": ("qwen3_text", "qwen3_mmproj")}
 SIZES = [(4000, 3000), (3000, 4000), (1920, 1080), (640, 640), (300, 200)]  # photos, a screenshot, small ones
 ROOMS = [700, 3000]
 

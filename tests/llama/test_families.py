@@ -147,14 +147,15 @@ GEMMA4_QUESTION = "<|turn>user\n{marker}What is it?<turn|>\n<|turn>model\n<|chan
 
 @pytest.mark.parametrize(("family", "prompt", "add_bos", "n_images"), [
     ("gemma", GEMMA_QUESTION, True, 1), ("smolvlm", SMOLVLM_QUESTION, False, 5),
-    ("lfm2", QUESTION, True, 1), ("gemma4", GEMMA4_QUESTION, True, 1)])
+    ("lfm2", QUESTION, True, 1), ("gemma4", GEMMA4_QUESTION, True, 1), ("qwen3", QUESTION, False, 1)])
 def test_other_families_equal_mtmds_own_path(test_models: dict[str, Path], family: str, prompt: str,
                                              add_bos: bool, n_images: int) -> None:
     """Gemma 3: one image decoded non-causally (mtmd_decode_use_non_causal). SmolVLM: the image split
     into four labelled tiles and an overview. LFM2: a hybrid text model (convolutions with a
     recurrent state). Gemma 4: 77 rows attended both ways on the window layers, window and global
-    layers of different head sizes, the last layers sharing KV. The first answer token's logits
-    equal the reference's."""
+    layers of different head sizes, the last layers sharing KV. Qwen3-VL: each row twice the text
+    model's width (its deepstack features ride along). The first answer token's logits equal the
+    reference's."""
     from edgevlm.llama.engine import Engine
     from edgevlm.llama.types import EngineConfig
 
@@ -216,15 +217,17 @@ def test_two_images_in_one_prompt_equal_mtmds_own_path(test_models: dict[str, Pa
 # model adds a BOS token.
 WINDOW_PROMPTS = {
     "qwen": ("<|im_start|>user\n", "What happens?<|im_end|>\n<|im_start|>assistant\n", False),
+    "qwen3": ("<|im_start|>user\n", "What happens?<|im_end|>\n<|im_start|>assistant\n", False),
     "smolvlm": ("<|im_start|>User:", " What happens?<end_of_utterance>\nAssistant:", False),
     "gemma": ("<start_of_turn>user\n", "What happens?<end_of_turn>\n<start_of_turn>model\n", True)}
 
 
-@pytest.mark.parametrize("family", ["qwen", "smolvlm", "gemma"])
+@pytest.mark.parametrize("family", ["qwen", "qwen3", "smolvlm", "gemma"])
 def test_a_video_window_equals_mtmds_own_path(test_models: dict[str, Path], family: str) -> None:
     """A window of four frames as the family is shown a clip: its labels (SmolVLM2's own words,
-    timed labels elsewhere), each frame's block, and on Qwen2.5-VL two frames merged into one
-    temporal patch (mergeable bitmaps: one block of one frame's tokens). The first answer
+    Qwen3-VL's `<t.t seconds>`, timed labels elsewhere), each frame's block, and on Qwen2.5-VL and
+    Qwen3-VL two frames merged into one temporal patch (mergeable bitmaps: one block of one
+    frame's tokens). The first answer
     token's logits equal llama.cpp's reference on the same text and frames, within 1e-3."""
     from edgevlm.families import layout_for
     from edgevlm.llama.engine import Engine
@@ -240,7 +243,7 @@ def test_a_video_window_equals_mtmds_own_path(test_models: dict[str, Path], fami
     frames = [LoadedImage(path=Path("clip.mp4"), image=Image.fromarray(p), source_size=(64, 48),
                           time_s=t + 0.5) for t, p in enumerate(pixels)]
     blocks = merge_frames(frames, scaffold.merge)
-    assert len(blocks) == (2 if family == "qwen" else 4)
+    assert len(blocks) == (2 if family.startswith("qwen") else 4)
     labels = frame_labels(scaffold, blocks, 4.0)
     head, tail, add_bos = WINDOW_PROMPTS[family]
     marker = "{marker}"
@@ -270,7 +273,7 @@ def test_a_video_window_equals_mtmds_own_path(test_models: dict[str, Path], fami
         ours = sequence._current_logits().copy()
     assert ours_tokens + rest == reference_tokens  # the same prompt, token for token
     # Qwen-VL: four frames in two blocks; SmolVLM: each frame four tiles and an overview
-    assert images == {"qwen": 2, "gemma": 4, "smolvlm": 20}[family]
+    assert images == {"qwen": 2, "qwen3": 2, "gemma": 4, "smolvlm": 20}[family]
     assert np.abs(ours - reference).max() < 1e-3
 
 

@@ -328,7 +328,7 @@ def test_the_prefix_cache_is_counted_in_ram(llava: tuple[TextModelFacts, Project
     assert 0 <= tight.prefix_ram_bytes < GIB  # only what the model leaves free, less the margin
 
 
-@pytest.mark.parametrize("family", ["qwen", "gemma", "smolvlm", "lfm2", "gemma4"])
+@pytest.mark.parametrize("family", ["qwen", "gemma", "smolvlm", "lfm2", "gemma4", "qwen3"])
 @pytest.mark.parametrize("flash_attn", [True, False])
 def test_the_estimate_holds_for_every_family(test_models: dict[str, Path], family: str,
                                             flash_attn: bool) -> None:
@@ -336,7 +336,8 @@ def test_the_estimate_holds_for_every_family(test_models: dict[str, Path], famil
     windowed attention: a patch-by-patch mask over 8464 patches) within 10 %; the hybrid LFM2's KV
     on its attention layers only; Gemma 4's on its three layers with a cache of their own, heads
     of 16 in the window and 32 outside it, at the ubatch its largest image needs (1120 rows
-    attended both ways); the rest as ever."""
+    attended both ways); Qwen3-VL's (learned positions, a deepstack merger, no window); the rest
+    as ever."""
     text_path, mmproj_path = test_models[f"{family}_text"], test_models[f"{family}_mmproj"]
     text, projector = read_text_model(text_path), read_projector(mmproj_path)
     plan = choose(text, projector, MachineMemory(vram_free=None, ram_free=16 * GIB),
