@@ -94,6 +94,7 @@ class TurnOptions:
     stop: tuple[str, ...] = ()
     pool: int | None = None  # None: the session's own setting; 0: auto; 1 or 2: that factor
     detail: Detail | None = None  # what the images are for (None: the session's own setting)
+    frame_tokens: int | None = None  # the most a video frame takes (None: its family's budget)
 
 
 @dataclass(frozen=True)
@@ -204,6 +205,7 @@ class ResentChat:
         conversation.stop = options.stop
         conversation.pool = self._pool_default if options.pool is None else (options.pool or None)
         conversation.detail = self._detail_default if options.detail is None else options.detail
+        conversation.frame_tokens = options.frame_tokens
 
     def _first_kept(self, turn: ChatTurn) -> int:
         """How many of the oldest past turns to drop, before anything is decoded or summarised,

@@ -42,7 +42,7 @@ from edgevlm.server.turns import (
     video_timeline,
 )
 from edgevlm.vision.boxes import boxes_schema
-from edgevlm.vision.layout import Detail
+from edgevlm.vision.layout import Detail, FrameScaffold
 
 router = APIRouter(prefix="/v1", responses=sc.errors(sc.OpenAIError, 400, 401, 404, 408, 413, 503))
 
@@ -122,11 +122,14 @@ def parse_request(body: dict[str, object], state: ServerState) -> tuple[ChatTurn
         raise ApiError(404, f"model '{body.get('model')}' is not loaded here; this server has "
                        f"'{state.model.id}' (see GET /v1/models)", param="model", code="model_not_found")
     _refuse_unsupported(body)
-    messages, detail = _messages(body.get("messages"), state)
     extra = body.get("edgevlm") or {}
     if not isinstance(extra, dict):
-        raise bad_request("expected an object of edgevlm's own options (pool, detail, find, progress)",
-                          "edgevlm")
+        raise bad_request("expected an object of edgevlm's own options (pool, detail, find, progress, fps, "
+                          "frame_tokens)", "edgevlm")
+    frames = state.video_frames  # a video's frames: the family's rate, or the request's own
+    if extra.get("fps") is not None:
+        frames = replace(frames, fps=opt.number(extra["fps"], "edgevlm.fps", low=0.01, high=30.0))
+    messages, detail = _messages(body.get("messages"), state, frames)
     find = _finding(extra.get("find"), body, state)
     answer = find.grammar if find is not None else _grammar(body.get("response_format"))
     tools = tool_use(body.get("tools"), body.get("tool_choice"), answer_grammar=answer)
@@ -139,7 +142,9 @@ def parse_request(body: dict[str, object], state: ServerState) -> tuple[ChatTurn
         max_tiles=0 if detail == "low" else state.max_tiles,
         pool=opt.pool(extra.get("pool"), "edgevlm.pool"),
         detail=opt.detail(extra.get("detail"), "edgevlm.detail") or (
-            Detail.GROUNDING if find is not None else opt.OPENAI_DETAIL.get(detail)))
+            Detail.GROUNDING if find is not None else opt.OPENAI_DETAIL.get(detail)),
+        frame_tokens=None if extra.get("frame_tokens") is None else opt.whole(
+            extra["frame_tokens"], "edgevlm.frame_tokens", low=16, high=16384))
     turn = chat_turn(messages, options, tools)
     return (replace(turn, question=find.question) if find is not None else turn), tools
 
@@ -183,7 +188,7 @@ def _refuse_unsupported(body: dict[str, object]) -> None:
             raise bad_request(f"is not supported by edgevlm{hint}", name, code="unsupported_parameter")
 
 
-def _messages(raw: object, state: ServerState) -> tuple[list[Message], str]:
+def _messages(raw: object, state: ServerState, frames: FrameScaffold) -> tuple[list[Message], str]:
     if not isinstance(raw, list) or not raw:
         raise bad_request("expected a non-empty list of messages", "messages")
     messages, detail = [], "auto"
@@ -193,7 +198,7 @@ def _messages(raw: object, state: ServerState) -> tuple[list[Message], str]:
         if not isinstance(item, dict):
             raise bad_request("expected an object with role and content", where)
         role = check_role(item.get("role"), where)
-        text, images, detail = _content(item.get("content"), f"{where}.content", state)
+        text, images, detail = _content(item.get("content"), f"{where}.content", state, frames)
         if role == "assistant" and item.get("tool_calls"):
             called, names = assistant_calls_text(item["tool_calls"], f"{where}.tool_calls")
             text, calls = "\n".join(filter(None, (text, called))), {**calls, **names}
@@ -207,7 +212,8 @@ def _messages(raw: object, state: ServerState) -> tuple[list[Message], str]:
     return messages, detail
 
 
-def _content(content: object, where: str, state: ServerState) -> tuple[str, tuple, str]:
+def _content(content: object, where: str, state: ServerState,
+             frames: FrameScaffold) -> tuple[str, tuple, str]:
     """A message's text and images; the detail asked for its (last) image."""
     if content is None or isinstance(content, str):
         return content or "", (), "auto"
@@ -231,7 +237,7 @@ def _content(content: object, where: str, state: ServerState) -> tuple[str, tupl
         elif kind in ("video_url", "input_video"):
             images.extend(video_frames(part.get(kind), f"{param}.{kind}", media_dir=state.media_dir,
                                        useful_pixels=state.useful_pixels,
-                                       max_file_bytes=state.max_body_bytes, scaffold=state.video_frames))
+                                       max_file_bytes=state.max_body_bytes, scaffold=frames))
         elif kind == "file":
             images.extend(document_pages(part.get("file"), f"{param}.file",
                                          useful_pixels=state.useful_pixels))

@@ -76,6 +76,8 @@ class ChatMessage(_Open):
 class EdgevlmOptions(_Open):
     pool: Literal["auto", 1, 2] | None = None
     progress: bool | None = None
+    fps: float | None = Field(None, ge=0.01, le=30)
+    frame_tokens: int | None = Field(None, ge=16, le=16384)
 
 
 class ChatCompletionRequest(_Open):

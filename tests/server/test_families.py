@@ -194,6 +194,30 @@ def test_a_streamed_video_reports_its_prefill_and_its_frames(qwen_server: tuple[
     assert not any("progress" in c.get("edgevlm", {}) for c in plain)
 
 
+def test_a_request_sets_its_videos_rate_and_frame_tokens(qwen_server: tuple[str, ServerState],
+                                                        tmp_path: Path) -> None:
+    """`edgevlm.fps` and `edgevlm.frame_tokens` for one request: 0.5 fps on a 6 s clip is 3 frames
+    (a merged pair and one alone), each block at most 16 tokens; a bad value is a 400 naming it."""
+    import base64
+
+    import httpx
+
+    from ..vision.test_video import moving_square, write_clip
+
+    raw = write_clip(tmp_path / "clip.mp4", 6, size=(320, 240), draw=moving_square).read_bytes()
+    url = f"data:video/mp4;base64,{base64.b64encode(raw).decode()}"
+    body = {"max_tokens": 2, "messages": [{"role": "user", "content": [
+        {"type": "video_url", "video_url": {"url": url}}, {"type": "text", "text": "What moves?"}]}]}
+    plain = httpx.post(f"{qwen_server[0]}/v1/chat/completions", json=body, timeout=120).json()["edgevlm"]
+    asked = httpx.post(f"{qwen_server[0]}/v1/chat/completions", timeout=120,
+                       json={**body, "edgevlm": {"fps": 0.5, "frame_tokens": 16}}).json()["edgevlm"]
+    assert [b["times_s"] for b in asked["video"]] == [[1.0, 3.0], [5.0]]
+    assert max(asked["image_tokens"]) <= 16 < max(plain["image_tokens"])
+    bad = httpx.post(f"{qwen_server[0]}/v1/chat/completions", timeout=120,
+                     json={**body, "edgevlm": {"fps": 0}})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "edgevlm.fps"
+
+
 def test_a_pdf_file_part_shows_its_pages_and_the_ollama_api_refuses_one(
         qwen_server: tuple[str, ServerState], tmp_path: Path) -> None:
     """The openai client sends a two-page PDF as a `file` part: each page is an image of the
