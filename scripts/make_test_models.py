@@ -358,20 +358,33 @@ def _text_header(writer: object, name: str, vocab: tuple[list[str], list[int], l
     w.add_chat_template(template)
 
 
-def write_qwen2vl_text(path: Path, vocab_source: Path, *, n_embd: int = 64, n_layer: int = 2,
-                       n_head: int = 4, n_head_kv: int = 2, n_ff: int = 128, seed: int = 1) -> Path:
-    """A random-weight `qwen2vl` text model (M-RoPE) on SmolLM2's vocabulary and BPE merges, with
-    Qwen-VL's image markers appended and a ChatML template that renders image parts as Qwen does."""
+def _qwen_vocab(source: Path) -> tuple[list[str], list[int], list[str], dict[str, int]]:
+    """SmolLM2's vocabulary with Qwen-VL's image markers appended as control tokens."""
+    tokens, types, merges, ids = _vocab(source)
+    return tokens + list(VISION_TOKENS), types + [3] * len(VISION_TOKENS), merges, ids  # 3: CONTROL
+
+
+def write_qwen2vl_text(path: Path, vocab_source: Path, *, seed: int = 1) -> Path:
+    """A random-weight `qwen2vl` text model (M-RoPE, biased q/k/v) on SmolLM2's vocabulary and BPE
+    merges, with Qwen-VL's image markers appended and a ChatML template that renders image parts
+    as Qwen does."""
+    return _write_qwen_text(path, vocab_source, arch="qwen2vl", seed=seed)
+
+
+def _write_qwen_text(path: Path, vocab_source: Path, *, arch: str, n_embd: int = 64, n_layer: int = 2,
+                     n_head: int = 4, n_head_kv: int = 2, n_ff: int = 128, seed: int = 1,
+                     deepstack: int | None = None) -> Path:
+    """A random Qwen-VL text model: `qwen2vl` (biases on q, k and v) or `qwen3vl` (q/k norms, no
+    biases, `deepstack` extra slices of each image row)."""
     import gguf
 
     if _is_current(path):
         return path
 
-    tokens, types, merges, ids = _vocab(vocab_source)
-    tokens = tokens + list(VISION_TOKENS)
-    types = types + [3] * len(VISION_TOKENS)  # CONTROL
+    tokens, types, merges, ids = _qwen_vocab(vocab_source)
     n_vocab, head_dim = len(tokens), n_embd // n_head
     rng = np.random.default_rng(seed)
+    qwen3 = arch == "qwen3vl"
 
     def mat(rows: int, cols: int, scale: float = 0.05) -> np.ndarray:
         return (rng.standard_normal((rows, cols)) * scale).astype(np.float16)
@@ -380,22 +393,26 @@ def write_qwen2vl_text(path: Path, vocab_source: Path, *, n_embd: int = 64, n_la
         return np.ones(n, dtype=np.float32)
 
     tmp = path.with_suffix(".part")
-    writer = gguf.GGUFWriter(str(tmp), "qwen2vl")
-    _text_header(writer, "edgevlm-test-qwen2vl", (tokens, types, merges, ids), QWEN_TEMPLATE,
+    writer = gguf.GGUFWriter(str(tmp), arch)
+    _text_header(writer, f"edgevlm-test-{arch}", (tokens, types, merges, ids), QWEN_TEMPLATE,
                  n_embd=n_embd, n_layer=n_layer, n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv,
                  add_bos=False, rope_sections=head_dim // 2)
+    if deepstack is not None:
+        writer.add_uint32(f"{arch}.n_deepstack_layers", deepstack)
     writer.add_tensor("token_embd.weight", mat(n_vocab, n_embd))
     writer.add_tensor("output_norm.weight", ones(n_embd))
     for i in range(n_layer):
         p = f"blk.{i}"
         writer.add_tensor(f"{p}.attn_norm.weight", ones(n_embd))
-        writer.add_tensor(f"{p}.attn_q.weight", mat(n_embd, n_embd))
-        writer.add_tensor(f"{p}.attn_q.bias", np.zeros(n_embd, np.float32))
-        writer.add_tensor(f"{p}.attn_k.weight", mat(n_head_kv * head_dim, n_embd))
-        writer.add_tensor(f"{p}.attn_k.bias", np.zeros(n_head_kv * head_dim, np.float32))
-        writer.add_tensor(f"{p}.attn_v.weight", mat(n_head_kv * head_dim, n_embd))
-        writer.add_tensor(f"{p}.attn_v.bias", np.zeros(n_head_kv * head_dim, np.float32))
-        writer.add_tensor(f"{p}.attn_output.weight", mat(n_embd, n_embd))
+        for name, rows in (("attn_q", n_head * head_dim), ("attn_k", n_head_kv * head_dim),
+                           ("attn_v", n_head_kv * head_dim)):
+            writer.add_tensor(f"{p}.{name}.weight", mat(rows, n_embd))
+            if not qwen3:
+                writer.add_tensor(f"{p}.{name}.bias", np.zeros(rows, np.float32))
+        writer.add_tensor(f"{p}.attn_output.weight", mat(n_embd, n_head * head_dim))
+        if qwen3:
+            writer.add_tensor(f"{p}.attn_q_norm.weight", ones(head_dim))
+            writer.add_tensor(f"{p}.attn_k_norm.weight", ones(head_dim))
         writer.add_tensor(f"{p}.ffn_norm.weight", ones(n_embd))
         writer.add_tensor(f"{p}.ffn_gate.weight", mat(n_ff, n_embd))
         writer.add_tensor(f"{p}.ffn_up.weight", mat(n_ff, n_embd))
@@ -453,52 +470,12 @@ def write_qwen25vl_projector(path: Path, *, text_width: int = 64, width: int = 3
     return _finish(writer, tmp, path)
 
 
-def write_qwen3vl_text(path: Path, vocab_source: Path, *, n_embd: int = 64, n_layer: int = 2,
-                       n_head: int = 4, n_head_kv: int = 2, n_ff: int = 128, deepstack: int = 1,
-                       seed: int = 3) -> Path:
+def write_qwen3vl_text(path: Path, vocab_source: Path, *, deepstack: int = 1, seed: int = 3) -> Path:
     """A random-weight `qwen3vl` text model (interleaved M-RoPE, q/k norms, no biases) whose
     input rows carry `deepstack` extra slices of the projector's features (so an image row is
     (1 + deepstack) x n_embd wide), on SmolLM2's vocabulary with Qwen-VL's markers (tensor names
     and shapes from llama.cpp's src/models/qwen3vl.cpp)."""
-    import gguf
-
-    if _is_current(path):
-        return path
-
-    tokens, types, merges, ids = _vocab(vocab_source)
-    tokens = tokens + list(VISION_TOKENS)
-    types = types + [3] * len(VISION_TOKENS)  # CONTROL
-    n_vocab, head_dim = len(tokens), n_embd // n_head
-    rng = np.random.default_rng(seed)
-
-    def mat(rows: int, cols: int, scale: float = 0.05) -> np.ndarray:
-        return (rng.standard_normal((rows, cols)) * scale).astype(np.float16)
-
-    def ones(n: int) -> np.ndarray:
-        return np.ones(n, dtype=np.float32)
-
-    tmp = path.with_suffix(".part")
-    writer = gguf.GGUFWriter(str(tmp), "qwen3vl")
-    _text_header(writer, "edgevlm-test-qwen3vl", (tokens, types, merges, ids), QWEN_TEMPLATE,
-                 n_embd=n_embd, n_layer=n_layer, n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv,
-                 add_bos=False, rope_sections=head_dim // 2)
-    writer.add_uint32("qwen3vl.n_deepstack_layers", deepstack)
-    writer.add_tensor("token_embd.weight", mat(n_vocab, n_embd))
-    writer.add_tensor("output_norm.weight", ones(n_embd))
-    for i in range(n_layer):
-        p = f"blk.{i}"
-        writer.add_tensor(f"{p}.attn_norm.weight", ones(n_embd))
-        writer.add_tensor(f"{p}.attn_q.weight", mat(n_head * head_dim, n_embd))
-        writer.add_tensor(f"{p}.attn_k.weight", mat(n_head_kv * head_dim, n_embd))
-        writer.add_tensor(f"{p}.attn_v.weight", mat(n_head_kv * head_dim, n_embd))
-        writer.add_tensor(f"{p}.attn_output.weight", mat(n_embd, n_head * head_dim))
-        writer.add_tensor(f"{p}.attn_q_norm.weight", ones(head_dim))
-        writer.add_tensor(f"{p}.attn_k_norm.weight", ones(head_dim))
-        writer.add_tensor(f"{p}.ffn_norm.weight", ones(n_embd))
-        writer.add_tensor(f"{p}.ffn_gate.weight", mat(n_ff, n_embd))
-        writer.add_tensor(f"{p}.ffn_up.weight", mat(n_ff, n_embd))
-        writer.add_tensor(f"{p}.ffn_down.weight", mat(n_embd, n_ff))
-    return _finish(writer, tmp, path)
+    return _write_qwen_text(path, vocab_source, arch="qwen3vl", seed=seed, deepstack=deepstack)
 
 
 def write_qwen3vl_projector(path: Path, *, text_width: int = 64, width: int = 32, blocks: int = 2,

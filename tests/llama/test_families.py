@@ -109,36 +109,8 @@ def _reference_logits(model_path: Path, mmproj_path: Path, prompt: str,
                       pixels: np.ndarray | list[np.ndarray]) -> np.ndarray:
     """The next-token logits of llama.cpp's own path: mtmd_tokenize, then mtmd_helper_eval_chunks
     (one bitmap per marker in the prompt, in order)."""
-    defaults = llama_cpp.llama_model_default_params()
-    model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), defaults)
-    params = llama_cpp.llama_context_default_params()
-    params.n_ctx, params.n_batch, params.n_ubatch, params.swa_full = 1024, 512, 512, True
-    ctx = llama_cpp.llama_init_from_model(model, params)
-    options = mtmd.mtmd_context_params_default()
-    options.use_gpu, options.n_threads, options.print_timings, options.warmup = False, 2, False, False
-    projector = mtmd.mtmd_init_from_file(str(mmproj_path).encode(), model, options)
     shown = pixels if isinstance(pixels, list) else [pixels]
-    bitmaps = [mtmd.mtmd_bitmap_init(p.shape[1], p.shape[0],
-                                     (ctypes.c_uint8 * p.size).from_buffer_copy(p.tobytes())) for p in shown]
-    text = prompt.format(marker=mtmd.mtmd_default_marker().decode()).encode()
-    request = mtmd.mtmd_input_text()
-    request.text, request.text_len, request.add_special, request.parse_special = text, len(text), True, True
-    chunks = mtmd.mtmd_input_chunks_init()
-    try:
-        assert mtmd.mtmd_tokenize(projector, chunks, ctypes.byref(request),
-                                  (mtmd.mtmd_bitmap_p_ctypes * len(bitmaps))(*bitmaps), len(bitmaps)) == 0
-        n_past = llama_cpp.llama_pos(0)
-        assert mtmd.mtmd_helper_eval_chunks(projector, ctx, chunks, 0, 0, 512, True,
-                                            ctypes.byref(n_past)) == 0
-        n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
-        return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(n_vocab,)).copy()
-    finally:
-        mtmd.mtmd_input_chunks_free(chunks)
-        for bitmap in bitmaps:
-            mtmd.mtmd_bitmap_free(bitmap)
-        mtmd.mtmd_free(projector)
-        llama_cpp.llama_free(ctx)
-        llama_cpp.llama_model_free(model)
+    return _reference_window(model_path, mmproj_path, prompt, shown, merge=False)[0]
 
 
 SMOLVLM_QUESTION = "<|im_start|>User:{marker} What is it?<end_of_utterance>\nAssistant:"
