@@ -166,7 +166,7 @@ FrameTokens = Annotated[int | None, typer.Option(
          "budget for a frame, e.g. 768 for Qwen-VL, 70 for Gemma 4]: fewer tokens, smaller frames and a "
          "faster prefill. LLaVA always shows a frame's whole view (576).")]
 Fps = Annotated[float | None, typer.Option(
-    "--fps", min=0.01, max=30.0, show_default=False,
+    "--fps", min=0.01, max=30.0, show_default=False, metavar="FPS",
     help="Frames taken per second of a video [default: the model family's own: 2 for Qwen-VL, which "
          "sees two frames in one block; 1 otherwise]. A window shows 8 blocks.")]
 Glob = Annotated[str | None, typer.Option(
