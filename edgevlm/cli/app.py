@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # the heavy modules load inside the commands: `--help` stays 
     from edgevlm.chat.structured import OutputFormat
     from edgevlm.describe.describer import Describer, Question
     from edgevlm.describe.folders import BatchEvent, BatchSummary, Found, JsonlLog, Target, XmpOutput
+    from edgevlm.models.gguf import ProjectorFacts
     from edgevlm.runtime.conversations import ChatSettings
     from edgevlm.runtime.loading import Loaded, ModelFlags, Placement
     from edgevlm.values.sampling import Sampling
@@ -792,17 +793,24 @@ def _video_frames(model: str, mmproj: Path | None, found: Found) -> FrameScaffol
     read from the model's files before anything loads, where a video is among the inputs; the
     plain timed frames for a preset not downloaded yet (its windows span the same seconds)."""
     from edgevlm.families import layout_for
-    from edgevlm.runtime.loading import ModelFlags, inspect
     from edgevlm.vision.layout import TIMED_FRAMES
     from edgevlm.vision.video import is_video
 
     if not any(is_video(path) for path, _root in found.images):
         return TIMED_FRAMES
     try:
-        _, _, projector = inspect(ModelFlags(model=model, mmproj=str(mmproj) if mmproj else None))
+        projector = _projector_before_loading(model, mmproj)
     except ModelError:
         return TIMED_FRAMES
     return layout_for(projector).frames
+
+
+def _projector_before_loading(model: str, mmproj: Path | None) -> ProjectorFacts:
+    """The pair's projector facts, read (and checked against the text model) before anything loads."""
+    from edgevlm.runtime.loading import ModelFlags, inspect
+
+    _, _, projector = inspect(ModelFlags(model=model, mmproj=str(mmproj) if mmproj else None))
+    return projector
 
 
 def _finding(find: str | None, draw: Path | None, model: str, mmproj: Path | None, photos: list[Path], *,
@@ -811,7 +819,6 @@ def _finding(find: str | None, draw: Path | None, model: str, mmproj: Path | Non
     family that writes no boxes, documents and videos, and --draw's one photo and file."""
     from edgevlm.families import family_for
     from edgevlm.paths import check_writable
-    from edgevlm.runtime.loading import ModelFlags, inspect
     from edgevlm.vision.documents import is_document
     from edgevlm.vision.video import is_video
 
@@ -829,7 +836,7 @@ def _finding(find: str | None, draw: Path | None, model: str, mmproj: Path | Non
         if len(photos) != 1 or not photos[0].is_file():
             raise ConfigError("--draw writes one photo with its boxes; give --find one photo")
         check_writable(draw, "--draw")
-    _, _, projector = inspect(ModelFlags(model=model, mmproj=str(mmproj) if mmproj else None))
+    projector = _projector_before_loading(model, mmproj)
     family = family_for(projector)
     grounding = family.grounding(projector)
     if grounding is None:

@@ -290,14 +290,14 @@ def render_plan(p: Plan, model_name: str, checks: tuple[Check, ...]) -> None:
 
 def _media_lines(out: Console, p: Plan) -> None:
     """What a minute of video costs, and how many photos one question holds."""
-    if p.video_frame_tokens:
-        shown = f"{p.video_frame_shown[0]}x{p.video_frame_shown[1]}"
-        frames = p.video_window_frames
-        each = ("each frame" if p.video_frames_per_block == 1
-                else f"merged {p.video_frames_per_block} to a block, each block")
-        out.print(f"  a minute of 1280x720 video at {p.video_fps:g} fps: {p.video_minute_windows} windows "
-                  f"showing {frames} frames each, {each} {p.video_frame_tokens} visual tokens at {shown} "
-                  f"({p.video_window_tokens} a window; one window in the cache at a time, however long "
+    v = p.video
+    if v.block_tokens:
+        shown = f"{v.shown[0]}x{v.shown[1]}"
+        each = ("each frame" if v.frames_per_block == 1
+                else f"merged {v.frames_per_block} to a block, each block")
+        out.print(f"  a minute of 1280x720 video at {v.fps:g} fps: {v.minute_windows} windows "
+                  f"showing {v.window_frames} frames each, {each} {v.block_tokens} visual tokens at {shown} "
+                  f"({v.window_tokens} a window; one window in the cache at a time, however long "
                   "the clip)")
     if p.most_images_per_turn:
         out.print(f"  one question holds up to {p.most_images_per_turn} such photos at their smallest "

@@ -24,11 +24,12 @@ from edgevlm.describe.describer import (
     DescribeResult,
     ImageDone,
     ImageStarted,
+    PreparedWindow,
     TextPiece,
 )
 from edgevlm.vision.documents import DocumentPage
 from edgevlm.vision.sources import load_source
-from edgevlm.vision.video import VideoWindow, fit_frames, frame_labels, merge_frames, read_window
+from edgevlm.vision.video import VideoWindow, frame_labels, read_window
 
 # Pages a question may bring back live beside the transcripts: each costs its full visual tokens.
 MOST_LIVE_PAGES = 2
@@ -175,11 +176,9 @@ def _views(describer: Describer, part: DocumentPage | VideoWindow, room: int
     even share of it, each after its time."""
     if isinstance(part, DocumentPage):
         return [describer.prepare(load_source(part, useful_pixels=describer.useful_pixels), room)], None
-    read = read_window(part, useful_pixels=describer.useful_pixels).frames
-    frames, share = fit_frames(merge_frames(read, describer.frames.merge), room,
-                               describer.image_floor)  # the frames it was read with, as it was read
-    return ([describer.prepare(frame, share) for frame in frames],
-            frame_labels(describer.frames, frames, part.duration_s))
+    window = PreparedWindow.of(read_window(part, useful_pixels=describer.useful_pixels), describer, room)
+    views = list(window.views)  # the frames it was read with, as it was read
+    return views, frame_labels(describer.frames, [view.image for view in views], part.duration_s)
 
 
 def ask_documents(describer: Describer, read: Sequence[ReadPage], questions: Sequence[str], *,

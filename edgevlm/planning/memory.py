@@ -160,6 +160,40 @@ class Breakdown:
 
 
 @dataclass(frozen=True)
+class VideoFrameCost:
+    """A 720p frame of a video window as describe shows it: a block's visual tokens, the size it
+    is shown at, the frames a window shows, and the frames one block shows (a merged pair: 2)."""
+
+    block_tokens: int = 0  # 0: not counted
+    shown: tuple[int, int] = (0, 0)
+    window_frames: int = 0
+    frames_per_block: int = 1
+    fps: float = 1.0  # the family's own sampling rate
+
+    @property
+    def minute_frames(self) -> int:
+        """The frames a minute of video is sampled into at the family's rate."""
+        return round(60 * self.fps)
+
+    @property
+    def minute_windows(self) -> int:
+        """The windows those frames are read in."""
+        return -(-self.minute_frames // max(self.window_frames, 1))
+
+    @property
+    def window_tokens(self) -> int:
+        """The visual tokens of one window: a block's tokens times its blocks."""
+        return self.block_tokens * -(-self.window_frames // max(self.frames_per_block, 1))
+
+    def to_json(self) -> dict[str, Any]:
+        """A minute of video for `plan --json`."""
+        return {"frame_size": list(EXAMPLE_FRAME), "fps": self.fps, "frames": self.minute_frames,
+                "window_frames": self.window_frames, "windows": self.minute_windows,
+                "frame_tokens": self.block_tokens, "shown": list(self.shown),
+                "frames_per_block": self.frames_per_block, "window_tokens": self.window_tokens}
+
+
+@dataclass(frozen=True)
 class Plan:
     """The chosen settings, the estimate behind them, and why."""
 
@@ -195,11 +229,7 @@ class Plan:
     swa_full: bool = False  # a sliding-window model's window cache kept whole (else: checkpoints)
     images_per_turn: int = 1  # the example photo's figures are for one of this many in one question
     most_images_per_turn: int = 0  # how many example photos one question can show (0: not counted)
-    video_frame_tokens: int = 0  # a 720p frame of a video window: its visual tokens (0: not counted)
-    video_frame_shown: tuple[int, int] = (0, 0)  # … the size it is shown at
-    video_window_frames: int = 0  # … how many frames a window shows
-    video_frames_per_block: int = 1  # … how many frames one block shows (2: Qwen-VL's merged pairs)
-    video_fps: float = 1.0  # … and the family's own sampling rate, frames a second
+    video: VideoFrameCost = VideoFrameCost()  # what a minute of 720p video costs (plan only)
     # The example photo's visual tokens for each task (--detail), one image a question; 0: that
     # task's floor does not fit this context (empty: not counted)
     task_tokens: tuple[tuple[str, int], ...] = ()
@@ -212,21 +242,6 @@ class Plan:
     def photo_prefixes_in_ram(self) -> int:
         """How many 4K-photo prefixes the RAM tier holds."""
         return self.prefix_ram_bytes // self.photo_prefix_bytes if self.photo_prefix_bytes else 0
-
-    @property
-    def video_minute_frames(self) -> int:
-        """The frames a minute of video is sampled into at the family's rate."""
-        return round(60 * self.video_fps)
-
-    @property
-    def video_minute_windows(self) -> int:
-        """The windows those frames are read in."""
-        return -(-self.video_minute_frames // max(self.video_window_frames, 1))
-
-    @property
-    def video_window_tokens(self) -> int:
-        """The visual tokens of one window of that minute: a block's tokens times its blocks."""
-        return self.video_frame_tokens * -(-self.video_window_frames // max(self.video_frames_per_block, 1))
 
     def to_json(self) -> dict[str, Any]:
         """The plan for `edgevlm plan --json`: all sizes in bytes."""
@@ -246,12 +261,7 @@ class Plan:
                               "of_images": self.images_per_turn,
                               "most_per_turn": self.most_images_per_turn,
                               "tokens_by_task": dict(self.task_tokens)},
-            "video_minute": {"frame_size": list(EXAMPLE_FRAME), "fps": self.video_fps,
-                             "frames": self.video_minute_frames, "window_frames": self.video_window_frames,
-                             "windows": self.video_minute_windows,
-                             "frame_tokens": self.video_frame_tokens, "shown": list(self.video_frame_shown),
-                             "frames_per_block": self.video_frames_per_block,
-                             "window_tokens": self.video_window_tokens},
+            "video_minute": self.video.to_json(),
             "bytes": {
                 "weights_gpu": b.weights_gpu, "weights_host": b.weights_host,
                 "kv": b.kv, "kv_gpu": b.kv_gpu, "kv_host": b.kv_host,
@@ -518,18 +528,6 @@ def task_tokens_at(costs: TurnCosts, projector: ProjectorFacts, n_ctx: int, answ
 def _shown(plan: ImagePlan) -> tuple[int, int]:
     """The size an mtmd family's image is handed to mtmd at ((0, 0) for edgevlm's own layouts)."""
     return tuple(getattr(plan, "size", (0, 0)))  # type: ignore[return-value]
-
-
-@dataclass(frozen=True)
-class VideoFrameCost:
-    """A 720p frame of a video window as describe shows it: a block's visual tokens, the size it
-    is shown at, the frames a window shows, and the frames one block shows (a merged pair: 2)."""
-
-    block_tokens: int = 0
-    shown: tuple[int, int] = (0, 0)
-    window_frames: int = 0
-    frames_per_block: int = 1
-    fps: float = 1.0  # the family's own sampling rate
 
 
 def video_frame_at(costs: TurnCosts, projector: ProjectorFacts, n_ctx: int, answer_tokens: int, *,

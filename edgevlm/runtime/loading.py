@@ -218,9 +218,7 @@ def _with_media(plan: Plan, costs: TurnCosts, projector: ProjectorFacts, flags: 
                           limit=MAX_IMAGES_PER_TURN)
     video = video_frame_at(costs, projector, plan.n_ctx, flags.answer_tokens, blocks=blocks)
     tasks = task_tokens_at(costs, projector, plan.n_ctx, flags.answer_tokens, blocks=blocks)
-    return replace(plan, most_images_per_turn=most, video_frame_tokens=video.block_tokens,
-                   video_frame_shown=video.shown, video_window_frames=video.window_frames,
-                   video_frames_per_block=video.frames_per_block, video_fps=video.fps, task_tokens=tasks)
+    return replace(plan, most_images_per_turn=most, video=video, task_tokens=tasks)
 
 
 def _settings(flags: ModelFlags, *, costs: TurnCosts | None, blocks: BlockCounter | None) -> Settings:

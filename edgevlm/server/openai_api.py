@@ -103,8 +103,8 @@ async def answer_chat(request: Request, state: ServerState, chat: dict[str, obje
                       ) -> JSONResponse | EventSourceResponse:
     """Answer a chat-completions body (or one a route translated into it) in a route's shape."""
     turn, tools = await run_in_threadpool(parse_request, chat, state)
+    reply = shape(turn, tools)  # before the job starts: a 400 here (edgevlm.progress) costs no work
     job, first = await start(turn, state, request)
-    reply = shape(turn, tools)
     if chat.get("stream"):
         # sse-starlette would cut streams the moment the server stops: ours end themselves
         # (a finished answer, or an error line and [DONE]) within the running grace.
