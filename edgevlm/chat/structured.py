@@ -8,12 +8,13 @@ produces output that parses. The schema's string and list bounds keep the answer
 from __future__ import annotations
 
 import json
-import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from edgevlm.errors import ConfigError
+from edgevlm.llama.numbers import LARGEST, MAX_DIGITS, integer_bounds
 
 # Keywords llama.cpp's schema-to-grammar converter does not turn into grammar rules: a schema
 # that relies on one could yield output the grammar allows and the schema refuses.
@@ -25,10 +26,18 @@ UNENFORCED = ("multipleOf", "uniqueItems", "contains", "not", "if", "then", "els
 # schema (a thousand characters or items is past most answers' token budget); a larger minimum
 # cannot be required and is refused.
 GRAMMAR_REPEAT_LIMIT = 1000
-# An integer between two bounds is enforced as the list of its values when there are at most
-# this many (llama-cpp-python's converter has no rule for bounds).
-INTEGER_ENUM_LIMIT = 1000
+# The grammar sampler tries every alternative a rule offers against every token of the
+# vocabulary at each step: an enum of 20,000 strings decoded at 0.2 tok/s and made another
+# client's request wait 72.7 s (issue 49.4). These are the widest choices kept within a tenth
+# of an unconstrained answer's speed on the test model (scripts/bench_grammar.py).
+ENUM_LIMIT = 1000
+UNION_LIMIT = 100
+_REPEAT_KEYS = ("minLength", "maxLength", "minItems", "maxItems")
 _NUMBER_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+# What an allOf part may hold for the converter to join it (it merges objects' properties only).
+_OBJECT_PART_KEYS = {"type", "properties", "required", "additionalProperties", "$ref", "anyOf",
+                     "title", "description"}
+_QUANTIFIER = re.compile(r"\{(\d*)(,?)(\d*)\}")
 _NAMED_SCHEMAS = ("properties", "$defs", "definitions")
 DEFAULT_MAX_TAGS = 8
 TAG_CHARS = 24
@@ -52,8 +61,23 @@ class OutputFormat:
         """GBNF for the engine's sampler (None for text); ConfigError if it cannot be enforced."""
         if not self.is_json:
             return None
+        try:
+            return self._grammar()
+        except RecursionError:
+            raise ConfigError("the schema cannot be enforced: it is nested too deeply") from None
+
+    def _grammar(self) -> str:
         from edgevlm.llama.grammar import json_grammar
 
+        if self.schema is None:
+            return json_grammar(None)
+        import jsonschema
+
+        try:
+            jsonschema.validators.validator_for(self.schema).check_schema(self.schema)
+        except jsonschema.SchemaError as exc:
+            first = (exc.message.splitlines() or [""])[0][:200]
+            raise ConfigError(f"not a valid JSON Schema ({first})") from None
         cycle = recursive_ref(self.schema)
         if cycle:
             raise ConfigError(f"the schema cannot be enforced: recursive $ref ('{cycle}' refers back to "
@@ -146,9 +170,9 @@ def unenforced(schema: object, where: str = "#") -> tuple[str, str] | None:
 
 def grammar_schema(schema: dict[str, Any] | None) -> dict[str, Any] | None:
     """The schema as the grammar is built from it: repetition bounds above what llama.cpp's
-    grammar can nest are held to what it can, an integer range becomes its values, and
-    a schema no answer can meet is refused (ValueError naming where). The answer itself is
-    still checked against the original."""
+    grammar can nest are held to what it can, an integer's bounds are made inclusive, and a
+    schema no answer can meet, or one whose grammar would cost past the limits below, is refused
+    (ValueError naming where). The answer itself is still checked against the original."""
     return None if schema is None else _for_grammar(schema, "#")
 
 
@@ -158,49 +182,148 @@ def _for_grammar(node: object, where: str) -> Any:
     if not isinstance(node, dict):
         return node
     _check_satisfiable(node, where)
+    _check_width(node, where)
     out: dict[str, Any] = {}
     for key, value in node.items():
-        if key in ("maxLength", "maxItems") and _is_int(value) and value > GRAMMAR_REPEAT_LIMIT:
-            out[key] = GRAMMAR_REPEAT_LIMIT  # a nested group per item would not parse
-            continue
-        if key in ("minLength", "minItems") and _is_int(value) and value > GRAMMAR_REPEAT_LIMIT:
-            raise ValueError(f"{key} {value} at {where} is more than a grammar can require "
-                             f"(at most {GRAMMAR_REPEAT_LIMIT})")
-        if key in _NAMED_SCHEMAS and isinstance(value, dict):
+        if key in _REPEAT_KEYS:
+            value = _repeat_bound(key, value, where)
+            if key.startswith("max") and value > GRAMMAR_REPEAT_LIMIT:
+                value = GRAMMAR_REPEAT_LIMIT  # a nested group per item would not parse
+            out[key] = value
+        elif key == "pattern" and isinstance(value, str):
+            out[key] = bounded_pattern(value, f"{where}/pattern")
+        elif key in _NAMED_SCHEMAS and isinstance(value, dict):
             out[key] = {name: _for_grammar(child, f"{where}/{key}/{name}") for name, child in value.items()}
         else:
             out[key] = _for_grammar(value, f"{where}/{key}")
-    return _integer_range(out)
+    return _inclusive_bounds(out, where)
+
+
+def _repeat_bound(key: str, value: object, where: str) -> int:
+    """A length or item bound as an int (1e9 is an integer by JSON Schema's definition); a
+    minimum past what a grammar can require is refused."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not _is_int(value) or value < 0:
+        raise ValueError(f"{key} at {where} must be a non-negative whole number, not {str(value)[:40]}")
+    if key.startswith("min") and value > GRAMMAR_REPEAT_LIMIT:
+        raise ValueError(f"{key} {value} at {where} is more than a grammar can require "
+                         f"(at most {GRAMMAR_REPEAT_LIMIT})")
+    return value
 
 
 def _check_satisfiable(node: dict[str, Any], where: str) -> None:
-    """Refuse bounds that contradict each other, and an empty enum: no answer could follow."""
+    """Refuse bounds that contradict each other, an empty enum, and an allOf no answer (or no
+    grammar) can meet: no answer could follow."""
     for low, high in (("minLength", "maxLength"), ("minItems", "maxItems"), ("minimum", "maximum")):
         if _is_number(node.get(low)) and _is_number(node.get(high)) and node[low] > node[high]:
             raise ValueError(f"{low} {node[low]} is above {high} {node[high]} at {where}: "
                              "no answer can follow it")
     if node.get("enum") == []:
         raise ValueError(f"an empty enum at {where}: no answer can follow it")
+    parts = node.get("allOf")
+    if isinstance(parts, list):
+        types = {str(part.get("type")) for part in parts if isinstance(part, dict) and "type" in part}
+        types |= {str(node["type"])} if "type" in node else set()
+        if len(types) > 1:
+            raise ValueError(f"allOf at {where} asks for one value of several types "
+                             f"({', '.join(sorted(types))}): no answer can follow it")
+        if types - {"object"} or not all(isinstance(p, dict) and set(p) <= _OBJECT_PART_KEYS for p in parts):
+            raise ValueError(f"allOf at {where}: llama.cpp's grammar joins only objects' properties; "
+                             "write the combined schema out")
 
 
-def _integer_range(node: dict[str, Any]) -> dict[str, Any]:
-    """An integer between two bounds, as its values (enforced); other bounds on numbers are
-    dropped from the grammar (the converter has no rule for them) and checked on the answer."""
+def _check_width(node: dict[str, Any], where: str) -> None:
+    """Refuse a choice with more alternatives than the grammar sampler can try at each token in
+    time: it tries every alternative open at a point against every token of the vocabulary, so
+    the alternatives of nested anyOf and enum add up."""
+    for key in ("anyOf", "oneOf"):
+        value = node.get(key)
+        if isinstance(value, list) and len(value) > UNION_LIMIT:
+            raise ValueError(f"{key} at {where} has {len(value):,} choices, more than the {UNION_LIMIT:,} a "
+                             "grammar can weigh at every token without slowing each answer many times over")
+    width = _width(node)
+    if width > ENUM_LIMIT:
+        what = "enum" if "enum" in node else "the choice"
+        raise ValueError(f"{what} at {where} has {width:,} choices, more than the {ENUM_LIMIT:,} a grammar "
+                         "can weigh at every token without slowing each answer many times over")
+
+
+def _width(node: object) -> int:
+    """How many alternatives a schema offers at its first character: an enum's values, a
+    union's branches' together; 1 for anything that opens with one character."""
+    if not isinstance(node, dict):
+        return 1
+    if isinstance(node.get("enum"), list):
+        return len(node["enum"])
+    branches = node.get("anyOf", node.get("oneOf"))
+    if isinstance(branches, list):
+        return sum(_width(branch) for branch in branches)
+    return len(node["type"]) if isinstance(node.get("type"), list) else 1
+
+
+def _inclusive_bounds(node: dict[str, Any], where: str) -> dict[str, Any]:
+    """An integer's bounds as an inclusive minimum and maximum (the grammar holds them exactly,
+    digit by digit, see llama/numbers.py); a number's are kept for its grammar; bounds on anything
+    else are dropped from the grammar (the converter has no rule for them) and checked after."""
     bounds = {key: node[key] for key in _NUMBER_BOUNDS if _is_number(node.get(key))}
     if not bounds:
         return node
     rest = {key: value for key, value in node.items() if key not in _NUMBER_BOUNDS}
-    low = max([math.ceil(bounds[k]) for k in ("minimum",) if k in bounds]
-              + [math.floor(bounds[k]) + 1 for k in ("exclusiveMinimum",) if k in bounds], default=None)
-    high = min([math.floor(bounds[k]) for k in ("maximum",) if k in bounds]
-               + [math.ceil(bounds[k]) - 1 for k in ("exclusiveMaximum",) if k in bounds], default=None)
-    if node.get("type") != "integer" or low is None or high is None or "enum" in node or "const" in node:
+    kind = node.get("type")
+    if kind not in ("integer", "number") or "enum" in node or "const" in node:
         return rest
-    if low > high:
-        raise ValueError(f"no integer lies between the bounds {bounds}: no answer can follow them")
-    if high - low + 1 > INTEGER_ENUM_LIMIT:  # too many to list: a non-negative range is held
-        return node if low >= 0 and set(bounds) <= {"minimum", "maximum"} else rest  # by digits
-    return {key: value for key, value in rest.items() if key != "type"} | {"enum": list(range(low, high + 1))}
+    if kind == "number":
+        return node
+    low, high = integer_bounds(bounds)
+    if low is not None and high is not None and low > high:
+        raise ValueError(f"no integer lies between the bounds {bounds} at {where}: no answer can follow them")
+    if low is not None and low > LARGEST or high is not None and high < -LARGEST:
+        raise ValueError(f"the bounds {shown_bounds(bounds)} at {where} leave only integers of more than "
+                         f"{MAX_DIGITS} digits, more than a grammar holds")
+    return rest | ({} if low is None else {"minimum": low}) | ({} if high is None else {"maximum": high})
+
+
+def shown_bounds(bounds: dict[str, Any]) -> str:
+    """Bounds as an error quotes them: a 4,000-digit bound by its size, not its digits."""
+    return ", ".join(f"{key} {value}" if len(str(value)) <= 24 else f"{key} of {len(str(value))} digits"
+                     for key, value in bounds.items())
+
+
+def bounded_pattern(pattern: str, where: str) -> str:
+    """A `pattern` checked and bounded before the converter writes it: a regex that does not
+    compile is refused; a repetition `{m,n}` above GRAMMAR_REPEAT_LIMIT is held to it (as
+    maxLength is) and one that requires more is refused. llama.cpp's parser recurses once per
+    repetition, and `^a{0,30000}$` (250 bytes) overflowed the server's stack (issue 49.1)."""
+    try:
+        re.compile(pattern)
+    except (re.error, RecursionError, OverflowError) as exc:
+        raise ValueError(f"the pattern at {where} is not a valid regular expression ({exc})") from None
+    out, i, in_class = [], 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+        elif c == "{" and (found := _QUANTIFIER.match(pattern, i)):
+            low, comma, high = int(found[1] or 0), found[2], found[3]
+            if low > GRAMMAR_REPEAT_LIMIT:
+                raise ValueError(f"the pattern at {where} requires {low:,} repetitions ({found[0]}), more "
+                                 f"than a grammar can require (at most {GRAMMAR_REPEAT_LIMIT})")
+            if comma and high and int(high) > GRAMMAR_REPEAT_LIMIT:
+                out.append(f"{{{low},{GRAMMAR_REPEAT_LIMIT}}}")
+            else:
+                out.append(found[0])
+            i = found.end()
+            continue
+        out.append(c)
+        i += 1
+    return "".join(out)
 
 
 def _is_int(value: object) -> bool:

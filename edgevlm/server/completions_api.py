@@ -38,6 +38,7 @@ async def completions(request: Request) -> JSONResponse | EventSourceResponse:
     """A text completion of `prompt` (a string, or a list of one), streamed or not."""
     state = state_of(request)
     body = await read_json(request, state.max_body_bytes)
+    sc.check_body(sc.CompletionRequest, body)
     chat = {key: body[key] for key in _SHARED if key in body}
     chat["messages"] = [{"role": "user", "content": _prompt(body.get("prompt"))}]
     if body.get("echo") not in (None, False) or body.get("suffix") not in (None, ""):

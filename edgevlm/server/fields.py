@@ -98,12 +98,18 @@ def sampling(body: dict[str, object], *, fields: tuple[str, ...], grammar: str |
     return replace(Sampling(), **chosen)  # type: ignore[arg-type]
 
 
-def grammar_for(schema: object, param: str) -> str:
-    """GBNF for a JSON Schema (a dict), or for any JSON object (None)."""
+def output_for(schema: object, param: str) -> tuple[OutputFormat, str]:
+    """The answer's format for a JSON Schema (a dict), or for any JSON object (None), and its
+    grammar: a schema no grammar can hold is a 400 naming the field, before any work."""
     if schema is not None and not isinstance(schema, dict):
         raise bad_request("the schema must be a JSON object", param)
     output = OutputFormat("json") if schema is None else OutputFormat("schema", schema)
     try:
-        return output.grammar() or ""
+        return output, output.grammar() or ""
     except ConfigError as exc:
         raise bad_request(str(exc), param, code="invalid_schema") from None
+
+
+def grammar_for(schema: object, param: str) -> str:
+    """GBNF for a JSON Schema (a dict), or for any JSON object (None)."""
+    return output_for(schema, param)[1]

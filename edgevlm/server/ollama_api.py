@@ -14,10 +14,11 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from edgevlm import __version__
 from edgevlm.chat.resent import ChatTurn, TurnOptions
-from edgevlm.chat.tools import ToolCall, ToolUse
+from edgevlm.chat.structured import OutputFormat
+from edgevlm.chat.tools import ToolCall
 from edgevlm.server import fields as opt
 from edgevlm.server import schemas as sc
-from edgevlm.server.answer import AnswerText, whole_answer
+from edgevlm.server.answer import AnswerShape, AnswerText
 from edgevlm.server.history import Message, chat_turn, check_role
 from edgevlm.server.http import ApiError, bad_request, read_json
 from edgevlm.server.media import image_from_base64
@@ -66,11 +67,13 @@ async def show(request: Request) -> dict[str, object]:
     """The loaded model's details and capabilities (vision)."""
     state = state_of(request)
     body = await read_json(request, state.max_body_bytes)
+    sc.check_body(sc.OllamaModelRequest, body)
     _check_model(body.get("model", body.get("name")), state)
     info = state.model
+    # llm-ollama offers tools only to a model whose capabilities say so (issue 49.6).
     return {"modelfile": "", "parameters": "", "template": "", "details": _details(state),
             "model_info": {"general.architecture": info.family, "general.context_length": info.n_ctx},
-            "capabilities": ["completion", "vision"], "modified_at": _modified(state)}
+            "capabilities": ["completion", "vision", "tools"], "modified_at": _modified(state)}
 
 
 @router.get("/ps")
@@ -106,6 +109,7 @@ async def pull(request: Request) -> JSONResponse | StreamingResponse:
     """Download a preset by name (resumable, verified), with progress as Ollama's NDJSON."""
     state = state_of(request)
     body = await read_json(request, state.max_body_bytes)
+    sc.check_body(sc.OllamaModelRequest, body)
     preset = pull_preset(body.get("model", body.get("name")))
     if body.get("stream", True):
         return StreamingResponse(pull_progress(preset), media_type="application/x-ndjson")
@@ -130,14 +134,15 @@ async def generate(request: Request) -> JSONResponse | StreamingResponse:
 async def _answer(request: Request, kind: str) -> JSONResponse | StreamingResponse:
     state = state_of(request)
     body = await read_json(request, state.max_body_bytes)
-    reply = OllamaReply(kind, state.model.id, state.max_tokens, None)
+    sc.check_body(sc.OllamaChatRequest if kind == "chat" else sc.OllamaGenerateRequest, body)
+    reply = OllamaReply(kind, state.model.id, state.max_tokens, AnswerShape())
     if _is_load_request(body, kind):
         _check_model(body.get("model"), state)
         return JSONResponse(reply.loaded("unload" if body.get("keep_alive") in (0, "0", "0s") else "load"))
-    turn, tools = await run_in_threadpool(parse_request, body, state, kind)
+    turn, shape = await run_in_threadpool(parse_request, body, state, kind)
     job, first = await start(turn, state, request)
     continues = (lambda answer: context_after(body, answer, state)) if kind == "generate" else None
-    reply = OllamaReply(kind, state.model.id, turn.options.max_tokens, tools, context=continues)
+    reply = OllamaReply(kind, state.model.id, turn.options.max_tokens, shape, context=continues)
     if body.get("stream", True):
         return StreamingResponse(reply.stream(request, job, first), media_type="application/x-ndjson")
     text, answered = await collect(job, first, request)
@@ -152,16 +157,16 @@ def _is_load_request(body: dict[str, object], kind: str) -> bool:
     return body.get("prompt") in (None, "") and not body.get("images")
 
 
-def parse_request(body: dict[str, object], state: ServerState, kind: str) -> tuple[ChatTurn, ToolUse | None]:
-    """An /api/chat or /api/generate body as a chat turn and its tools, or a 400 naming the field
-    at fault."""
+def parse_request(body: dict[str, object], state: ServerState, kind: str) -> tuple[ChatTurn, AnswerShape]:
+    """An /api/chat or /api/generate body as a chat turn and the shape its answer must have, or a
+    400 naming the field at fault."""
     _check_model(body.get("model"), state)
     messages = _chat_messages(body, state) if kind == "chat" else _generate_messages(body, state)
     raw = body.get("options") or {}
     if not isinstance(raw, dict):
         raise bad_request("expected an object", "options")
     limit = raw.get("num_predict")
-    answer = _grammar(body.get("format"))  # with tools: the answer when it is no call
+    output, answer = _output(body.get("format"))  # with tools: the answer when it is no call
     tools = tool_use(body.get("tools"), None, answer_grammar=answer) if kind == "chat" else None
     options = TurnOptions(
         max_tokens=opt.max_tokens(None if limit in (-1, -2) else limit, "options.num_predict",
@@ -170,7 +175,7 @@ def parse_request(body: dict[str, object], state: ServerState, kind: str) -> tup
         sampling=opt.sampling(raw, fields=opt.OLLAMA_SAMPLING, where="options.",
                               grammar=tools.grammar if tools else answer),
         max_tiles=state.max_tiles, pool=opt.pool(raw.get("pool"), "options.pool"))
-    return chat_turn(messages, options, tools), tools
+    return chat_turn(messages, options, tools), AnswerShape(tools, output)
 
 
 def _check_model(name: object, state: ServerState) -> None:
@@ -255,13 +260,13 @@ def _images(raw: object, where: str, state: ServerState) -> tuple:
                  for k, data in enumerate(raw))
 
 
-def _grammar(fmt: object) -> str | None:
+def _output(fmt: object) -> tuple[OutputFormat | None, str | None]:
     if fmt in (None, ""):
-        return None
+        return None, None
     if fmt == "json":
-        return opt.grammar_for(None, "format")
+        return opt.output_for(None, "format")
     if isinstance(fmt, dict):
-        return opt.grammar_for(fmt, "format")
+        return opt.output_for(fmt, "format")
     raise bad_request('expected "json" or a JSON schema', "format")
 
 
@@ -288,9 +293,9 @@ def _now() -> str:
 class OllamaReply:
     """One answer in Ollama's shapes (chat's `message`, generate's `response`)."""
 
-    def __init__(self, kind: str, model: str, max_tokens: int, tools: ToolUse | None, *,
+    def __init__(self, kind: str, model: str, max_tokens: int, shape: AnswerShape, *,
                  context: Callable[[str], list[int]] | None = None) -> None:
-        self.kind, self.model, self.max_tokens, self.tools = kind, model, max_tokens, tools
+        self.kind, self.model, self.max_tokens, self.shape = kind, model, max_tokens, shape
         self.context = context  # generate's: the context that continues from an answer
 
     def piece(self, text: str, *, done: bool = False, call: ToolCall | None = None) -> dict[str, object]:
@@ -309,7 +314,8 @@ class OllamaReply:
 
     def final(self, answered: Answered, text: str = "", *, streamed: bool = False) -> dict[str, object]:
         """The last line (with the counts); whole, it carries the answer or the call too."""
-        content, call = ("", None) if streamed else whole_answer(text, self.tools)
+        cut = finish_reason(answered.stats, self.max_tokens) == "length"
+        content, call = ("", None) if streamed else self.shape.read(text, cut=cut)
         last = {**self.piece(content, done=True, call=call), **self.counts(answered)}
         if self.context is not None:
             last["context"] = self.context(text)
@@ -326,7 +332,7 @@ class OllamaReply:
 
     async def stream(self, request: Request, job: TurnJob, first: JobEvent) -> AsyncIterator[str]:
         """NDJSON lines: each piece (or the tool call), then a last line with done and the counts."""
-        answer, sent = AnswerText(self.tools), []
+        answer, sent = AnswerText(self.shape), []
         try:
             async for event in stream_events(job, first):
                 if isinstance(event, Piece) and (text := answer.feed(event.text)):
@@ -334,7 +340,12 @@ class OllamaReply:
                     yield json.dumps(self.piece(text)) + "\n"
                 elif isinstance(event, Answered):
                     note_for_log(request, event)
-                    rest, call = answer.finish()
+                    cut = finish_reason(event.stats, self.max_tokens) == "length"
+                    try:
+                        rest, call = answer.finish(cut=cut)
+                    except ApiError as exc:  # it ended without the shape asked for
+                        yield json.dumps(exc.ollama()) + "\n"
+                        continue
                     if rest or call:
                         sent.append(rest)
                         yield json.dumps(self.piece(rest, call=call)) + "\n"

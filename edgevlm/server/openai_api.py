@@ -16,10 +16,11 @@ from sse_starlette import EventSourceResponse
 
 from edgevlm.chat.records import to_plain
 from edgevlm.chat.resent import ChatTurn, TurnOptions
-from edgevlm.chat.tools import ToolCall, ToolUse
+from edgevlm.chat.structured import OutputFormat
+from edgevlm.chat.tools import ToolCall
 from edgevlm.server import fields as opt
 from edgevlm.server import schemas as sc
-from edgevlm.server.answer import AnswerText, whole_answer
+from edgevlm.server.answer import AnswerShape, AnswerText
 from edgevlm.server.history import Message, chat_turn, check_role
 from edgevlm.server.http import ApiError, bad_request, read_json
 from edgevlm.server.media import document_pages, image_from_url, video_frames
@@ -74,9 +75,10 @@ async def chat_completions(request: Request) -> JSONResponse | EventSourceRespon
     """A chat completion; earlier images stand as summaries, the latest is shown live."""
     state = state_of(request)
     body = await read_json(request, state.max_body_bytes)
-    return await answer_chat(request, state, body, lambda turn, tools: OpenAIReply(
+    sc.check_body(sc.ChatCompletionRequest, body)
+    return await answer_chat(request, state, body, lambda turn, shape: OpenAIReply(
         state.model.id, turn.options.max_tokens, state.model.n_ctx,
-        lambda: past_summaries(turn, state.summaries), tools, boxes=box_reader(turn, state),
+        lambda: past_summaries(turn, state.summaries), shape, boxes=box_reader(turn, state),
         progress=_wants_progress(body), timeline=video_timeline(turn)))
 
 
@@ -99,11 +101,11 @@ class OpenAIShape(Protocol):
 
 
 async def answer_chat(request: Request, state: ServerState, chat: dict[str, object],
-                      shape: Callable[[ChatTurn, ToolUse | None], OpenAIShape]
+                      shape: Callable[[ChatTurn, AnswerShape], OpenAIShape]
                       ) -> JSONResponse | EventSourceResponse:
     """Answer a chat-completions body (or one a route translated into it) in a route's shape."""
-    turn, tools = await run_in_threadpool(parse_request, chat, state)
-    reply = shape(turn, tools)  # before the job starts: a 400 here (edgevlm.progress) costs no work
+    turn, answer = await run_in_threadpool(parse_request, chat, state)
+    reply = shape(turn, answer)  # before the job starts: a 400 here (edgevlm.progress) costs no work
     job, first = await start(turn, state, request)
     if chat.get("stream"):
         # sse-starlette would cut streams the moment the server stops: ours end themselves
@@ -115,9 +117,9 @@ async def answer_chat(request: Request, state: ServerState, chat: dict[str, obje
     return JSONResponse(reply.whole(text, answered))
 
 
-def parse_request(body: dict[str, object], state: ServerState) -> tuple[ChatTurn, ToolUse | None]:
-    """The request as a chat turn and its tools, or a 400 naming the field at fault (images
-    decoded here)."""
+def parse_request(body: dict[str, object], state: ServerState) -> tuple[ChatTurn, AnswerShape]:
+    """The request as a chat turn and the shape its answer must have (tools, a schema), or a 400
+    naming the field at fault (images decoded here)."""
     if not state.model_matches(body.get("model")):
         raise ApiError(404, f"model '{body.get('model')}' is not loaded here; this server has "
                        f"'{state.model.id}' (see GET /v1/models)", param="model", code="model_not_found")
@@ -131,7 +133,7 @@ def parse_request(body: dict[str, object], state: ServerState) -> tuple[ChatTurn
         frames = replace(frames, fps=opt.number(extra["fps"], "edgevlm.fps", low=0.01, high=30.0))
     messages, detail = _messages(body.get("messages"), state, frames)
     find = _finding(extra.get("find"), body, state)
-    answer = find.grammar if find is not None else _grammar(body.get("response_format"))
+    output, answer = (None, find.grammar) if find is not None else _output(body.get("response_format"))
     tools = tool_use(body.get("tools"), body.get("tool_choice"), answer_grammar=answer)
     grammar = tools.grammar if tools is not None else answer
     options = TurnOptions(
@@ -146,7 +148,7 @@ def parse_request(body: dict[str, object], state: ServerState) -> tuple[ChatTurn
         frame_tokens=None if extra.get("frame_tokens") is None else opt.whole(
             extra["frame_tokens"], "edgevlm.frame_tokens", low=16, high=16384))
     turn = chat_turn(messages, options, tools)
-    return (replace(turn, question=find.question) if find is not None else turn), tools
+    return (replace(turn, question=find.question) if find is not None else turn), AnswerShape(tools, output)
 
 
 @dataclass(frozen=True)
@@ -247,20 +249,21 @@ def _content(content: object, where: str, state: ServerState,
     return "\n".join(texts), tuple(images), detail
 
 
-def _grammar(response_format: object) -> str | None:
+def _output(response_format: object) -> tuple[OutputFormat | None, str | None]:
+    """`response_format` as the answer's format and its grammar (None, None: text)."""
     if response_format is None:
-        return None
+        return None, None
     kind = response_format.get("type") if isinstance(response_format, dict) else None
     if kind == "text":
-        return None
+        return None, None
     if kind == "json_object":
-        return opt.grammar_for(None, "response_format")
+        return opt.output_for(None, "response_format")
     if kind == "json_schema":
         spec = response_format.get("json_schema")  # type: ignore[union-attr]
         schema = spec.get("schema") if isinstance(spec, dict) else None
         if schema is None:
             raise bad_request("expected json_schema.schema", "response_format.json_schema.schema")
-        return opt.grammar_for(schema, "response_format.json_schema.schema")
+        return opt.output_for(schema, "response_format.json_schema.schema")
     raise bad_request("type must be text, json_object or json_schema", "response_format.type")
 
 
@@ -268,12 +271,12 @@ class OpenAIReply:
     """One completion's replies in OpenAI's shapes."""
 
     def __init__(self, model: str, max_tokens: int, n_ctx: int,
-                 summaries: Callable[[], list[dict[str, object]]], tools: ToolUse | None, *,
+                 summaries: Callable[[], list[dict[str, object]]], shape: AnswerShape, *,
                  boxes: Callable[[str, Answered], list[dict[str, object]]] | None = None,
                  progress: bool = False, timeline: VideoTimeline | None = None) -> None:
         self.id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         self.model, self.max_tokens, self.created = model, max_tokens, int(time.time())
-        self.n_ctx, self.summaries, self.tools, self.boxes = n_ctx, summaries, tools, boxes
+        self.n_ctx, self.summaries, self.shape, self.boxes = n_ctx, summaries, shape, boxes
         self.progress, self.timeline = progress, timeline
 
     def numbers(self, answered: Answered, text: str) -> dict[str, object]:
@@ -294,12 +297,15 @@ class OpenAIReply:
                 "total_tokens": s.prompt_tokens + s.completion_tokens,
                 "prompt_tokens_details": {"cached_tokens": s.cached_tokens}}
 
+    def _cut(self, answered: Answered) -> bool:
+        return finish_reason(answered.stats, self.max_tokens) == "length"
+
     def _finish(self, answered: Answered, call: ToolCall | None) -> str:
         return "tool_calls" if call is not None else finish_reason(answered.stats, self.max_tokens)
 
     def whole(self, text: str, answered: Answered) -> dict[str, object]:
         """The whole completion: the message (or the call), usage and edgevlm's numbers."""
-        content, call = whole_answer(text, self.tools)
+        content, call = self.shape.read(text, cut=self._cut(answered))
         message: dict[str, object] = {"role": "assistant", "content": None if call else content}
         if call is not None:
             message["tool_calls"] = [_call_entry(call)]
@@ -315,7 +321,7 @@ class OpenAIReply:
     async def stream(self, request: Request, job: TurnJob, first: JobEvent) -> AsyncIterator[dict]:
         """SSE data lines: the role, the pieces (or a tool call), a last chunk with usage and
         numbers, [DONE]."""
-        answer = AnswerText(self.tools)
+        answer = AnswerText(self.shape)
         try:
             yield _data(self.chunk({"role": "assistant", "content": ""}))
             async for event in stream_events(job, first):
@@ -324,7 +330,11 @@ class OpenAIReply:
                 elif isinstance(event, Progress) and self.progress:
                     yield _data(self.chunk({}) | {"edgevlm": {"progress": to_plain(event.progress)}})
                 elif isinstance(event, Answered):
-                    for line in self._ending(request, event, answer):
+                    try:
+                        lines = self._ending(request, event, answer)
+                    except ApiError as exc:  # it ended without the shape asked for
+                        lines = [_data(exc.openai())]
+                    for line in lines:
                         yield line
                 elif isinstance(event, Failed):
                     yield _data(error_for(event.error).openai())
@@ -334,7 +344,7 @@ class OpenAIReply:
 
     def _ending(self, request: Request, answered: Answered, answer: AnswerText) -> list[dict]:
         note_for_log(request, answered)
-        rest, call = answer.finish()
+        rest, call = answer.finish(cut=self._cut(answered))
         lines = [_data(self.chunk({"content": rest}))] if rest else []
         if call is not None:
             lines.append(_data(self.chunk({"tool_calls": [{"index": 0, **_call_entry(call)}]})))

@@ -14,7 +14,8 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 
 from edgevlm.server import schemas as sc
-from edgevlm.server.http import bad_request, read_json
+from edgevlm.server.answer import PLAIN, AnswerShape
+from edgevlm.server.http import ApiError, bad_request, read_json
 from edgevlm.server.openai_api import answer_chat
 from edgevlm.server.scheduler import Answered, Failed, JobEvent, Piece, TurnJob
 from edgevlm.server.turns import (
@@ -39,8 +40,9 @@ async def responses(request: Request) -> JSONResponse | EventSourceResponse:
     """A response to `input` (a string or a list of messages with input_text and input_image)."""
     state = state_of(request)
     body = await read_json(request, state.max_body_bytes)
+    sc.check_body(sc.ResponseRequest, body)
     return await answer_chat(request, state, chat_body(body),
-                             lambda turn, _: ResponseReply(state, turn.options.max_tokens, body))
+                             lambda turn, shape: ResponseReply(state, turn.options.max_tokens, body, shape))
 
 
 def chat_body(body: dict[str, object]) -> dict[str, object]:
@@ -106,10 +108,11 @@ def _message(item: object, where: str) -> dict[str, object]:
 class ResponseReply:
     """One answer as a Responses `response` object, and its stream of typed events."""
 
-    def __init__(self, state: ServerState, max_tokens: int, body: dict[str, object]) -> None:
+    def __init__(self, state: ServerState, max_tokens: int, body: dict[str, object],
+                 shape: AnswerShape = PLAIN) -> None:
         self.id, self.message_id = f"resp_{uuid.uuid4().hex}", f"msg_{uuid.uuid4().hex}"
         self.created, self.model, self.n_ctx = int(time.time()), state.model.id, state.model.n_ctx
-        self.max_tokens, self.body = max_tokens, body
+        self.max_tokens, self.body, self.shape = max_tokens, body, shape
         self._sequence = 0
 
     def _message(self, text: str, status: str) -> dict[str, object]:
@@ -139,8 +142,11 @@ class ResponseReply:
         return out
 
     def whole(self, text: str, answered: Answered) -> dict[str, object]:
-        """The finished response object."""
-        return self.response(text.strip(), answered)
+        """The finished response object (a 422 for one that ended without its text.format)."""
+        return self.response(self._checked(text, answered), answered)
+
+    def _checked(self, text: str, answered: Answered) -> str:
+        return self.shape.read(text, cut=finish_reason(answered.stats, self.max_tokens) == "length")[0]
 
     def _event(self, kind: str, **fields: object) -> dict[str, str]:
         self._sequence += 1
@@ -165,7 +171,13 @@ class ResponseReply:
                         yield self._event("response.output_text.delta", **where, delta=delta, logprobs=[])
                 elif isinstance(event, Answered):
                     note_for_log(request, event)
-                    text = text.rstrip()
+                    try:
+                        text = self._checked(text, event)
+                    except ApiError as exc:  # it ended without the shape asked for
+                        error = exc.openai()["error"]
+                        yield self._event("error", code=error["code"], message=error["message"],
+                                          param=error["param"])
+                        continue
                     yield self._event("response.output_text.done", **where, text=text, logprobs=[])
                     yield self._event("response.content_part.done", **where,
                                       part={"type": "output_text", "text": text, "annotations": []})

@@ -1,14 +1,23 @@
 """The request and response bodies as `/openapi.json` declares them, so the schema documents the
-API and a fuzzer can use it. The routes parse bodies themselves (errors in each API's shape,
-naming the field); these models describe what they accept."""
+API and a fuzzer can use it. Every body is checked against its published schema before a route
+reads it (check_body): what the schema forbids is a 400 naming the field, so the two never
+disagree (a fuzz run found `stream: {}`, `keep_alive: {}` and `edgevlm: false` accepted, issue
+49.9). The routes then read the fields themselves, with errors in each API's shape."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import functools
+import json
+from typing import Annotated, Any, Literal
 
+import jsonschema
 from pydantic import BaseModel, ConfigDict, Field
 
+from edgevlm.server.http import bad_request
+
 Role = Literal["system", "developer", "user", "assistant", "tool"]
+# A prompt must say something: the routes refuse one of only white space.
+NonBlank = Annotated[str, Field(pattern=r"\S")]
 
 
 class _Open(BaseModel):
@@ -117,7 +126,7 @@ class OllamaChatRequest(_Open):
     format: str | dict[str, Any] | None = None
     options: dict[str, Any] | None = None
     tools: list[ToolDefinition] | None = None
-    keep_alive: int | str | None = None
+    keep_alive: float | str | None = None
 
 
 class OllamaGenerateRequest(_Open):
@@ -130,7 +139,7 @@ class OllamaGenerateRequest(_Open):
     stream: bool | None = None
     format: str | dict[str, Any] | None = None
     options: dict[str, Any] | None = None
-    keep_alive: int | str | None = None
+    keep_alive: float | str | None = None
     context: list[int] | None = Field(None, description="the context an earlier answer gave, to continue")
 
 
@@ -161,14 +170,14 @@ class CompletionRequest(_Open):
     """`POST /v1/completions`."""
 
     model: str | None = None
-    prompt: str | list[str]
+    prompt: NonBlank | list[NonBlank] = Field(description="one prompt (a list of one is taken too)")
     stream: bool | None = None
     max_tokens: int | None = Field(None, ge=1, le=1 << 20)
     temperature: float | None = Field(None, ge=0, le=2)
 
 
 class ResponseInputPart(_Open):
-    type: Literal["input_text", "input_image", "input_file", "output_text"]
+    type: Literal["input_text", "input_image", "input_file", "output_text", "text"]
     text: str | None = None
     image_url: str | None = None
     file_data: str | None = Field(None, description="input_file: a data:application/pdf;base64 URL")
@@ -185,7 +194,7 @@ class ResponseRequest(_Open):
     """`POST /v1/responses`."""
 
     model: str | None = None
-    input: str | list[ResponseInputMessage]
+    input: NonBlank | list[ResponseInputMessage] = Field(min_length=1)
     instructions: str | None = None
     stream: bool | None = None
     max_output_tokens: int | None = Field(None, ge=1, le=1 << 20)
@@ -232,3 +241,44 @@ def add_bodies(openapi: dict[str, Any]) -> dict[str, Any]:
         schemas.update(schema.pop("$defs", {}))
         schemas[model.__name__] = schema
     return openapi
+
+
+@functools.cache
+def _components() -> dict[str, Any]:
+    return add_bodies({})["components"]["schemas"]
+
+
+@functools.cache
+def _validator(name: str) -> jsonschema.protocols.Validator:
+    schema = {"$ref": f"#/components/schemas/{name}", "components": {"schemas": _components()}}
+    return jsonschema.Draft202012Validator(schema)
+
+
+def check_body(model: type[BaseModel], body: dict[str, Any]) -> None:
+    """A 400 naming the field unless the body keeps to the schema `/openapi.json` publishes for it."""
+    error = jsonschema.exceptions.best_match(_validator(model.__name__).iter_errors(body))
+    if error is None:
+        return
+    where = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in error.absolute_path)
+    raise bad_request(f"{_reason(error)} (see /openapi.json)", where.lstrip(".") or None)
+
+
+def _reason(error: jsonschema.ValidationError) -> str:
+    """What the schema wanted, in JSON's words (jsonschema writes Python's: False, None)."""
+    got = json.dumps(error.instance, ensure_ascii=False)
+    got = got if len(got) <= 40 else got[:40] + "…"
+    if error.validator in ("anyOf", "oneOf", "type"):
+        options = error.schema.get(error.validator) if error.validator != "type" else [error.schema]
+        wanted = [_kind(option) for option in options if isinstance(option, dict)]
+        return f"expected {' or '.join(dict.fromkeys(w for w in wanted if w))}, got {got}"
+    return error.message if len(error.message) <= 200 else error.message[:200] + "…"
+
+
+def _kind(schema: dict[str, Any]) -> str:
+    if "$ref" in schema:
+        return "an object (" + schema["$ref"].rsplit("/", 1)[-1] + ")"
+    if "enum" in schema or "const" in schema:
+        return " or ".join(json.dumps(v) for v in schema.get("enum", [schema.get("const")]))
+    kind = schema.get("type")
+    return {"null": "null", "boolean": "true or false", "integer": "a whole number", "number": "a number",
+            "string": "a string", "array": "a list", "object": "an object"}.get(str(kind), str(kind or ""))

@@ -55,12 +55,13 @@ class CacheStats:
 
 
 class _Tier(Generic[V]):
-    """One kind of cached value (a view's rows, or its block): an LRU in RAM capped in bytes, its
-    files in the shared capped folder, and the codec between the value and its file."""
+    """One kind of cached value (a view's rows, or its block): its entries in the RAM LRU both
+    kinds share, its files in the shared capped folder, and the codec between the value and its
+    file."""
 
-    def __init__(self, disk: CappedFolder, *, ram_bytes: int, suffix: str, nbytes: Callable[[V], int],
+    def __init__(self, disk: CappedFolder, ram: BytesLru[ImageEmbedding | ImageBlock], *, suffix: str,
                  to_bytes: Callable[[V], bytes], from_bytes: Callable[[bytes], V]) -> None:
-        self.ram: BytesLru[V] = BytesLru(ram_bytes, nbytes)
+        self.ram = ram
         self._disk, self._suffix = disk, suffix
         self._to_bytes, self._from_bytes = to_bytes, from_bytes
 
@@ -68,7 +69,7 @@ class _Tier(Generic[V]):
         """The value from RAM, else from disk (then kept in RAM); None if neither has it."""
         found = self.ram.get(key)
         if found is not None:
-            return found
+            return found  # type: ignore[return-value]  # a kind's keys hold only its values
         path = self._path(key)
         if not path.exists():
             return None
@@ -100,11 +101,12 @@ class EmbeddingCache:
         self._encode, self._encode_block, self._identity = encode, encode_block, identity
         self.folder = folder if folder is not None else cache_dir() / "embeddings"
         disk = CappedFolder(self.folder, disk_bytes, ENTRIES)
-        self._rows: _Tier[ImageEmbedding] = _Tier(disk, ram_bytes=ram_bytes, suffix=".npy",
-                                                  nbytes=lambda e: e.rows.nbytes, to_bytes=rows_to_bytes,
+        # One RAM cap for views and blocks together: two caps held up to twice what the docs said.
+        self._ram: BytesLru[ImageEmbedding | ImageBlock] = BytesLru(ram_bytes, _value_bytes)
+        self._rows: _Tier[ImageEmbedding] = _Tier(disk, self._ram, suffix=".npy", to_bytes=rows_to_bytes,
                                                   from_bytes=rows_from_bytes)
-        self._blocks: _Tier[ImageBlock] = _Tier(disk, ram_bytes=ram_bytes, suffix=".npz", nbytes=_block_bytes,
-                                                to_bytes=block_to_bytes, from_bytes=block_from_bytes)
+        self._blocks: _Tier[ImageBlock] = _Tier(disk, self._ram, suffix=".npz", to_bytes=block_to_bytes,
+                                                from_bytes=block_from_bytes)
         self.hits = self.misses = 0
 
     def __call__(self, view: Image.Image) -> ImageEmbedding:
@@ -143,7 +145,7 @@ class EmbeddingCache:
 
     def stats(self) -> CacheStats:
         """Hits, misses and the RAM in use."""
-        return CacheStats(self.hits, self.misses, self._rows.ram.used_bytes)
+        return CacheStats(self.hits, self.misses, self._ram.used_bytes)
 
     def _key(self, *views: Image.Image) -> str:
         """The views' pixels under the model pair's identity (two views: a merged pair of frames)."""
@@ -189,8 +191,10 @@ class CacheView:
         return self.cache._lookup_block(view, self.encode_block, merged_with)
 
 
-def _block_bytes(block: ImageBlock) -> int:
-    return sum(p.rows.nbytes for p in block.pieces if isinstance(p, ImageEmbedding))
+def _value_bytes(value: ImageEmbedding | ImageBlock) -> int:
+    if isinstance(value, ImageEmbedding):
+        return value.rows.nbytes
+    return sum(p.rows.nbytes for p in value.pieces if isinstance(p, ImageEmbedding))
 
 
 def block_to_bytes(block: ImageBlock) -> bytes:

@@ -65,9 +65,10 @@ def test_huge_length_and_item_bounds_build_a_small_grammar_at_once(bound: int) -
 def test_bounds_emoji_and_odd_names_become_grammars_llama_cpp_parses() -> None:
     """Issue 39.8/9: ge/le were refused, emoji came out as U+FFFD, a name with a quote, newline
     or backslash and a regex backreference gave 500s, and contradictions were accepted."""
-    age = grammar_schema({"type": "integer", "minimum": 0, "maximum": 150})
-    assert age == {"enum": list(range(151))}  # enforced: the converter has no rule for bounds
-    assert grammar_schema({"type": "number", "minimum": 0.5}) == {"type": "number"}  # checked after
+    age = grammar_schema({"type": "integer", "minimum": 0, "exclusiveMaximum": 151})
+    assert age == {"type": "integer", "minimum": 0, "maximum": 150}  # held by digits (llama/numbers.py)
+    assert grammar_schema({"type": "number", "minimum": 0.5}) == {"type": "number", "minimum": 0.5}
+    assert grammar_schema({"type": "string", "minimum": 0.5}) == {"type": "string"}  # no number: dropped
     emoji = OutputFormat("schema", {"enum": ["😀 yes", "no"]}).grammar() or ""
     assert "😀 yes" in emoji and "\\ud83d" not in emoji.lower() and "\ud83d" not in emoji.lower()
     names = {"type": "object", "required": ['a"b', "c\nd", "e\\f"],

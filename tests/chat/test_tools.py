@@ -8,9 +8,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from edgevlm.chat.structured import OutputFormat
 from edgevlm.chat.tools import ToolSpec, ToolUse, call_text
 from edgevlm.errors import ConfigError
-from edgevlm.server.answer import AnswerText, whole_answer
+from edgevlm.server.answer import PLAIN, AnswerShape, AnswerText
+from edgevlm.server.http import ApiError
 
 WEATHER = ToolSpec("get_weather", "The forecast.", {
     "type": "object", "required": ["city", "days"], "additionalProperties": False,
@@ -66,25 +68,40 @@ def test_a_resent_call_is_written_as_the_model_writes_it() -> None:
 @given(st.lists(st.text(alphabet=" \n\tab{}", max_size=6), max_size=8))
 def test_a_stream_sends_what_the_whole_answer_shows(pieces: list[str]) -> None:
     """Streamed pieces, trimmed as they go, add up to the whole answer stripped."""
-    answer = AnswerText(None)
+    answer = AnswerText(PLAIN)
     sent = "".join(answer.feed(p) for p in pieces)
-    rest, call = answer.finish()
-    assert call is None and sent + rest == whole_answer("".join(pieces), None)[0]
+    rest, call = answer.finish(cut=False)
+    assert call is None and sent + rest == PLAIN.read("".join(pieces), cut=False)[0]
 
 
 @given(st.lists(st.text(alphabet=" \nab{}\"", max_size=6), max_size=8))
 def test_with_tools_a_stream_agrees_with_the_whole_answer(pieces: list[str]) -> None:
-    use = ToolUse((CLOCK,))
-    answer = AnswerText(use)
+    shape = AnswerShape(ToolUse((CLOCK,)))
+    answer = AnswerText(shape)
     sent = "".join(answer.feed(p) for p in pieces)
-    rest, call = answer.finish()
-    whole_text, whole_call = whole_answer("".join(pieces), use)
+    rest, call = answer.finish(cut=True)  # cut off: a broken call is no answer, not an error
+    whole_text, whole_call = shape.read("".join(pieces), cut=True)
     assert sent + rest == whole_text and (call is None) == (whole_call is None)
 
 
+def test_an_answer_that_ended_without_its_shape_is_an_error_not_an_empty_success() -> None:
+    """Issue 49.5: a required call whose arguments failed the check came back as content "" and
+    finish_reason stop (12 of 12), and a response_format answer out of its bounds as a success."""
+    required = AnswerShape(ToolUse((WEATHER,), "required"))
+    bad_call = '{"name": "get_weather", "arguments": {"city": "Rome", "days": 0}}'
+    with pytest.raises(ApiError, match="less than the minimum of 1") as refused:
+        required.read(bad_call, cut=False)
+    assert refused.value.status == 422 and refused.value.code == "answer_mismatch"
+    assert required.read(bad_call[:30], cut=True) == ("", None)  # cut off: the finish reason says so
+    bounded = AnswerShape(output=OutputFormat("schema", {"type": "number", "minimum": 0, "maximum": 1}))
+    assert bounded.read(" 0.5 ", cut=False) == ("0.5", None)
+    with pytest.raises(ApiError, match="greater than the maximum"):
+        bounded.read("1.5", cut=False)
+
+
 def test_a_streamed_call_is_held_whole() -> None:
-    answer = AnswerText(ToolUse((CLOCK,)))
+    answer = AnswerText(AnswerShape(ToolUse((CLOCK,))))
     pieces = [" ", '{"name": ', '"get_time", "arguments": ', "{}}"]
     assert [answer.feed(p) for p in pieces] == ["", "", "", ""]
-    rest, call = answer.finish()
+    rest, call = answer.finish(cut=False)
     assert rest == "" and call is not None and call.name == "get_time"
