@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
+import resource
 import signal
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -37,6 +39,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        quiet_accept_errors(asyncio.get_running_loop())
         yield
         state.scheduler.close()
 
@@ -131,34 +134,109 @@ class _Server(uvicorn.Server):
 
 
 class _HeaderDeadline(H11Protocol):
-    """uvicorn's HTTP/1.1 protocol with a deadline on request headers: uvicorn waits for ever
-    for headers that never finish (one byte now and then is enough), so a slow or stuck client
-    held its connection with no answer. Past HEADERS_TIMEOUT_S it gets a 408 and is closed."""
+    """uvicorn's HTTP/1.1 protocol with a deadline on request headers and a cap on connections.
+
+    uvicorn waits for ever for headers that never finish (one byte now and then is enough).
+    Each connection has its own deadline: past HEADERS_TIMEOUT_S without a whole request line
+    and headers it gets a 408 and is closed. (A deadline shared by all connections was
+    disarmed by any other client's request: a trickled request stood unanswered at 40 s, and
+    300 header-less connections stayed open, issue 49.3.)
+
+    At most max_connections() are open at once, below the process's open-file limit, so that
+    accept never fails for want of a descriptor (asyncio then logged a traceback per failed
+    accept: 114 MB in 16 s at `ulimit -n 256`). At the cap, a newcomer closes the connection
+    that has waited longest for its headers (a 408); if every one is busy, it gets a 503.
+    """
+
+    _deadline: asyncio.TimerHandle | None = None
+    _waiting_since = 0.0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm_header_deadline()
+        if len(self.server_state.connections) > max_connections():
+            self._make_room()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        super().connection_lost(exc)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
         self._arm_header_deadline()  # the next request on this connection gets its own
 
-    def _arm_header_deadline(self) -> None:
-        self.loop.call_later(HEADERS_TIMEOUT_S, self._headers_late, self.server_state.total_requests)
+    @property
+    def waiting_for_headers(self) -> bool:
+        """Open, with no request of its own under way: its next headers have not arrived."""
+        idle = self.cycle is None or self.cycle.response_complete
+        return idle and not self.transport.is_closing() and self.conn.their_state is h11.IDLE
 
-    def _headers_late(self, answered: int) -> None:
-        started = self.conn.their_state is not h11.IDLE  # its headers arrived: a request runs
-        if self.transport.is_closing() or answered != self.server_state.total_requests or started:
-            return
-        self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
-                             b"content-length: %d\r\nconnection: close\r\n\r\n%s"
-                             % (len(_LATE_HEADERS_BODY), _LATE_HEADERS_BODY))
+    def _arm_header_deadline(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        self._waiting_since = self.loop.time()
+        self._deadline = self.loop.call_later(HEADERS_TIMEOUT_S, self._headers_late)
+
+    def _headers_late(self) -> None:
+        if self.waiting_for_headers:
+            self._refuse(408, _LATE_HEADERS_BODY)
+
+    def _make_room(self) -> None:
+        waiting = [c for c in self.server_state.connections
+                   if isinstance(c, _HeaderDeadline) and c is not self and c.waiting_for_headers]
+        if waiting:
+            min(waiting, key=lambda c: c._waiting_since)._refuse(408, _LATE_HEADERS_BODY)
+        else:
+            self._refuse(503, _BUSY_BODY)
+
+    def _refuse(self, status: int, body: bytes) -> None:
+        reason = {408: b"Request Timeout", 503: b"Service Unavailable"}[status]
+        self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+                             b"connection: close\r\n\r\n%s" % (status, reason, len(body), body))
         self.transport.close()
+
+
+@functools.cache
+def max_connections() -> int:
+    """The most connections served at once: a quarter of the open-file limit is left for the
+    model, the caches and the log (256 descriptors: 192 connections), at most 1024."""
+    try:
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ValueError, OSError):
+        soft = 1024
+    if soft == resource.RLIM_INFINITY:
+        soft = 4096
+    return max(16, min(1024, soft - max(64, soft // 4)))
+
+
+def quiet_accept_errors(loop: asyncio.AbstractEventLoop) -> None:
+    """asyncio logs a whole traceback for each accept that fails (out of descriptors), many times
+    a second; such a failure is logged once a minute instead, in one line."""
+    last = [0.0]
+    default = loop.get_exception_handler()
+
+    def handle(loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:
+        if "accept" not in str(context.get("message", "")):
+            if default is not None:
+                default(loop, context)
+            else:
+                loop.default_exception_handler(context)
+            return
+        if loop.time() - last[0] >= 60:
+            last[0] = loop.time()
+            log.warning("cannot accept connections: %s (it will be retried; raise `ulimit -n`)",
+                        context.get("exception") or context.get("message"))
+
+    loop.set_exception_handler(handle)
 
 
 _LATE_HEADERS_BODY = json.dumps({"error": {
     "message": "the request headers did not arrive in time", "type": "invalid_request_error",
     "code": "request_timeout"}}).encode()
+_BUSY_BODY = json.dumps({"error": {
+    "message": "the server has as many connections open as it can serve; retry shortly",
+    "type": "server_error", "code": "too_many_connections"}}).encode()
 
 
 def uvicorn_config(app: FastAPI, *, host: str, port: int) -> uvicorn.Config:
