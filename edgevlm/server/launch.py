@@ -69,7 +69,7 @@ def build_state(loaded: Loaded, settings: ServeSettings) -> ServerState:
         max_tiles=settings.max_tiles, useful_pixels=first.useful_pixels, pool=settings.pool,
         video_frames=first.layout.frames,
         temperature=settings.sampling.temperature, summaries=summaries, plan=loaded.plan.to_json(),
-        tokens=first.sequence, grounding=loaded.grounding)
+        tokens=first.sequence, grounding=loaded.grounding, image_floor=first.image_floor)
 
 
 def _model_info(loaded: Loaded) -> ModelInfo:

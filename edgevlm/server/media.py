@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from edgevlm.chat.resent import ChatImage
 from edgevlm.errors import ImageError
 from edgevlm.server.http import ApiError, bad_request, shown
+from edgevlm.vision.documents import count_pages
 from edgevlm.vision.layout import TIMED_FRAMES, FrameScaffold
 
 PDF_MAGIC = b"%PDF-"
@@ -88,8 +90,35 @@ def video_frames(part: object, param: str, *, media_dir: Path | None, useful_pix
         raise bad_request(reason, where, code="invalid_video") from None
 
 
-def document_pages(part: object, param: str, *, useful_pixels: int | None) -> tuple[ChatImage, ...]:
-    """An OpenAI `file` part's PDF (`file_data`, a data:application/pdf;base64 URL) as its pages."""
+@dataclass(frozen=True)
+class PageRoom:
+    """What one message's images may take before any is drawn: the context beside the answer
+    (`tokens`), and one image at its smallest view (`floor_tokens`). A 1 KiB PDF of 500 blank
+    pages was drawn whole before anything found it could not fit (issue 49.2)."""
+
+    tokens: int
+    floor_tokens: int
+
+    def check(self, pages: int, before: int, param: str) -> None:
+        """A 400 unless `pages` more images beside the `before` ones can fit at their smallest."""
+        needed = (pages + before) * self.floor_tokens
+        if self.floor_tokens and needed > self.tokens:
+            most = max(self.tokens // self.floor_tokens - before, 0)
+            raise ApiError(400, f"{param}: the PDF has {pages} pages; each takes at least "
+                           f"{self.floor_tokens} tokens, and at most {most} fit the context beside the "
+                           "answer; send fewer pages or raise the server's --n-ctx", param=param,
+                           code="context_length_exceeded")
+
+    def per_image_pixels(self, useful_pixels: int | None, images: int) -> int | None:
+        """The pixels worth drawing a page at when `images` share the room."""
+        return None if useful_pixels is None else max(useful_pixels // max(images, 1), 1)
+
+
+def document_pages(part: object, param: str, *, useful_pixels: int | None, room: PageRoom | None = None,
+                   before: int = 0) -> tuple[ChatImage, ...]:
+    """An OpenAI `file` part's PDF (`file_data`, a data:application/pdf;base64 URL) as its pages,
+    counted against the room (beside the `before` images of the message) before any is drawn,
+    each drawn at its share of the pixels."""
     if not isinstance(part, dict):
         raise bad_request("expected an object with file_data (and filename)", param)
     if part.get("file_id") is not None and part.get("file_data") is None:
@@ -112,6 +141,10 @@ def document_pages(part: object, param: str, *, useful_pixels: int | None) -> tu
     if not raw.startswith(PDF_MAGIC):
         raise bad_request("file_data is not a PDF", where, code="invalid_document")
     try:
+        pages = count_pages(raw, "document.pdf")
+        if room is not None:
+            room.check(pages, before, param)
+            useful_pixels = room.per_image_pixels(useful_pixels, pages + before)
         return ChatImage.pages_of(raw, useful_pixels=useful_pixels)
     except ImageError as exc:
         reason = str(exc).split(": ", 1)[-1]  # the made-up name means nothing to a client

@@ -23,7 +23,7 @@ from edgevlm.server import schemas as sc
 from edgevlm.server.answer import AnswerShape, AnswerText
 from edgevlm.server.history import Message, chat_turn, check_role
 from edgevlm.server.http import ApiError, bad_request, read_json
-from edgevlm.server.media import document_pages, image_from_url, video_frames
+from edgevlm.server.media import PageRoom, document_pages, image_from_url, video_frames
 from edgevlm.server.scheduler import Answered, Failed, JobEvent, Piece, Progress, TurnJob
 from edgevlm.server.tool_calls import assistant_calls_text, tool_result_text, tool_use
 from edgevlm.server.turns import (
@@ -131,14 +131,16 @@ def parse_request(body: dict[str, object], state: ServerState) -> tuple[ChatTurn
     frames = state.video_frames  # a video's frames: the family's rate, or the request's own
     if extra.get("fps") is not None:
         frames = replace(frames, fps=opt.number(extra["fps"], "edgevlm.fps", low=0.01, high=30.0))
-    messages, detail = _messages(body.get("messages"), state, frames)
+    max_tokens = opt.max_tokens(body.get("max_completion_tokens", body.get("max_tokens")), "max_tokens",
+                                state.max_tokens)
+    room = PageRoom(state.model.n_ctx - max_tokens, state.image_floor)
+    messages, detail = _messages(body.get("messages"), state, frames, room)
     find = _finding(extra.get("find"), body, state)
     output, answer = (None, find.grammar) if find is not None else _output(body.get("response_format"))
     tools = tool_use(body.get("tools"), body.get("tool_choice"), answer_grammar=answer)
     grammar = tools.grammar if tools is not None else answer
     options = TurnOptions(
-        max_tokens=opt.max_tokens(body.get("max_completion_tokens", body.get("max_tokens")),
-                                  "max_tokens", state.max_tokens),
+        max_tokens=max_tokens,
         stop=opt.stops(body.get("stop"), "stop"),
         sampling=opt.sampling(body, fields=opt.OPENAI_SAMPLING, grammar=grammar),
         max_tiles=0 if detail == "low" else state.max_tiles,
@@ -190,7 +192,8 @@ def _refuse_unsupported(body: dict[str, object]) -> None:
             raise bad_request(f"is not supported by edgevlm{hint}", name, code="unsupported_parameter")
 
 
-def _messages(raw: object, state: ServerState, frames: FrameScaffold) -> tuple[list[Message], str]:
+def _messages(raw: object, state: ServerState, frames: FrameScaffold,
+              room: PageRoom) -> tuple[list[Message], str]:
     if not isinstance(raw, list) or not raw:
         raise bad_request("expected a non-empty list of messages", "messages")
     messages, detail = [], "auto"
@@ -200,7 +203,7 @@ def _messages(raw: object, state: ServerState, frames: FrameScaffold) -> tuple[l
         if not isinstance(item, dict):
             raise bad_request("expected an object with role and content", where)
         role = check_role(item.get("role"), where)
-        text, images, detail = _content(item.get("content"), f"{where}.content", state, frames)
+        text, images, detail = _content(item.get("content"), f"{where}.content", state, frames, room)
         if role == "assistant" and item.get("tool_calls"):
             called, names = assistant_calls_text(item["tool_calls"], f"{where}.tool_calls")
             text, calls = "\n".join(filter(None, (text, called))), {**calls, **names}
@@ -214,8 +217,8 @@ def _messages(raw: object, state: ServerState, frames: FrameScaffold) -> tuple[l
     return messages, detail
 
 
-def _content(content: object, where: str, state: ServerState,
-             frames: FrameScaffold) -> tuple[str, tuple, str]:
+def _content(content: object, where: str, state: ServerState, frames: FrameScaffold,
+             room: PageRoom) -> tuple[str, tuple, str]:
     """A message's text and images; the detail asked for its (last) image."""
     if content is None or isinstance(content, str):
         return content or "", (), "auto"
@@ -241,8 +244,8 @@ def _content(content: object, where: str, state: ServerState,
                                        useful_pixels=state.useful_pixels,
                                        max_file_bytes=state.max_body_bytes, scaffold=frames))
         elif kind == "file":
-            images.extend(document_pages(part.get("file"), f"{param}.file",
-                                         useful_pixels=state.useful_pixels))
+            images.extend(document_pages(part.get("file"), f"{param}.file", useful_pixels=state.useful_pixels,
+                                         room=room, before=len(images)))
         else:
             raise bad_request("expected a part of type text (with text), image_url, video_url or "
                               "file (a PDF)", param)

@@ -66,6 +66,7 @@ class ServerState:
     plan: dict[str, object] = field(default_factory=dict)  # the memory plan, as `plan --json`
     tokens: TokenCodec | None = None  # for /api/generate's context
     grounding: Grounding | None = None  # how the model's family writes boxes (None: it writes none)
+    image_floor: int = 0  # the tokens one image takes at its smallest view (a PDF's pages are counted by it)
     created: int = field(default_factory=lambda: int(time.time()))
 
     def model_matches(self, name: object) -> bool:

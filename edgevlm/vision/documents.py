@@ -9,6 +9,8 @@ holds one lock.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import math
 import os
 import re
@@ -42,6 +44,13 @@ MAX_PAGES_ENV = "EDGEVLM_MAX_PAGES"
 MIN_SCALE = 100 / 72
 MAX_SCALE = 300 / 72
 DEFAULT_SCALE = 150 / 72
+# ... and never more pixels than the view can use, or than a letter page at 100 dpi where that is
+# more (935,000: small print stays legible). A blank 5700x5700 pt page was drawn at 100 dpi, 63
+# million pixels, and 8 of them took the server from 150 MiB to 5.1 GiB (issue 49.2).
+PAGE_PIXELS_FLOOR = round(612 * MIN_SCALE) * round(792 * MIN_SCALE)
+DEFAULT_PAGE_PIXELS = 4_000_000  # where the caller does not say what its view can use
+# The most pixels one message's pages may be drawn at in all (about 150 MB as RGB).
+MESSAGE_PIXELS = 50_000_000
 
 _PDFIUM = threading.Lock()
 
@@ -162,7 +171,10 @@ def _open_error(path: Path, exc: Exception) -> str:
     if "password" in str(exc).lower():
         return (f"{path}: the PDF is password-protected; edgevlm reads unprotected PDFs only "
                 "(save or print an unprotected copy)")
-    return f"{path}: not a readable PDF, damaged or not a PDF at all ({one_line(exc)})"
+    reason = one_line(exc)
+    # PDFium reports some damage as "Success" (a file with no page tree): say what it means.
+    detail = "" if "success" in reason.lower() else f" ({reason})"
+    return f"{path}: not a readable PDF, damaged or not a PDF at all{detail}"
 
 
 def render_page(page: DocumentPage, *, useful_pixels: int | None = None) -> LoadedImage:
@@ -172,17 +184,53 @@ def render_page(page: DocumentPage, *, useful_pixels: int | None = None) -> Load
     return LoadedImage(path=page.path, image=image, source_size=image.size, page=page.number)
 
 
-def render_document_bytes(data: bytes, name: str, *, useful_pixels: int | None = None) -> list[LoadedImage]:
-    """Every page of a PDF held in memory (an upload), checked as open_document checks a file;
-    errors name `name`."""
+def count_pages(data: bytes, name: str) -> int:
+    """How many pages a PDF held in memory has (checked to be some, and not past the limit),
+    without drawing any: the caller checks they can fit before paying for them."""
     path = Path(name)
     if not data:
         raise ImageError(f"{name}: the PDF is empty (0 bytes)")
     with _opened(data, path) as pdf:
-        numbers = _checked_pages(path, len(pdf), None)
-        images = [_render(pdf[n - 1], f"{name}, page {n}", useful_pixels) for n in numbers]
+        return len(_checked_pages(path, len(pdf), None))
+
+
+def render_document_bytes(data: bytes, name: str, *, useful_pixels: int | None = None,
+                          message_pixels: int = MESSAGE_PIXELS) -> list[LoadedImage]:
+    """Every page of a PDF held in memory (an upload), checked as open_document checks a file,
+    each drawn at what `useful_pixels` (a page's share of the room) can use, the whole within
+    `message_pixels`; errors name `name`. The memory the drawing took is given back after."""
+    path = Path(name)
+    if not data:
+        raise ImageError(f"{name}: the PDF is empty (0 bytes)")
+    try:
+        with _opened(data, path) as pdf:
+            numbers = _checked_pages(path, len(pdf), None)
+            pages = [pdf[n - 1] for n in numbers]
+            total = sum(_pixels(page.get_size(), useful_pixels) for page in pages)
+            if total > message_pixels:
+                raise ImageError(f"{name}: its {len(pages)} pages would be drawn at {total:,} pixels, more "
+                                 f"than the {message_pixels:,} one message may take; send fewer pages")
+            images = [_render(page, f"{name}, page {n}", useful_pixels) for n, page in zip(numbers, pages,
+                                                                                            strict=True)]
+    finally:
+        release_memory()
     return [LoadedImage(path=path, image=image, source_size=image.size, page=n)
             for n, image in zip(numbers, images, strict=True)]
+
+
+def _pixels(size_pt: tuple[float, float], useful_pixels: int | None) -> int:
+    scale = page_scale(*size_pt, useful_pixels)
+    return round(size_pt[0] * scale) * round(size_pt[1] * scale)
+
+
+def release_memory() -> None:
+    """Hand the heap's free pages back to the system (glibc keeps them: a drawn document's
+    hundreds of MB stayed in the server's RSS after it was answered). A no-op elsewhere."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _render(page: pdfium.PdfPage, label: str, useful_pixels: int | None) -> Image.Image:
@@ -206,7 +254,13 @@ def _render(page: pdfium.PdfPage, label: str, useful_pixels: int | None) -> Imag
 
 
 def page_scale(width_pt: float, height_pt: float, useful_pixels: int | None) -> float:
-    """Pixels per point for a page: what the projector can use, within the reading scales."""
-    if useful_pixels is None or width_pt <= 0 or height_pt <= 0:
+    """Pixels per point for a page: what the projector can use, within the reading scales, and
+    never more pixels than max(useful_pixels, PAGE_PIXELS_FLOOR)."""
+    if width_pt <= 0 or height_pt <= 0:
         return DEFAULT_SCALE
-    return min(MAX_SCALE, max(MIN_SCALE, math.sqrt(useful_pixels / (width_pt * height_pt))))
+    area = width_pt * height_pt
+    if useful_pixels is None:
+        wanted, useful_pixels = DEFAULT_SCALE, DEFAULT_PAGE_PIXELS
+    else:
+        wanted = max(MIN_SCALE, math.sqrt(useful_pixels / area))
+    return min(MAX_SCALE, wanted, math.sqrt(max(useful_pixels, PAGE_PIXELS_FLOOR) / area))

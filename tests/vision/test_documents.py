@@ -13,6 +13,7 @@ from edgevlm.errors import ConfigError, ImageError
 from edgevlm.vision.documents import (
     MAX_SCALE,
     MIN_SCALE,
+    PAGE_PIXELS_FLOOR,
     DocumentPage,
     choose_pages,
     open_document,
@@ -100,8 +101,13 @@ def test_chosen_pages_exist_and_never_repeat(ranges: list[tuple[int, int]], n_pa
 
 
 @given(st.floats(1, 20_000), st.floats(1, 20_000), st.integers(1, 100_000_000))
-def test_the_render_scale_stays_within_reading_scales(width: float, height: float, pixels: int) -> None:
-    assert MIN_SCALE <= page_scale(width, height, pixels) <= MAX_SCALE
+def test_the_render_scale_stays_within_reading_scales_and_what_the_view_uses(width: float, height: float,
+                                                                           pixels: int) -> None:
+    scale = page_scale(width, height, pixels)
+    most = max(pixels, PAGE_PIXELS_FLOOR)
+    assert scale <= MAX_SCALE and width * height * scale**2 <= most * 1.0001
+    if width * height * MIN_SCALE**2 <= most:  # a reading scale where the pixels allow one
+        assert scale >= MIN_SCALE * 0.9999
 
 
 def test_bad_pdfs_are_one_line_each(tmp_path: Path) -> None:
