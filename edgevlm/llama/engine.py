@@ -19,6 +19,7 @@ from PIL import Image
 
 from edgevlm.errors import EngineError, Interrupted, ModelError
 from edgevlm.interrupts import stop_on_sigint
+from edgevlm.llama.abort import DecodeAbort
 from edgevlm.llama.backends import device_by_name
 from edgevlm.llama.batcher import Batcher, TokenBatch
 from edgevlm.llama.logs import NATIVE_LOG
@@ -126,13 +127,16 @@ class Engine:
         cparams.swa_full = cfg.swa_full and n_swa > 0
         self.memory = self._checked_memory(n_swa)
         self.swa_full = bool(cparams.swa_full)
-        # No abort_callback: ggml would call it from its worker threads for every graph node,
-        # and each call must take Python's GIL (seconds per token when another thread holds it).
-        # Interrupts are honoured between batches and between tokens instead.
+        # No Python abort_callback: ggml would call it for every graph node, and each call must
+        # take Python's GIL (seconds per token when another thread holds it). A C flag stops a
+        # single sequence's decode part-way (llama/abort.py); otherwise interrupts are honoured
+        # between batches and between tokens.
         self.ctx = llama_cpp.llama_init_from_model(self.model, cparams)
         if not self.ctx:
             raise EngineError(f"could not create a context of {cparams.n_ctx} tokens "
                               f"({NATIVE_LOG.error_hint()})")
+        self._abort = DecodeAbort()
+        self._abort.install(self.ctx)
         self.mem = llama_cpp.llama_get_memory(self.ctx)
         self.n_ctx_seq = llama_cpp.llama_n_ctx_seq(self.ctx)
         self.n_batch = llama_cpp.llama_n_batch(self.ctx)
@@ -234,6 +238,12 @@ class Engine:
         else:
             self._decode_direct(sequence, tokens, rows, image or RowPlacement())
 
+    def stop_decode(self, sequence: EngineSequence) -> None:
+        """The sequence was interrupted: stop its decode part-way where it runs alone (a shared
+        step holds other sequences' work, and ends at its own pace)."""
+        if self.batcher is None:
+            self._abort.set(True)
+
     def generation_ended(self, sequence: EngineSequence) -> None:
         """The sequence stopped generating: the batcher's next step need not wait for it."""
         if self.batcher is not None:
@@ -253,6 +263,8 @@ class Engine:
                     batch.add_tokens(sequence, tokens[start:end], logits_last=end == n_items)
                 else:
                     batch.add_rows(sequence, rows[start:end], image.positions_of(start, end - start))  # type: ignore[index]
+                self._abort.set(False)
+                self._abort.set(sequence.interrupt_requested)  # one that came meanwhile is kept
                 with image.attention(self.ctx):
                     rc = llama_cpp.llama_decode(self.ctx, batch.raw)
                 self._check_rc(rc, sequence)

@@ -19,6 +19,9 @@ log = logging.getLogger("edgevlm.llama")
 
 _LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
 _CONTINUATION = 5  # GGML_LOG_LEVEL_CONT: a continuation of the previous line
+# What llama.cpp says when a decode is stopped on purpose (llama/abort.py; ggml's status 1 is
+# GGML_STATUS_ABORTED): chatter, not an error to show.
+_ABORTED_RE = re.compile(r"failed with error 1$|compute status: 1$|removing memory module entries")
 # llama.cpp's own account of what it allocated, e.g.
 #   "llama_kv_cache:        CPU KV buffer size =  2048.00 MiB"
 #   "reserve_compute_meta:  CPU compute buffer size =    21.55 MiB"   (the projector's graph)
@@ -104,6 +107,9 @@ class NativeLog:
         *lines, self._pending = (self._pending + received).split("\n")
         for line in lines:
             if not line.strip():
+                continue
+            if _ABORTED_RE.search(line.strip()):
+                log.debug("%s", line)
                 continue
             if self._level >= logging.ERROR:
                 self.last_error = line.strip()

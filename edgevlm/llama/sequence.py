@@ -68,6 +68,7 @@ class SequenceHost(Protocol):
     def decode(self, sequence: EngineSequence, tokens: list[int] | None, rows: np.ndarray | None,
                image: RowPlacement | None = None) -> None: ...
     def generation_ended(self, sequence: EngineSequence) -> None: ...
+    def stop_decode(self, sequence: EngineSequence) -> None: ...
     def image_tokens_per_view(self) -> int: ...
     def encode_view(self, image: Image.Image | np.ndarray, meter: RequestMeter) -> ImageEmbedding: ...
     def encode_block(self, image: Image.Image | np.ndarray, meter: RequestMeter, *,
@@ -93,8 +94,10 @@ class EngineSequence:
         self._interrupt = threading.Event()  # set from any thread: stop at the next step
 
     def interrupt(self) -> None:
-        """Ask this sequence's work to stop at its next step (Interrupted); safe from any thread."""
+        """Ask this sequence's work to stop at its next step, or part-way through a decode where it
+        runs alone (Interrupted); safe from any thread."""
         self._interrupt.set()
+        self._host.stop_decode(self)
 
     def clear_interrupt(self) -> None:
         """Forget an interrupt (once the work it stopped has been settled)."""

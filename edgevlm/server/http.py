@@ -17,7 +17,8 @@ BODY_READ_TIMEOUT_S = 30.0  # a body that stalls part-way must not hold its conn
 MAX_MESSAGE_CHARS = 600
 _STATUS_CODES = {400: "invalid_request", 401: "invalid_api_key", 404: "not_found",
                  405: "method_not_allowed", 408: "request_timeout", 413: "request_too_large",
-                 415: "unsupported_media_type", 422: "invalid_request", 500: "internal_error",
+                 415: "unsupported_media_type", 422: "invalid_request", 499: "client_closed_request",
+                 500: "internal_error",
                  503: "server_busy"}
 
 

@@ -102,7 +102,7 @@ async def start(turn: ChatTurn, state: ServerState, request: Request) -> tuple[T
     finally:
         watcher.cancel()
     if isinstance(first, Failed):
-        raise error_for(first.error)
+        raise _client_gone(request) or error_for(first.error)
     return job, first
 
 
@@ -116,9 +116,13 @@ async def collect(job: TurnJob, first: JobEvent, request: Request) -> tuple[str,
             if isinstance(event, Piece):
                 pieces.append(event.text)
             elif isinstance(event, Answered):
+                gone = _client_gone(request)
+                if gone is not None:  # the answer it stopped is nobody's: not a 200 in the log
+                    note_for_log(request, event)
+                    raise gone
                 return "".join(pieces), event
             elif isinstance(event, Failed):
-                raise error_for(event.error)
+                raise _client_gone(request) or error_for(event.error)
     finally:
         watcher.cancel()
         job.cancel()  # a no-op once answered; stops the worker if this request was abandoned
@@ -130,7 +134,16 @@ async def _cancel_on_disconnect(request: Request, job: TurnJob) -> None:
     disconnect), then cancel its job."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
+    request.scope.setdefault("state", {})["client_gone"] = True
     job.cancel()
+
+
+def _client_gone(request: Request) -> ApiError | None:
+    """The answer to a request whose client hung up (it goes nowhere; the log line says 499, as
+    nginx does, not a 200 with an answer cut short)."""
+    if not request.scope.get("state", {}).get("client_gone"):
+        return None
+    return ApiError(499, "the client closed the connection before the answer", code="client_closed_request")
 
 
 async def stream_events(job: TurnJob, first: JobEvent) -> AsyncIterator[JobEvent]:

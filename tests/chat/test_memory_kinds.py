@@ -153,6 +153,43 @@ def test_an_interrupted_prefill_leaves_the_chat_as_it_was(pair: tuple[str, Engin
     assert ours == theirs and [s.kind for s in chat.segments] == [s.kind for s in calm.segments]
 
 
+def test_a_prefill_stopped_part_way_through_a_decode_leaves_the_chat_as_it_was(
+        pair: tuple[str, Engine, Engine], test_models: dict[str, Path],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 49.8: a stop now lands inside llama_decode (llama/abort.py), where llama.cpp drops
+    the unfinished ubatch itself; on every memory kind the turn is rolled back whole and the next
+    answer equals an uninterrupted chat's."""
+    import threading
+
+    family, engine, fresh = pair
+    chat, calm = _chat(family, engine, test_models), _chat(family, fresh, test_models)
+    for conversation in (chat, calm):
+        conversation.ask("What is in picture 1?", image=_image(1))
+    long_question = "Say which of these words you like: " + " ".join(f"w{i}" for i in range(400))
+    import edgevlm.llama.engine as engine_module
+
+    real_decode, calls, timers = engine_module.llama_cpp.llama_decode, [0], []
+
+    def decode(ctx: object, batch: object) -> int:  # the stop arrives while the third batch runs
+        calls[0] += 1
+        if calls[0] == 3:
+            timers.append(threading.Timer(0.001, chat.interrupt))
+            timers[0].start()
+        return real_decode(ctx, batch)
+
+    monkeypatch.setattr(engine_module.llama_cpp, "llama_decode", decode)
+    with pytest.raises(Interrupted):
+        chat.ask(long_question)
+    monkeypatch.undo()
+    timers[0].join()
+    chat.clear_interrupt()
+    chat.check()
+    ours, _ = chat.ask("What is in picture 2?", image=_image(2))
+    theirs, _ = calm.ask("What is in picture 2?", image=_image(2))
+    chat.check()
+    assert ours == theirs and [s.kind for s in chat.segments] == [s.kind for s in calm.segments]
+
+
 def test_the_plan_counts_the_recurrent_state_and_its_checkpoints(pair: tuple[str, Engine, Engine],
                                                                  test_models: dict[str, Path]) -> None:
     """LFM2's convolution state, as llama.cpp sizes it, is what a checkpoint copies out (plus its

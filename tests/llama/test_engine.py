@@ -13,7 +13,7 @@ from edgevlm.llama.engine import Engine
 from edgevlm.llama.sequence import EngineSequence
 from edgevlm.values.sampling import Sampling
 
-from ..conftest import one_sequence
+from ..conftest import make_engine, one_sequence
 
 PROMPT = "<|im_start|>system\nYou describe images.<|im_end|>\n<|im_start|>user\n"
 QUESTION = "\nWhat is in the picture?<|im_end|>\n<|im_start|>assistant\n"
@@ -201,3 +201,35 @@ def test_a_ctrl_c_inside_the_log_callback_is_kept_for_the_next_check() -> None:
         logger.setLevel(level)
         logger.disabled = disabled
         signal.signal(signal.SIGINT, previous)
+
+
+def test_a_long_decode_stops_part_way_when_interrupted(test_models: dict[str, Path]) -> None:
+    """Issue 49.8: a stop was taken only between batches, so a client that left during a large
+    batch kept the slot for the rest of it (4 s on the LLaVA pair). ggml now reads a C flag
+    between graph nodes: the decode stops at once, llama.cpp drops the unfinished ubatch, and
+    the sequence goes on as if it had never started."""
+    import threading
+    import time
+
+    from edgevlm.errors import Interrupted
+
+    with make_engine(test_models["mmproj_112"], n_ctx=4096, n_batch=2048) as engine:
+        sequence = engine.sequence()
+        tokens = sequence.tokenize("hello world " * 900, add_bos=True)[:1800]
+        began = time.perf_counter()
+        sequence.eval_text(tokens)
+        whole_s = time.perf_counter() - began
+        reference = sequence._current_logits().copy()
+        sequence.truncate(0)
+        timer = threading.Timer(whole_s / 5, sequence.interrupt)
+        timer.start()
+        began = time.perf_counter()
+        with pytest.raises(Interrupted):
+            sequence.eval_text(tokens)
+        stopped_s = time.perf_counter() - began
+        timer.join()
+        sequence.clear_interrupt()
+        assert sequence.n_past == sequence.kv_cells() == 0  # the ubatch under way was dropped
+        assert stopped_s < whole_s / 2, (stopped_s, whole_s)
+        sequence.eval_text(tokens)
+        assert np.allclose(sequence._current_logits(), reference, atol=1e-4)

@@ -475,7 +475,12 @@ def test_odd_requests_get_a_400_in_the_apis_shape(server: tuple[str, ServerState
 
 
 def test_a_non_streamed_request_whose_client_hangs_up_is_cancelled(server: tuple[str, ServerState],
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """…and is logged as a 499, not as `200 … completion=0` (issue 49.8)."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="edgevlm.server")
     url, state = server
     monkeypatch.setattr(state, "max_tokens", 300)
     sequence = state.scheduler.session.conversation.sequence
@@ -491,6 +496,11 @@ def test_a_non_streamed_request_whose_client_hangs_up_is_cancelled(server: tuple
         last = state.scheduler.session.conversation.records[-1]
         made = last.stats["completion_tokens"]
         assert last.interrupted and made < 300, (path, made)
+        deadline, logged = time.monotonic() + 10, []
+        while not logged and time.monotonic() < deadline:
+            time.sleep(0.05)
+            logged = [r.getMessage() for r in caplog.records if f"POST {path} " in r.getMessage()]
+        assert logged and f"POST {path} 499 " in logged[-1], logged
     monkeypatch.setattr(state, "max_tokens", MAX_TOKENS)
     monkeypatch.setattr(sequence, "step_s", 0.0)
     sequence.script("Once upon a time " * 40)
