@@ -38,11 +38,12 @@ from edgevlm.chat.records import (
     TurnRecord,
     TurnStats,
     ViewSettings,
+    shown_groups,
     to_plain,
 )
 from edgevlm.chat.replay import HistoryReplay
 from edgevlm.chat.stops import StopScanner
-from edgevlm.chat.swap import CAPTION_REQUEST, CAPTION_TOKENS, SummarySwap, caption_request
+from edgevlm.chat.swap import CAPTION_REQUEST, CAPTION_TOKENS, WINDOW_REQUEST, SummarySwap, caption_request
 from edgevlm.chat.turn_log import TurnLog
 from edgevlm.errors import ContextOverflowError, EmptyMessageError, EngineError, Interrupted
 from edgevlm.families import check_image_settings
@@ -392,11 +393,13 @@ class Conversation:
         describe's mode), numbered on from the images seen before. A transcribed page's summary
         is empty: its answer already holds all of it, and the cache should not hold it twice."""
         first = self.images_seen + 1
-        for slot, each in enumerate(images):
-            live = LiveImage(stats.turn, first + slot, each.name, slot=slot, of=len(images),
+        groups = shown_groups(images)
+        for entry, group in enumerate(groups):
+            live = LiveImage(stats.turn, first + entry, group.name, slot=group.first, of=len(groups),
+                             span=len(group.images), entry=entry,
                              caption="" if transcribed and not interrupted else None)
             self.swap.live.append(live)
-        shown = [ShownImage(str(each.path), first + slot) for slot, each in enumerate(images)]
+        shown = [ShownImage(group.key, first + entry) for entry, group in enumerate(groups)]
         self.log.add(TurnRecord.showing(shown, turn=stats.turn, user=question, answer=answer,
                                         interrupted=interrupted, stats=to_plain(stats)))
 
@@ -425,18 +428,17 @@ class Conversation:
                                  completion_tokens=len(answer_tokens), prompt_tokens=prompt_tokens)
         return answer, stats
 
-    def summarise_image(self, image: LoadedImage) -> str:
-        """A summary of an image met only in past turns (an API client's history), with no trace.
-
-        The image is shown on top of the cache, captioned, and rolled back.
-        """
-        parts = self._parts(-1, CAPTION_REQUEST, images=1)
+    def summarise_images(self, images: Sequence[LoadedImage]) -> str:
+        """A summary of an image (or a clip's window of frames, together) met only in past turns
+        (an API client's history), with no trace: shown on top of the cache, captioned, and
+        rolled back."""
+        parts = self._parts(-1, WINDOW_REQUEST if len(images) > 1 else CAPTION_REQUEST, images=len(images))
         self.history.make_room(parts.fixed + parts.image_floor)
         checkpoint = len(self.ledger)
         self.ledger.mark()
         caption = ""
         try:
-            self._prefill(parts, [image], [None], None)
+            self._prefill(parts, list(images), [None] * len(images), None)
             caption = "".join(self.sequence.generate(self.caption_tokens, Sampling(temperature=0.0)))
         finally:
             self.ledger.roll_back(checkpoint)

@@ -9,7 +9,7 @@ from typing import Any
 from PIL import Image
 
 from edgevlm.values.embedding import ImageEmbedding
-from edgevlm.vision.images import LoadedImage
+from edgevlm.vision.images import LoadedImage, clock
 from edgevlm.vision.layout import Detail, ImagePlan
 
 
@@ -172,6 +172,60 @@ def image_key(names: Sequence[str]) -> str | None:
 
 
 @dataclass(frozen=True)
+class ShownGroup:
+    """What a turn shows as one: a photo or a page alone, or a clip's frames in a row (a window:
+    one summary stands for all of them, as one record entry and one key)."""
+
+    first: int  # its first slot among the turn's images
+    images: tuple[LoadedImage, ...]
+
+    @property
+    def slots(self) -> range:
+        return range(self.first, self.first + len(self.images))
+
+    @property
+    def is_window(self) -> bool:
+        return self.images[0].time_s is not None
+
+    @property
+    def _span_s(self) -> tuple[float, float]:
+        times = [t for image in self.images for t in image.times_s]
+        return min(times), max(times)
+
+    @property
+    def key(self) -> str:
+        """How records and resent histories name it: the image's key, or the clip's with the
+        window's first and last frame times (`clip.mp4#t=0-7.5`)."""
+        if not self.is_window:
+            return self.images[0].key
+        start, end = self._span_s
+        return f"{self.images[0].path}#t={start:g}-{end:g}"
+
+    @property
+    def name(self) -> str:
+        """How its summary names it: `photo.jpg`, `report.pdf, page 2`, `clip.mp4 at 0:00–0:07`."""
+        if not self.is_window:
+            return self.images[0].name
+        start, end = self._span_s
+        return f"{self.images[0].path.name} at {clock(start)}–{clock(end)}"
+
+
+def shown_groups(images: Sequence[LoadedImage]) -> list[ShownGroup]:
+    """A turn's images as it shows and summarises them: each photo or page alone, and the frames
+    of one clip in a row together (eight frames were eight summaries, 1,200 tokens for one
+    window, and a follow-up about a video re-read them all, issue 49.15)."""
+    groups: list[ShownGroup] = []
+    for slot, image in enumerate(images):
+        last = groups[-1] if groups else None
+        if (last is not None and last.is_window and image.time_s is not None
+                and image.path == last.images[0].path):
+            groups[-1] = ShownGroup(last.first, (*last.images, image))
+        else:
+            groups.append(ShownGroup(slot, (image,)))
+    return groups
+
+
+@dataclass(frozen=True)
 class ShownImage:
     """One image a turn showed: its name, its number in the conversation and its summary."""
 
@@ -235,8 +289,10 @@ class LiveImage:
     turn: int
     index: int
     name: str
-    slot: int = 0  # its place among the turn's images
-    of: int = 1  # how many images the turn showed
+    slot: int = 0  # its (first) place among the turn's images
+    of: int = 1  # how many images (or windows) the turn showed
+    span: int = 1  # the images it stands for: a clip's window is several frames
+    entry: int = 0  # its place among the turn record's images (the summary goes there)
     caption: str | None = None  # None: not made yet
     made: list[int] = field(default_factory=list)  # caption tokens made before an interruption
     follow_ups: int = 0  # turns answered while it waited for its summary

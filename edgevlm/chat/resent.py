@@ -14,7 +14,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from edgevlm.chat.conversation import Conversation
-from edgevlm.chat.records import PrefillProgress, ShownImage, TurnRecord, TurnStats, image_key
+from edgevlm.chat.records import (
+    PrefillProgress,
+    ShownGroup,
+    ShownImage,
+    TurnRecord,
+    TurnStats,
+    image_key,
+    shown_groups,
+)
 from edgevlm.errors import Interrupted
 from edgevlm.store.caches import SummaryStore
 from edgevlm.values.sampling import Sampling
@@ -65,6 +73,20 @@ class ChatImage:
                      for page in pages)
 
 
+def grouped(images: tuple[ChatImage, ...]) -> list[tuple[ShownGroup, tuple[ChatImage, ...]]]:
+    """A message's images as the conversation shows and summarises them (chat/records.py's
+    shown_groups: a clip's frames as one window), each with its uploads."""
+    return [(group, images[group.first:group.first + len(group.images)])
+            for group in shown_groups([image.image for image in images])]
+
+
+def group_digest(images: tuple[ChatImage, ...]) -> str:
+    """What a group's summary is kept under: its image's digest, or a window's frames' together."""
+    if len(images) == 1:
+        return images[0].sha256
+    return hashlib.sha256("|".join(image.sha256 for image in images).encode()).hexdigest()
+
+
 @dataclass(frozen=True)
 class PastTurn:
     """A finished exchange the client sent back: its question, images and the answer given."""
@@ -80,8 +102,8 @@ class PastTurn:
 
     @property
     def image_key(self) -> str | None:
-        """The turn's image names as TurnRecord.image_key says them."""
-        return image_key([i.image.name for i in self.images])
+        """The turn's images as TurnRecord.image_key says them (a window of frames as one)."""
+        return image_key([group.key for group, _ in grouped(self.images)])
 
 
 @dataclass(frozen=True)
@@ -122,7 +144,7 @@ class ResentChat:
         self._system_default = conversation.system
         self._pool_default = conversation.pool
         self._detail_default = conversation.detail
-        self._digests: dict[str, str] = {}  # a live image's name -> its SHA-256, till summarised
+        self._digests: dict[str, str] = {}  # a live image's (or window's) key -> its digest, till summarised
         conversation.on_summary = self._keep_summary
 
     def respond(self, turn: ChatTurn, *, started: float | None = None,
@@ -137,7 +159,7 @@ class ResentChat:
         dropped = self._first_kept(turn)
         try:
             records = self._records(turn.past[dropped:], images_before=sum(
-                len(p.images) for p in turn.past[:dropped]))
+                len(grouped(p.images)) for p in turn.past[:dropped]))
             side_work = conversation.sequence.stats().prompt_tokens  # summaries made, rolled back
             conversation.replay(records)
         except (Interrupted, KeyboardInterrupt):
@@ -146,8 +168,8 @@ class ResentChat:
             self.clear_interrupt()
             conversation.reset()
             raise Interrupted("stopped while the history was being prepared") from None
-        for image in turn.images:
-            self._digests[image.image.name] = image.sha256
+        for group, uploads in grouped(turn.images):
+            self._digests[group.key] = group_digest(uploads)
         labels = _frame_labels(conversation.layout.frames, turn.images)
         answer, stats = conversation.ask(
             turn.question, images=[image.image for image in turn.images], on_piece=on_piece,
@@ -174,10 +196,10 @@ class ResentChat:
         """Answered images still waiting for their summary."""
         return self.conversation.pending_summaries
 
-    def _keep_summary(self, record: TurnRecord, slot: int) -> None:
+    def _keep_summary(self, record: TurnRecord, entry: int) -> None:
         """Keep a summary by its image's digest (even an empty one: the image has been seen)."""
-        shown = record.shown[slot]
-        digest = self._digests.pop(shown.image.rsplit("/", 1)[-1], None)
+        shown = record.shown[entry]
+        digest = self._digests.pop(shown.image, None)
         if digest is not None:
             self.summaries.put(digest, shown.summary or "")
 
@@ -237,8 +259,8 @@ class ResentChat:
         """A past turn's cost as text; an image's summary not made yet counts at its longest."""
         longest = "x " * self.conversation.caption_tokens  # at most this many tokens
 
-        def known(image: ChatImage) -> str:
-            found = self.summaries.get(image.sha256)
+        def known(images: tuple[ChatImage, ...]) -> str:
+            found = self.summaries.get(group_digest(images))
             return longest if found is None else found
 
         return self.conversation.record_tokens(_record(number, past, number, known))
@@ -250,20 +272,22 @@ class ResentChat:
         kept = self.conversation.shared_turns(_keys(past))
         for number, turn in enumerate(past, start=1):
             first = images + 1
-            images += len(turn.images)
+            images += len(grouped(turn.images))
             if number <= kept:
                 records.append(self.conversation.records[number - 1])
                 continue
             records.append(_record(number, turn, first, self._summary))
         return records
 
-    def _summary(self, image: ChatImage) -> str:
-        """The kept summary, or one made now for an image never seen while it was live."""
-        known = self.summaries.get(image.sha256)
+    def _summary(self, images: tuple[ChatImage, ...]) -> str:
+        """The kept summary, or one made now for an image (or a window of frames) never seen
+        while it was live."""
+        digest = group_digest(images)
+        known = self.summaries.get(digest)
         if known is not None:
             return known
-        summary = self.conversation.summarise_image(image.image)
-        self.summaries.put(image.sha256, summary)
+        summary = self.conversation.summarise_images([image.image for image in images])
+        self.summaries.put(digest, summary)
         return summary
 
 
@@ -272,10 +296,12 @@ def _keys(past: tuple[PastTurn, ...]) -> list[tuple[str, str, str | None]]:
     return [(p.user.strip(), p.answer.strip(), p.image_key) for p in past]
 
 
-def _record(number: int, past: PastTurn, first_image: int, summary: Callable[[ChatImage], str]) -> TurnRecord:
-    """A resent turn as the conversation keeps it, its images numbered from first_image."""
-    shown = [ShownImage(image.image.name, first_image + k, summary(image))
-             for k, image in enumerate(past.images)]
+def _record(number: int, past: PastTurn, first_image: int,
+            summary: Callable[[tuple[ChatImage, ...]], str]) -> TurnRecord:
+    """A resent turn as the conversation keeps it, its images (a clip's window as one) numbered
+    from first_image."""
+    shown = [ShownImage(group.key, first_image + k, summary(uploads))
+             for k, (group, uploads) in enumerate(grouped(past.images))]
     return TurnRecord.showing(shown, turn=number, user=past.user.strip(), answer=past.answer.strip())
 
 

@@ -24,9 +24,17 @@ CAPTION_TOKENS = 120
 LIVE_FOLLOW_UPS = 1
 
 
-def caption_request(fmt: PromptFormat, slot: int = 0, of: int = 1) -> str:
-    """The request for an image's summary; in a turn of several, it names which image (by the
-    "Image k" order the turn showed them in)."""
+WINDOW_REQUEST = (
+    "For your own later reference, summarise the video frames above in one dense factual "
+    "paragraph: what happens, in order, with the times, any text you can read, colours and counts."
+)
+
+
+def caption_request(fmt: PromptFormat, slot: int = 0, of: int = 1, *, window: bool = False) -> str:
+    """The request for an image's summary (a clip's window: one for its frames); in a turn of
+    several, it names which image (by the "Image k" order the turn showed them in)."""
+    if window:
+        return f"{fmt.user_prefix}{WINDOW_REQUEST}{fmt.user_suffix}"
     request = CAPTION_REQUEST if of == 1 else CAPTION_REQUEST.replace(
         "the image above", f"image {slot + 1} of the {of} above", 1)
     return f"{fmt.user_prefix}{request}{fmt.user_suffix}"
@@ -81,7 +89,7 @@ class SummarySwap:
                 live.caption = self._caption(live) or self._answer_start(live.turn)
             self._swap(live)
             self.live.remove(live)
-            self._log.note_summary(live.turn, live.caption, live.slot)
+            self._log.note_summary(live.turn, live.caption, live.entry)
         return time.perf_counter() - began
 
     def due(self) -> list[LiveImage]:
@@ -123,7 +131,8 @@ class SummarySwap:
             return self._answer_start(live.turn)
         checkpoint = len(self._ledger)
         self._ledger.mark()  # the caption request is rolled back to here
-        request = self._sequence.tokenize(caption_request(self._fmt, live.slot, live.of))
+        asked = caption_request(self._fmt, live.entry, live.of, window=live.span > 1)
+        request = self._sequence.tokenize(asked)
         try:
             self._ledger.append(Segment("user", -1, (*request, *live.made)))
             tokens = self._sequence.generate(self.caption_tokens - len(live.made), Sampling(temperature=0.0))
@@ -138,8 +147,10 @@ class SummarySwap:
         return " ".join(self._sequence.detokenize(live.made).split())
 
     def _swap(self, live: LiveImage) -> None:
-        """Replace one image's block (views and labels) by its summary, in place."""
-        block = self._ledger.turn_indices(live.turn, ("image", "label"), slot=live.slot)
+        """Replace one image's block (views and labels; a window's: all its frames') by its
+        summary, in place."""
+        block = [i for slot in range(live.slot, live.slot + live.span)
+                 for i in self._ledger.turn_indices(live.turn, ("image", "label"), slot=slot)]
         if not block:
             return
         text = summary_text(live.index, live.name, live.caption or "")

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 from rich.markup import escape
+from typer._click.exceptions import NoArgsIsHelpError, UsageError  # typer 0.29 carries its own click
 
 from edgevlm import __version__
 from edgevlm.cli import options as opt
@@ -165,7 +166,8 @@ def describe(
         n_seq = _parallel_option(ctx, parallel)
         questions, output, budget = _describe_questions(prompt, _asked(ask, prompts), fmt, schema, tags,
                                                         max_tags, language, max_tokens, finding)
-        _check_describe_outputs(ctx, write_captions, jsonl, out_dir, write_xmp or embed, bool(ask or prompts))
+        _check_describe_outputs(ctx, write_captions, jsonl, out_dir, write_xmp or embed, bool(ask or prompts),
+                                together=together)
         writes = write_captions or write_xmp or jsonl is not None  # the text goes to files, not stdout
         found, targets, xmp = _describe_targets(
             find_images(photos, recursive=recursive, pattern=glob), (pages, fps, questions.asks_more),
@@ -330,8 +332,8 @@ def _read_and_ask(describers: list[Describer], targets: list[Target], prompt: st
     return summary
 
 
-def _check_together(together: bool, found: Found, n_images: int, writes_beside: bool) -> None:
-    """--together needs images that all exist, and writes one answer to stdout only."""
+def _check_together(together: bool, found: Found, n_images: int) -> None:
+    """--together needs images that all exist (what it writes is checked with the outputs)."""
     if not together:
         return
     if found.missing:
@@ -339,10 +341,6 @@ def _check_together(together: bool, found: Found, n_images: int, writes_beside: 
                           settings=("together",))
     if n_images < 2:
         raise ConfigError("--together shows several images in one question; name two or more",
-                          settings=("together",))
-    if writes_beside:
-        raise ConfigError("--together gives one answer about all the images; it cannot be written beside "
-                          "each (--write-captions, --write-xmp, --embed, --jsonl, --out-dir)",
                           settings=("together",))
 
 
@@ -372,12 +370,17 @@ def _asked(ask: list[str] | None, prompts: Path | None) -> list[str]:
 
 
 def _check_describe_outputs(ctx: typer.Context, write_captions: bool, jsonl: Path | None,
-                            out_dir: Path | None, sidecars: bool, asking: bool) -> None:
+                            out_dir: Path | None, sidecars: bool, asking: bool, *, together: bool) -> None:
     """Everything describe will write, and the settings it reads, checked before the model loads."""
     from edgevlm.describe.folders import check_outputs
     from edgevlm.vision.images import max_pixels
 
     max_pixels()  # a bad EDGEVLM_MAX_PIXELS is refused before anything loads
+    if together and (write_captions or jsonl is not None or out_dir is not None or sidecars):
+        # one answer about all the images: it was "1 captioned", exit 0, and written nowhere
+        raise ConfigError("--together gives one answer about all the images; it cannot be written beside "
+                          "each (--write-captions, --write-xmp, --embed, --jsonl, --out-dir)",
+                          settings=("together",))
     if asking and (write_captions or jsonl is not None or sidecars):
         raise ConfigError("several questions per image (--ask, --prompts) print their answers "
                           "(text or --json); they are not written as captions, JSONL or XMP")
@@ -427,7 +430,7 @@ def _describe_targets(found: Found, parts: tuple[str | None, float | None, bool]
                         fps=fps or frames.fps, window_frames=frames.window_frames)
     if together and any(isinstance(image, VideoWindow) for image, _root in images):
         raise ConfigError("a video is described window by window; --together does not take one")
-    _check_together(together, found, len(images), write_captions or write_xmp or embed or out_dir is not None)
+    _check_together(together, found, len(images))
     targets = plan_targets(images, write_captions=write_captions, out_dir=out_dir,
                            xmp_name=xmp_name if write_xmp else None, embed=embed)
     check_targets_writable(targets)  # a read-only folder is refused before the model loads
@@ -813,6 +816,9 @@ def _projector_before_loading(model: str, mmproj: Path | None) -> ProjectorFacts
     return projector
 
 
+DRAW_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp"}
+
+
 def _finding(find: str | None, draw: Path | None, model: str, mmproj: Path | None, photos: list[Path], *,
              asking: bool) -> tuple[str, Grounding] | None:
     """--find's target and the model family's box format, checked before anything loads: a
@@ -835,6 +841,9 @@ def _finding(find: str | None, draw: Path | None, model: str, mmproj: Path | Non
     if draw is not None:
         if len(photos) != 1 or not photos[0].is_file():
             raise ConfigError("--draw writes one photo with its boxes; give --find one photo")
+        if draw.suffix.lower() not in DRAW_SUFFIXES:  # before the run, not after it (30 s later)
+            raise ConfigError(f"--draw {draw}: write a {', '.join(sorted(DRAW_SUFFIXES))} file (its suffix "
+                              "says which)")
         check_writable(draw, "--draw")
     projector = _projector_before_loading(model, mmproj)
     family = family_for(projector)
@@ -939,10 +948,21 @@ def main() -> None:
     """Console-script entry point."""
     _check_bool_env()
     try:
-        app()
+        code = app(standalone_mode=False)
+    except NoArgsIsHelpError as exc:  # `edgevlm` alone: its help, as click shows it
+        typer.echo(exc.ctx.get_help() if exc.ctx is not None else str(exc), err=True)
+        sys.exit(2)
+    except UsageError as exc:  # one line, as every other bad input (click's is three or four)
+        command = exc.ctx.command_path if exc.ctx is not None else "edgevlm"
+        _error(f"{exc.format_message()} (see {command} --help)")
+        sys.exit(2)
+    except typer.Abort:  # Ctrl-C at a prompt
+        err.print("\n[yellow]interrupted[/]")
+        sys.exit(130)
     except KeyboardInterrupt:  # Ctrl-C before a command has its own handler (while starting)
         err.print("\n[yellow]interrupted[/]")
         sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 def _check_bool_env() -> None:

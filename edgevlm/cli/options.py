@@ -143,7 +143,16 @@ Pool = Annotated[str, typer.Option(
 
 # Arguments are hidden from the options list (Typer would print their Python type there); the
 # usage line names them and each command's help says what they are.
-Photos = Annotated[list[Path], typer.Argument(show_default=False, metavar="IMAGE_OR_FOLDER", hidden=True)]
+def _input_path(text: str) -> Path:
+    """A photo, document, video or folder as given: an empty one is refused (Path("") is the
+    current folder, and `describe ""` described all of it)."""
+    if not text.strip():
+        raise typer.BadParameter("an empty path names no image or folder (give . for this folder)")
+    return Path(text)
+
+
+Photos = Annotated[list[Path], typer.Argument(show_default=False, metavar="IMAGE_OR_FOLDER", hidden=True,
+                                              parser=_input_path)]
 JsonOut = Annotated[bool, typer.Option("--json", help="One JSON object per image on stdout.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress or stats on stderr.")]
 Recursive = Annotated[bool, typer.Option("--recursive", "-r", help="Descend into subfolders.")]

@@ -442,6 +442,7 @@ def draw_found(photo: Path, boxes: Sequence[FoundBox], target: Path) -> None:
 
     drawn = draw_boxes(load_image(photo).image, boxes)
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)
         drawn.save(target)
     except (OSError, ValueError) as exc:  # an unknown suffix, a full disk
         raise UserError(f"--draw {target}: could not write it ({exc})") from None

@@ -42,17 +42,20 @@ def default_session_path() -> Path:
 
 @dataclass(frozen=True)
 class SavedSession:
-    """A session file's turns (since its last /reset) and the model it was held with."""
+    """A session file's turns (since its last /reset), the model it was held with, and the
+    numbers of the lines that could not be read (a crash's torn line, a damaged row)."""
 
     records: list[TurnRecord]
     model: str | None = None
     mmproj: str | None = None
+    skipped_lines: tuple[int, ...] = ()
 
 
 def load_transcript(path: Path) -> SavedSession:
     """Read a session file; anything that is not one is refused (exit 2) and left untouched.
 
-    A torn last line (a chat killed mid-write) is skipped.
+    A line a crash tore (or glued to the next row, as resumes before this one did) is read for
+    the row it still holds, or skipped and reported: the turns around it are kept.
     """
     try:
         lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
@@ -60,21 +63,33 @@ def load_transcript(path: Path) -> SavedSession:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not UTF-8 text"
         raise UserError(f"{path}: cannot read the session ({why})") from None
     rows = [_session_row(line) for line in lines]
-    if not rows or rows[0] is None or None in rows[:-1]:
+    if not rows or rows[0] is None:
         raise UserError(f"{path}: not an edgevlm chat session (expected the JSONL that `edgevlm chat` "
                         "writes); pass a session file, or --session to start a new one")
     header = next((r for r in rows if r and r["type"] == "session"), {})
     records: list[TurnRecord] = []
-    for row in rows:
-        if row and row["type"] == "reset":
-            records = []
-        elif row and row["type"] == "turn":
-            records.append(TurnRecord.from_plain(row))
-        elif row and row["type"] == "summary":  # made after its turn, in idle time
-            slot = int(row.get("slot", 0))
-            records = [r.with_summary(slot, row.get("summary")) if r.turn == row.get("turn") else r
-                       for r in records]
-    return SavedSession(records, header.get("model"), header.get("mmproj"))
+    skipped = [n for n, row in enumerate(rows, start=1) if row is None]
+    for number, row in enumerate(rows, start=1):
+        try:
+            records = _with_row(records, row)
+        except (TypeError, ValueError):  # a row of the right type with fields that are not
+            skipped.append(number)
+    return SavedSession(records, header.get("model"), header.get("mmproj"), tuple(sorted(skipped)))
+
+
+def _with_row(records: list[TurnRecord], row: dict[str, Any] | None) -> list[TurnRecord]:
+    """The turns after one more row of the session."""
+    if row is None or row["type"] == "session":
+        return records
+    if row["type"] == "reset":
+        return []
+    if row["type"] == "turn":
+        record = TurnRecord.from_plain(row)
+        if not isinstance(record.user, str) or not isinstance(record.answer, str):
+            raise TypeError("a turn's question and answer are text")
+        return [*records, record]
+    slot = int(row.get("slot", 0))  # a summary, made after its turn in idle time
+    return [r.with_summary(slot, row.get("summary")) if r.turn == row.get("turn") else r for r in records]
 
 
 def check_session_target(path: Path, *, resumed: Path | None) -> None:
@@ -92,12 +107,22 @@ def check_session_target(path: Path, *, resumed: Path | None) -> None:
 
 
 def _session_row(line: str) -> dict[str, Any] | None:
+    """A session row, or None. A line that is a torn row with a whole one glued after it keeps
+    the whole one."""
+    data = _json_object(line)
+    if data is None:
+        glued = line.rfind('{"type": ')
+        data = _json_object(line[glued:]) if glued > 0 else None
+    ok = data is not None and data.get("type") in ("session", "turn", "summary", "reset")
+    return data if ok else None
+
+
+def _json_object(text: str) -> dict[str, Any] | None:
     try:
-        data = json.loads(line)
+        data = json.loads(text)
     except json.JSONDecodeError:
         return None
-    ok = isinstance(data, dict) and data.get("type") in ("session", "turn", "summary", "reset")
-    return data if ok else None
+    return data if isinstance(data, dict) else None
 
 
 def run_chat(conversation: Conversation, loaded: Loaded, *, saved: SavedSession | None,
@@ -105,6 +130,10 @@ def run_chat(conversation: Conversation, loaded: Loaded, *, saved: SavedSession 
     """The chat command's body: restore a saved session, open the transcript, run the REPL."""
     from edgevlm.cli.render import err
 
+    if saved is not None and saved.skipped_lines:
+        shown = ", ".join(map(str, saved.skipped_lines[:5])) + ("…" if len(saved.skipped_lines) > 5 else "")
+        err.print(f"[yellow]warning:[/] the session's line{'s' if len(saved.skipped_lines) > 1 else ''} "
+                  f"{shown} could not be read (a crash's torn write?); the other turns are resumed")
     if saved is not None and saved.records:
         conversation.restore(saved.records)
     interactive = sys.stdin.isatty()
@@ -356,6 +385,9 @@ class ChatRepl:
         if path.exists():  # /save never replaces a file; the transcript stays to save elsewhere
             self._error(f"{path} already exists; /save to a new name (nothing was written)")
             return
+        if self.conversation.pending_summaries:  # right after a turn: its summary, not null
+            with stop_on_sigint(self.worker.cancel):
+                self.worker.run(self.conversation.summarise_pending, kind=JobKind.TASK)
         lines = [json.dumps({"type": "turn", **asdict(r)}, ensure_ascii=False)
                  for r in self.conversation.records]
         try:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from edgevlm import __version__
 from edgevlm.describe.describer import (
     DEFAULT_PROMPT,
     DescribeEvent,
@@ -24,7 +25,7 @@ from edgevlm.describe.xmp import XmpError, XmpFields, XmpState, read_states, sid
 from edgevlm.describe.xmp import write as write_xmp
 from edgevlm.errors import UserError
 from edgevlm.paths import check_writable
-from edgevlm.store.files import USER_FILE_MODE, append_jsonl, write_atomically
+from edgevlm.store.files import USER_FILE_MODE, append_jsonl, mend_last_line, write_atomically
 from edgevlm.vision.documents import DocumentPage, is_document, open_document
 from edgevlm.vision.images import IMAGE_SUFFIXES
 from edgevlm.vision.sources import Source
@@ -185,12 +186,20 @@ def _page_suffix(source: Source) -> str:
     return ""
 
 
+# Each row edgevlm writes to a --jsonl log carries this key (its value: the version that wrote
+# it), so a user's own JSONL, whose rows may well have an "image" key, is never taken for one.
+LOG_MARK = "edgevlm"
+# Rows written before the mark have all of these (no photo list has a time to first token).
+_UNMARKED_KEYS = {"image", "text", "ttft_s", "decode_tok_s"}
+
+
 class JsonlLog:
-    """One JSON object per image, appended in one write each and fsynced.
+    """One JSON object per image, appended in one write each and fsynced, each marked as
+    edgevlm's (LOG_MARK).
 
     A run killed mid-write can leave a torn last line; it is cut off (in place, so the file
     keeps its permissions) when the next run opens the file. A file that is not an edgevlm
-    log is refused and never rewritten.
+    log is refused and never rewritten, nor cut.
     """
 
     def __init__(self, path: Path) -> None:
@@ -209,22 +218,19 @@ class JsonlLog:
         for number, line in enumerate(lines, start=1):
             image = _logged_image(line)
             if image is None:
-                raise UserError(f"--jsonl {self.path}: line {number} is not an edgevlm caption row, "
-                                "so this is not an edgevlm log; name a new file (it is left as it is)")
+                raise UserError(f"--jsonl {self.path}: line {number} is not a row edgevlm wrote, so this is "
+                                "not an edgevlm log; name a new file (it is left as it is)")
             self.done.add(image)
-        if torn and _logged_image(torn) is None:
-            if not lines:
-                raise UserError(f"--jsonl {self.path}: not an edgevlm log (no caption rows); "
-                                "name a new file (it is left as it is)")
-            os.truncate(self.path, len(raw) - len(torn))  # edgevlm's own log: cut its torn last line
-        elif torn:  # a whole row whose newline was lost
-            with self.path.open("ab") as handle:
-                handle.write(b"\n")
+        if torn and not lines and _logged_image(torn) is None:
+            raise UserError(f"--jsonl {self.path}: not an edgevlm log (no rows edgevlm wrote); "
+                            "name a new file (it is left as it is)")
+        mend_last_line(self.path, keep=lambda line: _logged_image(line) is not None)
+        if torn and _logged_image(torn) is not None:  # a whole row whose newline was lost
             self.done.add(str(_logged_image(torn)))
 
     def append(self, row: dict[str, object]) -> None:
         """Add one entry."""
-        append_jsonl(self.path, [row])
+        append_jsonl(self.path, [row | {LOG_MARK: __version__}])
         self.done.add(str(row["image"]))
 
 
@@ -234,9 +240,9 @@ def _logged_image(line: bytes) -> str | None:
         data = json.loads(line)
     except (json.JSONDecodeError, UnicodeDecodeError):
         return None
-    if isinstance(data, dict) and isinstance(data.get("image"), str):
-        return data["image"]
-    return None
+    if not isinstance(data, dict) or not isinstance(data.get("image"), str):
+        return None
+    return data["image"] if LOG_MARK in data or _UNMARKED_KEYS <= data.keys() else None
 
 
 def check_outputs(*, write_captions: bool, jsonl: Path | None, out_dir: Path | None) -> None:

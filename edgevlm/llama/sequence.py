@@ -154,8 +154,12 @@ class EngineSequence:
         self._logits_ready = False
 
     def resync(self) -> None:
-        """Take the ledger from llama.cpp after an interrupted call."""
-        self._n_past = self.kv_cells()
+        """Take the next position from llama.cpp after an interrupted call, where a decode it
+        stopped part-way kept ubatches this sequence has not counted. Never lower: llama.cpp's
+        last cell is short of an M-RoPE image's positions (the block moves them by its grid's
+        longer side), so after an image the count kept here is the right one (a stop just after
+        one failed the swap: "cannot truncate to 289: the cache holds 284 positions")."""
+        self._n_past = max(self._n_past, self.kv_cells())
 
     # -- the state, out and back ------------------------------------------------------------
 

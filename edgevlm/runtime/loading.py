@@ -195,6 +195,10 @@ def make_plan(flags: ModelFlags, text: TextModelFacts, projector: ProjectorFacts
     counting them is start-up time a loading model does not need)."""
     if flags.n_ctx is not None and flags.n_ctx < 256:
         raise ConfigError(f"--n-ctx {flags.n_ctx} is too small; use at least 256")
+    if flags.n_ctx is not None and flags.n_ctx > text.n_ctx_train:
+        # past it the model reads positions it never saw, and 10^8 failed the KV allocation (exit 1)
+        raise ConfigError(f"--n-ctx {flags.n_ctx:,} is more than the {text.n_ctx_train:,} tokens this model "
+                          f"was trained for; use at most {text.n_ctx_train}", settings=("n_ctx",))
     if flags.parallel is not None and not 1 <= flags.parallel <= MAX_PARALLEL:
         raise ConfigError(f"--parallel must be auto or 1-{MAX_PARALLEL}, not {flags.parallel}")
     if flags.kv_type is not None and flags.kv_type not in KV_TYPES:

@@ -12,7 +12,7 @@ from typing import Protocol
 from starlette.requests import Request
 
 from edgevlm.chat.records import TurnStats, to_plain
-from edgevlm.chat.resent import ChatTurn
+from edgevlm.chat.resent import ChatTurn, group_digest, grouped
 from edgevlm.errors import ContextOverflowError, EngineError, Interrupted, UserError, in_words, one_line
 from edgevlm.server.http import ApiError
 from edgevlm.server.scheduler import Answered, Failed, JobEvent, Piece, QueueFull, Scheduler, TurnJob
@@ -240,14 +240,15 @@ def _kv_split(stats: TurnStats, n_ctx: int) -> dict[str, int]:
 
 
 def past_summaries(turn: ChatTurn, store: SummaryStore | None) -> list[dict[str, object]]:
-    """The summaries that stood in for the request's earlier images, in message order (None for
-    an image still live in the cache: its summary is made in idle time, after a follow-up)."""
+    """The summaries that stood in for the request's earlier images (a clip's window as one), in
+    message order (None for an image still live in the cache: its summary is made in idle time,
+    after a follow-up)."""
     found = []
     for number, past in enumerate(turn.past, start=1):
-        for image in past.images:
-            summary = store.get(image.sha256) if store is not None else None
-            found.append({"turn": number, "image": image.image.name,
-                          "sha256": image.sha256, "summary": summary})
+        for group, uploads in grouped(past.images):
+            digest = group_digest(uploads)
+            summary = store.get(digest) if store is not None else None
+            found.append({"turn": number, "image": group.name, "sha256": digest, "summary": summary})
     return found
 
 

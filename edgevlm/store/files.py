@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
 import os
@@ -51,15 +53,51 @@ def write_atomically(path: Path, data: str | bytes | list[bytes | memoryview], *
 
 
 def append_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
-    """Append rows as JSON lines in one write, fsynced: a crash leaves at most a torn last line."""
+    """Append rows as JSON lines, fsynced: whole, or not at all. os.write may write less than
+    it was given (a disk filling up): the rest is written after it, and a write that fails takes
+    back what it had added, so a full disk never leaves a cut row behind a reported success."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode("utf-8")
+    data = memoryview("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode("utf-8"))
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, data)
-        os.fsync(fd)
+        start = os.fstat(fd).st_size
+        try:
+            while data:
+                written = os.write(fd, data)
+                if written <= 0:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+                data = data[written:]
+            os.fsync(fd)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)
+            raise
     finally:
         os.close(fd)
+
+
+def mend_last_line(path: Path, *, keep: Callable[[bytes], bool]) -> None:
+    """A JSON-lines file that a crash left without its last newline: a whole last row (`keep`
+    says so) gets its newline, a torn one is cut off (in place: the file keeps its permissions),
+    so that the next row starts a line of its own instead of being glued onto the torn one."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            if size == 0:
+                return
+            handle.seek(max(size - (1 << 20), 0))
+            tail = handle.read()
+    except FileNotFoundError:
+        return
+    if tail.endswith(b"\n"):
+        return
+    last = tail.rsplit(b"\n", 1)[-1]
+    if keep(last):
+        with path.open("ab") as handle:
+            handle.write(b"\n")
+    else:
+        os.truncate(path, size - len(last))
 
 
 class JsonlAppender:
@@ -71,6 +109,8 @@ class JsonlAppender:
 
     def __init__(self, path: Path, *, warn: Callable[[str], None],
                  header: dict[str, Any] | None = None, what: str = "this session") -> None:
+        with contextlib.suppress(OSError):  # a resumed file a crash left torn: its next row starts clean
+            mend_last_line(path, keep=_is_json_object)
         self.path = path
         self.what = what  # what is lost when the disk refuses
         self._warn = warn
@@ -91,6 +131,13 @@ class JsonlAppender:
                                f"the chat goes on, but {self.what} is not being saved")
                     self._warned = True
                 return False
+
+
+def _is_json_object(line: bytes) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False
 
 
 def folder_bytes(folder: Path, pattern: str) -> int:

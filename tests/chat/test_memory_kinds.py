@@ -153,6 +153,51 @@ def test_an_interrupted_prefill_leaves_the_chat_as_it_was(pair: tuple[str, Engin
     assert ours == theirs and [s.kind for s in chat.segments] == [s.kind for s in calm.segments]
 
 
+def test_a_stop_just_after_an_image_block_in_a_swap_leaves_the_chat_whole(
+        pair: tuple[str, Engine, Engine], test_models: dict[str, Path],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 49.15: the first of two photos swapped for its summary puts the second one's block back
+    after it; a stop taken just after that block's rows took the sequence's next position from
+    llama.cpp's last cell, which under M-RoPE is short of the block's positions ("cannot truncate
+    to 289: the cache holds 284 positions"), and the summary failed."""
+    family, engine, fresh = pair
+    chat, calm = _chat(family, engine, test_models), _chat(family, fresh, test_models)
+    for conversation in (chat, calm):
+        conversation.ask("Compare them.", images=[_image(1), _image(2)])
+        conversation.summarise_pending()  # makes the captions (the first swap is then all re-decodes)
+    check, after_rows, stopped = chat.sequence.check_interrupt, [], []
+    original_replace = chat.ledger.replace
+
+    def stop_after_rows(what: str) -> None:
+        if what == "decode image":
+            after_rows.append(what)
+        elif after_rows and not stopped:  # the first text after the second block's rows
+            stopped.append(what)
+            chat.interrupt()
+        check(what)
+
+    def replace_with_a_stop(first: int, end: int, by: object) -> None:
+        monkeypatch.setattr(chat.sequence, "check_interrupt", stop_after_rows)
+        try:
+            original_replace(first, end, by)  # type: ignore[arg-type]
+        finally:
+            monkeypatch.setattr(chat.sequence, "check_interrupt", check)
+
+    chat.reset()
+    calm.reset()
+    for conversation in (chat, calm):
+        conversation.ask("Compare them.", images=[_image(1), _image(2)])
+    monkeypatch.setattr(chat.ledger, "replace", replace_with_a_stop)
+    chat.summarise_pending()
+    calm.summarise_pending()
+    monkeypatch.undo()
+    chat.check()
+    ours, _ = chat.ask("And the first?")
+    theirs, _ = calm.ask("And the first?")
+    chat.check()
+    assert ours == theirs
+
+
 def test_a_prefill_stopped_part_way_through_a_decode_leaves_the_chat_as_it_was(
         pair: tuple[str, Engine, Engine], test_models: dict[str, Path],
         monkeypatch: pytest.MonkeyPatch) -> None:

@@ -467,3 +467,32 @@ def test_a_clip_damaged_halfway_keeps_the_windows_before_the_damage(test_models:
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     assert [row["window"] for row in rows if "window" in row][:2] == [[0.0, 8.0], [8.0, 16.0]]
     assert "2 captioned, 0 skipped (already done), 1 failed" in result.stderr
+
+
+@pytest.mark.usefixtures("fake_engines")
+def test_what_a_new_user_mistypes_is_one_line_before_any_work(
+        test_models: dict[str, Path], photos: dict[str, Path], tmp_path: Path) -> None:
+    """Issue 49.11 and 49.16: --together with --jsonl said "1 captioned" and wrote nothing; --draw
+    to an unknown suffix failed after the whole run; `describe ""` described the current folder;
+    --n-ctx 100000000 was exit 1 (a failed KV allocation). Each is one line, exit 2, at once."""
+    photo, other = str(photos["photo"]), str(photos["alpha"])
+    log = str(tmp_path / "x.jsonl")
+    cases = {
+        ("describe", photo, other, "--together", "--jsonl", log): "--together gives one",
+        ("describe", photo, "--find", "the sign", "--draw", str(tmp_path / "out.gif")): "--draw",
+        ("describe", ""): "an empty path",
+        ("describe", photo, "--n-ctx", "100000000"): "trained for",
+    }
+    for args, why in cases.items():
+        result = invoke_cli(*args, *_model_args(test_models)[:4])
+        assert result.returncode == 2 and why in result.stderr, (args, result.stderr)
+        assert "Traceback" not in result.stderr
+    assert not (tmp_path / "x.jsonl").exists()
+
+
+@pytest.mark.parametrize("args", [["describe", "--bogus"], ["describe"], ["plan", "--vram"], ["nosuch"]])
+def test_usage_errors_are_one_line(args: list[str]) -> None:
+    """Issue 49.16: click's usage errors were three or four lines against the README's one."""
+    result = run_cli(*args)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert result.stderr.startswith("edgevlm: error:") and "--help" in result.stderr

@@ -384,3 +384,30 @@ def test_video_reads_each_window_as_a_turn_and_keeps_only_its_description(test_m
     assert rows[1]["visual_tokens_live"] == rows[1]["visual_tokens"]  # the first window was swapped out
     turns = _turns(tmp_path / "session.jsonl")
     assert turns[0]["user"].startswith("These are 16 frames of a video, from 0:00 to 0:08 of its 0:12")
+
+
+@pytest.mark.usefixtures("fake_engines")
+def test_a_session_torn_by_a_crash_survives_every_resume(test_models: dict[str, Path],
+                                                         tmp_path: Path) -> None:
+    """Issue 49.13: a torn last line survived one --resume: the new turns were glued onto it, and
+    two resumes later --resume refused the whole file. The torn row is cut before anything is
+    appended; a file damaged the old way keeps the turns it still holds, and says which lines."""
+    session = tmp_path / "session.jsonl"
+    first = invoke_cli(*_args(test_models, tmp_path), stdin="hello\nand then?\n")
+    assert first.returncode == 0, first.stderr
+    with session.open("ab") as handle:  # kill -9 mid-write: half a row, no newline
+        handle.write(b'{"type": "turn", "turn": 3, "user": "lost que')
+    for question in ("one more", "and another"):
+        resumed = invoke_cli(*_args(test_models, tmp_path)[:-2], "--resume", str(session),
+                             stdin=f"{question}\n")
+        assert resumed.returncode == 0, resumed.stderr
+    assert all(json.loads(line) for line in session.read_text().splitlines())  # no glued line
+    assert [t["user"] for t in _turns(session)] == ["hello", "and then?", "one more", "and another"]
+    glued = tmp_path / "glued.jsonl"  # what resuming used to make of it, and a row with odd fields
+    lines = session.read_text().splitlines()
+    odd_row = '{"type": "turn", "turn": "x", "user": 5}'
+    glued.write_text("\n".join([lines[0], lines[1][:40] + lines[2], odd_row, *lines[3:]]) + "\n")
+    saved = load_transcript(glued)
+    assert saved.skipped_lines == (3,) and len(saved.records) == len(_turns(session)) - 1
+    odd = invoke_cli(*_args(test_models, tmp_path)[:-2], "--resume", str(glued), stdin="")
+    assert odd.returncode == 0 and "could not be read" in odd.stderr and "Traceback" not in odd.stderr

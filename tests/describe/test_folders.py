@@ -148,10 +148,10 @@ def test_each_image_starts_from_the_shared_prefix(small_sequence: FakeSequence, 
 
 def test_torn_jsonl_line_is_cut_and_writes_are_atomic(tmp_path: Path) -> None:
     log = tmp_path / "log.jsonl"
-    log.write_text('{"image": "a.jpg", "text": "ok"}\n{"image": "b.jpg", "te')
+    log.write_text('{"image": "a.jpg", "text": "ok", "edgevlm": "0.1.0"}\n{"image": "b.jpg", "te')
     reopened = JsonlLog(log)
     assert reopened.done == {"a.jpg"}
-    assert log.read_text() == '{"image": "a.jpg", "text": "ok"}\n'
+    assert log.read_text() == '{"image": "a.jpg", "text": "ok", "edgevlm": "0.1.0"}\n'
     target = tmp_path / "deep" / "c.txt"
     write_atomically(target, "hello\n")
     assert target.read_text() == "hello\n" and not list(target.parent.glob("*.tmp"))
@@ -191,11 +191,62 @@ def test_a_file_that_is_not_an_edgevlm_log_is_refused_untouched(tmp_path: Path) 
         JsonlLog(foreign)
     assert foreign.read_bytes() == body and foreign.stat().st_mode & 0o777 == 0o640
     ours = tmp_path / "ours.jsonl"
-    ours.write_bytes(b'{"image": "a.jpg", "text": "x"}\n{"image": "b.jpg", "te')
+    ours.write_bytes(b'{"image": "a.jpg", "text": "x", "edgevlm": "0.1.0"}\n{"image": "b.jpg", "te')
     ours.chmod(0o644)
     log = JsonlLog(ours)  # a torn last row of our own is cut in place; the mode stays
-    assert log.done == {"a.jpg"} and ours.read_bytes() == b'{"image": "a.jpg", "text": "x"}\n'
+    assert log.done == {"a.jpg"}
+    assert ours.read_bytes() == b'{"image": "a.jpg", "text": "x", "edgevlm": "0.1.0"}\n'
     assert ours.stat().st_mode & 0o777 == 0o644
+
+
+def test_a_users_own_jsonl_with_image_keys_is_never_taken_for_a_log(tmp_path: Path) -> None:
+    """Issue 49.12: any file whose rows had a string "image" key was taken for edgevlm's log:
+    edgevlm appended to it, skipped the images it named and cut its half-written last line.
+    edgevlm's rows carry a mark; rows written before the mark are known by edgevlm's own keys."""
+    mine = tmp_path / "photos.jsonl"
+    body = b'{"image": "a.jpg", "rating": 5}\n{"image": "b.jpg", "rati'
+    mine.write_bytes(body)
+    with pytest.raises(UserError, match="not a row edgevlm wrote"):
+        JsonlLog(mine)
+    assert mine.read_bytes() == body
+    older = tmp_path / "older.jsonl"  # a log from before the mark: time to first token and all
+    older.write_text('{"image": "a.jpg", "text": "x", "ttft_s": 1.2, "decode_tok_s": 30.0}\n')
+    assert JsonlLog(older).done == {"a.jpg"}
+    log = JsonlLog(tmp_path / "new.jsonl")
+    log.append({"image": "c.jpg", "text": "y"})
+    row = json.loads((tmp_path / "new.jsonl").read_text())
+    assert row["edgevlm"] and JsonlLog(tmp_path / "new.jsonl").done == {"c.jpg"}
+
+
+def test_a_full_disk_leaves_no_cut_row_and_fails_the_image(
+        small_sequence: FakeSequence, folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 49.14: os.write's count was ignored: a disk filling up left a cut JSONL row behind
+    "6 captioned, 0 failed" and exit 0. Now the rest is written after a short write, and a write
+    that fails takes back what it added and fails that image."""
+    import errno
+
+    import edgevlm.store.files as files_module
+
+    real_write, calls = os.write, [0]
+
+    def filling_up(fd: int, data: bytes) -> int:
+        calls[0] += 1
+        if calls[0] == 2:  # the second row: half of it fits, then the disk is full
+            return real_write(fd, bytes(data[:len(data) // 2]))
+        if calls[0] == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(files_module.os, "write", filling_up)
+    describer = make_describer(small_sequence, CHATML, tile_size=112, max_tokens=4, max_tiles=0)
+    targets = plan_targets(find_images([folder], recursive=False, pattern=None).images, write_captions=False,
+                           out_dir=None)
+    log_path = tmp_path / "run.jsonl"
+    summary = caption_all(describer, targets, prompt="Describe.", jsonl=JsonlLog(log_path),
+                          on_event=lambda event: None)
+    rows = [json.loads(line) for line in log_path.read_text().splitlines()]  # every line whole
+    assert summary.captioned == len(rows) == len(targets) - 1 and len(summary.failed) == 1
+    assert "No space left" in summary.failed[0][1]
 
 
 def test_a_failed_write_fails_that_image_not_the_run(small_sequence: FakeSequence, folder: Path,

@@ -248,3 +248,53 @@ def test_a_pdf_file_part_shows_its_pages_and_the_ollama_api_refuses_one(
         ollama.Client(host=qwen_server[0], timeout=120).chat(model=qwen_server[1].model.id, messages=[
             {"role": "user", "content": "Read it.", "images": [base64.b64decode(pdf)]}])
     assert refused.value.status_code == 400 and "Ollama API takes images only" in refused.value.error
+
+
+@pytest.mark.parametrize("family", ["qwen", "qwen3", "smolvlm"])
+def test_a_follow_up_to_a_video_reuses_the_cache(test_models: dict[str, Path],
+                                                 tmp_path_factory: pytest.TempPathFactory, family: str,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 49.15: a follow-up to a video message re-prefilled everything (the Qwen pair: 1,247
+    prompt tokens, none cached, against 299 for the video turn): the frames were matched by their
+    times' names against records keyed by the file, and each frame had a summary of its own.
+    A window is now one entry and one summary; the follow-up, sent at once or after the summary,
+    reuses what the cache holds."""
+    import base64
+    import logging
+
+    from openai import OpenAI
+
+    from edgevlm.runtime.loading import ModelFlags, load
+
+    from ..vision.test_video import moving_square, write_clip
+
+    caplog.set_level(logging.WARNING)
+    raw = write_clip(tmp_path_factory.mktemp("clip") / "clip.mp4", 12, draw=moving_square).read_bytes()
+    data = base64.b64encode(raw).decode()
+    video = {"type": "video_url", "video_url": {"url": f"data:video/mp4;base64,{data}"}}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp(f"{family}-video-cache")))
+        loaded = load(ModelFlags(model=str(test_models[f"{family}_text"]),
+                                 mmproj=str(test_models[f"{family}_mmproj"]), n_ctx=4096, n_gpu_layers=0,
+                                 answer_tokens=16))
+        state = build_state(loaded, ServeSettings(max_tokens=16, max_queue=4, cache=True))
+        with serving(state) as url:
+            client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+            messages: list[dict[str, object]] = [
+                {"role": "user", "content": [{"type": "text", "text": "What happens?"}, video]}]
+            first = client.chat.completions.create(model="", messages=messages)
+            messages.append({"role": "assistant", "content": first.choices[0].message.content})
+            cached = []
+            for question in ("And then?", "What colour is it?"):  # at once, then after the summary
+                messages.append({"role": "user", "content": question})
+                reply = client.chat.completions.create(model="", messages=messages)
+                cached.append(reply.usage.prompt_tokens_details.cached_tokens)
+                messages.append({"role": "assistant", "content": reply.choices[0].message.content})
+                state.scheduler.drain()
+            state.scheduler.session.conversation.check()
+            summaries = reply.model_extra["edgevlm"]["summaries"]
+        loaded.engine.close()
+    assert cached[0] >= first.usage.prompt_tokens, (cached, first.usage.prompt_tokens)
+    assert cached[1] >= reply.usage.prompt_tokens - 20, (cached, reply.usage.prompt_tokens)
+    assert len(summaries) == 1 and summaries[0]["summary"] is not None  # one window, one summary
+    assert not [r for r in caplog.records if "summary failed" in r.getMessage()]
