@@ -407,7 +407,7 @@ def answer_tokens_needed(output: OutputFormat) -> int:
     if output.kind == "boxes" and output.schema is not None:
         items = output.schema["items"]["properties"]
         per_box = items["label"]["maxLength"] + 4 * 4 + 24  # label, four numbers, the JSON around them
-        return output.schema["maxItems"] * per_box + 8
+        return output.schema["maxItems"] * per_box + 8  # vision/boxes.py's boxes_within, the reverse
     if output.kind != "tags" or output.schema is None:
         return 0
     max_tags = output.schema["properties"]["tags"]["maxItems"]

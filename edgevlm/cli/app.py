@@ -53,6 +53,8 @@ app = typer.Typer(
 # Where `make peers` puts llama.cpp's own multimodal CLI.
 DEFAULT_PEER = Path("peers") / "bin" / "llama-mtmd-cli"
 
+DEFAULT_MAX_TOKENS = 512  # an answer's length when --max-tokens is not given
+
 DESCRIBE_HELP = """Describe photos (JPEG, PNG, WebP, …) or folders of them in detail: a global view
 plus labelled close-up tiles.
 
@@ -141,7 +143,7 @@ def _root(version: Annotated[bool, typer.Option(
 @app.command(help=DESCRIBE_HELP, short_help="Describe photos or folders: text, JSON, tags, captions, XMP.")
 def describe(
     ctx: typer.Context, photos: opt.Photos, prompt: opt.Prompt = None, ask: opt.Ask = None,
-    prompts: opt.Prompts = None, max_tokens: opt.MaxTokens = 512, tiles: opt.Tiles = "auto",
+    prompts: opt.Prompts = None, max_tokens: opt.MaxTokens = DEFAULT_MAX_TOKENS, tiles: opt.Tiles = "auto",
     pool: opt.Pool = "auto", detail: opt.Detail = "chat", model: opt.Model = DEFAULT_MODEL,
     mmproj: opt.Mmproj = None, n_gpu_layers: opt.NGpuLayers = None, swa_full: opt.SwaFull = None,
     n_ctx: opt.NCtx = None, seed: opt.Seed = None, temperature: opt.Temperature = 0.0,
@@ -164,8 +166,9 @@ def describe(
         finding = _finding(find, draw, model, mmproj, photos, asking=bool(prompt or ask or prompts))
         max_tiles, pool_factor, task = _view_options(ctx, tiles, pool, detail, finding=finding is not None)
         n_seq = _parallel_option(ctx, parallel)
-        questions, output, budget = _describe_questions(prompt, _asked(ask, prompts), fmt, schema, tags,
-                                                        max_tags, language, max_tokens, finding)
+        questions, output, budget = _describe_questions(
+            prompt, _asked(ask, prompts), fmt, schema, tags, max_tags, language,
+            None if _is_default(ctx, "max_tokens") else max_tokens, finding)
         _check_describe_outputs(ctx, write_captions, jsonl, out_dir, write_xmp or embed, bool(ask or prompts),
                                 together=together)
         writes = write_captions or write_xmp or jsonl is not None  # the text goes to files, not stdout
@@ -247,26 +250,32 @@ class _Asked:
 
 
 def _describe_questions(prompt: str | None, asked: list[str], fmt: str | None, schema: Path | None,
-                        tags: bool, max_tags: int, language: str, max_tokens: int,
+                        tags: bool, max_tags: int, language: str, max_tokens: int | None,
                         finding: tuple[str, Grounding] | None = None) -> tuple[_Asked, OutputFormat, int]:
-    """What describe asks, the answer's format and the room its longest answer needs."""
+    """What describe asks, the answer's format and the room its longest answer needs (max_tokens
+    None: the default, raised for a format whose longest answer needs more)."""
     from edgevlm.chat.structured import TEXT, OutputFormat
     from edgevlm.describe.describer import DOCUMENT_PROMPT, answer_budget
-    from edgevlm.vision.boxes import boxes_schema
+    from edgevlm.vision.boxes import boxes_within
 
     structured = bool(fmt or schema or tags)
     if finding is not None:  # --find: the family's own question, held to a grammar where it writes JSON
         if structured:
             raise ConfigError("--find gives its answer's shape (boxes); drop --format, --schema or --tags")
         what, grounding = finding
-        output = OutputFormat("boxes", boxes_schema()) if grounding.json else TEXT
+        # An explicit --max-tokens is kept: the boxes the answer may hold are fitted to it (it
+        # was raised to the 16 boxes' 1,160, and --max-tokens 64 wrote 622)
+        boxes = grounding.schema(boxes_within(max_tokens) if max_tokens is not None else 0)
+        output = OutputFormat("boxes", boxes) if grounding.json else TEXT
         output.grammar()
-        return _Asked(grounding.question(what), [], [], None), output, answer_budget(output, max_tokens)
+        budget = answer_budget(output, DEFAULT_MAX_TOKENS) if max_tokens is None else max_tokens
+        return _Asked(grounding.question(what), [], [], None), output, budget
     # A page is transcribed unless the user asks it something (or for a structured answer);
     # an --ask about a document is answered over all of its pages (see _read_and_ask).
     document_prompt = None if prompt or structured else DOCUMENT_PROMPT
     first, more = _questions(prompt, asked, structured=structured)
-    output, first, budget = _answer_shape(fmt, schema, tags, max_tags, language, first, max_tokens)
+    output, first, budget = _answer_shape(fmt, schema, tags, max_tags, language, first,
+                                          DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens)
     return _Asked(first, more, asked, document_prompt), output, budget
 
 
@@ -444,8 +453,8 @@ def _describe_targets(found: Found, parts: tuple[str | None, float | None, bool]
 @app.command(help=CHAT_HELP, short_help="Chat about images in the terminal.")
 def chat(
     ctx: typer.Context, model: opt.Model = DEFAULT_MODEL, mmproj: opt.Mmproj = None,
-    n_ctx: opt.NCtx = None, n_gpu_layers: opt.NGpuLayers = None, max_tokens: opt.MaxTokens = 512,
-    swa_full: opt.SwaFull = None,
+    n_ctx: opt.NCtx = None, n_gpu_layers: opt.NGpuLayers = None,
+    max_tokens: opt.MaxTokens = DEFAULT_MAX_TOKENS, swa_full: opt.SwaFull = None,
     temperature: opt.Temperature = 0.0, seed: opt.Seed = None, summary: opt.Summary = "caption",
     keep_images: opt.KeepImages = 0, tiles: opt.Tiles = "auto", pool: opt.Pool = "auto",
     detail: opt.Detail = "chat", frame_tokens: opt.FrameTokens = None, system: opt.System = None,
@@ -492,8 +501,8 @@ def serve(
     ctx: typer.Context, model: opt.Model = DEFAULT_MODEL, mmproj: opt.Mmproj = None,
     host: opt.Host = "127.0.0.1", port: opt.Port = 8080, api_key: opt.ApiKey = None,
     media_dir: opt.MediaDir = None, max_queue: opt.MaxQueue = 16, max_body_mb: opt.MaxBodyMb = 50,
-    n_ctx: opt.NCtx = None, n_gpu_layers: opt.NGpuLayers = None, max_tokens: opt.MaxTokens = 512,
-    swa_full: opt.SwaFull = None,
+    n_ctx: opt.NCtx = None, n_gpu_layers: opt.NGpuLayers = None,
+    max_tokens: opt.MaxTokens = DEFAULT_MAX_TOKENS, swa_full: opt.SwaFull = None,
     temperature: opt.Temperature = 0.0, tiles: opt.Tiles = "auto", pool: opt.Pool = "auto",
     detail: opt.Detail = "chat", summary: opt.Summary = "caption", no_cache: opt.NoCache = False,
     fetch_missing: opt.Fetch = False,
@@ -841,10 +850,10 @@ def _finding(find: str | None, draw: Path | None, model: str, mmproj: Path | Non
     if draw is not None:
         if len(photos) != 1 or not photos[0].is_file():
             raise ConfigError("--draw writes one photo with its boxes; give --find one photo")
+        check_writable(draw, "--draw")
         if draw.suffix.lower() not in DRAW_SUFFIXES:  # before the run, not after it (30 s later)
             raise ConfigError(f"--draw {draw}: write a {', '.join(sorted(DRAW_SUFFIXES))} file (its suffix "
                               "says which)")
-        check_writable(draw, "--draw")
     projector = _projector_before_loading(model, mmproj)
     family = family_for(projector)
     grounding = family.grounding(projector)

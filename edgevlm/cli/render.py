@@ -295,8 +295,12 @@ def _media_lines(out: Console, p: Plan) -> None:
         shown = f"{v.shown[0]}x{v.shown[1]}"
         each = ("each frame" if v.frames_per_block == 1
                 else f"merged {v.frames_per_block} to a block, each block")
-        out.print(f"  a minute of 1280x720 video at {v.fps:g} fps: {v.minute_windows} windows "
-                  f"showing {v.window_frames} frames each, {each} {v.block_tokens} visual tokens at {shown} "
+        read = v.read_frames or v.window_frames
+        showing = (f"all {read} of its frames" if read == v.window_frames
+                   else f"{v.window_frames} of its {read} frames")
+        out.print(f"  a minute of 1280x720 video at {v.fps:g} fps: {v.minute_windows} windows of "
+                  f"{v.window_s:g} s, each showing {showing}, {each} {v.block_tokens} visual tokens at "
+                  f"{shown} "
                   f"({v.window_tokens} a window; one window in the cache at a time, however long "
                   "the clip)")
     if p.most_images_per_turn:

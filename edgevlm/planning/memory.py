@@ -166,9 +166,10 @@ class VideoFrameCost:
 
     block_tokens: int = 0  # 0: not counted
     shown: tuple[int, int] = (0, 0)
-    window_frames: int = 0
+    window_frames: int = 0  # the frames a window shows (fewer than it reads where the room is short)
     frames_per_block: int = 1
     fps: float = 1.0  # the family's own sampling rate
+    read_frames: int = 0  # the frames a window reads: its stretch of the clip (0: window_frames)
 
     @property
     def minute_frames(self) -> int:
@@ -176,9 +177,16 @@ class VideoFrameCost:
         return round(60 * self.fps)
 
     @property
+    def window_s(self) -> float:
+        """The stretch of the clip one window reads (8 blocks of the family's frames)."""
+        return (self.read_frames or self.window_frames) / self.fps
+
+    @property
     def minute_windows(self) -> int:
-        """The windows those frames are read in."""
-        return -(-self.minute_frames // max(self.window_frames, 1))
+        """The windows a minute is read in: describe's windows are stretches of the clip, each
+        showing what fits of its frames (LLaVA's test pair: 3 of 8; the plan said 20 windows
+        of 3 frames where describe read 8 of 8 s, issue 49.17)."""
+        return -(-self.minute_frames // max(self.read_frames or self.window_frames, 1))
 
     @property
     def window_tokens(self) -> int:
@@ -189,6 +197,7 @@ class VideoFrameCost:
         """A minute of video for `plan --json`."""
         return {"frame_size": list(EXAMPLE_FRAME), "fps": self.fps, "frames": self.minute_frames,
                 "window_frames": self.window_frames, "windows": self.minute_windows,
+                "window_s": round(self.window_s, 3), "read_frames": self.read_frames or self.window_frames,
                 "frame_tokens": self.block_tokens, "shown": list(self.shown),
                 "frames_per_block": self.frames_per_block, "window_tokens": self.window_tokens}
 
@@ -550,10 +559,12 @@ def video_frame_at(costs: TurnCosts, projector: ProjectorFacts, n_ctx: int, answ
         return VideoFrameCost()
     frame, tokens = found
     if layout.native:
-        return VideoFrameCost(_visual_tokens(frame), _shown(frame), frames, merge, scaffold.fps)
+        return VideoFrameCost(_visual_tokens(frame), _shown(frame), frames, merge, scaffold.fps,
+                              read_frames=scaffold.window_frames)
     side = projector.image_size
     shown = (frame.grid[0] * side, frame.grid[1] * side) if frame.n_tiles else (side, side)
-    return VideoFrameCost(_visual(layout, frame, tokens, costs), shown, frames, fps=scaffold.fps)
+    return VideoFrameCost(_visual(layout, frame, tokens, costs), shown, frames, fps=scaffold.fps,
+                          read_frames=scaffold.window_frames)
 
 
 def most_images_at(costs: TurnCosts, projector: ProjectorFacts, n_ctx: int, answer_tokens: int, *,

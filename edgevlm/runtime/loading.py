@@ -35,6 +35,7 @@ from edgevlm.planning.memory import (
     choose,
     compare,
     estimated_costs,
+    format_bytes,
     most_images_at,
     task_tokens_at,
     video_frame_at,
@@ -195,10 +196,6 @@ def make_plan(flags: ModelFlags, text: TextModelFacts, projector: ProjectorFacts
     counting them is start-up time a loading model does not need)."""
     if flags.n_ctx is not None and flags.n_ctx < 256:
         raise ConfigError(f"--n-ctx {flags.n_ctx} is too small; use at least 256")
-    if flags.n_ctx is not None and flags.n_ctx > text.n_ctx_train:
-        # past it the model reads positions it never saw, and 10^8 failed the KV allocation (exit 1)
-        raise ConfigError(f"--n-ctx {flags.n_ctx:,} is more than the {text.n_ctx_train:,} tokens this model "
-                          f"was trained for; use at most {text.n_ctx_train}", settings=("n_ctx",))
     if flags.parallel is not None and not 1 <= flags.parallel <= MAX_PARALLEL:
         raise ConfigError(f"--parallel must be auto or 1-{MAX_PARALLEL}, not {flags.parallel}")
     if flags.kv_type is not None and flags.kv_type not in KV_TYPES:
@@ -207,6 +204,9 @@ def make_plan(flags: ModelFlags, text: TextModelFacts, projector: ProjectorFacts
     if not 1 <= flags.images_per_turn <= MAX_IMAGES_PER_TURN:
         raise ConfigError(f"images per turn must be 1-{MAX_IMAGES_PER_TURN}, not {flags.images_per_turn}",
                           settings=("images",))
+    if flags.n_ctx is not None and flags.n_ctx > text.n_ctx_train:
+        notes = (*notes, f"n_ctx {flags.n_ctx:,} is past the {text.n_ctx_train:,} tokens this model was "
+                 "trained for: what lies past them it reads at positions it never saw")
     with _mtmd_blocks(text, projector) as blocks:
         plan = choose(text, projector, device, _settings(flags, costs=costs, blocks=blocks))
         plan = replace(plan, notes=notes + plan.notes)
@@ -366,6 +366,11 @@ def load(flags: ModelFlags, *, on_progress: Callable[[float], None] | None = Non
     try:
         engine = Engine(engine_config(choice, plan, flags), on_load_progress=on_progress)
     except EdgeVLMError as first:
+        if flags.n_ctx is not None and "failed to allocate" in str(first):  # the user's own --n-ctx
+            raise ConfigError(f"--n-ctx {flags.n_ctx:,}: llama.cpp could not allocate its cache "
+                              f"({format_bytes(plan.breakdown.kv)} of KV); "
+                              "lower --n-ctx, or leave it out for the largest this machine holds",
+                              settings=("n_ctx",)) from None
         if plan.device != "cuda" or plan.vram_free is None:
             raise
         engine, plan = _load_smaller(choice, text, projector, plan, flags, first, on_progress)

@@ -42,7 +42,7 @@ from edgevlm.server.turns import (
     stream_events,
     video_timeline,
 )
-from edgevlm.vision.boxes import boxes_schema
+from edgevlm.vision.boxes import boxes_within
 from edgevlm.vision.layout import Detail, FrameScaffold
 
 router = APIRouter(prefix="/v1", responses=sc.errors(sc.OpenAIError, 400, 401, 404, 408, 413, 503))
@@ -175,7 +175,9 @@ def _finding(value: object, body: dict[str, object], state: ServerState) -> _Fin
     if body.get("response_format") is not None or body.get("tools"):
         raise bad_request("edgevlm.find gives the answer's shape (boxes); drop response_format and tools",
                           "edgevlm.find")
-    grammar = opt.grammar_for(boxes_schema(), "edgevlm.find") if state.grounding.json else None
+    asked = body.get("max_completion_tokens", body.get("max_tokens"))
+    most = boxes_within(opt.max_tokens(asked, "max_tokens", state.max_tokens))
+    grammar = opt.grammar_for(state.grounding.schema(most), "edgevlm.find") if state.grounding.json else None
     return _Find(state.grounding.question(value[:200]), grammar)
 
 

@@ -42,8 +42,22 @@ class Grounding:
     model_size: Callable[[tuple[int, int]], tuple[int, int]]
 
     def question(self, what: str) -> str:
-        """The question that asks for boxes around `what`."""
-        return self.prompt.format(what=what.strip())
+        """The question that asks for boxes around `what` ("every {what}" with "the yellow
+        square" asked for "every the yellow square")."""
+        return self.prompt.format(what=_noun_phrase(what) if "every {what}" in self.prompt else what.strip())
+
+    def schema(self, max_boxes: int = 0) -> dict[str, Any]:
+        """The JSON its answer is held to (see boxes_schema): coordinates within its frame."""
+        return boxes_schema(self.frame, max_boxes or MAX_BOXES)
+
+
+_LEADING_WORDS = re.compile(r"^(?:(?:every|all|each|any|the|a|an)\s+)+", re.I)
+
+
+def _noun_phrase(what: str) -> str:
+    """`what` without the determiners a question adds itself: "every street sign" -> "street sign"."""
+    stripped = _LEADING_WORDS.sub("", what.strip())
+    return stripped or what.strip()
 
 
 @dataclass(frozen=True)
@@ -84,13 +98,27 @@ class FoundBox:
     model_box: Box  # in the model's frame
 
 
-def boxes_schema() -> dict[str, Any]:
-    """The JSON the grammar holds a grounding answer to: Qwen-VL's own shape."""
-    return {"type": "array", "maxItems": MAX_BOXES, "items": {
+# The largest coordinate each frame has: a thousandth of a side reaches 1000 (Qwen2/3-VL's
+# convention); a resized image's pixels stay under 10,000 (Qwen2.5-VL's longest side is 3,584 at
+# its most pixels).
+_MOST_COORDINATE = {BoxFrame.PER_MILLE: 1000, BoxFrame.RESIZED_PIXELS: 9999}
+# What one box costs at the most (a token a character): its label, four numbers and the JSON.
+BOX_TOKENS = LABEL_CHARS + 4 * 4 + 24
+
+
+def boxes_schema(frame: BoxFrame = BoxFrame.RESIZED_PIXELS, max_boxes: int = MAX_BOXES) -> dict[str, Any]:
+    """The JSON the grammar holds a grounding answer to: Qwen-VL's own shape, with coordinates
+    within the frame's range, and at most max_boxes boxes."""
+    return {"type": "array", "maxItems": max_boxes, "items": {
         "type": "object", "additionalProperties": False, "required": ["bbox_2d", "label"],
-        "properties": {"bbox_2d": {"type": "array", "minItems": 4, "maxItems": 4,
-                                   "items": {"type": "integer", "minimum": 0, "maximum": 9999}},
+        "properties": {"bbox_2d": {"type": "array", "minItems": 4, "maxItems": 4, "items": {
+                           "type": "integer", "minimum": 0, "maximum": _MOST_COORDINATE[frame]}},
                        "label": {"type": "string", "maxLength": LABEL_CHARS}}}}
+
+
+def boxes_within(max_tokens: int) -> int:
+    """The most boxes whose longest answer fits max_tokens (at least one)."""
+    return max(1, min(MAX_BOXES, (max_tokens - 8) // BOX_TOKENS))
 
 
 # Qwen2-VL's special-token form: an optional <|object_ref_start|>label<|object_ref_end|>, then

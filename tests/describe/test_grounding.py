@@ -161,3 +161,26 @@ def test_the_api_gives_boxes_on_the_photo_in_the_edgevlm_block(test_models: dict
             state.scheduler.close()
     finally:
         loaded.engine.close()
+
+
+def test_find_keeps_max_tokens_asks_in_plain_words_and_holds_the_frames_range(test_models: dict[str, Path],
+                                                                              tmp_path: Path) -> None:
+    """Issue 49.17: --find wrote 622 tokens for --max-tokens 64 (the 16 boxes' room replaced it),
+    asked "Locate every the yellow square", and let Qwen3-VL write coordinates to 9999 where its
+    convention ends at 1000. The boxes an answer may hold are fitted to --max-tokens instead."""
+    from edgevlm.families.qwen_vl import qwen3_grounding
+    from edgevlm.models.gguf import read_projector
+    from edgevlm.vision.boxes import BOX_TOKENS, BoxFrame, boxes_within
+
+    grounding = qwen3_grounding(read_projector(test_models["qwen3_mmproj"]))
+    assert grounding.question("the yellow square").startswith("Locate every yellow square in the image")
+    assert grounding.question("every street sign").startswith("Locate every street sign in")
+    per_mille = grounding.schema()["items"]["properties"]["bbox_2d"]["items"]
+    assert grounding.frame is BoxFrame.PER_MILLE and per_mille["maximum"] == 1000
+    assert boxes_within(64) == 1 and boxes_within(8 + 3 * BOX_TOKENS) == 3 and boxes_within(10**6) == 16
+    pair = ["--model", str(test_models["qwen3_text"]), "--mmproj", str(test_models["qwen3_mmproj"]),
+            "--n-ctx", "4096"]
+    done = invoke_cli("describe", str(_sideways_photo(tmp_path / "p.jpg")), "--find", "the red square", *pair,
+                      "--json", "--max-tokens", "64", "--temperature", "1", "--seed", "3")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["completion_tokens"] <= 64

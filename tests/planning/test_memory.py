@@ -463,12 +463,18 @@ def test_a_minute_of_video_is_planned_in_the_familys_blocks(test_models: dict[st
     from ..conftest import invoke_cli
 
     found = {}
-    for family in ("qwen", "gemma"):
-        result = invoke_cli("plan", "--model", str(test_models[f"{family}_text"]), "--mmproj",
-                            str(test_models[f"{family}_mmproj"]), "--n-ctx", "8192", "--json")
+    pairs = (("qwen", "qwen_text", "qwen_mmproj"), ("gemma", "gemma_text", "gemma_mmproj"),
+             ("llava", "text", "mmproj_336"))
+    for family, text, mmproj in pairs:
+        result = invoke_cli("plan", "--model", str(test_models[text]), "--mmproj", str(test_models[mmproj]),
+                            "--n-ctx", "8192", "--json")
         assert result.returncode == 0, result.stderr
         found[family] = json.loads(result.stdout)["video_minute"]
-    qwen, gemma = found["qwen"], found["gemma"]
+    qwen, gemma, llava = found["qwen"], found["gemma"], found["llava"]
+    # LLaVA's windows are describe's: 8 s each, showing those of their 8 frames that fit the room
+    # (the plan said 20 windows of 3 frames where describe read 8 s windows, issue 49.17).
+    assert (llava["windows"], llava["window_s"], llava["read_frames"]) == (8, 8.0, 8)
+    assert 1 <= llava["window_frames"] < 8
     assert (qwen["fps"], qwen["frames"], qwen["window_frames"], qwen["windows"]) == (2.0, 120, 16, 8)
     assert qwen["frames_per_block"] == 2 and qwen["window_tokens"] == 8 * qwen["frame_tokens"] > 0
     assert (gemma["fps"], gemma["frames"], gemma["window_frames"]) == (1.0, 60, 8)
