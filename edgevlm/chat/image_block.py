@@ -64,12 +64,22 @@ class ImageBlockWriter:
         """The CPU side of an image turn (grid, global view, tiles); safe on a helper thread."""
         started = time.perf_counter()
         plan = self._plan(image, room, settings, max_tokens)
+        self._check_frame_tokens(plan, settings)
         views = tuple(self.layout.views(image.image, plan))
         if image.merged_with is not None:  # a merged pair of frames: the second at the same size
             if not self.layout.native:
                 raise ValueError("only an mtmd family merges video frames in time")
             views += tuple(self.layout.views(image.merged_with.image, plan))
         return PreparedImage(image, plan, views, room, time.perf_counter() - started, settings)
+
+    def _check_frame_tokens(self, plan: ImagePlan, settings: ViewSettings) -> None:
+        """--frame-tokens below what the family shows a frame of this size in at its least is
+        refused: mtmd cannot go lower, and Gemma 4 took 84 tokens a frame whatever was asked."""
+        most = settings.frame_tokens if settings.detail is Detail.VIDEO_FRAME else None
+        shown = getattr(plan, "visual_tokens", 0) if self.layout.native else 0
+        if most and shown > most:
+            raise ConfigError(f"frame_tokens {most}: this family shows a frame of this size in no fewer than "
+                              f"{shown} visual tokens; ask for {shown} or more", settings=("frame_tokens",))
 
     def budget(self, room: int, settings: ViewSettings) -> ViewBudget:
         """The room and the view costs the layout plans within, held to the task's budget."""

@@ -165,15 +165,12 @@ def describe(
     with _handled(debug, verbose=verbose):
         finding = _finding(find, draw, model, mmproj, photos, asking=bool(prompt or ask or prompts))
         max_tiles, pool_factor, task = _view_options(ctx, tiles, pool, detail, finding=finding is not None)
-        n_seq = _parallel_option(ctx, parallel)
-        questions, output, budget = _describe_questions(
-            prompt, _asked(ask, prompts), fmt, schema, tags, max_tags, language,
-            None if _is_default(ctx, "max_tokens") else max_tokens, finding)
-        _check_describe_outputs(ctx, write_captions, jsonl, out_dir, write_xmp or embed, bool(ask or prompts),
-                                together=together)
-        writes = write_captions or write_xmp or jsonl is not None  # the text goes to files, not stdout
+        questions, output, budget = _describe_questions(ctx, prompt, _asked(ask, prompts), fmt, schema, tags,
+                                                        max_tags, language, max_tokens, finding)
+        writes = _check_describe_outputs(ctx, write_captions, jsonl, out_dir, write_xmp or embed,
+                                         bool(ask or prompts), together=together) or write_xmp
         found, targets, xmp = _describe_targets(
-            find_images(photos, recursive=recursive, pattern=glob), (pages, fps, questions.asks_more),
+            find_images(photos, recursive=recursive, pattern=glob), (pages, fps, frame_tokens),
             together, write_captions, out_dir, write_xmp, embed, xmp_name,
             (model, mmproj, questions.prompt, output, max_tiles, pool_factor, budget, *_chat_detail(task)))
         view = DescribeView(total=1 if together else len(targets), json_out=json_out, quiet=quiet, draw=draw,
@@ -184,8 +181,9 @@ def describe(
                            find=finding is not None)
         summary = BatchSummary(skipped=len(targets))  # until something needs doing
         if together or needs_work(targets, jsonl=run.log, overwrite=overwrite, xmp=xmp):
+            many = len(targets) > 1 and not together
             flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, budget, fetch_missing,
-                                 parallel=n_seq if len(targets) > 1 and not together else 1,
+                                 parallel=_parallel_option(ctx, parallel) if many else 1,
                                  placement=_placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device),
                                  swa_full=swa_full)
             settings = _describe_settings(max_tokens, (temperature, seed), max_tiles, pool_factor, task,
@@ -249,11 +247,11 @@ class _Asked:
         return bool(self.more or self.asked)
 
 
-def _describe_questions(prompt: str | None, asked: list[str], fmt: str | None, schema: Path | None,
-                        tags: bool, max_tags: int, language: str, max_tokens: int | None,
+def _describe_questions(ctx: typer.Context, prompt: str | None, asked: list[str], fmt: str | None,
+                        schema: Path | None, tags: bool, max_tags: int, language: str, max_tokens: int,
                         finding: tuple[str, Grounding] | None = None) -> tuple[_Asked, OutputFormat, int]:
-    """What describe asks, the answer's format and the room its longest answer needs (max_tokens
-    None: the default, raised for a format whose longest answer needs more)."""
+    """What describe asks, the answer's format and the room its longest answer needs (a format
+    whose longest answer needs more than the default --max-tokens raises it; --find keeps one given)."""
     from edgevlm.chat.structured import TEXT, OutputFormat
     from edgevlm.describe.describer import DOCUMENT_PROMPT, answer_budget
     from edgevlm.vision.boxes import boxes_within
@@ -265,17 +263,17 @@ def _describe_questions(prompt: str | None, asked: list[str], fmt: str | None, s
         what, grounding = finding
         # An explicit --max-tokens is kept: the boxes the answer may hold are fitted to it (it
         # was raised to the 16 boxes' 1,160, and --max-tokens 64 wrote 622)
-        boxes = grounding.schema(boxes_within(max_tokens) if max_tokens is not None else 0)
-        output = OutputFormat("boxes", boxes) if grounding.json else TEXT
+        given = not _is_default(ctx, "max_tokens")
+        output = OutputFormat("boxes", grounding.schema(boxes_within(max_tokens) if given else 0)) \
+            if grounding.json else TEXT
         output.grammar()
-        budget = answer_budget(output, DEFAULT_MAX_TOKENS) if max_tokens is None else max_tokens
+        budget = max_tokens if given else answer_budget(output, max_tokens)
         return _Asked(grounding.question(what), [], [], None), output, budget
     # A page is transcribed unless the user asks it something (or for a structured answer);
     # an --ask about a document is answered over all of its pages (see _read_and_ask).
     document_prompt = None if prompt or structured else DOCUMENT_PROMPT
     first, more = _questions(prompt, asked, structured=structured)
-    output, first, budget = _answer_shape(fmt, schema, tags, max_tags, language, first,
-                                          DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens)
+    output, first, budget = _answer_shape(fmt, schema, tags, max_tags, language, first, max_tokens)
     return _Asked(first, more, asked, document_prompt), output, budget
 
 
@@ -379,8 +377,9 @@ def _asked(ask: list[str] | None, prompts: Path | None) -> list[str]:
 
 
 def _check_describe_outputs(ctx: typer.Context, write_captions: bool, jsonl: Path | None,
-                            out_dir: Path | None, sidecars: bool, asking: bool, *, together: bool) -> None:
-    """Everything describe will write, and the settings it reads, checked before the model loads."""
+                            out_dir: Path | None, sidecars: bool, asking: bool, *, together: bool) -> bool:
+    """Everything describe will write, and the settings it reads, checked before the model loads;
+    whether the answers go to caption files or JSONL (--write-xmp's too, said by the caller)."""
     from edgevlm.describe.folders import check_outputs
     from edgevlm.vision.images import max_pixels
 
@@ -396,6 +395,7 @@ def _check_describe_outputs(ctx: typer.Context, write_captions: bool, jsonl: Pat
     check_outputs(write_captions=write_captions, jsonl=jsonl, out_dir=out_dir)
     if not sidecars and not _is_default(ctx, "xmp_name"):
         raise ConfigError("--xmp-name names the sidecars --write-xmp writes; add --write-xmp")
+    return write_captions or jsonl is not None
 
 
 def _answer_shape(fmt: str | None, schema: Path | None, tags: bool, max_tags: int, language: str,
@@ -416,7 +416,7 @@ def _chat_detail(task: ImageDetail) -> tuple[str, ...]:
     return () if task.value == "chat" else (task.value,)
 
 
-def _describe_targets(found: Found, parts: tuple[str | None, float | None, bool], together: bool,
+def _describe_targets(found: Found, parts: tuple[str | None, float | None, int | None], together: bool,
                       write_captions: bool, out_dir: Path | None, write_xmp: bool, embed: bool, xmp_name: str,
                       settings: tuple[object, ...]) -> tuple[Found, list[Target], XmpOutput | None]:
     """What was found, each image (and each chosen page of a PDF, checked now) with where its
@@ -432,13 +432,17 @@ def _describe_targets(found: Found, parts: tuple[str | None, float | None, bool]
     from edgevlm.vision.documents import parse_pages
     from edgevlm.vision.video import VideoWindow
 
-    pages, fps, asking = parts
+    pages, fps, frame_tokens = parts
     model, mmproj = settings[0], settings[1]
     frames = _video_frames(str(model), mmproj if isinstance(mmproj, Path) else None, found)
     images = with_parts(found.images, parse_pages(pages) if pages is not None else None,
                         fps=fps or frames.fps, window_frames=frames.window_frames)
-    if together and any(isinstance(image, VideoWindow) for image, _root in images):
+    videos = any(isinstance(image, VideoWindow) for image, _root in images)
+    if together and videos:
         raise ConfigError("a video is described window by window; --together does not take one")
+    if not videos and (fps is not None or frame_tokens is not None):  # accepted and ignored, before
+        raise ConfigError(f"{'--fps' if fps is not None else '--frame-tokens'} sets how a video is read, "
+                          "and none of the inputs is a video")
     _check_together(together, found, len(images))
     targets = plan_targets(images, write_captions=write_captions, out_dir=out_dir,
                            xmp_name=xmp_name if write_xmp else None, embed=embed)

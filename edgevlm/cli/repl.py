@@ -364,7 +364,7 @@ class ChatRepl:
     def _print_stats(self) -> None:
         """A short account: turns, photos live or summarised, the cache, the last turn's speed."""
         conv = self.conversation
-        summarised = sum(r.summary is not None for r in conv.records if r.image)
+        summarised = sum(shown.summary is not None for r in conv.records for shown in r.shown)  # each image
         self.err.print(f"turns {conv.turn} · images {conv.images_seen} ({summarised} summarised, "
                        f"{conv.pending_summaries} waiting for a summary) · KV {conv.kv_tokens}/"
                        f"{conv.sequence.n_ctx} tokens · visual tokens live {conv.visual_tokens_live}",

@@ -157,7 +157,8 @@ async def stream_events(job: TurnJob, first: JobEvent) -> AsyncIterator[JobEvent
 
 def api_word(setting: str) -> str:
     """A core setting as a request names it (the context is the server's own n_ctx)."""
-    return {"pool": "edgevlm.pool", "n_ctx": "the server's n_ctx"}.get(setting, setting)
+    return {"pool": "edgevlm.pool", "n_ctx": "the server's n_ctx", "frame_tokens": "edgevlm.frame_tokens",
+            "detail": "edgevlm.detail"}.get(setting, setting)
 
 
 def error_for(exc: BaseException) -> ApiError:

@@ -171,10 +171,11 @@ def _open_error(path: Path, exc: Exception) -> str:
     if "password" in str(exc).lower():
         return (f"{path}: the PDF is password-protected; edgevlm reads unprotected PDFs only "
                 "(save or print an unprotected copy)")
+    # PDFium's reason is its last error, which may be an earlier document's, or "Success" (a PDF
+    # whose list of pages is empty): it is said only when it says something.
     reason = one_line(exc)
-    # PDFium reports some damage as "Success" (a file with no page tree): say what it means.
-    detail = "" if "success" in reason.lower() else f" ({reason})"
-    return f"{path}: not a readable PDF, damaged or not a PDF at all{detail}"
+    detail = "" if "success" in reason.lower() else f"; {reason}"
+    return f"{path}: not a readable PDF (damaged, with no pages, or not a PDF at all{detail})"
 
 
 def render_page(page: DocumentPage, *, useful_pixels: int | None = None) -> LoadedImage:

@@ -18,7 +18,15 @@ import numpy as np
 from PIL import Image
 
 from edgevlm.errors import ConfigError, ImageError, one_line
-from edgevlm.vision.images import MAX_PIXELS_ENV, LoadedImage, check_readable, clock, max_pixels, to_rgb
+from edgevlm.vision.images import (
+    IMAGE_SUFFIXES,
+    MAX_PIXELS_ENV,
+    LoadedImage,
+    check_readable,
+    clock,
+    max_pixels,
+    to_rgb,
+)
 from edgevlm.vision.layout import WINDOW_BLOCKS, FrameScaffold
 
 VIDEO_SUFFIXES = frozenset({".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi"})
@@ -75,8 +83,18 @@ class VideoWindow:
 
 
 def is_video(path: Path) -> bool:
-    """Whether a file is read as a video (by its suffix)."""
-    return path.suffix.lower() in VIDEO_SUFFIXES
+    """Whether a file is read as a video: by its suffix, or a GIF of more than one frame (users
+    expect an animation to be watched, not its first frame alone)."""
+    suffix = path.suffix.lower()
+    return suffix in VIDEO_SUFFIXES or (suffix == ".gif" and _animated(path))
+
+
+def _animated(path: Path) -> bool:
+    try:
+        with Image.open(path) as image:
+            return bool(getattr(image, "is_animated", False))
+    except (OSError, ValueError):
+        return False  # unreadable: it is refused as the image it claims to be
 
 
 def max_seconds() -> float:
@@ -99,6 +117,8 @@ def probe_video(path: Path) -> VideoFacts:
     import av
 
     check_readable(path, "a video")
+    if path.suffix.lower() in IMAGE_SUFFIXES and path.suffix.lower() != ".gif":  # FFmpeg opens a JPEG too
+        raise ImageError(f"{path}: is a photo, not a video; show it as an image (chat: /image {path.name})")
     try:
         with av.open(str(path)) as container:
             if not container.streams.video:
@@ -142,7 +162,10 @@ def sample_times(duration_s: float, fps: float) -> list[float]:
 
 def plan_windows(facts: VideoFacts, *, fps: float = DEFAULT_FPS,
                  frames_per_window: int = MAX_WINDOW_FRAMES) -> list[VideoWindow]:
-    """The clip cut into windows of frames_per_window sampled frames each, in order."""
+    """The clip cut into windows of frames_per_window sampled frames each, in order. A rate above
+    the clip's own is held to it: the frames between would repeat the ones it has, and were
+    dropped as duplicates, leaving half-empty windows (issue 49.17)."""
+    fps = min(fps, facts.fps) if facts.fps > 0 else fps
     times = sample_times(facts.duration_s, fps)
     groups = [times[k:k + frames_per_window] for k in range(0, len(times), frames_per_window)]
     step = 1.0 / fps

@@ -481,13 +481,22 @@ def test_what_a_new_user_mistypes_is_one_line_before_any_work(
         ("describe", photo, other, "--together", "--jsonl", log): "--together gives one",
         ("describe", photo, "--find", "the sign", "--draw", str(tmp_path / "out.gif")): "--draw",
         ("describe", ""): "an empty path",
-        ("describe", photo, "--n-ctx", "100000000"): "trained for",
+        ("describe", photo, "--fps", "4"): "none of the inputs is a video",
+        ("describe", photo, "--frame-tokens", "64"): "none of the inputs is a video",
     }
     for args, why in cases.items():
         result = invoke_cli(*args, *_model_args(test_models)[:4])
         assert result.returncode == 2 and why in result.stderr, (args, result.stderr)
         assert "Traceback" not in result.stderr
     assert not (tmp_path / "x.jsonl").exists()
+
+
+def test_a_context_llama_cpp_cannot_allocate_is_exit_2_with_a_hint(test_models: dict[str, Path],
+                                                                     photos: dict[str, Path]) -> None:
+    """Issue 49.16: --n-ctx 100000000 was exit 1 (llama.cpp failed the KV allocation)."""
+    result = run_cli("describe", str(photos["photo"]), *_model_args(test_models)[:4], "--n-ctx", "100000000")
+    assert result.returncode == 2 and "could not allocate" in result.stderr
+    assert "lower --n-ctx" in result.stderr and "Traceback" not in result.stderr
 
 
 @pytest.mark.parametrize("args", [["describe", "--bogus"], ["describe"], ["plan", "--vram"], ["nosuch"]])

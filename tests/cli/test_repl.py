@@ -411,3 +411,19 @@ def test_a_session_torn_by_a_crash_survives_every_resume(test_models: dict[str, 
     assert saved.skipped_lines == (3,) and len(saved.records) == len(_turns(session)) - 1
     odd = invoke_cli(*_args(test_models, tmp_path)[:-2], "--resume", str(glued), stdin="")
     assert odd.returncode == 0 and "could not be read" in odd.stderr and "Traceback" not in odd.stderr
+
+
+@pytest.mark.usefixtures("fake_engines")
+def test_save_right_after_a_turn_keeps_its_summaries_and_stats_count_each_image(
+        test_models: dict[str, Path], tmp_path: Path, photo: Path) -> None:
+    """Issue 49.17: /save right after a turn wrote "summary": null (the summary is made in idle
+    time), and /stats counted a turn of two summarised images as one."""
+    blue = tmp_path / "blue.png"
+    Image.new("RGB", (600, 800), (20, 40, 220)).save(blue)
+    saved = tmp_path / "saved.jsonl"
+    script = f"/image '{photo}' {blue} which?\n/save {saved}\n/stats\n"
+    result = invoke_cli(*_args(test_models, tmp_path), stdin=script)
+    assert result.returncode == 0, result.stderr
+    [turn] = load_transcript(saved).records
+    assert turn.summary is not None and turn.more_images[0].summary is not None
+    assert "images 2 (2 summarised, 0 waiting" in result.stderr

@@ -131,3 +131,19 @@ def test_smolvlm_is_shown_a_window_in_its_own_words(test_models: dict[str, Path]
     assert result.question.startswith("\n\nThese are 6 frames of a video, from 0:00 to 0:06 of its 0:06")
     assert "You are provided the following series of 6 frames from a 0:00:06 [H:MM:SS] video.\n" in cache_text
     assert "\nFrame from 00:05:" in cache_text and len(result.image_tokens) == 6
+
+
+def test_frame_tokens_below_what_gemma_4_can_show_is_refused_in_one_line(test_models: dict[str, Path],
+                                                                         tmp_path: Path) -> None:
+    """Issue 49.17: Gemma 4's --frame-tokens was a silent no-op (each frame took 84 tokens whatever
+    was asked): mtmd shows no frame in fewer, so a lower ask is refused, naming the least."""
+    from ..conftest import invoke_cli
+
+    clip = write_clip(tmp_path / "sweep.mp4", 3, fps=2, size=(160, 90), draw=_sweep)
+    pair = ["--model", str(test_models["gemma4_text"]), "--mmproj", str(test_models["gemma4_mmproj"]),
+            "--n-ctx", "4096", "--max-tokens", "4"]
+    refused = invoke_cli("describe", str(clip), *pair, "--frame-tokens", "16")
+    assert refused.returncode == 2 and "--frame-tokens 16" in refused.stderr
+    assert "no fewer than 84 visual tokens" in refused.stderr and "Traceback" not in refused.stderr
+    fine = invoke_cli("describe", str(clip), *pair, "--frame-tokens", "84", "--json")
+    assert fine.returncode == 0, fine.stderr

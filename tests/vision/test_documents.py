@@ -116,7 +116,7 @@ def test_bad_pdfs_are_one_line_each(tmp_path: Path) -> None:
     (tmp_path / "empty.pdf").write_bytes(b"")
     (tmp_path / "text.pdf").write_text("not a pdf")
     cases = {encrypted_pdf(tmp_path / "locked.pdf"): "password-protected",
-             tmp_path / "cut.pdf": "not a readable PDF, damaged",
+             tmp_path / "cut.pdf": "not a readable PDF (damaged",
              tmp_path / "empty.pdf": "file is empty",
              tmp_path / "text.pdf": "not a readable PDF",
              tmp_path / "none.pdf": "no such file"}
@@ -141,3 +141,13 @@ def test_the_page_count_and_page_pixels_are_capped_with_settings_to_raise_them(
     monkeypatch.setenv("EDGEVLM_MAX_PIXELS", "10000")
     with pytest.raises(ImageError, match=r"long.pdf, page 1: 300x300 pt is .* EDGEVLM_MAX_PIXELS="):
         load_source(DocumentPage(pdf, 1, 6))
+
+
+def test_a_pdf_without_pages_says_so(tmp_path: Path) -> None:
+    """Issue 49.17: a PDF with an empty page list said "(PDFium: Success)"."""
+    from ..server.test_documents_cost import blank_pdf
+
+    (tmp_path / "none.pdf").write_bytes(blank_pdf(0, (612, 792)))
+    with pytest.raises(ImageError) as caught:
+        open_document(tmp_path / "none.pdf")
+    assert "with no pages" in str(caught.value) and "Success" not in str(caught.value)

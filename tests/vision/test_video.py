@@ -67,6 +67,17 @@ def test_a_clip_is_probed_and_cut_into_the_planned_windows(tmp_path: Path) -> No
     assert read.frames[0].name == "square.mp4 at 0:02" and read.frames[0].size == (160, 120)
 
 
+def test_a_rate_above_the_clips_own_is_held_to_it(tmp_path: Path) -> None:
+    """Issue 49.17: --fps above the clip's rate sampled the frames between its own, which were
+    dropped as repeats: half-empty windows. The clip's rate bounds the sampling."""
+    facts = probe_video(write_clip(tmp_path / "slow.mp4", 8, fps=2, draw=moving_square))
+    fast = plan_windows(facts, fps=10, frames_per_window=8)
+    own = plan_windows(facts, fps=2, frames_per_window=8)
+    assert [w.times_s for w in fast] == [w.times_s for w in own] and len(fast) == 2
+    read = read_window(fast[0])
+    assert len(read.frames) == 8 and read.skipped == 0  # every sampled frame shows something new
+
+
 def test_the_frames_show_what_was_drawn_at_their_time(tmp_path: Path) -> None:
     clip = write_clip(tmp_path / "box.mp4", 8, draw=box_after_five)
     window = plan_windows(probe_video(clip), fps=1, frames_per_window=8)[0]
@@ -173,3 +184,28 @@ def test_qwen_families_label_a_merged_pair_by_its_middle_time() -> None:
     assert QWEN3_FRAMES.merge == QWEN2_FRAMES.merge == 2
     assert QWEN3_FRAMES.labels([1.0, 3.0, 64.25], 70) == ["<1.0 seconds>", "<3.0 seconds>", "<64.2 seconds>"]
     assert QWEN2_FRAMES.labels([65.0], 70) == ["\nFrame at 1:05: "]
+
+
+def test_an_animated_gif_is_watched_as_a_clip_and_a_photo_is_no_video(tmp_path: Path) -> None:
+    """Issue 49.17-18: an animated GIF was read as its first frame alone, and `/video a.jpg` said
+    "no frame could be decoded" instead of what was wrong."""
+    from PIL import Image
+
+    from edgevlm.errors import ImageError
+    from edgevlm.vision.video import is_video
+
+    frames = []
+    for k in range(12):
+        pixels = np.full((120, 160, 3), 40, np.uint8)
+        moving_square(pixels, k / 4)
+        frames.append(Image.fromarray(pixels))
+    frames[0].save(tmp_path / "anim.gif", save_all=True, append_images=frames[1:], duration=250, loop=0)
+    frames[0].save(tmp_path / "still.gif")
+    frames[0].save(tmp_path / "photo.jpg")
+    assert is_video(tmp_path / "anim.gif") and not is_video(tmp_path / "still.gif")
+    facts = probe_video(tmp_path / "anim.gif")
+    assert facts.duration_s == 3.0 and facts.fps == 4.0
+    read = read_window(plan_windows(facts, fps=1, frames_per_window=8)[0])
+    assert len(read.frames) == 3 and read.skipped == 0
+    with pytest.raises(ImageError, match="is a photo, not a video"):
+        probe_video(tmp_path / "photo.jpg")
