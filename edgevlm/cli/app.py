@@ -40,9 +40,9 @@ if TYPE_CHECKING:  # the heavy modules load inside the commands: `--help` stays 
 
 T = TypeVar("T")
 app = typer.Typer(
-    help="Run quantized vision-language models locally on llama.cpp (LLaVA, Qwen-VL, Gemma 3, "
-    "SmolVLM, InternVL, LFM2-VL): describe photos and folders, chat about them, or serve the OpenAI "
-    "and Ollama APIs, on a home GPU or a CPU.",
+    help="Run quantized vision-language models locally on llama.cpp (LLaVA, Qwen2.5/3-VL, Gemma 3 "
+    "and 4, SmolVLM2, InternVL, LFM2-VL): describe photos, folders, PDFs and videos, chat about them, "
+    "or serve the OpenAI and Ollama APIs, on a home GPU or a CPU.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -55,8 +55,9 @@ DEFAULT_PEER = Path("peers") / "bin" / "llama-mtmd-cli"
 
 DEFAULT_MAX_TOKENS = 512  # an answer's length when --max-tokens is not given
 
-DESCRIBE_HELP = """Describe photos (JPEG, PNG, WebP, …) or folders of them in detail: a global view
-plus labelled close-up tiles.
+DESCRIBE_HELP = """Describe photos (JPEG, PNG, WebP, …), folders of them, PDFs (page by page) and
+videos (MP4, WebM, MOV, MKV, AVI, animated GIF: window by window) in detail, each shown as its
+model's family was trained to see it.
 
 The description streams to stdout (with a ==> name <== header per image when there are
 several); a stats line per image (tiles, visual tokens, time to first token, prefill and
@@ -72,6 +73,8 @@ Examples:
   edgevlm describe ~/Pictures -r --tags --write-xmp    # XMP sidecars for darktable, digiKam, Immich
   edgevlm describe receipt.jpg --schema receipt.schema.json --json
   edgevlm describe photo.jpg --ask "Caption?" --ask "Any text?"   # one prefill, two answers
+  edgevlm describe report.pdf --ask "What is the total?"   # every page read, then one answer
+  edgevlm describe clip.mp4 --ask "What happens at 0:42?"  # a timeline, then that window again
 
 A photo seen before (this run or an earlier one) restores its image prefix from RAM or disk
 instead of prefilling it; --no-cache turns that off, `edgevlm cache` shows and clears it.

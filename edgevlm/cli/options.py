@@ -180,7 +180,8 @@ Fps = Annotated[float | None, typer.Option(
          "sees two frames in one block; 1 otherwise]. A window shows 8 blocks.")]
 Glob = Annotated[str | None, typer.Option(
     metavar="PATTERN", help="In folders, only images whose name matches this pattern (e.g. 'IMG_*').")]
-WriteCaptions = Annotated[bool, typer.Option(help="Write IMAGE.txt next to each image (or under --out-dir).")]
+WriteCaptions = Annotated[bool, typer.Option(
+    help="Write IMAGE.jpg.txt next to each image (photo.jpg.txt for photo.jpg; or under --out-dir).")]
 OutDir = Annotated[Path | None, typer.Option(
     metavar="DIR", help="With --write-captions: put the .txt files here, mirroring the folder tree.")]
 Jsonl = Annotated[Path | None, typer.Option(
