@@ -52,13 +52,31 @@ def test_no_input_breaks_the_api(api_schema: schemathesis.BaseSchema) -> None:
     assert openai_answers > 0 and statuses["/api/chat", 200] > 0
 
 
-def _fuzz(operation: schemathesis.APIOperation, statuses: Counter[tuple[str, int]]) -> None:
-    @given(case=operation.as_strategy())
+def test_what_the_schema_forbids_the_server_refuses(api_schema: schemathesis.BaseSchema) -> None:
+    """Issue 49.9: `stream: {}`, `keep_alive: {}`, `context: [null]` and `edgevlm: false` were
+    accepted though /openapi.json forbids them. Bodies the schema refuses (schemathesis's
+    negative cases) now get a 4xx on every answering route."""
+    from schemathesis.generation import GenerationMode
+
+    answering = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/api/chat", "/api/generate"}
+    operations = [result.ok() for result in api_schema.get_all_operations()]
+    statuses: Counter[tuple[str, int]] = Counter()
+    for operation in (op for op in operations if op.path in answering):
+        _fuzz(operation, statuses, mode=GenerationMode.NEGATIVE, examples=30,
+              checks=[checks.not_a_server_error, checks.negative_data_rejection])
+    assert statuses and all(status < 500 for _path, status in statuses), statuses
+
+
+def _fuzz(operation: schemathesis.APIOperation, statuses: Counter[tuple[str, int]], *, mode: object = None,
+          examples: int = 60, checks: list[object] = CHECKS) -> None:
+    strategy = operation.as_strategy() if mode is None else operation.as_strategy(generation_mode=mode)  # type: ignore[arg-type]
+
+    @given(case=strategy)
     # derandomize: the same cases every run (a random draw could miss a valid body altogether)
-    @settings(max_examples=60, deadline=None, phases=[Phase.explicit, Phase.generate], derandomize=True,
+    @settings(max_examples=examples, deadline=None, phases=[Phase.explicit, Phase.generate], derandomize=True,
               suppress_health_check=list(HealthCheck), database=None)
     def one(case: schemathesis.Case) -> None:
-        response = case.call_and_validate(checks=CHECKS, timeout=60)
+        response = case.call_and_validate(checks=checks, timeout=60)
         statuses[operation.path, response.status_code] += 1
 
     one()
