@@ -168,6 +168,7 @@ def describe(
     with _handled(debug, verbose=verbose):
         finding = _finding(find, draw, model, mmproj, photos, asking=bool(prompt or ask or prompts))
         max_tiles, pool_factor, task = _view_options(ctx, tiles, pool, detail, finding=finding is not None)
+        n_seq = _parallel_option(ctx, parallel)
         questions, output, budget = _describe_questions(ctx, prompt, _asked(ask, prompts), fmt, schema, tags,
                                                         max_tags, language, max_tokens, finding)
         writes = _check_describe_outputs(ctx, write_captions, jsonl, out_dir, write_xmp or embed,
@@ -184,9 +185,8 @@ def describe(
                            find=finding is not None)
         summary = BatchSummary(skipped=len(targets))  # until something needs doing
         if together or needs_work(targets, jsonl=run.log, overwrite=overwrite, xmp=xmp):
-            many = len(targets) > 1 and not together
             flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, budget, fetch_missing,
-                                 parallel=_parallel_option(ctx, parallel) if many else 1,
+                                 parallel=n_seq if len(targets) > 1 and not together else 1,
                                  placement=_placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device),
                                  swa_full=swa_full)
             settings = _describe_settings(max_tokens, (temperature, seed), max_tiles, pool_factor, task,

@@ -269,8 +269,11 @@ def test_an_exiftool_failing_mid_run_keeps_and_counts_the_captions(test_models: 
 def test_ctrl_c_while_starting_is_one_line(test_models: dict[str, Path], photos: dict[str, Path],
                                            after_s: float) -> None:
     command = Path(sys.executable).with_name("edgevlm")  # the console script, as a user starts it
+    # A shell starts a command with Ctrl-C at its default; the suite's process may hold it ignored
+    # by then (an earlier test's library), and a child inherits an ignored signal.
     process = subprocess.Popen([str(command), "describe", str(photos["alpha"]), *_model_args(test_models)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     time.sleep(after_s)  # while Python imports the CLI, or llama.cpp loads
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=60)
