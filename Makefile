@@ -43,6 +43,9 @@ TEST_MODELS := models/test/SmolLM2-135M-Instruct.Q4_1.gguf models/test/mmproj-te
   models/test/gemma4-test.gguf models/test/mmproj-gemma4-test.gguf \
   models/test/qwen3vl-test.gguf models/test/mmproj-qwen3vl-test.gguf
 PYTEST_ARGS ?=
+# A worker per core, each pinned to its own (tests/conftest.py); a module's tests stay on one worker,
+# so its engines are built once.
+PYTEST_WORKERS ?= -n auto --dist loadscope
 # llama-index's OpenAI client needs openai<3 while the pinned llm needs openai>=3: it gets a venv of
 # its own, and the tests drive it as a separate client process (tests/server/llama_index_client.py).
 CLIENTS_VENV := .venv-llama-index
@@ -60,7 +63,7 @@ help:
 	@echo "make bench   benchmarks on the test models"
 	@echo "make peers   build llama.cpp's own llama-mtmd-cli and llama-server (the same pinned llama.cpp) for the benchmarks"
 	@echo "make rpc-server  build llama.cpp's own ggml-rpc-server (the same llama.cpp) into peers/bin"
-	@echo "make lint    ruff"
+	@echo "make lint    ruff, mypy on edgevlm/ and the fake (protocols checked against what implements them), the wheel's quiet build"
 	@echo "make clean   remove .venv and the tool caches (built wheels and models stay)"
 
 setup: $(SETUP_STAMP)
@@ -96,7 +99,7 @@ $(TEST_MODELS) &: scripts/make_test_models.py
 	$(PY) scripts/make_test_models.py
 
 test: setup test-models $(CLIENTS_STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 $(CLIENTS_STAMP):
 	@test -x $(CLIENTS_VENV)/bin/python || $(PYTHON) -m venv $(CLIENTS_VENV)
@@ -105,10 +108,12 @@ $(CLIENTS_STAMP):
 	@rm -f $(CLIENTS_VENV)/.edgevlm-* && touch $@
 
 test-fast: setup test-models
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_WORKERS) -m "not slow" $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check edgevlm scripts tests
+	$(VENV)/bin/mypy
+	$(PY) scripts/check_package.py
 
 bench: setup test-models
 	$(VENV)/bin/edgevlm bench --model models/test/SmolLM2-135M-Instruct.Q4_1.gguf \

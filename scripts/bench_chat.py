@@ -28,10 +28,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from edgevlm.chat.prompts import detect_format  # noqa: E402
+from edgevlm.chat.settings import ChatSettings  # noqa: E402
 from edgevlm.llama.engine import Engine  # noqa: E402
 from edgevlm.llama.types import EngineConfig, default_threads  # noqa: E402
 from edgevlm.models.gguf import read_text_model  # noqa: E402
-from edgevlm.runtime.conversations import ChatSettings, ModelSide, open_conversation  # noqa: E402
+from edgevlm.runtime.conversations import ModelSide, open_conversation  # noqa: E402
 from edgevlm.values.sampling import Sampling  # noqa: E402
 from edgevlm.vision.images import LoadedImage  # noqa: E402
 

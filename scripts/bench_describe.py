@@ -26,11 +26,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from edgevlm.chat.prompts import detect_format  # noqa: E402
+from edgevlm.chat.settings import ChatSettings  # noqa: E402
 from edgevlm.describe.describer import Describer  # noqa: E402
 from edgevlm.llama.engine import Engine  # noqa: E402
 from edgevlm.llama.types import EngineConfig, default_threads  # noqa: E402
 from edgevlm.models.gguf import read_text_model  # noqa: E402
-from edgevlm.runtime.conversations import ChatSettings, ModelSide, new_describer  # noqa: E402
+from edgevlm.runtime.conversations import ModelSide, new_describer  # noqa: E402
 from edgevlm.values.sampling import Sampling  # noqa: E402
 from edgevlm.vision.images import load_image  # noqa: E402
 
@@ -78,12 +79,12 @@ def run_edgevlm(describer: Describer, photo: Path, max_tokens: int) -> Run:
 def run_stock(llm: object, data_uri: str, max_tokens: int) -> Run:
     import llama_cpp
 
-    ctx = llm.ctx  # type: ignore[attr-defined]
+    ctx = llm.ctx
     llama_cpp.llama_perf_context_reset(ctx)
     started = time.perf_counter()
     first = None
     n_chunks = 0
-    stream = llm.create_chat_completion(  # type: ignore[attr-defined]
+    stream = llm.create_chat_completion(
         messages=[{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": data_uri}},
             {"type": "text", "text": PROMPT}]}],

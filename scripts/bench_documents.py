@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING
 from PIL import Image, ImageDraw
 
 if TYPE_CHECKING:  # edgevlm loads inside the functions, after the cache folder is set
+    from edgevlm.chat.settings import ChatSettings
     from edgevlm.describe.describer import Describer
     from edgevlm.llama.sequence import EngineSequence
-    from edgevlm.runtime.conversations import ChatSettings
     from edgevlm.runtime.loading import Loaded
     from edgevlm.store.caches import EmbeddingCache
 
@@ -78,9 +78,9 @@ def counted_describer(text: Path, mmproj: Path, n_ctx: int, settings: ChatSettin
 
 def edgevlm_run(pdf: Path) -> dict[str, object]:
     """Read every page, then answer the question over the document; the numbers of both."""
+    from edgevlm.chat.settings import ChatSettings
     from edgevlm.describe.describer import DOCUMENT_PROMPT, ImageDone, describe_images, parts_room
     from edgevlm.describe.documents import ReadPage, ask_document
-    from edgevlm.runtime.conversations import ChatSettings
     from edgevlm.vision.documents import open_document
 
     loaded, sequence, encoder, describer = counted_describer(
@@ -99,7 +99,7 @@ def edgevlm_run(pdf: Path) -> dict[str, object]:
     read_s = time.perf_counter() - started
     misses_before = encoder.stats().misses
     room = parts_room(describer, DOCUMENT_PROMPT)
-    transcripts = [ReadPage(event.path, event.result.text) for event in read]  # type: ignore[arg-type]
+    transcripts = [ReadPage(event.path, event.result.text) for event in read]
     answer = ask_document(describer, transcripts, QUESTION, page_room=room, on_event=lambda _e: None)
     cells.append(sequence.kv_cells())
     loaded.engine.close()

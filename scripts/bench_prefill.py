@@ -3,7 +3,7 @@
 
 Decodes a 2x2-tiled photo's worth of projector rows (5 views x 576 = 2,880 tokens, the
 4K describe case) after a short prompt, for each setting, in one process, median of N.
-The defaults in planning/memory.py and llama/engine.py come from these numbers.
+The defaults in planning/media_costs.py and llama/engine.py come from these numbers.
 """
 
 from __future__ import annotations

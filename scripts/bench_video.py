@@ -57,10 +57,10 @@ def write_clip(path: Path, seconds: int, fps: int = 5) -> Path:
 
 def edgevlm_run(clip: Path, seconds: int) -> dict[str, object]:
     """Read the clip window by window, then a question naming a time in its middle."""
+    from edgevlm.chat.settings import ChatSettings
     from edgevlm.describe.describer import DOCUMENT_PROMPT, ImageDone, describe_images, parts_room
     from edgevlm.describe.documents import ReadPage, ask_document
     from edgevlm.describe.folders import with_parts
-    from edgevlm.runtime.conversations import ChatSettings
 
     loaded, sequence, encoder, describer = counted_describer(TEXT, MMPROJ, N_CTX,
                                                              ChatSettings(max_tokens=MAX_TOKENS))
@@ -82,7 +82,7 @@ def edgevlm_run(clip: Path, seconds: int) -> dict[str, object]:
     room = parts_room(describer, DOCUMENT_PROMPT)
     minute, second = divmod(seconds // 2, 60)
     question = f"What happens at {minute}:{second:02d}?"
-    parts = [ReadPage(event.path, event.result.text) for event in read]  # type: ignore[arg-type]
+    parts = [ReadPage(event.path, event.result.text) for event in read]
     answer = ask_document(describer, parts, question, page_room=room, on_event=lambda _e: None)
     loaded.engine.close()
     prefill = [e.result.prompt_tokens - e.result.cached_tokens for e in read]

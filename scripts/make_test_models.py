@@ -62,20 +62,20 @@ def _clip_header(writer: object, name: str, projector_type: str, flags: dict[str
     """An mmproj's header: names, the projector type, its flags, the vision tower's sizes
     (image_size, patch_size, embedding_length, …, head_count, block_count) and CLIP's mean and std."""
     w = writer
-    w.add_string("general.name", name)  # type: ignore[attr-defined]
-    w.add_string("general.description", GENERATOR_TAG)  # type: ignore[attr-defined]
-    w.add_uint32("general.file_type", 1)  # type: ignore[attr-defined]
-    w.add_string("clip.projector_type", projector_type)  # type: ignore[attr-defined]
-    w.add_bool("clip.has_vision_encoder", True)  # type: ignore[attr-defined]
+    w.add_string("general.name", name)
+    w.add_string("general.description", GENERATOR_TAG)
+    w.add_uint32("general.file_type", 1)
+    w.add_string("clip.projector_type", projector_type)
+    w.add_bool("clip.has_vision_encoder", True)
     for flag, value in flags.items():
-        w.add_bool(f"clip.{flag}", value)  # type: ignore[attr-defined]
+        w.add_bool(f"clip.{flag}", value)
     for key, value in sizes.items():
         where = "attention." if key == "head_count" else ""
-        w.add_uint32(f"clip.vision.{where}{key}", value)  # type: ignore[attr-defined]
+        w.add_uint32(f"clip.vision.{where}{key}", value)
         if key == "head_count":
-            w.add_float32("clip.vision.attention.layer_norm_epsilon", eps)  # type: ignore[attr-defined]
-    w.add_array("clip.vision.image_mean", CLIP_MEAN)  # type: ignore[attr-defined]
-    w.add_array("clip.vision.image_std", CLIP_STD)  # type: ignore[attr-defined]
+            w.add_float32("clip.vision.attention.layer_norm_epsilon", eps)
+    w.add_array("clip.vision.image_mean", CLIP_MEAN)
+    w.add_array("clip.vision.image_std", CLIP_STD)
 
 
 # LLaVA-NeXT's released canvases (336 px views), scaled here to the view size of a test projector.
@@ -263,23 +263,23 @@ def write_sparse_vit_projector(path: Path, *, text_width: int = 4096) -> Path:
 
 def _finish(writer: object, tmp: Path, path: Path) -> Path:
     """Write a GGUF out to its temporary name, then move it into place (never half a file)."""
-    writer.write_header_to_file()  # type: ignore[attr-defined]
-    writer.write_kv_data_to_file()  # type: ignore[attr-defined]
-    writer.write_tensors_to_file()  # type: ignore[attr-defined]
-    writer.close()  # type: ignore[attr-defined]
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
     tmp.replace(path)
     return path
 
 
 def _finish_sparse(writer: object, path: Path) -> Path:
-    writer.write_header_to_file()  # type: ignore[attr-defined]
-    writer.write_kv_data_to_file()  # type: ignore[attr-defined]
-    writer.write_ti_data_to_file()  # type: ignore[attr-defined]
-    alignment = writer.data_alignment  # type: ignore[attr-defined]
-    handle = writer.fout[0]  # type: ignore[attr-defined]
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    alignment = writer.data_alignment
+    handle = writer.fout[0]
     data_start = -(-handle.tell() // alignment) * alignment
     data_bytes = sum(-(-ti.nbytes // alignment) * alignment
-                     for ti in writer.tensors[0].values())  # type: ignore[attr-defined]
+                     for ti in writer.tensors[0].values())
     handle.close()
     os.truncate(path, data_start + data_bytes)
     return path

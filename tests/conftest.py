@@ -53,6 +53,18 @@ def _ensure_test_models() -> None:
         subprocess.run([sys.executable, str(ROOT / "scripts" / "make_test_models.py")], check=True)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (`make test` runs a worker per core), each worker keeps to its own
+    cores, and so do the commands it starts: llama.cpp's threads spin while they wait, and two
+    engines of two threads each on two cores ran several times slower than one."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if worker.startswith("gw") and count > 1 and hasattr(os, "sched_setaffinity"):
+        cores = sorted(os.sched_getaffinity(0))
+        index = int(worker[2:])
+        os.sched_setaffinity(0, cores[index::count] or [cores[index % len(cores)]])
+
+
 @pytest.fixture(scope="session")
 def test_models() -> dict[str, Path]:
     """Paths of the generated test models."""
@@ -80,12 +92,23 @@ def make_describer(sequence: object, fmt: object, *, tile_size: int, layout: obj
                    encoder: object = None, prefix_cache: object = None, n_gpu_layers: int = 0,
                    output: object = None, **settings: object):
     """A describer on this sequence, made as the faces make one (runtime.conversations)."""
+    from edgevlm.chat.settings import ChatSettings
     from edgevlm.chat.structured import TEXT
-    from edgevlm.runtime.conversations import ChatSettings, ModelSide, new_describer
+    from edgevlm.runtime.conversations import ModelSide, new_describer
 
-    return new_describer(sequence, ModelSide(fmt, tile_size, layout), ChatSettings(**settings),  # type: ignore[arg-type]
-                         output=output or TEXT, n_gpu_layers=n_gpu_layers, encoder=encoder,  # type: ignore[arg-type]
-                         prefix_cache=prefix_cache)  # type: ignore[arg-type]
+    return new_describer(sequence, ModelSide(fmt, tile_size, layout), ChatSettings(**settings),
+                         output=output or TEXT, n_gpu_layers=n_gpu_layers, encoder=encoder,
+                         prefix_cache=prefix_cache)
+
+
+def make_conversation(sequence: object, fmt: object, *, tile_size: int, layout: object = None,  # noqa: ANN201
+                      encoder: object = None, prefix_cache: object = None, **settings: object):
+    """A conversation with these settings (ChatSettings' fields), as runtime.conversations makes one."""
+    from edgevlm.chat.conversation import Conversation
+    from edgevlm.chat.settings import ChatSettings
+
+    return Conversation(sequence, fmt, tile_size=tile_size, settings=ChatSettings(**settings),
+                        layout=layout, encoder=encoder, prefix_cache=prefix_cache)
 
 
 @contextlib.contextmanager
@@ -143,15 +166,25 @@ def invoke_cli(*args: str, env: dict[str, str] | None = None,
 
     from edgevlm.cli.app import app
 
-    result = CliRunner().invoke(app, list(args), env={"HF_HUB_OFFLINE": "1", **(env or {})}, input=stdin)
+    result = CliRunner().invoke(app, list(args), env={"HF_HUB_OFFLINE": "1", **(env or {})}, input=stdin,
+                                obj=_CLI_ENGINE[0] if _CLI_ENGINE else None)
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise result.exception  # a traceback is a failure to see whole, not an exit code
     return subprocess.CompletedProcess(list(args), result.exit_code, result.stdout, result.stderr)
 
 
-@pytest.fixture()
-def fake_engines(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Models load as FakeEngines (tests/fakes.py): the real files' facts and plan, no llama.cpp."""
-    from .fakes import fake_load
+_CLI_ENGINE: list[object] = []  # the engine maker invoke_cli hands the app (fake_engines sets it)
 
-    monkeypatch.setattr("edgevlm.runtime.loading.load", fake_load)
+
+@pytest.fixture()
+def fake_engines() -> Iterator[None]:
+    """Commands run by invoke_cli load their models as FakeEngines (tests/fakes.py): the real files'
+    facts and plan, every family's layout, no llama.cpp. The fake is handed to the app as its
+    object, as the composition root takes an engine maker (runtime.loading.load's `engine`)."""
+    from .fakes import fake_engine
+
+    _CLI_ENGINE.append(fake_engine)
+    try:
+        yield
+    finally:
+        _CLI_ENGINE.clear()

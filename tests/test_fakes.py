@@ -95,7 +95,8 @@ def test_generation_stops_at_max_tokens_and_at_the_context(test_models: dict[str
 def test_a_conversation_keeps_the_same_ledger_on_both(test_models: dict[str, Path]) -> None:
     """Two image turns and a follow-up, with the summary swap: the segments' kinds and turns are
     the same on the fake as on llama.cpp, and the invariant holds after every turn on both."""
-    from edgevlm.runtime.conversations import ChatSettings, ModelSide, open_conversation
+    from edgevlm.chat.settings import ChatSettings
+    from edgevlm.runtime.conversations import ModelSide, open_conversation
 
     photo = LoadedImage(path=Path("photo.png"), image=Image.new("RGB", (300, 200), (120, 30, 60)),
                         source_size=(300, 200))
@@ -104,8 +105,7 @@ def test_a_conversation_keeps_the_same_ledger_on_both(test_models: dict[str, Pat
     with one_sequence(test_models["mmproj_112"], n_ctx=2048) as real:
         for sequence in (real, FakeSequence(n_ctx=2048, view_tokens=real.image_tokens())):
             chat = open_conversation(sequence, ModelSide(CHATML, 112, layout),
-                                     ChatSettings(max_tokens=8, max_tiles=2))
-            chat.swap.caption_tokens = 8
+                                     ChatSettings(max_tokens=8, max_tiles=2, caption_tokens=8))
             for question, images in (("What is it?", [photo]), ("And the colour?", []),
                                      ("Again?", [photo])):
                 chat.ask(question, images=images)

@@ -15,18 +15,16 @@ the summary swap and the history replay. It orders a turn's steps; each part doe
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Protocol
 
-import numpy as np
 from PIL import Image
 
 from edgevlm.chat.checkpoints import CheckpointList
-from edgevlm.chat.image_block import BlockCost, ImageBlockWriter, Tokenizer, label_tokens
-from edgevlm.chat.ledger import KvLedger
-from edgevlm.chat.prefix import IN_CONTEXT, NO_PREFIX, ImagePrefixes
+from edgevlm.chat.image_block import BlockCost, BlockSequence, ImageBlockWriter, Tokenizer, label_tokens
+from edgevlm.chat.ledger import KvLedger, LedgerSequence
+from edgevlm.chat.prefix import ImagePrefixes, PrefixSequence
 from edgevlm.chat.prompts import PromptFormat
 from edgevlm.chat.records import (
     LiveImage,
@@ -41,16 +39,16 @@ from edgevlm.chat.records import (
     shown_groups,
     to_plain,
 )
-from edgevlm.chat.replay import HistoryReplay
+from edgevlm.chat.replay import HistoryReplay, ReplaySequence
+from edgevlm.chat.settings import ChatSettings, SummaryMode
 from edgevlm.chat.stops import StopScanner
-from edgevlm.chat.swap import CAPTION_REQUEST, CAPTION_TOKENS, WINDOW_REQUEST, SummarySwap, caption_request
+from edgevlm.chat.swap import CAPTION_REQUEST, WINDOW_REQUEST, SummarySwap, SwapSequence, caption_request
 from edgevlm.chat.turn_log import TurnLog
-from edgevlm.errors import ContextOverflowError, EmptyMessageError, EngineError, Interrupted
-from edgevlm.families import check_image_settings
+from edgevlm.errors import ConfigError, ContextOverflowError, EmptyMessageError, EngineError, Interrupted
 from edgevlm.families.llava15 import LabelledTiles
 from edgevlm.store.caches import CacheView, EmbeddingCache
-from edgevlm.store.prefix_cache import PrefixCache
-from edgevlm.values.embedding import ImageBlock, ImageEmbedding
+from edgevlm.store.prefix_cache import PrefixCache, PrefixTier
+from edgevlm.values.embedding import BlockEncoder, ImageBlock, ImageEmbedding
 from edgevlm.values.sampling import Sampling
 from edgevlm.values.stats import RequestStats
 from edgevlm.vision.images import LoadedImage
@@ -58,42 +56,23 @@ from edgevlm.vision.layout import Detail, ImageLayout, ImagePlan
 from edgevlm.vision.tiling import PLANNED_IMAGES, TurnCosts, even_share, useful_pixels
 
 DEFAULT_QUESTION = "Describe this image in detail."
-SUMMARY_MODES = ("caption", "answer", "none")
 
 
-class ChatSequence(Protocol):
-    """The sequence a conversation runs on (an EngineSequence, or a test's fake)."""
-
-    last_completion_tokens: list[int]
+class ChatSequence(LedgerSequence, BlockSequence, PrefixSequence, SwapSequence, ReplaySequence, Protocol):
+    """The sequence a conversation runs on (an EngineSequence, or a test's fake): what each of its
+    parts asks (the ledger, the block writer, the image prefixes, the swap, the replay) and what
+    the conversation itself asks."""
 
     @property
-    def n_ctx(self) -> int: ...
-    @property
-    def n_past(self) -> int: ...
-    def kv_cells(self) -> int: ...
-    def can_cut(self) -> bool: ...
-    def can_shift(self) -> bool: ...
-    def truncate(self, pos: int) -> None: ...
-    def remove_range(self, p0: int, p1: int) -> None: ...
-    def eval_text(self, tokens: list[int]) -> None: ...
-    def eval_embedding(self, embedding: ImageEmbedding) -> None: ...
-    def save_partial(self) -> np.ndarray: ...
-    def restore_partial(self, state: np.ndarray, position: int) -> None: ...
-    def save_state(self) -> np.ndarray: ...
-    def restore_state(self, state: np.ndarray, n_positions: int) -> None: ...
-    def resync(self) -> None: ...
+    def memory_kind(self) -> str:
+        """attention, sliding-window, hybrid or recurrent (see models/memory_kinds.py)."""
+        ...
+
     def interrupt(self) -> None: ...
-    def clear_interrupt(self) -> None: ...
-    def tokenize(self, text: str, *, add_bos: bool = False) -> list[int]: ...
-    def detokenize(self, tokens: list[int]) -> str: ...
-    def image_tokens(self) -> int: ...
     def encode_image(self, image: Image.Image) -> ImageEmbedding: ...
     def encode_block(self, image: Image.Image, *, merged_with: Image.Image | None = None) -> ImageBlock: ...
-    def generate(self, max_tokens: int, sampling: Sampling) -> Iterator[str]: ...
-    def aside(self) -> contextlib.AbstractContextManager[object]: ...
     def begin_request(self, *, started: float | None = None) -> None: ...
     def note_preprocess(self, seconds: float) -> None: ...
-    def note_restored(self, visual_tokens: int, restore_s: float) -> None: ...
     def stats(self) -> RequestStats: ...
 
 
@@ -107,8 +86,9 @@ def turn_costs(tokenizer: Tokenizer, fmt: PromptFormat, question: str, *, view_t
             + len(tok(fmt.assistant_suffix)))
     if caption_tokens:
         text += len(tok(caption_request(fmt))) + caption_tokens
-    labelled = layout is None or not layout.native  # mtmd's families open each image with their markers
-    labels = tuple(len(tok(image_label(slot))) for slot in range(PLANNED_IMAGES)) if labelled else ()
+    # mtmd's families open each image with their own markers; LLaVA's are numbered
+    numbered = (layout or LabelledTiles()).numbers_images
+    labels = tuple(len(tok(image_label(slot))) for slot in range(PLANNED_IMAGES)) if numbered else ()
     return TurnCosts(system_tokens=len(tok(fmt.system(system), add_bos=fmt.add_bos)),
                      text_tokens=text, whole_image_tokens=whole, label_tokens=widest,
                      view_tokens=view_tokens, image_label_tokens=labels)
@@ -128,45 +108,64 @@ def _tail_text(question: str, fmt: PromptFormat, *, with_image: bool) -> str:
 class Conversation:
     """Turns in one KV cache, with images swapped for summaries once answered."""
 
-    def __init__(self, sequence: ChatSequence, fmt: PromptFormat, *, tile_size: int, max_tokens: int = 512,
-                 sampling: Sampling | None = None, max_tiles: int | None = None,
-                 summary: str = "caption", keep_images: int = 0, system: str | None = None,
-                 caption_tokens: int = CAPTION_TOKENS, pool: int | None = 1,
-                 layout: ImageLayout | None = None, detail: Detail = Detail.CHAT,
-                 frame_tokens: int | None = None,
+    def __init__(self, sequence: ChatSequence, fmt: PromptFormat, *, tile_size: int,
+                 settings: ChatSettings | None = None, layout: ImageLayout | None = None,
                  encoder: Callable[[Image.Image], ImageEmbedding] | EmbeddingCache | CacheView | None = None,
                  prefix_cache: PrefixCache | None = None) -> None:
-        if summary not in SUMMARY_MODES:
-            raise ValueError(f"summary must be one of {SUMMARY_MODES}")
-        layout = layout or LabelledTiles()
-        check_image_settings(layout.name, native=layout.native, pool=pool, max_tiles=max_tiles)
-        self.sequence, self.fmt, self.layout, self.tile_size = sequence, fmt, layout, tile_size
-        # The settings a request may change (resent.py applies each request's options).
-        self.max_tokens = max_tokens
-        self.sampling = sampling or Sampling()
-        self.max_tiles = max_tiles
-        self.pool = pool  # 1, 2, or None for auto (pooled tiles only when they buy a larger grid)
-        self.detail = detail  # what images are shown for: each family's budget for that task
-        self.frame_tokens = frame_tokens  # the most a video frame takes (None: its family's budget)
-        self.system = system
-        self.stop: tuple[str, ...] = ()  # the answer ends before the first of these
+        self.layout: ImageLayout = layout or LabelledTiles()
+        self._settings = (settings or ChatSettings()).checked_for(self.layout)
+        self.sequence, self.fmt, self.tile_size = sequence, fmt, tile_size
         self.last_answer_interrupted = False  # the last answer was stopped before it ended
         # CLIP, or a cache in front of it (store/caches.py's EmbeddingCache): views seen before
         # skip CLIP; an mtmd family's blocks go through the same cache where there is one.
-        cached = isinstance(encoder, (EmbeddingCache, CacheView))
         self.ledger = KvLedger(sequence)
         self.log = TurnLog()
-        self.blocks = ImageBlockWriter(
-            self.ledger, sequence, layout, encode=encoder or sequence.encode_image,
-            encode_block=encoder.block if cached else sequence.encode_block)  # type: ignore[union-attr]
+        encode: Callable[[Image.Image], ImageEmbedding] = encoder or sequence.encode_image
+        encode_block: BlockEncoder = sequence.encode_block
+        if isinstance(encoder, (EmbeddingCache, CacheView)):
+            encode_block = encoder.block
+        self.blocks = ImageBlockWriter(self.ledger, sequence, self.layout, encode=encode,
+                                       encode_block=encode_block)
         self.prefixes = ImagePrefixes(self.ledger, sequence, self.blocks, format_name=fmt.name,
                                       cache=prefix_cache)
-        self.swap = SummarySwap(self.ledger, sequence, fmt, self.log, mode=summary,
-                                keep_images=keep_images, caption_tokens=caption_tokens)
+        self.swap = SummarySwap(self.ledger, sequence, fmt, self.log, mode=self._settings.summary,
+                                keep_images=self._settings.keep_images,
+                                caption_tokens=self._settings.caption_tokens)
         self.history = HistoryReplay(self.ledger, sequence, fmt, self.log, self.swap)
-        self._prefix_tier = NO_PREFIX  # where the current turn's image block came from
+        self._prefix_tier = PrefixTier.NONE  # where the current turn's image block came from
         self._block_end: tuple[int, ImagePlan] | None = None  # the last image block's end, for ask_again
         self.reset()
+
+    # -- its settings -------------------------------------------------------------------------
+
+    @property
+    def settings(self) -> ChatSettings:
+        """How it answers now (changed only through configure)."""
+        return self._settings
+
+    def configure(self, settings: ChatSettings) -> None:
+        """Answer with these settings from the next turn: checked against the layout first (a
+        ConfigError naming pool or tiles leaves everything as it was); another system prompt
+        starts the conversation again. Call it on the thread that owns the conversation.
+        What the summaries are (their mode, length, the images kept live) is fixed at creation."""
+        settings.checked_for(self.layout)
+        fixed = ("summary", "keep_images", "caption_tokens")
+        moved = [name for name in fixed if getattr(settings, name) != getattr(self._settings, name)]
+        if moved:
+            raise ConfigError(f"{', '.join(moved)} cannot change in a running conversation",
+                              settings=tuple(moved))
+        new_system = settings.system != self._settings.system
+        self._settings = settings
+        if new_system:
+            self.reset()
+
+    @property
+    def system(self) -> str | None:
+        return self._settings.system
+
+    @property
+    def max_tokens(self) -> int:
+        return self._settings.max_tokens
 
     # -- what the parts hold ------------------------------------------------------------------
 
@@ -228,23 +227,18 @@ class Conversation:
         return self.log.images_seen
 
     @property
-    def on_summary(self) -> Callable[[TurnRecord], None] | None:
-        """Called with a turn's record when its image's summary is made."""
+    def on_summary(self) -> Callable[[TurnRecord, int], None] | None:
+        """Called with a turn's record and the image's place in it when its summary is made."""
         return self.log.on_summary
 
     @on_summary.setter
-    def on_summary(self, callback: Callable[[TurnRecord], None] | None) -> None:
+    def on_summary(self, callback: Callable[[TurnRecord, int], None] | None) -> None:
         self.log.on_summary = callback
-
-    @property
-    def summary(self) -> str:
-        """How answered images are summarised: "caption", "answer" or "none"."""
-        return self.swap.mode
 
     @property
     def caption_tokens(self) -> int:
         """The most tokens an image's summary takes."""
-        return self.swap.caption_tokens
+        return self._settings.caption_tokens
 
     @property
     def prefix_cache(self) -> PrefixCache | None:
@@ -274,7 +268,8 @@ class Conversation:
     @property
     def view_settings(self) -> ViewSettings:
         """How images are cut into views now."""
-        return ViewSettings(self.tile_size, self.pool, self.max_tiles, self.detail, self.frame_tokens)
+        s = self._settings
+        return ViewSettings(self.tile_size, s.pool, s.max_tiles, s.detail, s.frame_tokens)
 
     # -- whole conversations ------------------------------------------------------------------
 
@@ -325,7 +320,8 @@ class Conversation:
         """What an image turn with this question costs around its views (for grids and plans)."""
         return turn_costs(self.sequence, self.fmt, question, view_tokens=self.sequence.image_tokens(),
                           layout=self.layout, system=self.system,
-                          caption_tokens=self.caption_tokens if self.summary == "caption" else 0)
+                          caption_tokens=self.caption_tokens
+                          if self._settings.summary is SummaryMode.CAPTION else 0)
 
     def fresh_room(self, question: str) -> int:
         """Tokens an image block may use in a turn that starts from just the system prompt."""
@@ -423,7 +419,7 @@ class Conversation:
         answer, answer_tokens, _ = self._generate(parts, on_piece)
         generated = self.sequence.stats()
         self.ledger.append(Segment("answer", parts.turn, parts.suffix))
-        self._prefix_tier = IN_CONTEXT
+        self._prefix_tier = PrefixTier.CONTEXT
         stats = self._turn_stats(parts.turn, plan, generated, wait_s=0.0, dropped=0,
                                  completion_tokens=len(answer_tokens), prompt_tokens=prompt_tokens)
         return answer, stats
@@ -472,7 +468,7 @@ class Conversation:
         texts = list(texts) if texts is not None else [None] * images
         if len(texts) != images:
             raise ValueError(f"{len(texts)} labels for {images} images")
-        numbered = images >= 2 and not self.layout.native
+        numbered = images >= 2 and self.layout.numbers_images
         return tuple(tuple(self.sequence.tokenize(text if text is not None else
                                                   image_label(slot) if numbered else ""))
                      for slot, text in enumerate(texts))
@@ -502,8 +498,11 @@ class Conversation:
         before it. Returns the first image's plan, what the tiles cost, and each image's tokens
         and canvas."""
         start_index = len(self.ledger)
-        self._prefix_tier, self._block_end = NO_PREFIX, None
-        plan, tiles, image_tokens, canvases = None, BlockCost(), (), ()
+        self._prefix_tier, self._block_end = PrefixTier.NONE, None
+        plan: ImagePlan | None = None
+        tiles = BlockCost()
+        image_tokens: tuple[int, ...] = ()
+        canvases: tuple[tuple[int, int], ...] = ()
         try:
             if images:
                 views = self._fit(parts, images, prepared)
@@ -573,7 +572,7 @@ class Conversation:
     def _generate(self, parts: TurnParts, on_piece: Callable[[str], None] | None
                   ) -> tuple[str, list[int], bool]:
         """Stream the answer into the cache; an interrupt keeps what was shown as the answer."""
-        scanner = StopScanner(self.stop)
+        scanner = StopScanner(self._settings.stop)
         pieces: list[str] = []
         interrupted = False
 
@@ -583,7 +582,7 @@ class Conversation:
                 if on_piece is not None:
                     on_piece(text)
 
-        tokens = self.sequence.generate(self.max_tokens, self.sampling)
+        tokens = self.sequence.generate(self.max_tokens, self._settings.sampling)
         try:
             for piece in tokens:
                 show(scanner.feed(piece))

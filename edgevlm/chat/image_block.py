@@ -56,28 +56,38 @@ class ImageBlockWriter:
                  encode: Callable[[Image.Image], ImageEmbedding],
                  encode_block: BlockEncoder) -> None:
         self._ledger, self._sequence, self.layout = ledger, sequence, layout
-        self.encode, self._encode_block = encode, encode_block  # CLIP, or a cache in front of it
+        self.encode, self.encode_block = encode, encode_block  # CLIP, or a cache in front of it
         self.whole_image_tokens, self.label_tokens = label_tokens(sequence, layout)
+
+    def tokenize(self, text: str) -> list[int]:
+        """A label's tokens, in the model's vocabulary."""
+        return self._sequence.tokenize(text)
+
+    def append(self, segment: Segment) -> None:
+        """Decode a segment of the block into the ledger."""
+        self._ledger.append(segment)
 
     def prepare(self, image: LoadedImage, room: int, settings: ViewSettings, *,
                 max_tokens: int) -> PreparedImage:
         """The CPU side of an image turn (grid, global view, tiles); safe on a helper thread."""
         started = time.perf_counter()
         plan = self._plan(image, room, settings, max_tokens)
-        self._check_frame_tokens(plan, settings)
+        self._check_frame_tokens(plan, room, settings)
         views = tuple(self.layout.views(image.image, plan))
         if image.merged_with is not None:  # a merged pair of frames: the second at the same size
-            if not self.layout.native:
-                raise ValueError("only an mtmd family merges video frames in time")
+            if not self.layout.merges_frames:
+                raise ValueError(f"{self.layout.name} does not merge video frames in time")
             views += tuple(self.layout.views(image.merged_with.image, plan))
         return PreparedImage(image, plan, views, room, time.perf_counter() - started, settings)
 
-    def _check_frame_tokens(self, plan: ImagePlan, settings: ViewSettings) -> None:
+    def _check_frame_tokens(self, plan: ImagePlan, room: int, settings: ViewSettings) -> None:
         """--frame-tokens below what the family shows a frame of this size in at its least is
-        refused: mtmd cannot go lower, and Gemma 4 took 84 tokens a frame whatever was asked."""
+        refused: mtmd cannot go lower, and Gemma 4 took 84 tokens a frame whatever was asked. A
+        layout with a fixed least view (LLaVA's global view) shows it whatever is asked."""
         most = settings.frame_tokens if settings.detail is Detail.VIDEO_FRAME else None
-        shown = getattr(plan, "visual_tokens", 0) if self.layout.native else 0
-        if most and shown > most:
+        shown = plan.visual_tokens
+        fixed_least = self.layout.least_tokens(self.budget(room, settings)) > 0
+        if most and shown > most and not fixed_least:
             raise ConfigError(f"frame_tokens {most}: this family shows a frame of this size in no fewer than "
                               f"{shown} visual tokens; ask for {shown} or more", settings=("frame_tokens",))
 
@@ -111,59 +121,56 @@ class ImageBlockWriter:
 
     def write(self, prepared: PreparedImage, turn: int,
               on_progress: Callable[[PrefillProgress], None] | None, *, slot: int = 0) -> BlockCost:
-        """Put the image block in the cache as the layout says: labels and views step by step,
-        or every view encoded, packed into one block of rows and decoded at once. Its segments
-        belong to the turn's slot-th image (the swap replaces each image on its own)."""
-        plan, views, layout = prepared.plan, prepared.views, self.layout
-        steps = layout.steps(plan)
-        budget = self.budget(prepared.room, prepared.settings)
-        progress = ProgressCounter(on_progress, views=len(views), tokens=layout.block_tokens(plan, budget))
-        if layout.native:
-            self._write_native(views, turn, progress, slot)
-            return BlockCost()
-        if layout.packed:
-            rows = []
-            for step in steps:  # every view is a step of a packed layout
-                rows.append(self.encode(views[step.view or 0]).pooled(step.pool).rows)
-                progress.add(0)
-            tokens, decode_s = self._decode_image(ImageEmbedding(layout.pack(rows, plan)), turn, slot)
-            progress.add(tokens, views=0)
-            return BlockCost(tokens - len(rows[0]), decode_s)
-        tile_tokens, tile_s, labelled = 0, 0.0, 0  # a label's tokens go with the view it introduces
-        for step in steps:
-            if step.label is not None:
-                label = self._sequence.tokenize(step.label)
-                self._ledger.append(Segment("label", turn, tuple(label), slot=slot))
-                labelled += len(label)
-                continue
-            tokens, decode_s = self._decode_image(
-                self.encode(views[step.view or 0]).pooled(step.pool), turn, slot)
-            if step.tile:
-                tile_tokens, tile_s = tile_tokens + tokens, tile_s + decode_s
-            progress.add(tokens + labelled)
-            labelled = 0
-        return BlockCost(tile_tokens, tile_s)
+        """Put the image block in the cache as the layout writes it (labels and views step by
+        step, rows packed into one block, or mtmd's own block). Its segments belong to the turn's
+        slot-th image (the swap replaces each image on its own)."""
+        plan, budget = prepared.plan, self.budget(prepared.room, prepared.settings)
+        progress = ProgressCounter(on_progress, views=len(prepared.views),
+                                   tokens=self.layout.block_tokens(plan, budget))
+        pen = _BlockPen(self, turn, slot, progress)
+        self.layout.write(plan, prepared.views, pen)
+        return pen.cost
 
-    def _write_native(self, views: tuple[Image.Image, ...], turn: int, progress: ProgressCounter,
-                      slot: int) -> None:
-        """mtmd's block for the view (or for a merged pair of frames, both views in one block):
-        the family's marker tokens as labels, each image chunk's rows (with their positions and
-        attention) as an image segment."""
-        block = self._encode_block(views[0], merged_with=views[1] if len(views) > 1 else None)
-        progress.add(0, views=len(views))
+
+class _BlockPen:
+    """One block's writing (vision/layout.py's BlockPen): each label and image segment goes to
+    the ledger under the turn's slot, the progress counts views read and tokens decoded (a
+    label's tokens with the rows after it), and the tiles' tokens and seconds are summed."""
+
+    def __init__(self, writer: ImageBlockWriter, turn: int, slot: int, progress: ProgressCounter) -> None:
+        self._writer, self._turn, self._slot, self._progress = writer, turn, slot, progress
+        self._labelled = 0  # label tokens not yet reported (they go with the rows they introduce)
+        self.cost = BlockCost()
+
+    def label(self, text: str) -> None:
+        self._append_label(tuple(self._writer.tokenize(text)))
+
+    def encode(self, view: Image.Image) -> ImageEmbedding:
+        rows = self._writer.encode(view)
+        self._progress.add(0)
+        return rows
+
+    def rows(self, rows: ImageEmbedding, *, tile_tokens: int = 0) -> None:
+        started = time.perf_counter()
+        self._writer.append(Segment("image", self._turn, embedding=rows, slot=self._slot))
+        if tile_tokens:
+            self.cost = BlockCost(self.cost.tile_tokens + tile_tokens,
+                                  self.cost.tile_prefill_s + time.perf_counter() - started)
+        self._progress.add(rows.n_tokens + self._labelled, views=0)
+        self._labelled = 0
+
+    def mtmd_block(self, view: Image.Image, merged_with: Image.Image | None = None) -> None:
+        block = self._writer.encode_block(view, merged_with=merged_with)
+        self._progress.add(0, views=1 if merged_with is None else 2)
         for piece in block.pieces:
             if isinstance(piece, ImageEmbedding):
-                tokens, _ = self._decode_image(piece, turn, slot)
+                self.rows(piece)
             else:
-                self._ledger.append(Segment("label", turn, piece, slot=slot))
-                tokens = len(piece)
-            progress.add(tokens, views=0)
+                self._append_label(piece)
 
-    def _decode_image(self, embedding: ImageEmbedding, turn: int, slot: int) -> tuple[int, float]:
-        """Decode projector rows as one image segment; returns (tokens, seconds decoding)."""
-        started = time.perf_counter()
-        self._ledger.append(Segment("image", turn, embedding=embedding, slot=slot))
-        return embedding.n_tokens, time.perf_counter() - started
+    def _append_label(self, tokens: tuple[int, ...]) -> None:
+        self._writer.append(Segment("label", self._turn, tokens, slot=self._slot))
+        self._labelled += len(tokens)
 
 
 class Tokenizer(Protocol):

@@ -4,7 +4,7 @@ The prefix `[system, user-turn opening, image block]` is the same for every ques
 photo, so its KV is saved once prefilled and restored, instead of prefilled again, when a new
 conversation (a describe run, a served request, a chat after /reset) opens with that photo. The
 key is everything that decides that KV: the token ids before the block, the layout's plan and
-steps, and each view's pixels (so orientation, grid and pooling are all part of it).
+labels, and each view's pixels (so orientation, grid and pooling are all part of it).
 """
 
 from __future__ import annotations
@@ -19,11 +19,8 @@ from edgevlm.chat.image_block import BlockCost, ImageBlockWriter
 from edgevlm.chat.ledger import KvLedger
 from edgevlm.chat.records import PrefillProgress, PreparedImage, Segment
 from edgevlm.errors import EngineError
-from edgevlm.store.prefix_cache import PrefixCache, PrefixEntry, PrefixPart
+from edgevlm.store.prefix_cache import PrefixCache, PrefixEntry, PrefixPart, PrefixTier
 from edgevlm.values.embedding import ImageEmbedding
-
-NO_PREFIX = "none"  # the block was prefilled (no cache, a miss, or recomputing was faster)
-IN_CONTEXT = "context"  # ask_again: the block was already in this context
 
 
 class PrefixSequence(Protocol):
@@ -45,20 +42,20 @@ class ImagePrefixes:
         self._format_name, self.cache = format_name, cache
 
     def open_block(self, prepared: PreparedImage, head: Segment,
-                   on_progress: Callable[[PrefillProgress], None] | None) -> tuple[str, BlockCost]:
+                   on_progress: Callable[[PrefillProgress], None] | None) -> tuple[PrefixTier, BlockCost]:
         """Put the user turn's opening and its image block in the cache, restored when they open
-        the conversation and are cached; returns where they came from ("ram", "disk" or "none")
+        the conversation and are cached; returns where they came from (RAM, disk or none)
         and what the block's tiles cost when it was written."""
         cache = self.cache
         if cache is None or not self._ledger.only_system:
-            return NO_PREFIX, self._prefill_block(head, prepared, on_progress)[1]
+            return PrefixTier.NONE, self._prefill_block(head, prepared, on_progress)[1]
         key = cache.key(self._key_parts(prepared, head.tokens))
         found = cache.get(key)
         if found is None:
             cache.misses += 1
         elif not cache.clock.restore_wins(found[1], found[0].block_tokens, found[0].nbytes):
             cache.skipped += 1  # recomputing is faster here; the entry stays as it is
-            return NO_PREFIX, self._prefill_block(head, prepared, on_progress)[1]
+            return PrefixTier.NONE, self._prefill_block(head, prepared, on_progress)[1]
         elif self._restored(cache, key, *found, head, prepared, on_progress):
             return found[1], BlockCost()
         block_s, cost = self._prefill_block(head, prepared, on_progress)
@@ -66,7 +63,7 @@ class ImagePrefixes:
         cache.clock.note_prefill(sum(s.n_tokens for s in block), block_s)
         cache.put(key, PrefixEntry(self._sequence.n_past, tuple(_part(s) for s in block),
                                    self._sequence.save_state()))
-        return NO_PREFIX, cost
+        return PrefixTier.NONE, cost
 
     def _prefill_block(self, head: Segment, prepared: PreparedImage,
                        on_progress: Callable[[PrefillProgress], None] | None) -> tuple[float, BlockCost]:
@@ -77,7 +74,7 @@ class ImagePrefixes:
         cost = self._writer.write(prepared, head.turn, on_progress)
         return time.perf_counter() - started, cost
 
-    def _restored(self, cache: PrefixCache, key: str, entry: PrefixEntry, tier: str, head: Segment,
+    def _restored(self, cache: PrefixCache, key: str, entry: PrefixEntry, tier: PrefixTier, head: Segment,
                   prepared: PreparedImage, on_progress: Callable[[PrefillProgress], None] | None) -> bool:
         """Restore a found entry; False (the entry dropped) when llama.cpp refuses it."""
         system = self._ledger[0]
@@ -90,7 +87,7 @@ class ImagePrefixes:
             return False
         restore_s = time.perf_counter() - started
         cache.clock.note_restore(tier, entry.nbytes, restore_s)
-        if tier == "ram":
+        if tier is PrefixTier.RAM:
             cache.ram_hits += 1
         else:
             cache.disk_hits += 1
@@ -108,7 +105,7 @@ class ImagePrefixes:
         opening = [*self._ledger[0].tokens, *head]
         parts = [b"image-prefix-1", self._format_name.encode(),
                  np.asarray(opening, dtype=np.int32).tobytes(), layout.name.encode(),
-                 repr(prepared.plan).encode(), repr(layout.steps(prepared.plan)).encode()]
+                 repr(prepared.plan).encode(), repr(layout.label_texts()).encode()]
         for view in prepared.views:
             pixels = np.asarray(view, dtype=np.uint8)
             parts += [repr(pixels.shape).encode(), pixels.tobytes()]

@@ -8,6 +8,7 @@ from typing import Any
 
 from PIL import Image
 
+from edgevlm.store.prefix_cache import PrefixTier
 from edgevlm.values.embedding import ImageEmbedding
 from edgevlm.vision.images import LoadedImage, clock
 from edgevlm.vision.layout import Detail, ImagePlan
@@ -102,7 +103,7 @@ class TurnStats:
     canvas_size: tuple[int, int] = (0, 0)  # the tiles' canvas, (0, 0) for the global view alone
     image_box: tuple[int, int, int, int] = (0, 0, 0, 0)  # where the image sits on that canvas
     aside_prefill_tokens: int = 0  # decoded for an earlier image's summary swap before this turn
-    prefix_cache: str = "none"  # the image block restored from the prefix cache: ram | disk | none
+    prefix_cache: PrefixTier = PrefixTier.NONE  # where the image block came from (RAM, disk, none)
     restore_s: float = 0.0  # restoring it (part of TTFT; prefill_s is what was decoded)
     image_tokens: tuple[int, ...] = ()  # each of the turn's images' visual tokens, in order
     canvas_sizes: tuple[tuple[int, int], ...] = ()  # … and each one's canvas (canvas_size for all)
@@ -301,7 +302,7 @@ class LiveImage:
 def to_plain(record: object) -> dict[str, Any]:
     """Any stats record (a dataclass) as JSON's plain values, the one way: tuples as lists, and
     floats rounded to 4 places for reading (--json, --stats-json, the transcript, bench)."""
-    return plain_value(asdict(record))  # type: ignore[call-overload, no-any-return]
+    return plain_value(asdict(record))  # type: ignore[call-overload]  # any dataclass instance
 
 
 def plain_value(value: Any) -> Any:

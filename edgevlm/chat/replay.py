@@ -3,6 +3,8 @@ the oldest turns dropped when the context runs short."""
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Protocol
@@ -40,7 +42,7 @@ class HistoryReplay:
                 break
             oldest = self._ledger.turn_indices(turns[0])
             self._ledger.drop(oldest[0], oldest[-1] + 1)
-            self._swap.forget_turns(lambda turn, gone=turns[0]: turn != gone)
+            self._swap.forget_turns(functools.partial(operator.ne, turns[0]))
             dropped += 1
         return dropped
 

@@ -23,12 +23,13 @@ from edgevlm.chat.records import (
     image_key,
     shown_groups,
 )
+from edgevlm.chat.settings import ChatSettings
 from edgevlm.errors import Interrupted
 from edgevlm.store.caches import SummaryStore
-from edgevlm.values.sampling import Sampling
 from edgevlm.vision.documents import render_document_bytes
 from edgevlm.vision.images import LoadedImage, load_image_bytes
-from edgevlm.vision.layout import TIMED_FRAMES, Detail, FrameScaffold
+from edgevlm.vision.layout import TIMED_FRAMES, FrameScaffold
+from edgevlm.vision.readers import format_of
 from edgevlm.vision.video import merge_frames, read_video_bytes
 
 HISTORY_FILL = 0.75  # a cut history fills this share of the room, leaving some for follow-ups
@@ -65,10 +66,12 @@ class ChatImage:
 
     @classmethod
     def pages_of(cls, data: bytes, *, useful_pixels: int | None = None) -> tuple[ChatImage, ...]:
-        """A PDF upload's pages, in order, each named and keyed by the document's digest and its
-        page number (`document-1a2b3c4d.pdf, page 2`)."""
+        """A document upload's pages (a PDF, a multi-page TIFF), in order, each named and keyed by
+        the document's digest and its page number (`document-1a2b3c4d.pdf, page 2`)."""
         digest = hashlib.sha256(data).hexdigest()
-        pages = render_document_bytes(data, f"document-{digest[:8]}.pdf", useful_pixels=useful_pixels)
+        form = format_of(data)
+        suffix = form.suffix if form is not None else ".pdf"  # what it was sent as; its reader says why not
+        pages = render_document_bytes(data, f"document-{digest[:8]}{suffix}", useful_pixels=useful_pixels)
         return tuple(cls(hashlib.sha256(f"{digest}#page={page.page}".encode()).hexdigest(), page)
                      for page in pages)
 
@@ -107,27 +110,14 @@ class PastTurn:
 
 
 @dataclass(frozen=True)
-class TurnOptions:
-    """What a request asks of its answer."""
-
-    max_tokens: int
-    sampling: Sampling = Sampling()
-    max_tiles: int | None = None  # None: as many as the context allows; 0: the global view only
-    stop: tuple[str, ...] = ()
-    pool: int | None = None  # None: the session's own setting; 0: auto; 1 or 2: that factor
-    detail: Detail | None = None  # what the images are for (None: the session's own setting)
-    frame_tokens: int | None = None  # the most a video frame takes (None: its family's budget)
-
-
-@dataclass(frozen=True)
 class ChatTurn:
-    """One request: the system prompt, the history, and the latest user message."""
+    """One request: the history, the latest user message, and the settings it is answered with
+    (the server's, with the request's own fields and system prompt merged in and checked)."""
 
-    system: str | None
     past: tuple[PastTurn, ...]
     question: str
     images: tuple[ChatImage, ...]
-    options: TurnOptions
+    settings: ChatSettings
 
     @property
     def image(self) -> ChatImage | None:
@@ -141,9 +131,6 @@ class ResentChat:
     def __init__(self, conversation: Conversation, summaries: SummaryStore) -> None:
         self.conversation = conversation
         self.summaries = summaries
-        self._system_default = conversation.system
-        self._pool_default = conversation.pool
-        self._detail_default = conversation.detail
         self._digests: dict[str, str] = {}  # a live image's (or window's) key -> its digest, till summarised
         conversation.on_summary = self._keep_summary
 
@@ -154,8 +141,7 @@ class ResentChat:
         """Answer the latest message; earlier images cost no CLIP once summarised."""
         conversation = self.conversation
         conversation.sequence.begin_request(started=started)
-        self._use_system(turn.system)
-        self._apply(turn.options)
+        conversation.configure(turn.settings)  # another system prompt starts from it
         dropped = self._first_kept(turn)
         try:
             records = self._records(turn.past[dropped:], images_before=sum(
@@ -206,28 +192,9 @@ class ResentChat:
     def shared_turns(self, turn: ChatTurn) -> int:
         """How many of the request's past turns this session's cache holds already (-1: another
         system prompt, so nothing is shared)."""
-        if self._system_for(turn.system) != self.conversation.system:
+        if turn.settings.system != self.conversation.system:
             return -1
         return self.conversation.shared_turns(_keys(turn.past))
-
-    def _system_for(self, system: str | None) -> str | None:
-        return system if system is not None else self._system_default
-
-    def _use_system(self, system: str | None) -> None:
-        wanted = self._system_for(system)
-        if wanted != self.conversation.system:
-            self.conversation.system = wanted
-            self.conversation.reset()
-
-    def _apply(self, options: TurnOptions) -> None:
-        conversation = self.conversation
-        conversation.max_tokens = options.max_tokens
-        conversation.sampling = options.sampling
-        conversation.max_tiles = options.max_tiles
-        conversation.stop = options.stop
-        conversation.pool = self._pool_default if options.pool is None else (options.pool or None)
-        conversation.detail = self._detail_default if options.detail is None else options.detail
-        conversation.frame_tokens = options.frame_tokens
 
     def _first_kept(self, turn: ChatTurn) -> int:
         """How many of the oldest past turns to drop, before anything is decoded or summarised,

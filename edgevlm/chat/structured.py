@@ -11,7 +11,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from edgevlm.errors import ConfigError
 from edgevlm.llama.numbers import LARGEST, MAX_DIGITS, integer_bounds
@@ -326,7 +326,7 @@ def bounded_pattern(pattern: str, where: str) -> str:
     return "".join(out)
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

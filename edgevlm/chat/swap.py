@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Sequence
 from typing import Protocol
 
 from edgevlm.chat.ledger import KvLedger
 from edgevlm.chat.prompts import PromptFormat
 from edgevlm.chat.records import LiveImage, PrefillProgress, Segment
+from edgevlm.chat.settings import SummaryMode
 from edgevlm.chat.turn_log import TurnLog
 from edgevlm.values.sampling import Sampling
 
@@ -18,7 +19,6 @@ CAPTION_REQUEST = (
     "For your own later reference, summarise the image above in one dense factual paragraph: "
     "the main objects, any text you can read, colours, counts and layout."
 )
-CAPTION_TOKENS = 120
 # Turns an answered image may stay live for while its summary waits for idle time: a live
 # image makes every later decode step attend to its hundreds of positions, so it must not linger.
 LIVE_FOLLOW_UPS = 1
@@ -49,11 +49,14 @@ def summary_text(index: int, name: str, caption: str) -> str:
 class SwapSequence(Protocol):
     """What the summary swap asks of a sequence besides the ledger's decoding."""
 
-    last_completion_tokens: list[int]
+    @property
+    def last_completion_tokens(self) -> Sequence[int]:
+        """The tokens of the last answer generated."""
+        ...
 
     def tokenize(self, text: str, *, add_bos: bool = False) -> list[int]: ...
     def detokenize(self, tokens: list[int]) -> str: ...
-    def generate(self, max_tokens: int, sampling: Sampling) -> Iterator[str]: ...
+    def generate(self, max_tokens: int, sampling: Sampling) -> Generator[str, None, None]: ...
     def aside(self) -> contextlib.AbstractContextManager[object]: ...
 
 
@@ -61,7 +64,7 @@ class SummarySwap:
     """The answered images still live, their summaries, and their swap into the cache."""
 
     def __init__(self, ledger: KvLedger, sequence: SwapSequence, fmt: PromptFormat, log: TurnLog, *,
-                 mode: str, keep_images: int, caption_tokens: int) -> None:
+                 mode: SummaryMode, keep_images: int, caption_tokens: int) -> None:
         self._ledger, self._sequence, self._fmt, self._log = ledger, sequence, fmt, log
         self.mode, self.keep_images, self.caption_tokens = mode, max(0, keep_images), caption_tokens
         self.live: list[LiveImage] = []  # answered images whose blocks are still in the cache
@@ -94,7 +97,7 @@ class SummarySwap:
 
     def due(self) -> list[LiveImage]:
         """Live images past the --keep-images newest (none in describe's mode, which rewinds)."""
-        if self.mode == "none":
+        if self.mode is SummaryMode.NONE:
             return []
         return self.live[:max(len(self.live) - self.keep_images, 0)]
 
@@ -127,7 +130,7 @@ class SummarySwap:
     def _caption(self, live: LiveImage) -> str:
         """The image's caption, asked for at the end of the cache and rolled back. An interrupt
         keeps the tokens made so far: the next try decodes them as text and goes on from there."""
-        if self.mode == "answer":
+        if self.mode is SummaryMode.ANSWER:
             return self._answer_start(live.turn)
         checkpoint = len(self._ledger)
         self._ledger.mark()  # the caption request is rolled back to here
@@ -160,7 +163,7 @@ class SummarySwap:
     def caption_reserve(self, n_images: int = 1) -> int:
         """The caption request and its answer, made while the image is still live (turn_costs
         counts the same from caption_tokens alone); one at a time, each rolled back after."""
-        if self.mode != "caption":
+        if self.mode is not SummaryMode.CAPTION:
             return 0
         request = caption_request(self._fmt, n_images - 1, n_images)
         return len(self._sequence.tokenize(request)) + self.caption_tokens

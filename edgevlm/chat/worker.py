@@ -20,20 +20,12 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Protocol, TypeVar
 
 from edgevlm.errors import Interrupted, one_line
 
 log = logging.getLogger("edgevlm")
 T = TypeVar("T")
-
-
-class JobKind(str, Enum):
-    """What a job is, so that different faces' work can share one queue."""
-
-    TURN = "turn"  # a chat turn, a served request, an image to describe
-    TASK = "task"  # other work on the sequence (a reset, a restore, a count)
 
 
 class Owned(Protocol):
@@ -49,7 +41,6 @@ class Owned(Protocol):
 @dataclass
 class _Job:
     work: Callable[[], object]
-    kind: JobKind
     future: Future[object] = field(default_factory=Future)
 
 
@@ -72,20 +63,20 @@ class SequenceWorker:
 
     # -- what the faces call ------------------------------------------------------------------
 
-    def submit(self, work: Callable[[], T], *, kind: JobKind = JobKind.TURN) -> Future[T]:
+    def submit(self, work: Callable[[], T]) -> Future[T]:
         """Queue work for the thread; a summary being made stops at its next step."""
-        job = _Job(work, kind)
+        job = _Job(work)
         with self._state:
             if self._closed:
                 raise RuntimeError("the sequence worker has been closed")
             self._inbox.put(job)
             if self._summarising:
                 self._owned.interrupt()
-        return job.future  # type: ignore[return-value]
+        return job.future  # type: ignore[return-value]  # the job's result type is the caller's T
 
-    def run(self, work: Callable[[], T], *, kind: JobKind = JobKind.TURN) -> T:
+    def run(self, work: Callable[[], T]) -> T:
         """Run work on the thread and wait for its result (its exception is raised here)."""
-        return self.submit(work, kind=kind).result()
+        return self.submit(work).result()
 
     def cancel(self) -> None:
         """Stop the running job, or the summary being made, at its next step; safe from any

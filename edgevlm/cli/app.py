@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated, TypeVar
 import typer
 from rich.markup import escape
 from typer._click.exceptions import NoArgsIsHelpError, UsageError  # typer 0.29 carries its own click
+from typer._click.globals import get_current_context
 
 from edgevlm import __version__
 from edgevlm.cli import options as opt
@@ -26,11 +28,19 @@ from edgevlm.errors import ConfigError, EdgeVLMError, Interrupted, ModelError, o
 from edgevlm.models.catalog import DEFAULT_PRESET as DEFAULT_MODEL
 
 if TYPE_CHECKING:  # the heavy modules load inside the commands: `--help` stays instant
+    from edgevlm.chat.settings import ChatSettings
     from edgevlm.chat.structured import OutputFormat
     from edgevlm.describe.describer import Describer, Question
-    from edgevlm.describe.folders import BatchEvent, BatchSummary, Found, JsonlLog, Target, XmpOutput
+    from edgevlm.describe.folders import (
+        BatchEvent,
+        BatchSummary,
+        CaptionSettings,
+        Found,
+        JsonlLog,
+        Target,
+        XmpOutput,
+    )
     from edgevlm.models.gguf import ProjectorFacts
-    from edgevlm.runtime.conversations import ChatSettings
     from edgevlm.runtime.loading import Loaded, ModelFlags, Placement
     from edgevlm.values.sampling import Sampling
     from edgevlm.vision.boxes import Grounding
@@ -163,33 +173,33 @@ def describe(
     find: opt.Find = None, draw: opt.Draw = None,
 ) -> None:
     """Describe photos and folders (see DESCRIBE_HELP)."""
-    from edgevlm.describe.folders import BatchSummary, JsonlLog, find_images, needs_work
+    from edgevlm.describe.folders import BatchSummary, CaptionSettings, JsonlLog, find_images, needs_work
 
     with _handled(debug, verbose=verbose):
         finding = _finding(find, draw, model, mmproj, photos, asking=bool(prompt or ask or prompts))
-        max_tiles, pool_factor, task = _view_options(ctx, tiles, pool, detail, finding=finding is not None)
+        max_tiles, pooling, task = _view_options(ctx, tiles, pool, detail, finding=finding is not None)
         n_seq = _parallel_option(ctx, parallel)
         questions, output, budget = _describe_questions(ctx, prompt, _asked(ask, prompts), fmt, schema, tags,
                                                         max_tags, language, max_tokens, finding)
         writes = _check_describe_outputs(ctx, write_captions, jsonl, out_dir, write_xmp or embed,
                                          bool(ask or prompts), together=together) or write_xmp
+        caption = CaptionSettings(model, mmproj, questions.prompt, output, max_tiles, pooling, budget, task)
         found, targets, xmp = _describe_targets(
-            find_images(photos, recursive=recursive, pattern=glob), (pages, fps, frame_tokens),
-            together, write_captions, out_dir, write_xmp, embed, xmp_name,
-            (model, mmproj, questions.prompt, output, max_tiles, pool_factor, budget, *_chat_detail(task)))
+            find_images(photos, recursive=recursive, pattern=glob), caption, pages=pages, fps=fps,
+            frame_tokens=frame_tokens, together=together, embed=embed, captions=write_captions,
+            out_dir=out_dir, xmp_name=xmp_name if write_xmp else None)
         view = DescribeView(total=1 if together else len(targets), json_out=json_out, quiet=quiet, draw=draw,
                             text_to_stdout=not writes, named=len(targets) + len(found.missing),
                             finding=finding is not None)
-        run = _DescribeRun(targets, questions, view, output, JsonlLog(jsonl) if jsonl is not None else None,
-                           xmp, together=together, overwrite=overwrite, cache=not no_cache,
-                           find=finding is not None)
+        run = _DescribeRun(targets, questions, view, output, JsonlLog(jsonl) if jsonl else None, xmp,
+                           together=together, overwrite=overwrite, cache=not no_cache, find=bool(finding))
         summary = BatchSummary(skipped=len(targets))  # until something needs doing
         if together or needs_work(targets, jsonl=run.log, overwrite=overwrite, xmp=xmp):
             flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, budget, fetch_missing,
                                  parallel=n_seq if len(targets) > 1 and not together else 1,
                                  placement=_placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device),
                                  swa_full=swa_full)
-            settings = _describe_settings(max_tokens, (temperature, seed), max_tiles, pool_factor, task,
+            settings = _describe_settings(max_tokens, (temperature, seed), max_tiles, pooling, task,
                                           frame_tokens)
             summary = _describe_loaded(flags, settings, run, quiet=quiet or json_out)
         if view.summary(summary, found.missing, folder=writes or embed or any(p.is_dir() for p in photos)):
@@ -199,7 +209,7 @@ def describe(
 def _describe_settings(max_tokens: int, sampling: tuple[float, int | None], max_tiles: int | None,
                        pool: int | None, task: ImageDetail, frame_tokens: int | None) -> ChatSettings:
     """What describe's flags come to for its conversation."""
-    from edgevlm.runtime.conversations import ChatSettings
+    from edgevlm.chat.settings import ChatSettings
 
     return ChatSettings(max_tokens, _sampling(*sampling), max_tiles, pool, detail=task,
                         frame_tokens=frame_tokens)
@@ -413,31 +423,23 @@ def _answer_shape(fmt: str | None, schema: Path | None, tags: bool, max_tags: in
     return output, prompt or output.prompt or DEFAULT_PROMPT, answer_budget(output, max_tokens)
 
 
-def _chat_detail(task: ImageDetail) -> tuple[str, ...]:
-    """The detail in the settings a caption was made with: nothing at the default (chat), so
-    captions written before --detail existed still count as done."""
-    return () if task.value == "chat" else (task.value,)
-
-
-def _describe_targets(found: Found, parts: tuple[str | None, float | None, int | None], together: bool,
-                      write_captions: bool, out_dir: Path | None, write_xmp: bool, embed: bool, xmp_name: str,
-                      settings: tuple[object, ...]) -> tuple[Found, list[Target], XmpOutput | None]:
+def _describe_targets(found: Found, caption: CaptionSettings, *, pages: str | None, fps: float | None,
+                      frame_tokens: int | None, together: bool, embed: bool, captions: bool,
+                      out_dir: Path | None, xmp_name: str | None,
+                      ) -> tuple[Found, list[Target], XmpOutput | None]:
     """What was found, each image (and each chosen page of a PDF, checked now) with where its
     outputs go, and what its XMP files hold now (when XMP is asked for)."""
     from edgevlm.describe.folders import (
         check_targets_writable,
         plan_targets,
         read_xmp,
-        settings_stamp,
         with_parts,
     )
     from edgevlm.describe.xmp import check_exiftool
     from edgevlm.vision.documents import parse_pages
     from edgevlm.vision.video import VideoWindow
 
-    pages, fps, frame_tokens = parts
-    model, mmproj = settings[0], settings[1]
-    frames = _video_frames(str(model), mmproj if isinstance(mmproj, Path) else None, found)
+    frames = _video_frames(caption.model, caption.mmproj, found)
     images = with_parts(found.images, parse_pages(pages) if pages is not None else None,
                         fps=fps or frames.fps, window_frames=frames.window_frames)
     videos = any(isinstance(image, VideoWindow) for image, _root in images)
@@ -447,14 +449,13 @@ def _describe_targets(found: Found, parts: tuple[str | None, float | None, int |
         raise ConfigError(f"{'--fps' if fps is not None else '--frame-tokens'} sets how a video is read, "
                           "and none of the inputs is a video")
     _check_together(together, found, len(images))
-    targets = plan_targets(images, write_captions=write_captions, out_dir=out_dir,
-                           xmp_name=xmp_name if write_xmp else None, embed=embed)
+    targets = plan_targets(images, write_captions=captions, out_dir=out_dir, xmp_name=xmp_name, embed=embed)
     check_targets_writable(targets)  # a read-only folder is refused before the model loads
-    if not (write_xmp or embed):
+    if not (xmp_name is not None or embed):
         return found, targets, None
     check_exiftool()  # before the model loads, not after the first answer
-    writer = f"edgevlm {__version__} · {Path(str(settings[0])).name}"
-    return found, targets, read_xmp(targets, model=writer, settings=settings_stamp(*settings))
+    writer = f"edgevlm {__version__} · {Path(caption.model).name}"
+    return found, targets, read_xmp(targets, model=writer, settings=caption.stamp())
 
 
 @app.command(help=CHAT_HELP, short_help="Chat about images in the terminal.")
@@ -473,9 +474,10 @@ def chat(
     verbose: opt.Verbose = False, debug: opt.Debug = False,
 ) -> None:
     """Chat about images in the terminal (see CHAT_HELP)."""
+    from edgevlm.chat.settings import ChatSettings, SummaryMode
     from edgevlm.cli.repl import check_session_target, load_transcript, run_chat
     from edgevlm.paths import check_writable
-    from edgevlm.runtime.conversations import ChatSettings, conversation_for
+    from edgevlm.runtime.conversations import conversation_for
     from edgevlm.vision.images import max_pixels
 
     _configure_logging(verbose)
@@ -497,7 +499,8 @@ def chat(
         with _loaded(flags, quiet=False, tiles=(max_tiles, pool_factor)) as loaded:
             conversation = conversation_for(loaded, ChatSettings(
                 max_tokens=max_tokens, sampling=_sampling(temperature, seed), max_tiles=max_tiles,
-                summary=summary, keep_images=keep_images, system=system, pool=pool_factor, detail=task,
+                summary=SummaryMode(summary), keep_images=keep_images, system=system, pool=pool_factor,
+                detail=task,
                 frame_tokens=frame_tokens),
                 cache=not no_cache)
             run_chat(conversation, loaded, saved=saved, session=session or resume, stats_json=stats_json)
@@ -520,6 +523,7 @@ def serve(
     debug: opt.Debug = False,
 ) -> None:
     """The OpenAI- and Ollama-compatible API (see SERVE_HELP)."""
+    from edgevlm.chat.settings import ChatSettings, SummaryMode
     from edgevlm.runtime.loading import for_serving
     from edgevlm.server.launch import ServeSettings, check
     from edgevlm.server.launch import serve as run_server
@@ -530,11 +534,12 @@ def serve(
     with _handled(debug):
         if summary not in ("caption", "answer"):
             raise ConfigError(f"--summary must be caption or answer, not '{summary}'")
-        settings = ServeSettings(
-            host=host, port=port, api_key=api_key, media_dir=media_dir, max_queue=max_queue,
-            max_body_mb=max_body_mb, max_tokens=max_tokens, max_tiles=_tiles_option(ctx, tiles),
-            pool=_pool_option(ctx, pool), sampling=Sampling(temperature=temperature),
-            summary=summary, cache=not no_cache, detail=_parsed(ctx, "detail", detail, opt.parse_detail))
+        chat = ChatSettings(max_tokens=max_tokens, max_tiles=_tiles_option(ctx, tiles),
+                            pool=_pool_option(ctx, pool),
+                            sampling=Sampling(temperature=temperature), summary=SummaryMode(summary),
+                            detail=_parsed(ctx, "detail", detail, opt.parse_detail))
+        settings = ServeSettings(chat=chat, host=host, port=port, api_key=api_key, media_dir=media_dir,
+                                 max_queue=max_queue, max_body_mb=max_body_mb, cache=not no_cache)
         n_seq = _parallel_option(ctx, parallel)
         check(settings)  # unsafe or impossible settings fail before the model loads
         flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, max_tokens, fetch_missing,
@@ -773,8 +778,11 @@ def _loaded(flags: ModelFlags, *, quiet: bool,
     from edgevlm.runtime.loading import load
 
     _check_family(flags, max_tiles=tiles[0], pool=tiles[1])
-
-    loaded = load_with_progress(load, flags, quiet=quiet)
+    # The engine maker a caller handed the app as its object (`app(obj=…)`, a test's fake);
+    # llama.cpp's own otherwise.
+    context = get_current_context(silent=True)
+    maker = context.obj if context is not None and context.obj is not None else None
+    loaded = load_with_progress(functools.partial(load, engine=maker) if maker else load, flags, quiet=quiet)
     try:
         yield loaded
     finally:

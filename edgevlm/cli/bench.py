@@ -19,6 +19,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from edgevlm.chat.records import plain_value, to_plain
+from edgevlm.chat.settings import ChatSettings, SettingsChange
 from edgevlm.describe.describer import (
     DescribeEvent,
     Describer,
@@ -28,7 +29,7 @@ from edgevlm.describe.describer import (
     describe_images,
 )
 from edgevlm.errors import ImageError, one_line
-from edgevlm.runtime.conversations import ChatSettings, conversation_for, describers_for
+from edgevlm.runtime.conversations import conversation_for, describers_for
 from edgevlm.runtime.loading import Loaded
 from edgevlm.values.sampling import Sampling
 from edgevlm.vision.images import load_image
@@ -203,7 +204,8 @@ def run_bench(loaded: Loaded, image_path: Path, *, turns: int = 4, max_tokens: i
     run a short chat, and the peer if given."""
     step = on_step or (lambda _label: None)
     engine = loaded.engine
-    native = loaded.layout.native  # an mtmd family: one layout, mtmd's own, no tiles to compare
+    # A family mtmd lays out has one layout, mtmd's own: no tiles of edgevlm's to compare.
+    native = not loaded.layout.cuts_tiles
     d = describers_for(loaded, ChatSettings(max_tokens=max_tokens, sampling=Sampling(temperature=0.0),
                                             max_tiles=None if native else 0))[0]
     step("warm-up")
@@ -243,7 +245,7 @@ def _describe_runs(d: Describer, image_path: Path, repeats: int,
                    step: Callable[[str], None]) -> list[DescribeRun]:
     def measure(label: str, pool: int | None, max_tiles: int | None) -> DescribeRun:
         step(label)
-        d.pool, d.max_tiles = pool, max_tiles
+        d.configure(SettingsChange(pool=pool, max_tiles=max_tiles))
         return _median_run(label, [e.result for e in _describe_repeatedly(d, image_path, repeats)])
 
     runs = [measure("global only", 1, 0), measure("tiles pool 1", 1, None)]

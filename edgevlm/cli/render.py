@@ -23,7 +23,8 @@ if TYPE_CHECKING:  # imported lazily at run time: `edgevlm --help` must not load
     from edgevlm.cli.bench import BenchReport
     from edgevlm.describe.describer import DescribeResult
     from edgevlm.describe.folders import BatchEvent, BatchSummary
-    from edgevlm.planning.memory import Check, Plan
+    from edgevlm.planning.values import Plan
+    from edgevlm.planning.verify import Check
     from edgevlm.runtime.loading import Loaded, ModelFlags
     from edgevlm.vision.boxes import FoundBox
     from edgevlm.vision.sources import Source
@@ -244,19 +245,19 @@ class DescribeView:
 
 def render_plan(p: Plan, model_name: str, checks: tuple[Check, ...]) -> None:
     """The plan as a person reads it: the choice, the memory table, notes, and any check."""
-    from edgevlm.planning.memory import format_bytes
+    from edgevlm.planning.values import format_bytes
 
     out = Console(highlight=False, soft_wrap=True)
     where = (f"a GPU with {format_bytes(p.vram_free)} free" if p.vram_free is not None
              else f"the CPU ({format_bytes(p.ram_free)} RAM free)")
     if p.devices:
-        count = f"{len(p.devices)} devices" if len(p.devices) > 1 else "1 device"
-        where = f"{count} ({', '.join(d.name for d in p.devices)})"
+        several = f"{len(p.devices)} devices" if len(p.devices) > 1 else "1 device"
+        where = f"{several} ({', '.join(d.name for d in p.devices)})"
     out.print(f"[bold]Plan for {escape(model_name)} on {where}[/]")
     photo = (f"{p.photo_grid[0]}x{p.photo_grid[1]} grid" + (" pooled 2x2" if p.photo_pool > 1 else "")
              if p.photo_tiles else "global view only")
     tiles = f"up to {p.max_tiles} tiles per image ({p.max_pooled_tiles} pooled) · "
-    if p.photo_visual_tokens:  # an mtmd family: no tiles of edgevlm's own
+    if p.photo_visual_tokens and not (p.max_tiles or p.photo_tiles):  # mtmd's families: no tiles of edgevlm's
         photo, tiles = f"{p.photo_visual_tokens} visual tokens at {p.photo_shown[0]}x{p.photo_shown[1]}", ""
     parallel = f" × {p.n_seq} sequences (--parallel {p.n_seq})" if p.n_seq > 1 else ""
     example = "a 3840x2160 photo"
@@ -320,7 +321,7 @@ def _memory(p: Plan) -> str:
 
 
 def _plan_table(p: Plan) -> Table:
-    from edgevlm.planning.memory import format_bytes
+    from edgevlm.planning.values import format_bytes
 
     b, on_gpu = p.breakdown, p.mmproj_on_gpu
     table = Table(box=None, pad_edge=False)
@@ -348,7 +349,7 @@ def _plan_table(p: Plan) -> Table:
 
 def _devices_table(p: Plan) -> Table:
     """One column per device (in llama.cpp's order), then the host."""
-    from edgevlm.planning.memory import format_bytes
+    from edgevlm.planning.values import format_bytes
 
     b = p.breakdown
     table = Table(box=None, pad_edge=False)

@@ -15,12 +15,13 @@ from rich.console import Console
 
 from edgevlm.chat.conversation import DEFAULT_QUESTION, Conversation
 from edgevlm.chat.records import TurnRecord, TurnStats, to_plain
-from edgevlm.chat.worker import JobKind, SequenceWorker
+from edgevlm.chat.settings import SettingsChange
+from edgevlm.chat.worker import SequenceWorker
 from edgevlm.cli.options import flag_word, parse_detail, parse_pool, parse_tiles
 from edgevlm.cli.render import PrefillDisplay
 from edgevlm.cli.repl_help import HELP
 from edgevlm.describe.describer import DOCUMENT_PROMPT, VIDEO_PROMPT
-from edgevlm.errors import EdgeVLMError, EngineError, Interrupted, UserError, in_words
+from edgevlm.errors import ConfigError, EdgeVLMError, EngineError, Interrupted, UserError, in_words, one_line
 from edgevlm.interrupts import stop_on_sigint
 from edgevlm.paths import data_dir
 from edgevlm.store.files import USER_FILE_MODE, JsonlAppender, write_atomically
@@ -235,7 +236,7 @@ class ChatRepl:
         elif name == "/save":
             self._save(rest.strip())
         elif name == "/reset":
-            self.worker.run(self.conversation.reset, kind=JobKind.TASK)
+            self.worker.run(self.conversation.reset)
             self.last_stats = None
             if self.session is not None:
                 self.session.append({"type": "reset", "at": time.time()})
@@ -332,34 +333,37 @@ class ChatRepl:
         except EngineError:
             records = list(self.conversation.records)
             self.conversation.records.clear()
-            self.worker.run(lambda: self.conversation.restore(records), kind=JobKind.TASK)
+            self.worker.run(lambda: self.conversation.restore(records))
             self._note("the cache was rebuilt from the transcript")
 
     # -- commands ---------------------------------------------------------------------------
 
     def _set_tiles(self, value: str) -> None:
-        try:
-            self.conversation.max_tiles = parse_tiles(value)
-        except ValueError:
-            self._error("usage: /tiles auto|N")
-            return
-        self._note(f"tiles: {value}")
+        self._set("tiles", value, lambda text: SettingsChange(max_tiles=parse_tiles(text)), "auto|N")
 
     def _set_pool(self, value: str) -> None:
-        try:
-            self.conversation.pool = parse_pool(value)
-        except ValueError:
-            self._error("usage: /pool auto|1|2")
-            return
-        self._note(f"pool: {value}")
+        self._set("pool", value, lambda text: SettingsChange(pool=parse_pool(text)), "auto|1|2")
 
     def _set_detail(self, value: str) -> None:
+        self._set("detail", value, lambda text: SettingsChange(detail=parse_detail(text)),
+                  "caption|chat|ocr|grounding|video-frame")
+
+    def _set(self, name: str, value: str, change: Callable[[str], SettingsChange], usage: str) -> None:
+        """`/NAME VALUE`: the setting changed for the next turns, on the conversation's own thread
+        and checked against its layout there (pool and tiles do not apply to a family mtmd lays
+        out: one line says so, and nothing changes)."""
         try:
-            self.conversation.detail = parse_detail(value)
+            wanted = change(value)
         except ValueError:
-            self._error("usage: /detail caption|chat|ocr|grounding|video-frame")
+            self._error(f"usage: /{name} {usage}")
             return
-        self._note(f"detail: {self.conversation.detail.value}")
+        conversation = self.conversation
+        try:
+            self.worker.run(lambda: conversation.configure(conversation.settings.merged(wanted)))
+        except ConfigError as exc:
+            self._error(one_line(exc))
+            return
+        self._note(f"{name}: {value.strip().lower()}")
 
     def _print_stats(self) -> None:
         """A short account: turns, photos live or summarised, the cache, the last turn's speed."""
@@ -387,7 +391,7 @@ class ChatRepl:
             return
         if self.conversation.pending_summaries:  # right after a turn: its summary, not null
             with stop_on_sigint(self.worker.cancel):
-                self.worker.run(self.conversation.summarise_pending, kind=JobKind.TASK)
+                self.worker.run(self.conversation.summarise_pending)
         lines = [json.dumps({"type": "turn", **asdict(r)}, ensure_ascii=False)
                  for r in self.conversation.records]
         try:

@@ -8,6 +8,7 @@ render or store them and hold no describe logic of their own.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import deque
@@ -19,6 +20,7 @@ from typing import Any
 
 from edgevlm.chat.conversation import DEFAULT_QUESTION, Conversation
 from edgevlm.chat.records import PrefillProgress, PreparedImage, ShownImage, TurnRecord, TurnStats, to_plain
+from edgevlm.chat.settings import ChatSettings, SettingsChange
 from edgevlm.chat.structured import TEXT, OutputFormat, answer_tokens_needed
 from edgevlm.chat.worker import SequenceWorker
 from edgevlm.errors import ImageError, Interrupted
@@ -259,22 +261,13 @@ class Describer:
         return self._conversation.useful_pixels
 
     @property
-    def pool(self) -> int | None:
-        """2x2 pooling of tiles: 1, 2 or None (auto)."""
-        return self._conversation.pool
+    def settings(self) -> ChatSettings:
+        """How the next images are described (pooling, tiles, the task, the answer's budget)."""
+        return self._conversation.settings
 
-    @pool.setter
-    def pool(self, value: int | None) -> None:
-        self._conversation.pool = value
-
-    @property
-    def max_tiles(self) -> int | None:
-        """The most tiles per image (None: as many as the context allows)."""
-        return self._conversation.max_tiles
-
-    @max_tiles.setter
-    def max_tiles(self, value: int | None) -> None:
-        self._conversation.max_tiles = value
+    def configure(self, change: SettingsChange) -> None:
+        """Describe the next images with these settings changed (checked against the layout)."""
+        self._conversation.configure(self._conversation.settings.merged(change))
 
     @property
     def kv_tokens(self) -> int:
@@ -391,9 +384,10 @@ class Describer:
 
     def _use_output(self, output: OutputFormat) -> None:
         self.output = output
-        conversation = self._conversation
-        conversation.sampling = replace(conversation.sampling, grammar=output.grammar())
-        conversation.max_tokens = answer_budget(output, self.max_tokens)  # --ask text keeps the cap
+        settings = self._conversation.settings
+        self.configure(SettingsChange(sampling=replace(settings.sampling, grammar=output.grammar()),
+                                      # --ask text keeps the cap; a --tags answer may need more
+                                      max_tokens=answer_budget(output, self.max_tokens)))
 
     def _result(self, image: LoadedImage | PreparedImage | None, question: str, text: str,
                 stats: TurnStats, *, system_s: float | None, read_s: float) -> DescribeResult:
@@ -505,12 +499,15 @@ class _Feed:
             if prepared is None:
                 self._emit([ImageFailed(index, self.total, path, str(error))])
                 continue
-            if isinstance(prepared, PreparedWindow):  # with a document prompt, a window gets VIDEO_PROMPT too
-                own = None if self._document_prompt else prompt
-                self._describe_window(describer, index, path, prepared, read_s, own)  # type: ignore[arg-type]
+            if isinstance(prepared, PreparedWindow) and isinstance(path, VideoWindow):
+                own = None if self._document_prompt else prompt  # with a document prompt: VIDEO_PROMPT
+                self._describe_window(describer, index, path, prepared, read_s, own)
                 continue
-            page = isinstance(path, DocumentPage) and self._document_prompt
-            asked = self._document_prompt if page else prompt
+            if isinstance(prepared, PreparedWindow):
+                raise TypeError("a video's window is prepared from a VideoWindow")
+            asked = prompt
+            if isinstance(path, DocumentPage) and self._document_prompt:
+                asked = self._document_prompt
             self._describe(describer, index, path, prepared, read_s, asked)
 
     def _next(self) -> tuple[int, Prefetched] | None:
@@ -589,7 +586,8 @@ def _side_by_side(describers: list[Describer], work: Callable[[Describer], None]
             for worker in workers:  # stop the others at their next step
                 worker.cancel()
 
-    running = [worker.submit(lambda d=d: run(d)) for worker, d in zip(workers, describers, strict=True)]
+    running = [worker.submit(functools.partial(run, d))
+               for worker, d in zip(workers, describers, strict=True)]
     try:
         for job in running:
             job.result()

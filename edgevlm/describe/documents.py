@@ -162,7 +162,7 @@ def ask_document(describer: Describer, pages: Sequence[ReadPage], question: str,
                                    read_s=read_s, on_piece=lambda text: on_event(TextPiece(index, text)),
                                    labels=labels)
     result = replace(result, image=str(document), page=0)  # the answer is the document's
-    windows = [pages[k].page for k in live if isinstance(pages[k].page, VideoWindow)]
+    windows = [page for k in live if isinstance(page := pages[k].page, VideoWindow)]
     if windows:  # a clip's answer says which stretch it saw again
         result = replace(result, window=(windows[0].start_s, windows[-1].end_s),
                          frame_times_s=tuple(t for view in views for t in view.image.times_s))

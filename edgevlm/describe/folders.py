@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from edgevlm import __version__
+from edgevlm.chat.structured import OutputFormat
 from edgevlm.describe.describer import (
     DEFAULT_PROMPT,
     DescribeEvent,
@@ -28,6 +29,7 @@ from edgevlm.paths import check_writable
 from edgevlm.store.files import USER_FILE_MODE, append_jsonl, mend_last_line, write_atomically
 from edgevlm.vision.documents import DocumentPage, is_document, open_document
 from edgevlm.vision.images import IMAGE_SUFFIXES
+from edgevlm.vision.layout import Detail
 from edgevlm.vision.sources import Source
 from edgevlm.vision.video import (
     DEFAULT_FPS,
@@ -63,9 +65,27 @@ class XmpOutput:
         return state is not None and state.settings == self.settings
 
 
-def settings_stamp(*parts: object) -> str:
-    """A short stamp of everything that shapes a caption (model, prompt, format, tiles)."""
-    return hashlib.sha256(json.dumps([str(p) for p in parts]).encode()).hexdigest()[:16]
+@dataclass(frozen=True)
+class CaptionSettings:
+    """Everything that shapes a caption, as XMP records it: a file whose stamp matches is done."""
+
+    model: str
+    mmproj: Path | None
+    prompt: str
+    output: OutputFormat
+    max_tiles: object  # as given: a count or "auto"
+    pool_factor: object
+    budget: object
+    detail: Detail = Detail.CHAT
+
+    def stamp(self) -> str:
+        """A short stamp of these settings. The detail counts only off its default (chat), so
+        captions written before --detail existed still count as done."""
+        parts: list[object] = [self.model, self.mmproj, self.prompt, self.output, self.max_tiles,
+                               self.pool_factor, self.budget]
+        if self.detail is not Detail.CHAT:
+            parts.append(self.detail.value)
+        return hashlib.sha256(json.dumps([str(p) for p in parts]).encode()).hexdigest()[:16]
 
 
 @dataclass

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from edgevlm.errors import ConfigError, ModelError
+from edgevlm.errors import ModelError
 from edgevlm.families.family import BlockCounter, Family
 from edgevlm.families.gemma import GEMMA3, GEMMA3N, GEMMA4
 from edgevlm.families.internvl import INTERNVL
@@ -25,14 +25,14 @@ from edgevlm.families.qwen_vl import QWEN2_VL, QWEN3_VL
 from edgevlm.families.smolvlm import SMOLVLM
 from edgevlm.models.gguf import ProjectorFacts, TextModelFacts
 from edgevlm.models.gguf import read_projector as read_projector_file
-from edgevlm.vision.layout import ImageLayout
+from edgevlm.vision.layout import ImageLayout, check_view_settings
 
 # In the order they are asked: LLaVA-NeXT before LLaVA-1.5 (the same MLP type, with pinpoints),
 # and the mtmd families before OTHER_MTMD, which takes every vision projector left.
 FAMILIES: tuple[Family, ...] = (LLAVA_NEXT_FAMILY, LLAVA_15, QWEN2_VL, QWEN3_VL, GEMMA3, GEMMA3N, GEMMA4,
                                 SMOLVLM, INTERNVL, LFM2_VL, LLAMA4, OTHER_MTMD)
 
-__all__ = ["FAMILIES", "BlockCounter", "Family", "check_image_settings", "check_pair",
+__all__ = ["FAMILIES", "BlockCounter", "Family", "check_pair",
            "check_projector_settings", "family_for", "layout_for", "read_projector"]
 
 
@@ -85,17 +85,7 @@ def check_pair(text: TextModelFacts, projector: ProjectorFacts) -> None:
         )
 
 
-def check_image_settings(layout_name: str, *, native: bool, pool: int | None,
-                         max_tiles: int | None) -> None:
-    """Refuse pooling and tile counts for a family whose images mtmd lays out (ConfigError)."""
-    if native and (pool == 2 or max_tiles is not None):
-        raise ConfigError(f"{layout_name}: this family's images are laid out by mtmd as the model was "
-                          "trained, so pool and tiles do not apply; leave them at their defaults",
-                          settings=("pool", "tiles"))
-
-
 def check_projector_settings(projector: ProjectorFacts, *, pool: int | None, max_tiles: int | None) -> None:
-    """check_image_settings for a projector, before anything is loaded."""
-    family = family_for(projector)
-    check_image_settings(f"mtmd-{projector.projector_type}", native=family.native, pool=pool,
-                         max_tiles=max_tiles)
+    """Pooling and a tile cap checked against the projector's layout, before anything is loaded
+    (ConfigError)."""
+    check_view_settings(layout_for(projector), pool=pool, max_tiles=max_tiles)

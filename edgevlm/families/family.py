@@ -24,20 +24,54 @@ BlockCounter = Callable[[tuple[int, int]], tuple[int, int]]  # (w, h) -> (block 
 class Family(Protocol):
     """One line of vision models, as edgevlm knows it."""
 
-    name: str  # how the family is named to the user ("llava-1.5", "qwen-vl", …)
-    # True: mtmd lays its images out (markers, slices, positions); False: edgevlm's own layout
-    native: bool
-    # True: prompted by the chat template its GGUF carries; False: by edgevlm's hand-written
-    # formats (the LLaVA conversions mostly carry no template, and were tuned on Vicuna's)
-    own_template: bool
-    projector_types: frozenset[str]  # the projector types it claims (see claims for the whole rule)
-    # The text architectures its projectors were trained with (empty: any, checked by width)
-    text_archs: frozenset[str]
-    # True: those architectures exist only as this family's vision model (any other projector
-    # beside them is wrong); False: they are general ones (SmolVLM's llama)
-    owns_text_archs: bool
-    default_merge: int  # patches merged per side into one token where the GGUF does not say
-    deepstack: bool  # its rows also feed extra layers: a whole multiple of the text model's width
+    @property
+    def name(self) -> str:
+        """How the family is named to the user ("llava-1.5", "qwen-vl", …)."""
+        ...
+
+    @property
+    def counts_by_mtmd(self) -> bool:
+        """Whether mtmd lays its images out, so that a plan may ask mtmd to count a block (its
+        preprocessing only) where the family has no rule of its own; False: edgevlm's layout."""
+        ...
+
+    @property
+    def own_template(self) -> bool:
+        """True: prompted by the chat template its GGUF carries; False: by edgevlm's hand-written
+        formats (the LLaVA conversions mostly carry no template, and were tuned on Vicuna's)."""
+        ...
+
+    @property
+    def projector_types(self) -> frozenset[str]:
+        """The projector types it claims (see claims for the whole rule)."""
+        ...
+
+    @property
+    def text_archs(self) -> frozenset[str]:
+        """The text architectures its projectors were trained with (empty: any, checked by width)."""
+        ...
+
+    @property
+    def owns_text_archs(self) -> bool:
+        """True: those architectures exist only as this family's vision model (any other
+        projector beside them is wrong); False: they are general ones (SmolVLM's llama)."""
+        ...
+
+    @property
+    def default_merge(self) -> int:
+        """Patches merged per side into one token where the GGUF does not say."""
+        ...
+
+    @property
+    def mrope(self) -> bool:
+        """Its image rows take M-RoPE positions from their grid (mtmd_decode_use_mrope): a block
+        moves the position by its grid's longer side, not by its row count."""
+        ...
+
+    @property
+    def deepstack(self) -> bool:
+        """Its rows also feed extra layers: a whole multiple of the text model's width."""
+        ...
 
     def claims(self, projector: ProjectorFacts) -> bool:
         """Whether this projector belongs to the family."""

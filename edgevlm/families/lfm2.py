@@ -1,5 +1,5 @@
 """The LFM2-VL family: a SigLIP2 NaFlex encoder on LFM2's hybrid text model (short convolutions
-and attention: a recurrent state, so the chat goes back through checkpoints; see models/memory.py).
+and attention: a recurrent state, so the chat goes back through checkpoints; see models/memory_kinds.py).
 
 Pure: nothing here imports llama_cpp.
 """

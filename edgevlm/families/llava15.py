@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 from PIL import Image
 
 from edgevlm.families.family import BlockCounter
 from edgevlm.models.gguf import ProjectorFacts, TextModelFacts
-from edgevlm.vision.layout import TIMED_FRAMES, BlockStep, Detail, ImagePlan, TaskBudget, ViewBudget
+from edgevlm.vision.layout import TIMED_FRAMES, BlockPen, Detail, ImagePlan, TaskBudget, ViewBudget
 from edgevlm.vision.tiling import (
     LLAVA_15_TILES,
     MAX_AUTO_TILES,
@@ -59,10 +58,11 @@ class LabelledTiles:
     """LLaVA-1.5's layout: [Whole image:] global view, then `Tile row r, col c` + tile, each."""
 
     name = LLAVA_15_TILES
-    packed = False
-    native = False  # edgevlm lays the image out (mtmd's families: families/mtmd.py)
     frames = TIMED_FRAMES
     budgets = LLAVA_TASKS
+    numbers_images = True  # no marker tokens of its own: several images are told apart by "Image 2:"
+    merges_frames = False
+    cuts_tiles = True  # edgevlm's tiles: their count and pooling are settings
 
     def label_texts(self) -> tuple[str, str]:
         """"Whole image:" and the widest tile label."""
@@ -81,21 +81,17 @@ class LabelledTiles:
         tiles = _tiles(plan)
         return [letterbox(image, tiles.tile_size), *cut_tiles(image, tiles)]
 
-    def steps(self, plan: ImagePlan) -> list[BlockStep]:
-        """Labels and views interleaved; no label at all for the global view alone."""
+    def write(self, plan: ImagePlan, views: Sequence[Image.Image], pen: BlockPen) -> None:
+        """Labels and views interleaved, each view decoded as it comes; no label at all for the
+        global view alone."""
         tiles = _tiles(plan)
-        if not tiles.tiles:
-            return [BlockStep(view=0)]
-        steps = [BlockStep(label=WHOLE_IMAGE), BlockStep(view=0)]
+        if tiles.tiles:
+            pen.label(WHOLE_IMAGE)
+        pen.rows(pen.encode(views[0]))
         for index, tile in enumerate(tiles.tiles, start=1):
-            first = tile.row == 1 and tile.col == 1
-            steps += [BlockStep(label=label_text(tile, tiles.grid, first=first)),
-                      BlockStep(view=index, pool=tiles.pool, tile=True)]
-        return steps
-
-    def pack(self, rows: Sequence[np.ndarray], plan: ImagePlan) -> np.ndarray:
-        """Not packed: each view is decoded as it comes."""
-        raise NotImplementedError("LLaVA-1.5 tiles are decoded step by step")
+            pen.label(label_text(tile, tiles.grid, first=tile.row == 1 and tile.col == 1))
+            rows = pen.encode(views[index]).pooled(tiles.pool)
+            pen.rows(rows, tile_tokens=rows.n_tokens)
 
     def block_tokens(self, plan: ImagePlan, budget: ViewBudget) -> int:
         """An upper bound: labels counted at their widest."""
@@ -104,6 +100,9 @@ class LabelledTiles:
         whole = budget.whole_label_tokens if tiles.tiles else 0
         return budget.view_tokens + whole + tiles.n_tiles * per_tile
 
+    def least_tokens(self, budget: ViewBudget) -> int:
+        """The global view alone."""
+        return budget.view_tokens
 
     def most_tiles(self, budget: ViewBudget) -> int:
         """The most tiles any image gets at this budget, at its pooling (2, or else 1)."""
@@ -144,13 +143,14 @@ class Llava15:
     """LLaVA-1.5 (and BakLLaVA): edgevlm's labelled AnyRes tiles, any text model as wide."""
 
     name = "llava-1.5"
-    native = False
+    counts_by_mtmd = False
     own_template = False
     projector_types = LLAVA_PROJECTORS
     text_archs: frozenset[str] = frozenset()
     owns_text_archs = False
     default_merge = 1
     deepstack = False
+    mrope = False
 
     def claims(self, projector: ProjectorFacts) -> bool:
         """An MLP projector (LLaVA-1.6's, with its pinpoints, is claimed first by LLaVA-NeXT)."""

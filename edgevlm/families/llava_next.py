@@ -24,8 +24,9 @@ from PIL import Image
 from edgevlm.families.family import BlockCounter
 from edgevlm.families.llava15 import LLAVA_PROJECTORS, LLAVA_TASKS, clip_compute_bytes
 from edgevlm.models.gguf import ProjectorFacts, TextModelFacts, read_image_newline
+from edgevlm.values.embedding import ImageEmbedding
 from edgevlm.vision.images import resize_view
-from edgevlm.vision.layout import TIMED_FRAMES, BlockStep, ImagePlan, ViewBudget
+from edgevlm.vision.layout import TIMED_FRAMES, BlockPen, ImagePlan, ViewBudget
 
 LLAVA_NEXT = "llava-next"  # the layout's name in stats and plans
 
@@ -44,10 +45,21 @@ class NextGrid:
     rows_kept: tuple[int, int]  # [start, stop) of the map's rows after unpadding
     cols_kept: tuple[int, int]
     pool: int = 1  # tiles' features averaged pool x pool before packing (only when asked for)
+    view_tokens: int = 0  # the overview's rows (one unpooled view)
 
     @property
     def layout(self) -> str:
         return LLAVA_NEXT
+
+    @property
+    def visual_tokens(self) -> int:
+        """Every row of the packed block (the newlines are rows too)."""
+        return self.tokens(self.view_tokens)
+
+    @property
+    def shown_size(self) -> tuple[int, int]:
+        """The canvas the tiles cover, or one view's side for the overview alone."""
+        return self.canvas if self.n_tiles else (self.tile_size, self.tile_size)
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -103,13 +115,13 @@ def unpad_bounds(size: tuple[int, int], map_hw: tuple[int, int]) -> tuple[tuple[
 
 
 def next_grid(size: tuple[int, int], canvas: tuple[int, int], *, tile_size: int, side: int,
-              pool: int = 1) -> NextGrid:
+              pool: int = 1, view_tokens: int = 0) -> NextGrid:
     """The plan for one image on one canvas."""
     if canvas == (0, 0):
-        return NextGrid(size, canvas, tile_size, side, (0, 0), (0, 0), pool)
+        return NextGrid(size, canvas, tile_size, side, (0, 0), (0, 0), pool, view_tokens)
     map_hw = (canvas[1] // tile_size * side, canvas[0] // tile_size * side)
     rows, cols = unpad_bounds(size, map_hw)
-    return NextGrid(size, canvas, tile_size, side, rows, cols, pool)
+    return NextGrid(size, canvas, tile_size, side, rows, cols, pool, view_tokens)
 
 
 def fit_next_grid(size: tuple[int, int], pinpoints: tuple[tuple[int, int], ...], *, room: int,
@@ -124,11 +136,11 @@ def fit_next_grid(size: tuple[int, int], pinpoints: tuple[tuple[int, int], ...],
                if max_tiles is None or (c[0] // tile_size) * (c[1] // tile_size) <= max_tiles]
     while allowed:
         canvas = select_best_resolution(size, tuple(allowed))
-        plan = next_grid(size, canvas, tile_size=tile_size, side=side, pool=pool)
+        plan = next_grid(size, canvas, tile_size=tile_size, side=side, pool=pool, view_tokens=view_tokens)
         if plan.tokens(view_tokens) <= room:
             return plan
         allowed.remove(canvas)
-    return next_grid(size, (0, 0), tile_size=tile_size, side=side, pool=pool)
+    return next_grid(size, (0, 0), tile_size=tile_size, side=side, pool=pool, view_tokens=view_tokens)
 
 
 def next_views(image: Image.Image, plan: NextGrid) -> list[Image.Image]:
@@ -185,10 +197,11 @@ class LlavaNextLayout:
     """LLaVA-1.6: the overview, then the tiles' unpadded feature map with a newline per row."""
 
     name = LLAVA_NEXT
-    packed = True
-    native = False
     frames = TIMED_FRAMES
     budgets = LLAVA_TASKS  # a caption sees the overview alone, reading the unpooled canvas
+    numbers_images = True  # no marker tokens of its own
+    merges_frames = False
+    cuts_tiles = True  # edgevlm chooses the canvas and its tiles
 
     def __init__(self, pinpoints: tuple[tuple[int, int], ...],
                  newline: np.ndarray | Callable[[], np.ndarray]) -> None:
@@ -216,15 +229,14 @@ class LlavaNextLayout:
         """The overview, then the tiles in row-major order."""
         return next_views(image, _next(plan))
 
-    def steps(self, plan: ImagePlan) -> list[BlockStep]:
-        """Every view, packed afterwards: the tiles pooled as planned."""
+    def write(self, plan: ImagePlan, views: Sequence[Image.Image], pen: BlockPen) -> None:
+        """Every view encoded (the tiles pooled as planned), then the overview's rows and the
+        unpadded map with its newlines decoded as one block."""
         grid = _next(plan)
-        return [BlockStep(view=0), *(BlockStep(view=i, pool=grid.pool, tile=True)
-                                     for i in range(1, grid.n_tiles + 1))]
-
-    def pack(self, rows: Sequence[np.ndarray], plan: ImagePlan) -> np.ndarray:
-        """The overview's rows, then the map with its newlines."""
-        return pack_next(rows[0], list(rows[1:]), _next(plan), self.newline)
+        overview = pen.encode(views[0]).rows
+        tiles = [pen.encode(view).pooled(grid.pool).rows for view in views[1:grid.n_tiles + 1]]
+        packed = pack_next(overview, tiles, grid, self.newline)
+        pen.rows(ImageEmbedding(packed), tile_tokens=len(packed) - len(overview))
 
     def block_tokens(self, plan: ImagePlan, budget: ViewBudget) -> int:
         """The packed block's exact tokens."""
@@ -237,6 +249,10 @@ class LlavaNextLayout:
         fitting = [next_grid(c, c, tile_size=budget.tile_size, side=side, pool=pool) for c in self.pinpoints]
         return max((g.n_tiles for g in fitting if g.tokens(view) <= budget.room), default=0)
 
+    def least_tokens(self, budget: ViewBudget) -> int:
+        """The overview alone."""
+        return budget.view_tokens
+
 
 def _next(plan: ImagePlan) -> NextGrid:
     if not isinstance(plan, NextGrid):
@@ -248,13 +264,14 @@ class LlavaNext:
     """LLaVA-1.6: an MLP projector with AnyRes pinpoints and a newline vector after each row."""
 
     name = "llava-next"
-    native = False
+    counts_by_mtmd = False
     own_template = False
     projector_types = LLAVA_PROJECTORS
     text_archs: frozenset[str] = frozenset()
     owns_text_archs = False
     default_merge = 1
     deepstack = False
+    mrope = False
 
     def claims(self, projector: ProjectorFacts) -> bool:
         """An MLP projector with pinpoints, unpadded merging and the newline tensor."""

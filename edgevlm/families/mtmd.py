@@ -23,10 +23,11 @@ from edgevlm.models.gguf import ProjectorFacts, TextModelFacts
 from edgevlm.vision.boxes import Grounding
 from edgevlm.vision.layout import (
     TIMED_FRAMES,
-    BlockStep,
+    BlockPen,
     BlockTooLarge,
     Detail,
     FrameScaffold,
+    ImagePlan,
     TaskBudget,
     TaskTooLarge,
     ViewBudget,
@@ -70,12 +71,17 @@ class NativePlan:
     def image_box(self) -> tuple[int, int, int, int]:
         return (0, 0, *self.size)
 
+    @property
+    def shown_size(self) -> tuple[int, int]:
+        return self.size
+
 
 class NativeLayout:
     """mtmd's layout for a family, with the image's size chosen to fit the budget."""
 
-    packed = False
-    native = True
+    numbers_images = False  # the family's own markers open each image, as its template does
+    merges_frames = True  # mtmd merges two same-size frames marked mergeable (Qwen-VL)
+    cuts_tiles = False  # mtmd slices the image itself, where the family does
 
     def __init__(self, projector_type: str, count: BlockCounter, *, frames: FrameScaffold = TIMED_FRAMES,
                  budgets: Mapping[Detail, TaskBudget] | None = None) -> None:
@@ -140,26 +146,34 @@ class NativeLayout:
             scale /= SHRINK
         return scale
 
-    def views(self, image: Image.Image, plan: NativePlan) -> list[Image.Image]:  # type: ignore[override]
+    def views(self, image: Image.Image, plan: ImagePlan) -> list[Image.Image]:
         """The image itself, or shrunk to the plan's size (mtmd then does its own resizing)."""
-        if image.size == plan.size:
+        size = _native(plan).size
+        if image.size == size:
             return [image]
-        return [image.resize(plan.size, Image.Resampling.BICUBIC)]
+        return [image.resize(size, Image.Resampling.BICUBIC)]
 
-    def steps(self, plan: NativePlan) -> list[BlockStep]:  # type: ignore[override]
-        """One view: mtmd's whole block for it."""
-        return [BlockStep(view=0)]
+    def write(self, plan: ImagePlan, views: Sequence[Image.Image], pen: BlockPen) -> None:
+        """mtmd's whole block for the view, or for a merged pair of frames (both in one block)."""
+        pen.mtmd_block(views[0], views[1] if len(views) > 1 else None)
 
-    def pack(self, rows: Sequence[np.ndarray], plan: NativePlan) -> np.ndarray:  # type: ignore[override]
-        raise NotImplementedError("an mtmd family's block is decoded step by step")
-
-    def block_tokens(self, plan: NativePlan, budget: ViewBudget) -> int:  # type: ignore[override]
+    def block_tokens(self, plan: ImagePlan, budget: ViewBudget) -> int:
         """The block's cells, as mtmd counted them."""
-        return plan.tokens
+        return _native(plan).tokens
+
+    def least_tokens(self, budget: ViewBudget) -> int:
+        """No fixed least: the image is shrunk until its block fits, and the plan says if none does."""
+        return 0
 
     def most_tiles(self, budget: ViewBudget) -> int:
         """None of edgevlm's tiles: mtmd slices the image itself, where the family does."""
         return 0
+
+
+def _native(plan: ImagePlan) -> NativePlan:
+    if not isinstance(plan, NativePlan):
+        raise TypeError("an mtmd family's layout plans with NativePlan")
+    return plan
 
 
 def _scaled(image_size: tuple[int, int], scale: float) -> tuple[int, int]:
@@ -260,6 +274,7 @@ class MtmdFamily:
     frames: FrameScaffold = TIMED_FRAMES
     grid_rule: GridRule | None = field(default=None, compare=False)  # plan-time count; None: mtmd's
     deepstack: bool = False
+    mrope: bool = False  # rows positioned by their grid (mtmd_decode_use_mrope): Qwen-VL
     # Budgets by task, for a family whose tokens follow the image's size: the most visual tokens a
     # caption takes (in tokens, or in views of the projector's own size), the most a video frame
     # takes, and the least reading text or finding objects takes (Qwen's advice: 1024-2048 for
@@ -277,7 +292,7 @@ class MtmdFamily:
     both_ways_rule: BothWaysRule | None = field(default=None, compare=False)
     max_image_tokens: int | None = None
     image_kept: bool = False  # its vision graph keeps the input image alive through attention
-    native = True
+    counts_by_mtmd = True  # mtmd lays its images out, and can count a block at plan time
     own_template = True
 
     def claims(self, projector: ProjectorFacts) -> bool:

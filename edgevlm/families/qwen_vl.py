@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from typing import TypedDict
 
 from edgevlm.families.family import BlockCounter
 from edgevlm.families.mtmd import MtmdFamily, dyn_size_grid
@@ -42,7 +43,16 @@ def grid_counter(projector: ProjectorFacts) -> BlockCounter:
 # Budgets by task: a caption needs little (256 tokens: a 448 px square); a video frame at most what
 # qwen-vl-utils gives one (VIDEO_MAX_PIXELS, 768 x 28 x 28); reading text and finding objects at
 # least the 1024 tokens the Qwen team advises (llama.cpp #16842).
-QWEN_TASKS = {"caption_tokens": 256, "frame_tokens": 768, "reading_floor_tokens": 1024}
+class _TaskTokens(TypedDict):
+    caption_tokens: int
+    frame_tokens: int
+    reading_floor_tokens: int
+
+
+QWEN_TASKS = _TaskTokens(caption_tokens=256, frame_tokens=768, reading_floor_tokens=1024)
+
+
+
 def model_size(projector: ProjectorFacts) -> Callable[[tuple[int, int]], tuple[int, int]]:
     """The size (w, h) Qwen-VL's processor resizes an image handed to mtmd at (w, h) to: its
     merged grid times patch x merge pixels (smart_resize's result)."""
@@ -90,10 +100,11 @@ QWEN3_FRAMES = FrameScaffold(label="<{seconds:.1f} seconds>", merge=2, fps=2.0)
 
 QWEN2_VL = MtmdFamily("qwen2-vl", frozenset({"qwen2vl_merger", "qwen2.5vl_merger"}),
                       text_archs=frozenset({"qwen2vl"}), default_merge=2,
-                      warmup_tokens_per_side=QWEN_VL_WARMUP_SIDE, grid_rule=grid_counter,
+                      warmup_tokens_per_side=QWEN_VL_WARMUP_SIDE, grid_rule=grid_counter, mrope=True,
                       grounding_rule=qwen2_grounding, frames=QWEN2_FRAMES, **QWEN_TASKS)
 # Qwen3-VL's rows also feed its deepstack layers: a whole multiple of the text model's width.
 QWEN3_VL = MtmdFamily("qwen3-vl", frozenset({"qwen3vl_merger"}),
                       text_archs=frozenset({"qwen3vl", "qwen3vlmoe"}), default_merge=2,
                       warmup_tokens_per_side=QWEN_VL_WARMUP_SIDE, grid_rule=grid_counter, deepstack=True,
+                      mrope=True,
                       grounding_rule=qwen3_grounding, frames=QWEN3_FRAMES, **QWEN_TASKS)

@@ -24,7 +24,7 @@ class DecodeAbort:
         self._flag = ctypes.create_string_buffer(2)  # b"\0\0": go on; b"\1\0": stop
         self._callback = _strlen_callback()
 
-    def install(self, ctx: ctypes.c_void_p) -> bool:
+    def install(self, ctx: llama_cpp.llama_context_p) -> bool:
         """Give ggml this flag for the context's decodes; False where it cannot be done."""
         if self._callback is None:
             return False

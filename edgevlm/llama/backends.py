@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import llama_cpp
 
@@ -22,7 +22,8 @@ _ggml = llama_cpp.llama_cpp._lib
 _P = ctypes.c_void_p
 
 
-def _bind(name: str, argtypes: list[type], restype: type | None) -> Callable[..., object]:
+def _bind(name: str, argtypes: list[type], restype: type | None) -> Callable[..., Any]:
+    """A ggml function with its C signature; what it returns is what `restype` makes of it."""
     fn = getattr(_ggml, name)
     fn.argtypes, fn.restype = argtypes, restype
     return fn

@@ -23,11 +23,16 @@ SHORT_PREFILL_SHARE = 4
 class BatchHost(Protocol):
     """The context the batcher decodes into."""
 
-    ctx: ctypes.c_void_p
-    n_batch: int
-    n_embd_model: int
-    n_vocab: int
-    n_pos_per_row: int
+    @property
+    def ctx(self) -> llama_cpp.llama_context_p: ...
+    @property
+    def n_batch(self) -> int: ...
+    @property
+    def n_embd_model(self) -> int: ...
+    @property
+    def n_vocab(self) -> int: ...
+    @property
+    def n_pos_per_row(self) -> int: ...
 
 
 class TokenBatch:
@@ -50,6 +55,13 @@ class TokenBatch:
 
     def clear(self) -> None:
         self.raw.n_tokens = 0
+
+    def decode(self, ctx: llama_cpp.llama_context_p) -> EngineError | None:
+        """llama_decode on what the batch holds: None, or the error naming llama.cpp's code and
+        its last log line (the one place the engine and the batcher decode)."""
+        rc = llama_cpp.llama_decode(ctx, self.raw)
+        return None if rc == 0 else EngineError(f"llama.cpp failed to decode (code {rc}; "
+                                                f"{NATIVE_LOG.error_hint()})")
 
     def add_tokens(self, sequence: EngineSequence, tokens: list[int], *, logits_last: bool) -> int:
         """Append tokens at the sequence's next positions; returns the batch index of the last."""
@@ -102,7 +114,7 @@ class _Work:
 
     @property
     def n_items(self) -> int:
-        return len(self.tokens) if self.tokens is not None else len(self.rows)  # type: ignore[arg-type]
+        return len(self.tokens) if self.tokens is not None else len(self.rows)  # type: ignore[arg-type]  # one of tokens or rows is set (checked in __post_init__)
 
     @property
     def is_decode_step(self) -> bool:
@@ -228,7 +240,7 @@ class Batcher:
         prefill = next((w for w in waiting if w not in short), None)
         self._expected = set()
         self._tokens.clear()
-        at = {w: self._tokens.add_tokens(w.sequence, w.tokens, logits_last=True)  # type: ignore[arg-type]
+        at = {w: self._tokens.add_tokens(w.sequence, w.tokens, logits_last=True)  # type: ignore[arg-type]  # token work holds tokens
               for w in decoding}
         prefills = [*short, *([prefill] if prefill is not None else [])]
         chunks = {w: n for w in prefills if (n := self._add_text_chunk(w, at))}
@@ -256,7 +268,7 @@ class Batcher:
         chunk = min(work.n_items - start, self._host.n_batch)
         place = work.image or RowPlacement()
         self._rows.clear()
-        self._rows.add_rows(work.sequence, work.rows[start:start + chunk],  # type: ignore[index]
+        self._rows.add_rows(work.sequence, work.rows[start:start + chunk],  # type: ignore[index]  # row work holds rows
                             place.positions_of(start, chunk))
         with place.attention(self._host.ctx):
             decoded = self._decode(self._rows, [work])
@@ -264,10 +276,9 @@ class Batcher:
             self._advance(work, chunk, None)
 
     def _decode(self, batch: TokenBatch, works: list[_Work]) -> bool:
-        rc = llama_cpp.llama_decode(self._host.ctx, batch.raw)
-        if rc == 0:
+        error = batch.decode(self._host.ctx)
+        if error is None:
             return True
-        error = EngineError(f"llama.cpp failed to decode (code {rc}; {NATIVE_LOG.error_hint()})")
         for work in works:
             self._finish(work, error)
         return False

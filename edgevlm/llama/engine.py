@@ -11,6 +11,7 @@ import contextlib
 import ctypes
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 import llama_cpp
 import numpy as np
@@ -38,7 +39,9 @@ class Engine:
     def __init__(self, config: EngineConfig, *,
                  on_load_progress: Callable[[float], None] | None = None) -> None:
         self.config = config
-        self.model = self.ctx = None
+        # The handles every sequence uses (None before loading and after close: see ctx).
+        self.model: llama_cpp.llama_model_p | None = None
+        self._ctx: llama_cpp.llama_context_p | None = None
         self.projector: Projector | None = None
         self.batcher: Batcher | None = None
         self._sequences: list[EngineSequence] = []
@@ -91,19 +94,20 @@ class Engine:
 
         self._progress_cb = llama_cpp.llama_progress_callback(progress)
         mparams.progress_callback = self._progress_cb
-        self.model = llama_cpp.llama_model_load_from_file(str(cfg.model_path).encode(), mparams)
-        if not self.model:
+        model = llama_cpp.llama_model_load_from_file(str(cfg.model_path).encode(), mparams)
+        if not model:
             if self._stop_loading:
                 raise Interrupted("interrupted while loading the model")
             raise ModelError(f"{cfg.model_path}: llama.cpp could not load it ({NATIVE_LOG.error_hint()})")
-        self.vocab = llama_cpp.llama_model_get_vocab(self.model)
-        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        self.model = model
+        self.vocab = _handle(llama_cpp.llama_model_get_vocab(model), "the model's vocabulary")
+        self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self.vocab)
         # Image rows are as wide as the model's input embedding: wider than n_embd where the
         # projector feeds deepstack layers too (Qwen3-VL).
-        self.n_embd_model = llama_cpp.llama_model_n_embd_inp(self.model)
+        self.n_embd_model: int = llama_cpp.llama_model_n_embd_inp(model)
 
     def _create_context(self) -> None:
-        cfg = self.config
+        cfg, model = self.config, _handle(self.model, "the model")
         cparams = llama_cpp.llama_context_default_params()
         # Each sequence gets its own n_ctx cells (non-unified KV): a request can always fill
         # its own context, and attention reads only its own cells. Measured here with four
@@ -123,7 +127,7 @@ class Engine:
             cparams.flash_attn_type = _flash_attn_type(cfg.flash_attn)
         # The planner's choice for a sliding-window model: its whole window cache (cut anywhere), or
         # a window's worth that old positions leave, which the ledger goes back through checkpoints.
-        n_swa = llama_cpp.llama_model_n_swa(self.model)
+        n_swa = llama_cpp.llama_model_n_swa(model)
         cparams.swa_full = cfg.swa_full and n_swa > 0
         self.memory = self._checked_memory(n_swa)
         self.swa_full = bool(cparams.swa_full)
@@ -131,27 +135,30 @@ class Engine:
         # take Python's GIL (seconds per token when another thread holds it). A C flag stops a
         # single sequence's decode part-way (llama/abort.py); otherwise interrupts are honoured
         # between batches and between tokens.
-        self.ctx = llama_cpp.llama_init_from_model(self.model, cparams)
-        if not self.ctx:
+        ctx = llama_cpp.llama_init_from_model(model, cparams)
+        if not ctx:
             raise EngineError(f"could not create a context of {cparams.n_ctx} tokens "
                               f"({NATIVE_LOG.error_hint()})")
+        self._ctx = ctx
         self._abort = DecodeAbort()
-        self._abort.install(self.ctx)
-        self.mem = llama_cpp.llama_get_memory(self.ctx)
-        self.n_ctx_seq = llama_cpp.llama_n_ctx_seq(self.ctx)
-        self.n_batch = llama_cpp.llama_n_batch(self.ctx)
-        self.n_ubatch = llama_cpp.llama_n_ubatch(self.ctx)
+        self._abort.install(ctx)
+        self.mem = _handle(llama_cpp.llama_get_memory(ctx), "the context's memory")
+        self.n_ctx_seq: int = llama_cpp.llama_n_ctx_seq(ctx)
+        self.n_batch: int = llama_cpp.llama_n_batch(ctx)
+        self.n_ubatch: int = llama_cpp.llama_n_ubatch(ctx)
 
     def _checked_memory(self, n_swa: int) -> MemoryKind:
         """The memory kind edgevlm classified from the GGUF (the one the planner counted), checked
         against llama.cpp's own answer: the ledger must not cut a cache that cannot be cut."""
         cfg = self.config
         kind = cfg.memory or read_text_model(cfg.model_path).memory
-        said = {"recurrent": bool(llama_cpp.llama_model_is_recurrent(self.model)),
-                "hybrid": bool(llama_cpp.llama_model_is_hybrid(self.model)), "n_swa": n_swa}
-        if not kind.agrees(**said):
+        model = _handle(self.model, "the model")
+        recurrent = bool(llama_cpp.llama_model_is_recurrent(model))
+        hybrid = bool(llama_cpp.llama_model_is_hybrid(model))
+        if not kind.agrees(recurrent=recurrent, hybrid=hybrid, n_swa=n_swa):
+            said = llama_says(recurrent=recurrent, hybrid=hybrid, n_swa=n_swa)
             raise EngineError(f"{cfg.model_path.name}: edgevlm planned its memory as {kind.name.value}, but "
-                              f"llama.cpp says {llama_says(**said)}; this model's architecture is not "
+                              f"llama.cpp says {said}; this model's architecture is not "
                               "one edgevlm knows how to keep (please report it)")
         return kind
 
@@ -166,7 +173,7 @@ class Engine:
             params.device = device_by_name(cfg.mmproj_device)
         if cfg.flash_attn is not None:
             params.flash_attn_type = _flash_attn_type(cfg.flash_attn)
-        self.projector = Projector(path, self.model, params, self.n_embd_model)
+        self.projector = Projector(path, _handle(self.model, "the model"), params, self.n_embd_model)
 
     # -- the sequences --------------------------------------------------------------------
 
@@ -206,9 +213,9 @@ class Engine:
         if self.projector is not None:
             self.projector.close()
             self.projector = None
-        if self.ctx:
-            llama_cpp.llama_free(self.ctx)
-            self.ctx = None
+        if self._ctx:
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
         if self.model:
             llama_cpp.llama_model_free(self.model)
             self.model = None
@@ -220,6 +227,11 @@ class Engine:
         self.close()
 
     # -- what the sequences share ----------------------------------------------------------
+
+    @property
+    def ctx(self) -> llama_cpp.llama_context_p:
+        """The llama.cpp context (EngineError once the engine is closed)."""
+        return _handle(self._ctx, "the context")
 
     def kv_guard(self) -> contextlib.AbstractContextManager[object]:
         """Hold this while touching the KV cache: no batcher step runs meanwhile."""
@@ -251,7 +263,7 @@ class Engine:
 
     def _decode_direct(self, sequence: EngineSequence, tokens: list[int] | None,
                        rows: np.ndarray | None, image: RowPlacement) -> None:
-        n_items = len(tokens) if tokens is not None else len(rows)  # type: ignore[arg-type]
+        n_items = len(tokens) if tokens is not None else len(rows)  # type: ignore[arg-type]  # one of tokens or rows is set (checked by the caller)
         batch = TokenBatch(min(n_items, self.n_batch), self.n_embd_model if rows is not None else 0,
                            self.n_pos_per_row if rows is not None else 1)
         try:
@@ -262,24 +274,24 @@ class Engine:
                 if tokens is not None:
                     batch.add_tokens(sequence, tokens[start:end], logits_last=end == n_items)
                 else:
-                    batch.add_rows(sequence, rows[start:end], image.positions_of(start, end - start))  # type: ignore[index]
+                    batch.add_rows(sequence, rows[start:end], image.positions_of(start, end - start))  # type: ignore[index]  # rows is set where tokens is not
                 self._abort.set(False)
                 self._abort.set(sequence.interrupt_requested)  # one that came meanwhile is kept
                 with image.attention(self.ctx):
-                    rc = llama_cpp.llama_decode(self.ctx, batch.raw)
-                self._check_rc(rc, sequence)
+                    error = batch.decode(self.ctx)
+                self._check_decoded(error, sequence)
                 sequence.decoded(end - start, advance=image.positions is None)
         finally:
             batch.free()
 
-    def _check_rc(self, rc: int, sequence: EngineSequence) -> None:
+    def _check_decoded(self, error: EngineError | None, sequence: EngineSequence) -> None:
         """Raise for a failed llama_decode (Interrupted if the sequence was being stopped)."""
-        if rc == 0:
+        if error is None:
             return
         if sequence.interrupt_requested:
             sequence.resync()
             raise Interrupted("interrupted during decode")
-        raise EngineError(f"llama.cpp failed to decode (code {rc}; {NATIVE_LOG.error_hint()})")
+        raise error
 
     def image_tokens_per_view(self) -> int:
         """Tokens one image (or tile) costs with this projector."""
@@ -304,6 +316,16 @@ class Engine:
         if self.projector is None:
             raise EngineError("no projector is loaded, so images cannot be read")
         return self.projector
+
+
+H = TypeVar("H")
+
+
+def _handle(handle: H | None, what: str) -> H:
+    """A llama.cpp handle that must be there (EngineError naming it when it is not)."""
+    if not handle:
+        raise EngineError(f"{what} is not loaded (the engine was closed, or its load failed)")
+    return handle
 
 
 def _ggml_type(name: str) -> int:

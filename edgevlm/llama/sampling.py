@@ -19,7 +19,7 @@ class TokenPicker:
     grammar rejects that token is the grammar applied to the whole vocabulary (costly) before
     the chain picks again."""
 
-    def __init__(self, vocab: ctypes.c_void_p, n_vocab: int, sampling: Sampling) -> None:
+    def __init__(self, vocab: llama_cpp.llama_vocab_p, n_vocab: int, sampling: Sampling) -> None:
         self._n_vocab = n_vocab
         self._chain = _make_chain(vocab, n_vocab, sampling)
         self._grammar = _make_grammar(vocab, sampling.grammar, self._chain)
@@ -59,13 +59,14 @@ class TokenPicker:
         return int(candidates.data[candidates.selected].id)
 
     def _allowed(self, token: int) -> bool:
-        self._one.id, self._one.logit, self._one.p = token, 1.0, 0.0
+        self._one.id, self._one.logit, self._one.p = token, 1.0, 0.0  # type: ignore[assignment]  # ctypes converts an int field
         self._one_array.size, self._one_array.selected = 1, -1
         llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(self._one_array))
         return math.isfinite(self._one.logit)
 
 
-def _make_grammar(vocab: ctypes.c_void_p, gbnf: str | None, chain: ctypes.c_void_p) -> ctypes.c_void_p | None:
+def _make_grammar(vocab: llama_cpp.llama_vocab_p, gbnf: str | None,
+                  chain: ctypes.c_void_p) -> ctypes.c_void_p | None:
     """The grammar sampler for constrained output (kept apart from the chain: see TokenPicker)."""
     if not gbnf:
         return None
@@ -76,7 +77,7 @@ def _make_grammar(vocab: ctypes.c_void_p, gbnf: str | None, chain: ctypes.c_void
     return grammar
 
 
-def _make_chain(vocab: ctypes.c_void_p, n_vocab: int, s: Sampling) -> ctypes.c_void_p:
+def _make_chain(vocab: llama_cpp.llama_vocab_p, n_vocab: int, s: Sampling) -> ctypes.c_void_p:
     chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
     add = llama_cpp.llama_sampler_chain_add
     add(chain, llama_cpp.llama_sampler_init_top_k(max(s.top_k, 1)))

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import codecs
 import contextlib
-import ctypes
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -40,7 +39,7 @@ class RowPlacement:
         return None if self.positions is None else self.positions[start:start + n_rows]
 
     @contextlib.contextmanager
-    def attention(self, ctx: ctypes.c_void_p) -> Iterator[None]:
+    def attention(self, ctx: llama_cpp.llama_context_p) -> Iterator[None]:
         """Non-causal attention for these rows' decode (as mtmd's helper does), causal after."""
         if not self.non_causal:
             yield
@@ -55,14 +54,22 @@ class RowPlacement:
 class SequenceHost(Protocol):
     """What a sequence needs of its engine: the context's handles and its one decode path."""
 
-    ctx: ctypes.c_void_p
-    mem: ctypes.c_void_p
-    vocab: ctypes.c_void_p
-    n_vocab: int
-    n_ctx_seq: int
-    n_embd_model: int
-    memory: MemoryKind
-    swa_full: bool
+    @property
+    def ctx(self) -> llama_cpp.llama_context_p: ...
+    @property
+    def mem(self) -> llama_cpp.llama_memory_t: ...
+    @property
+    def vocab(self) -> llama_cpp.llama_vocab_p: ...
+    @property
+    def n_vocab(self) -> int: ...
+    @property
+    def n_ctx_seq(self) -> int: ...
+    @property
+    def n_embd_model(self) -> int: ...
+    @property
+    def memory(self) -> MemoryKind: ...
+    @property
+    def swa_full(self) -> bool: ...
 
     def kv_guard(self) -> contextlib.AbstractContextManager[object]: ...
     def decode(self, sequence: EngineSequence, tokens: list[int] | None, rows: np.ndarray | None,
@@ -323,7 +330,7 @@ class EngineSequence:
 
     # -- generation -----------------------------------------------------------------------
 
-    def generate(self, max_tokens: int, sampling: Sampling | None = None) -> Iterator[str]:
+    def generate(self, max_tokens: int, sampling: Sampling | None = None) -> Generator[str, None, None]:
         """Sample up to max_tokens after the cache; every shown token is decoded into the cache."""
         if not self._logits_ready:
             raise EngineError("nothing to continue from: evaluate some text first")
@@ -341,7 +348,7 @@ class EngineSequence:
             self._host.generation_ended(self)
 
     def _generate_pieces(self, max_tokens: int, picker: TokenPicker,
-                         text: codecs.IncrementalDecoder) -> Iterator[str]:
+                         text: codecs.IncrementalDecoder) -> Generator[str, None, None]:
         for _ in range(max_tokens):
             if self._n_past >= self.n_ctx:
                 break

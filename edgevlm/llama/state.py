@@ -20,8 +20,10 @@ from edgevlm.errors import EngineError
 class StateHost(Protocol):
     """The context handles the state calls need, and the lock every KV change takes."""
 
-    ctx: ctypes.c_void_p
-    mem: ctypes.c_void_p
+    @property
+    def ctx(self) -> llama_cpp.llama_context_p: ...
+    @property
+    def mem(self) -> llama_cpp.llama_memory_t: ...
 
     def kv_guard(self) -> contextlib.AbstractContextManager[object]: ...
 
@@ -87,4 +89,4 @@ class SequenceStateIO:
 
 def bytes_at(array: np.ndarray) -> ctypes.Array[ctypes.c_uint8]:
     """A numpy byte array as the uint8 pointer llama.cpp's state calls take (no copy)."""
-    return array.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))  # type: ignore[return-value]
+    return array.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))  # type: ignore[return-value]  # numpy's ctypes stubs return c_void_p

@@ -52,7 +52,7 @@ def block_counter(model_path: str, mmproj_path: str) -> Iterator[BlockCount]:
 class Projector:
     """An mtmd context on a loaded model: encodes views, one at a time."""
 
-    def __init__(self, path: str, model: ctypes.c_void_p, params: object, n_embd: int) -> None:
+    def __init__(self, path: str, model: llama_cpp.llama_model_p, params: object, n_embd: int) -> None:
         self._mctx = mtmd_cpp.mtmd_init_from_file(path.encode(), model, params)
         if not self._mctx:
             raise ModelError(f"{path}: llama.cpp could not load the projector ({NATIVE_LOG.error_hint()})")

@@ -11,7 +11,7 @@ from edgevlm.errors import ModelError
 from edgevlm.llama.logs import NATIVE_LOG
 
 
-def tokenize(vocab: ctypes.c_void_p, text: str, *, add_bos: bool) -> list[int]:
+def tokenize(vocab: llama_cpp.llama_vocab_p, text: str, *, add_bos: bool) -> list[int]:
     """Text to token ids; special tokens written in the text (e.g. <|im_start|>) are parsed."""
     data = text.encode("utf-8")
     capacity = len(data) + 8
@@ -23,7 +23,7 @@ def tokenize(vocab: ctypes.c_void_p, text: str, *, add_bos: bool) -> list[int]:
         capacity = -n
 
 
-def token_bytes(vocab: ctypes.c_void_p, token: int) -> bytes:
+def token_bytes(vocab: llama_cpp.llama_vocab_p, token: int) -> bytes:
     """The raw bytes of one token's text (special tokens render as nothing)."""
     buf = ctypes.create_string_buffer(64)
     n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, False)
@@ -33,7 +33,7 @@ def token_bytes(vocab: ctypes.c_void_p, token: int) -> bytes:
     return buf.raw[:n]
 
 
-def is_end_of_generation(vocab: ctypes.c_void_p, token: int) -> bool:
+def is_end_of_generation(vocab: llama_cpp.llama_vocab_p, token: int) -> bool:
     """Whether the token ends a turn (EOS, EOT and the model's other end tokens)."""
     return bool(llama_cpp.llama_vocab_is_eog(vocab, token))
 

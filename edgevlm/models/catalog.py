@@ -85,7 +85,7 @@ PRESETS: dict[str, Preset] = {
         Preset("granite-vision-3.2-2b", "ibm-research/granite-vision-3.2-2b-GGUF",
                "granite-vision-3.2-2b-Q4_K_M.gguf", "mmproj-model-f16.gguf", "granite-vision",
                approx_bytes=1_550_000_000 + 893_000_000, aliases=("granite-vision",)),
-        # Families mtmd lays out (vision/native.py), from the conversions llama.cpp's own
+        # Families mtmd lays out (families/mtmd.py), from the conversions llama.cpp's own
         # docs/multimodal.md points to (ggml-org's, and Qwen's own for Qwen3-VL): q4_k_m and the
         # projector the repository ships. Prompted with their own chat templates; planned once
         # downloaded. Sizes are as listed on the hub (model + projector).
@@ -144,7 +144,7 @@ def _local_presets(path: Path) -> dict[str, Preset]:
     if not path.exists():
         return {}
     try:
-        import tomllib
+        import tomllib  # type: ignore[import-not-found, unused-ignore]  # Python 3.11 on
     except ModuleNotFoundError:  # Python 3.10
         raise ModelError(f"{path}: reading presets needs Python 3.11 or newer") from None
     try:

@@ -337,7 +337,7 @@ def _merge(fields: dict[str, Any]) -> int:
     return 0
 
 
-def _frozen(value: object) -> object:
+def _frozen(value: object) -> Any:
     """JSON lists back to the tuples the frozen facts hold (nested too), and a layer shape's
     object back to its value."""
     if isinstance(value, dict):

@@ -6,8 +6,8 @@ import os
 from dataclasses import dataclass
 from types import ModuleType
 
-from edgevlm.planning.memory import MachineMemory, several
 from edgevlm.planning.split import GpuBudget
+from edgevlm.planning.values import MachineMemory, several
 
 
 @dataclass(frozen=True)

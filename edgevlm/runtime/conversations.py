@@ -1,6 +1,6 @@
 """The one place conversations and describers are made, from settings and a loaded model.
 
-The faces translate their flags into a ChatSettings; this module hands the conversation its
+The faces translate their flags into a ChatSettings (chat/settings.py); this module hands the conversation its
 sequence, prompt format, image layout and caches. Everything a face builds on (the REPL, the
 server's slots, describe, the bench) starts here, so a new conversation setting is added once.
 """
@@ -8,35 +8,20 @@ server's slots, describe, the bench) starts here, so a new conversation setting 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from edgevlm.chat.conversation import ChatSequence, Conversation
 from edgevlm.chat.prompts import PromptFormat
+from edgevlm.chat.settings import ChatSettings, SummaryMode
 from edgevlm.chat.structured import TEXT, OutputFormat
 from edgevlm.describe.describer import Describer
 from edgevlm.runtime.loading import Loaded
 from edgevlm.store.caches import CacheView, EmbeddingCache
 from edgevlm.store.prefix_cache import PrefixCache
-from edgevlm.values.sampling import Sampling
 from edgevlm.vision.boxes import Grounding
-from edgevlm.vision.layout import Detail, ImageLayout
+from edgevlm.vision.layout import ImageLayout
 
 Encoder = EmbeddingCache | CacheView | None  # projector rows through a cache (None: CLIP each time)
-
-
-@dataclass(frozen=True)
-class ChatSettings:
-    """How a conversation answers and what it keeps: what the faces' flags come to."""
-
-    max_tokens: int = 512
-    sampling: Sampling = field(default_factory=Sampling)
-    max_tiles: int | None = None
-    pool: int | None = 1  # 1, 2, or None for auto
-    summary: str = "caption"  # "caption", "answer" or "none"
-    keep_images: int = 0
-    system: str | None = None
-    detail: Detail = Detail.CHAT  # what images are shown for (caption, chat, ocr, grounding, video-frame)
-    frame_tokens: int | None = None  # the most visual tokens a video frame takes (None: its family's)
 
 
 @dataclass(frozen=True)
@@ -56,12 +41,9 @@ class ModelSide:
 def open_conversation(sequence: ChatSequence, model: ModelSide, settings: ChatSettings, *,
                       encoder: Encoder = None, prefix_cache: PrefixCache | None = None) -> Conversation:
     """A conversation on this sequence (its system prompt decoded now)."""
-    return Conversation(
-        sequence, model.fmt, tile_size=model.tile_size, max_tokens=settings.max_tokens,
-        sampling=settings.sampling, max_tiles=settings.max_tiles, summary=settings.summary,
-        keep_images=settings.keep_images, system=settings.system, pool=settings.pool,
-        layout=model.layout, encoder=encoder, prefix_cache=prefix_cache, detail=settings.detail,
-        frame_tokens=settings.frame_tokens)
+    return Conversation(sequence, model.fmt, tile_size=model.tile_size, settings=settings,
+                        layout=model.layout,
+                        encoder=encoder, prefix_cache=prefix_cache)
 
 
 def conversation_for(loaded: Loaded, settings: ChatSettings, *, cache: bool = False) -> Conversation:
@@ -86,7 +68,8 @@ def new_describer(sequence: ChatSequence, model: ModelSide, settings: ChatSettin
     """A describer on this sequence: single turns from the cached system prompt, no summaries
     (the describer sets the answer's grammar and token budget from its output format)."""
     started = time.perf_counter()
-    conversation = open_conversation(sequence, model, replace(settings, summary="none"), encoder=encoder,
+    conversation = open_conversation(sequence, model, replace(settings, summary=SummaryMode.NONE),
+                                     encoder=encoder,
                                      prefix_cache=prefix_cache)
     # The system prompt is decoded now, before any request's clock starts: the first image is
     # charged for it (prefill and TTFT alike), so its figures add up.

@@ -7,11 +7,12 @@ import functools
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from edgevlm.chat.checkpoints import checkpoint_ram_bytes
-from edgevlm.chat.conversation import DEFAULT_QUESTION, turn_costs
+from edgevlm.chat.conversation import DEFAULT_QUESTION, ChatSequence, turn_costs
 from edgevlm.chat.prompts import PromptFormat, detect_format
 from edgevlm.chat.templates import format_from_template
 from edgevlm.errors import ConfigError, EdgeVLMError, ModelError
@@ -24,23 +25,19 @@ from edgevlm.llama.vocab import Vocab
 from edgevlm.models.catalog import ModelChoice, Preset, facts_from_shape, find_preset, resolve
 from edgevlm.models.gguf import ProjectorFacts, TextModelFacts, read_text_model
 from edgevlm.planning import devices
-from edgevlm.planning.memory import (
+from edgevlm.planning.media_costs import estimated_costs, most_images_at, task_tokens_at, video_frame_at
+from edgevlm.planning.planner import choose
+from edgevlm.planning.split import GpuBudget
+from edgevlm.planning.values import (
     KV_TYPES,
     MAX_IMAGES_PER_TURN,
-    Check,
     MachineMemory,
     Plan,
     RamKeeps,
     Settings,
-    choose,
-    compare,
-    estimated_costs,
     format_bytes,
-    most_images_at,
-    task_tokens_at,
-    video_frame_at,
 )
-from edgevlm.planning.split import GpuBudget
+from edgevlm.planning.verify import Check, compare
 from edgevlm.rpc import endpoints as rpc
 from edgevlm.store.caches import CacheView, EmbeddingCache, for_files, pair_identity
 from edgevlm.store.prefix_cache import RAM_BYTES as PREFIX_RAM_BYTES
@@ -99,11 +96,54 @@ def for_serving(flags: ModelFlags) -> ModelFlags:
     return replace(flags, n_threads=decode_threads, n_threads_batch=prefill_threads)
 
 
+class LoadedSequence(ChatSequence, Protocol):
+    """One sequence of a loaded engine: what a conversation runs on, and its id."""
+
+    @property
+    def seq_id(self) -> int: ...
+
+
+class BlockMeasure(Protocol):
+    """What the loaded projector answers at plan time: an image's block (tokens, visual tokens)."""
+
+    def count_size(self, size: tuple[int, int]) -> tuple[int, int]: ...
+
+
+class LoadedEngine(Protocol):
+    """What the composition root and the faces ask of a loaded engine: llama.cpp's Engine, or a
+    test's fake (tests/fakes.py), handed to `load` as its `engine`."""
+
+    @property
+    def config(self) -> EngineConfig: ...
+    @property
+    def n_ctx(self) -> int: ...
+    @property
+    def n_threads(self) -> int: ...
+    @property
+    def load_s(self) -> float: ...
+    @property
+    def reported_buffers(self) -> tuple[tuple[str, str, float], ...]: ...
+    @property
+    def projector(self) -> BlockMeasure | None: ...
+    def sequence(self, index: int = 0) -> LoadedSequence: ...
+    def sequences(self) -> Sequence[LoadedSequence]: ...
+    def image_tokens_per_view(self) -> int: ...
+    def state_format(self) -> str: ...
+    def close(self) -> None: ...
+
+
+class EngineMaker(Protocol):
+    """What makes the engine a plan says: llama.cpp's Engine itself, or a test's fake."""
+
+    def __call__(self, config: EngineConfig, *,
+                 on_load_progress: Callable[[float], None] | None = None) -> LoadedEngine: ...
+
+
 @dataclass(frozen=True)
 class Loaded:
     """A ready engine and the facts and plan it was loaded from."""
 
-    engine: Engine
+    engine: LoadedEngine
     prompt_format: PromptFormat
     choice: ModelChoice
     text_facts: TextModelFacts
@@ -238,7 +278,7 @@ def _settings(flags: ModelFlags, *, costs: TurnCosts | None, blocks: BlockCounte
 @contextlib.contextmanager
 def _mtmd_blocks(text: TextModelFacts, projector: ProjectorFacts) -> Iterator[BlockCounter | None]:
     """mtmd's own block counter for an mtmd family whose files are here (None otherwise)."""
-    if not family_for(projector).native or not (text.path.exists() and projector.path.exists()):
+    if not family_for(projector).counts_by_mtmd or not (text.path.exists() and projector.path.exists()):
         yield None
         return
     from edgevlm.llama.vision import block_counter
@@ -256,7 +296,7 @@ def _devices(flags: ModelFlags) -> tuple[MachineMemory, tuple[str, ...]]:
     workers = connect_workers(list(where.rpc)) if where.rpc else ()
     local = gpu_offload_supported()
     device = devices.detect(flags.vram, workers=workers, local_gpus=local)
-    notes = (device.note,) if device.note else ()
+    notes: tuple[str, ...] = (device.note,) if device.note else ()
     if not local and flags.vram is None and devices.visible_gpus()[0]:
         notes += ("this llama.cpp build has no GPU support: run `make setup GPU=cuda` to use the GPU",)
     if where.split_mode == "none" and device.gpus:
@@ -357,14 +397,17 @@ def engine_config(choice: ModelChoice, plan: Plan, flags: ModelFlags) -> EngineC
                         swa_full=plan.swa_full)
 
 
-def load(flags: ModelFlags, *, on_progress: Callable[[float], None] | None = None) -> Loaded:
-    """Plan, then load; a GPU load that fails is retried once with a smaller plan."""
+def load(flags: ModelFlags, *, on_progress: Callable[[float], None] | None = None,
+         engine: EngineMaker = Engine) -> Loaded:
+    """Plan, then load with `engine` (llama.cpp's, or a test's fake); a GPU load that fails is
+    retried once with a smaller plan."""
+    make = engine
     choice, text, projector = inspect(flags)
     plan = make_plan(flags, text, projector)
     for note in plan.notes:
         log.info("plan: %s", note)
     try:
-        engine = Engine(engine_config(choice, plan, flags), on_load_progress=on_progress)
+        loaded_engine = make(engine_config(choice, plan, flags), on_load_progress=on_progress)
     except EdgeVLMError as first:
         if flags.n_ctx is not None and "failed to allocate" in str(first):  # the user's own --n-ctx
             raise ConfigError(f"--n-ctx {flags.n_ctx:,}: llama.cpp could not allocate its cache "
@@ -373,12 +416,13 @@ def load(flags: ModelFlags, *, on_progress: Callable[[float], None] | None = Non
                               settings=("n_ctx",)) from None
         if plan.device != "cuda" or plan.vram_free is None:
             raise
-        engine, plan = _load_smaller(choice, text, projector, plan, flags, first, on_progress)
-    layout = layout_for(projector, measure=_mtmd_counter(engine))
-    return Loaded(engine, prompt_format(choice, text, projector), choice, text, projector, plan, layout)
+        loaded_engine, plan = _load_smaller(choice, text, projector, plan, flags, first, on_progress, make)
+    layout = layout_for(projector, measure=_mtmd_counter(loaded_engine))
+    return Loaded(loaded_engine, prompt_format(choice, text, projector), choice, text, projector, plan,
+                  layout)
 
 
-def _mtmd_counter(engine: Engine) -> BlockCounter | None:
+def _mtmd_counter(engine: LoadedEngine) -> BlockCounter | None:
     """mtmd's own count of an image's block, by size (its preprocessing only, no encoder)."""
     if engine.projector is None:
         return None
@@ -386,8 +430,8 @@ def _mtmd_counter(engine: Engine) -> BlockCounter | None:
 
 
 def _load_smaller(choice: ModelChoice, text: TextModelFacts, projector: ProjectorFacts, plan: Plan,
-                  flags: ModelFlags, first: EdgeVLMError,
-                  on_progress: Callable[[float], None] | None) -> tuple[Engine, Plan]:
+                  flags: ModelFlags, first: EdgeVLMError, on_progress: Callable[[float], None] | None,
+                  make: EngineMaker) -> tuple[LoadedEngine, Plan]:
     """The one retry after a failed GPU load: a plan for a share of the free VRAM, with every
     other setting as asked (the window cache, the projector's device, mtmd's block counts); only
     the context and the layers are chosen again."""
@@ -399,7 +443,7 @@ def _load_smaller(choice: ModelChoice, text: TextModelFacts, projector: Projecto
     log.warning("loading failed (%s); retrying with a smaller plan: %d layers, n_ctx %d",
                 first, smaller.n_gpu_layers, smaller.n_ctx)
     try:
-        engine = Engine(engine_config(choice, smaller, flags), on_load_progress=on_progress)
+        engine = make(engine_config(choice, smaller, flags), on_load_progress=on_progress)
     except EdgeVLMError as second:
         raise type(second)(
             f"{second} — even the smaller plan failed: it needed "

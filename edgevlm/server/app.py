@@ -56,7 +56,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_middleware(RequestLog)
-    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]  # FastAPI's documented way to publish a custom schema
     return app
 
 
@@ -151,7 +151,7 @@ class _HeaderDeadline(H11Protocol):
     _deadline: asyncio.TimerHandle | None = None
     _waiting_since = 0.0
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # uvicorn's protocol takes the base transport
         super().connection_made(transport)
         self._arm_header_deadline()
         if len(self.server_state.connections) > max_connections():
@@ -243,7 +243,7 @@ def uvicorn_config(app: FastAPI, *, host: str, port: int) -> uvicorn.Config:
     """How the app is served: quiet, with the header deadline and a bounded shutdown."""
     # uvicorn's own shutdown limit only backs ours up: by then every request has been answered.
     return uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                          timeout_graceful_shutdown=RUNNING_GRACE_S + 4, lifespan="on",
+                          timeout_graceful_shutdown=int(RUNNING_GRACE_S + 4), lifespan="on",
                           http=_HeaderDeadline)
 
 

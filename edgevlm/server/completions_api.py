@@ -45,7 +45,7 @@ async def completions(request: Request) -> JSONResponse | EventSourceResponse:
         raise bad_request("is not supported by edgevlm", "echo" if body.get("echo") else "suffix",
                           code="unsupported_parameter")
     return await answer_chat(request, state, chat,
-                             lambda turn, _: CompletionReply(state, turn.options.max_tokens))
+                             lambda turn, _: CompletionReply(state, turn.settings.max_tokens))
 
 
 def _prompt(prompt: object) -> str:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import replace
 
+from edgevlm.chat.settings import KEEP, Changed, ChatSettings, SettingsChange
 from edgevlm.chat.structured import OutputFormat
 from edgevlm.errors import ConfigError
 from edgevlm.server.http import bad_request
 from edgevlm.values.sampling import Sampling
-from edgevlm.vision.layout import Detail
+from edgevlm.vision.layout import Detail, ImageLayout
 from edgevlm.vision.tiling import POOL_CHOICES
 
 MAX_STOPS = 8
@@ -46,12 +48,12 @@ def stops(value: object, param: str) -> tuple[str, ...]:
     return tuple(s for s in items if s)
 
 
-def pool(value: object, param: str) -> int | None:
-    """edgevlm's own `pool`: absent (None: the server's setting), "auto" (0), 1 or 2."""
+def pool(value: object, param: str) -> Changed[int | None]:
+    """edgevlm's own `pool`: absent (KEEP: the server's setting), "auto" (None), 1 or 2."""
     if value is None:
-        return None
+        return KEEP
     if value == "auto":
-        return 0
+        return None
     if str(value) in {str(p) for p in POOL_CHOICES} and not isinstance(value, bool | float):
         return int(str(value))
     choices = ", ".join(map(str, POOL_CHOICES))
@@ -59,7 +61,8 @@ def pool(value: object, param: str) -> int | None:
 
 
 def detail(value: object, param: str) -> Detail | None:
-    """edgevlm's own `detail`: absent (None: the server's), or a task (caption, chat, ocr, …)."""
+    """edgevlm's own `detail`: absent (None: as the request's images say, else the server's), or
+    a task (caption, chat, ocr, …)."""
     if value is None:
         return None
     try:
@@ -81,9 +84,9 @@ OPENAI_SAMPLING = ("temperature", "top_p", "seed", "frequency_penalty", "presenc
 OLLAMA_SAMPLING = (*OPENAI_SAMPLING, "top_k", "min_p", "repeat_penalty", "repeat_last_n")
 
 
-def sampling(body: dict[str, object], *, fields: tuple[str, ...], grammar: str | None,
+def sampling(body: dict[str, object], *, fields: tuple[str, ...], grammar: str | None, base: Sampling,
              where: str = "") -> Sampling:
-    """Sampler settings from the fields of a request (each may be absent)."""
+    """Sampler settings from the fields of a request; a field it leaves out is the server's."""
     chosen: dict[str, object] = {"grammar": grammar}
     for name in fields:
         value = body.get(name)
@@ -95,7 +98,19 @@ def sampling(body: dict[str, object], *, fields: tuple[str, ...], grammar: str |
         else:
             low_whole, high_whole = _WHOLES[name]
             chosen[name] = whole(value, where + name, low=low_whole, high=high_whole)
-    return replace(Sampling(), **chosen)  # type: ignore[arg-type]
+    return replace(base, **chosen)  # type: ignore[arg-type]  # each value checked above
+
+
+def settings_for(server: ChatSettings, layout: ImageLayout, change: SettingsChange,
+                 params: Mapping[str, str]) -> ChatSettings:
+    """The settings a request is answered with: the server's, with the request's fields merged in,
+    checked against the model's layout now, before any work (a 400 naming the field: pool 2 on a
+    family mtmd lays out was silently ignored, issue 50.1). `params` names each setting's field."""
+    try:
+        return server.merged(change).checked_for(layout)
+    except ConfigError as exc:
+        named = [params[name] for name in exc.settings if name in params]
+        raise bad_request(str(exc), named[0] if named else None) from None
 
 
 def output_for(schema: object, param: str) -> tuple[OutputFormat, str]:

@@ -8,10 +8,11 @@ cost CLIP. A message may hold several images; they are shown in the order given.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 
-from edgevlm.chat.resent import ChatImage, ChatTurn, PastTurn, TurnOptions
+from edgevlm.chat.resent import ChatImage, ChatTurn, PastTurn
+from edgevlm.chat.settings import ChatSettings, SettingsChange
 from edgevlm.chat.tools import ToolUse
 from edgevlm.server.http import bad_request
 
@@ -46,9 +47,11 @@ def check_role(role: object, where: str) -> str:
     return role
 
 
-def chat_turn(messages: Sequence[Message], options: TurnOptions, tools: ToolUse | None = None) -> ChatTurn:
+def chat_turn(messages: Sequence[Message], change: SettingsChange,
+              settle: Callable[[SettingsChange], ChatSettings], tools: ToolUse | None = None) -> ChatTurn:
     """Fold a message list into the history and the latest user message (a tool's result counts
-    as one); offered tools are shown to the model at the end of the system prompt."""
+    as one), answered with the settings `settle` makes of the request's change and its system
+    prompt; offered tools are shown to the model at the end of the system prompt."""
     if not messages:
         raise bad_request("at least one message is required", "messages")
     if messages[-1].role != "user":
@@ -64,8 +67,9 @@ def chat_turn(messages: Sequence[Message], options: TurnOptions, tools: ToolUse 
         raise bad_request("the last message has no text and no image", latest.where)
     past = tuple(PastTurn("\n\n".join(e.user), "\n\n".join(e.answer), tuple(e.images))
                  for e in exchanges[:-1])
-    return ChatTurn(system="\n\n".join(systems) if systems else None, past=past, question=question,
-                    images=tuple(latest.images), options=options)
+    if systems:
+        change = replace(change, system="\n\n".join(systems))
+    return ChatTurn(past=past, question=question, images=tuple(latest.images), settings=settle(change))
 
 
 def _exchanges(messages: Sequence[Message]) -> list[_Exchange]:

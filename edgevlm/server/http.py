@@ -7,6 +7,7 @@ import json
 import logging
 import time
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from starlette.requests import Request
@@ -37,7 +38,7 @@ class ApiError(Exception):
     param: str | None = None
     code: str | None = None
     kind: str = "invalid_request_error"
-    headers: dict[str, str] | None = None
+    headers: Mapping[str, str] | None = None
 
     def __post_init__(self) -> None:
         # A message never echoes a whole input back (a 1 MB URL was a 1 MB error), and every
@@ -45,7 +46,7 @@ class ApiError(Exception):
         self.message = shown(self.message, MAX_MESSAGE_CHARS)
         self.code = self.code or _STATUS_CODES.get(self.status, "invalid_request")
 
-    def openai(self) -> dict[str, object]:
+    def openai(self) -> dict[str, dict[str, str | None]]:
         """OpenAI's error shape."""
         return {"error": {"message": self.message, "type": self.kind, "param": self.param,
                           "code": self.code}}

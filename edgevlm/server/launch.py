@@ -9,36 +9,30 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgevlm.chat.resent import ResentChat
+from edgevlm.chat.settings import ChatSettings
 from edgevlm.errors import ConfigError
 from edgevlm.models.gguf import TextModelFacts
 from edgevlm.network import check_port, is_loopback
-from edgevlm.runtime.conversations import ChatSettings, slot_conversations
+from edgevlm.runtime.conversations import slot_conversations
 from edgevlm.runtime.loading import Loaded
 from edgevlm.server.app import create_app, run
 from edgevlm.server.scheduler import Scheduler
 from edgevlm.server.turns import ModelInfo, ServerState
 from edgevlm.store.caches import SummaryStore
-from edgevlm.values.sampling import Sampling
-from edgevlm.vision.layout import Detail
 
 
 @dataclass(frozen=True)
 class ServeSettings:
     """The `serve` flags."""
 
+    chat: ChatSettings = ChatSettings(pool=None)  # what a request that sets nothing is answered with
     host: str = "127.0.0.1"
     port: int = 8080
     api_key: str | None = None
     media_dir: Path | None = None
     max_queue: int = 16
     max_body_mb: int = 50
-    max_tokens: int = 512
-    max_tiles: int | None = None
-    pool: int | None = None
-    sampling: Sampling = Sampling()
-    summary: str = "caption"
     cache: bool = True
-    detail: Detail = Detail.CHAT  # what images are for when a request does not say
 
 
 def check(settings: ServeSettings) -> None:
@@ -56,19 +50,15 @@ def check(settings: ServeSettings) -> None:
 def build_state(loaded: Loaded, settings: ServeSettings) -> ServerState:
     """A slot per llama.cpp sequence, each with its conversation; the scheduler in front."""
     summaries = SummaryStore(loaded.cache_identity(), persist=settings.cache)
-    chat = ChatSettings(max_tokens=settings.max_tokens, sampling=settings.sampling,
-                        max_tiles=settings.max_tiles, summary=settings.summary, pool=settings.pool,
-                        detail=settings.detail)
     sessions = [ResentChat(conversation, summaries)
-                for conversation in slot_conversations(loaded, chat, cache=settings.cache)]
+                for conversation in slot_conversations(loaded, settings.chat, cache=settings.cache)]
     first = sessions[0].conversation
     return ServerState(
         scheduler=Scheduler(sessions, max_queue=settings.max_queue), model=_model_info(loaded),
+        chat=first.settings, layout=first.layout,
         api_key=settings.api_key, media_dir=settings.media_dir.resolve() if settings.media_dir else None,
-        max_body_bytes=settings.max_body_mb << 20, max_tokens=settings.max_tokens,
-        max_tiles=settings.max_tiles, useful_pixels=first.useful_pixels, pool=settings.pool,
-        video_frames=first.layout.frames,
-        temperature=settings.sampling.temperature, summaries=summaries, plan=loaded.plan.to_json(),
+        max_body_bytes=settings.max_body_mb << 20, useful_pixels=first.useful_pixels,
+        summaries=summaries, plan=loaded.plan.to_json(),
         tokens=first.sequence, grounding=loaded.grounding, image_floor=first.image_floor)
 
 

@@ -14,6 +14,8 @@ from edgevlm.errors import ImageError
 from edgevlm.server.http import ApiError, bad_request, shown
 from edgevlm.vision.documents import count_pages
 from edgevlm.vision.layout import TIMED_FRAMES, FrameScaffold
+from edgevlm.vision.pdf import PDF
+from edgevlm.vision.readers import PageFormat, format_for_type, format_of
 
 PDF_MAGIC = b"%PDF-"
 VIDEO_TYPES = {"video/mp4": ".mp4", "video/webm": ".webm", "video/quicktime": ".mov",
@@ -130,18 +132,23 @@ def document_pages(part: object, param: str, *, useful_pixels: int | None, room:
     if not isinstance(url, str) or not url:
         raise bad_request("expected the PDF as a data:application/pdf;base64 URL", where)
     header, sep, payload = url.partition(",")
+    form: PageFormat = PDF  # what a file part holds unless its media type says otherwise
     if sep and header.startswith("data:"):
         media_type = header[5:].split(";", 1)[0].lower()
-        if media_type and media_type != "application/pdf":
-            raise bad_request(f"file_data holds {shown(media_type, 40)}; a file part takes a PDF "
-                              "(send images as image_url parts)", where, code="invalid_document")
-        raw = _data_url_bytes(url, where, kind="application/pdf")
+        named = format_for_type(media_type) if media_type else PDF
+        if named is None:
+            raise bad_request(f"file_data holds {shown(media_type, 40)}; a file part takes a PDF or a "
+                              "multi-page TIFF (send images as image_url parts)", where,
+                              code="invalid_document")
+        form = named
+        raw = _data_url_bytes(url, where, kind=form.media_type)
     else:  # bare base64, as some clients send it
         raw = _b64(url, where)
-    if not raw.startswith(PDF_MAGIC):
-        raise bad_request("file_data is not a PDF", where, code="invalid_document")
+        form = format_of(raw) or PDF
+    if not form.holds(raw[:16]):
+        raise bad_request(f"file_data is not a {form.name}", where, code="invalid_document")
     try:
-        pages = count_pages(raw, "document.pdf")
+        pages = count_pages(raw, f"document{form.suffix}")
         if room is not None:
             room.check(pages, before, param)
             useful_pixels = room.per_image_pixels(useful_pixels, pages + before)
@@ -190,7 +197,8 @@ def _media_file_bytes(url: str, param: str, media_dir: Path | None, max_bytes: i
     sent = unquote(parsed.path)  # errors name only this: never where a link inside points
     if "\x00" in sent:
         raise bad_request("a file:// path cannot hold a NUL character", param, code="file_url_refused")
-    named = shown(sent)
+    # a long path keeps its end, the file's name: the start is the folder the client already knows
+    named = sent if len(sent) <= 80 else f"…{sent[-79:]}"
     try:
         path = Path(sent).resolve()
     except (OSError, RuntimeError):  # a path too long, a symlink loop

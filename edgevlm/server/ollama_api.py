@@ -13,7 +13,8 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from edgevlm import __version__
-from edgevlm.chat.resent import ChatTurn, TurnOptions
+from edgevlm.chat.resent import ChatTurn
+from edgevlm.chat.settings import SettingsChange
 from edgevlm.chat.structured import OutputFormat
 from edgevlm.chat.tools import ToolCall
 from edgevlm.server import fields as opt
@@ -142,7 +143,7 @@ async def _answer(request: Request, kind: str) -> JSONResponse | StreamingRespon
     turn, shape = await run_in_threadpool(parse_request, body, state, kind)
     job, first = await start(turn, state, request)
     continues = (lambda answer: context_after(body, answer, state)) if kind == "generate" else None
-    reply = OllamaReply(kind, state.model.id, turn.options.max_tokens, shape, context=continues)
+    reply = OllamaReply(kind, state.model.id, turn.settings.max_tokens, shape, context=continues)
     if body.get("stream", True):
         return StreamingResponse(reply.stream(request, job, first), media_type="application/x-ndjson")
     text, answered = await collect(job, first, request)
@@ -168,14 +169,20 @@ def parse_request(body: dict[str, object], state: ServerState, kind: str) -> tup
     limit = raw.get("num_predict")
     output, answer = _output(body.get("format"))  # with tools: the answer when it is no call
     tools = tool_use(body.get("tools"), None, answer_grammar=answer) if kind == "chat" else None
-    options = TurnOptions(
+    change = SettingsChange(
         max_tokens=opt.max_tokens(None if limit in (-1, -2) else limit, "options.num_predict",
                                   state.max_tokens),
         stop=opt.stops(raw.get("stop"), "options.stop"),
         sampling=opt.sampling(raw, fields=opt.OLLAMA_SAMPLING, where="options.",
-                              grammar=tools.grammar if tools else answer),
-        max_tiles=state.max_tiles, pool=opt.pool(raw.get("pool"), "options.pool"))
-    return chat_turn(messages, options, tools), AnswerShape(tools, output)
+                              grammar=tools.grammar if tools else answer, base=state.chat.sampling),
+        pool=opt.pool(raw.get("pool"), "options.pool"))
+    turn = chat_turn(messages, change, lambda change: state.settings_for(change, OLLAMA_PARAMS), tools)
+    return turn, AnswerShape(tools, output)
+
+
+# Each setting a request's options may change, named as its field (for a 400 that names it).
+OLLAMA_PARAMS = {"max_tokens": "options.num_predict", "pool": "options.pool", "tiles": "options.pool",
+                 "stop": "options.stop"}
 
 
 def _check_model(name: object, state: ServerState) -> None:

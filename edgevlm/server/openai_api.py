@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -15,7 +15,8 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 
 from edgevlm.chat.records import to_plain
-from edgevlm.chat.resent import ChatTurn, TurnOptions
+from edgevlm.chat.resent import ChatTurn
+from edgevlm.chat.settings import KEEP, SettingsChange
 from edgevlm.chat.structured import OutputFormat
 from edgevlm.chat.tools import ToolCall
 from edgevlm.server import fields as opt
@@ -44,6 +45,10 @@ from edgevlm.server.turns import (
 )
 from edgevlm.vision.boxes import boxes_within
 from edgevlm.vision.layout import Detail, FrameScaffold
+
+# Each setting a chat completion may change, named as its field (for a 400 that names it).
+OPENAI_PARAMS = {"max_tokens": "max_tokens", "pool": "edgevlm.pool", "tiles": "edgevlm.pool",
+                 "detail": "edgevlm.detail", "frame_tokens": "edgevlm.frame_tokens", "stop": "stop"}
 
 router = APIRouter(prefix="/v1", responses=sc.errors(sc.OpenAIError, 400, 401, 404, 408, 413, 503))
 
@@ -77,7 +82,7 @@ async def chat_completions(request: Request) -> JSONResponse | EventSourceRespon
     body = await read_json(request, state.max_body_bytes)
     sc.check_body(sc.ChatCompletionRequest, body)
     return await answer_chat(request, state, body, lambda turn, shape: OpenAIReply(
-        state.model.id, turn.options.max_tokens, state.model.n_ctx,
+        state.model.id, turn.settings.max_tokens, state.model.n_ctx,
         lambda: past_summaries(turn, state.summaries), shape, boxes=box_reader(turn, state),
         progress=_wants_progress(body), timeline=video_timeline(turn)))
 
@@ -139,17 +144,19 @@ def parse_request(body: dict[str, object], state: ServerState) -> tuple[ChatTurn
     output, answer = (None, find.grammar) if find is not None else _output(body.get("response_format"))
     tools = tool_use(body.get("tools"), body.get("tool_choice"), answer_grammar=answer)
     grammar = tools.grammar if tools is not None else answer
-    options = TurnOptions(
+    change = SettingsChange(
         max_tokens=max_tokens,
         stop=opt.stops(body.get("stop"), "stop"),
-        sampling=opt.sampling(body, fields=opt.OPENAI_SAMPLING, grammar=grammar),
-        max_tiles=0 if detail == "low" else state.max_tiles,
+        sampling=opt.sampling(body, fields=opt.OPENAI_SAMPLING, grammar=grammar, base=state.chat.sampling),
+        # OpenAI's `detail: low` as no tiles where edgevlm cuts them (a family mtmd lays out has no
+        # tile cap: its caption budget, which low also asks for, applies)
+        max_tiles=0 if detail == "low" and state.layout.cuts_tiles else KEEP,
         pool=opt.pool(extra.get("pool"), "edgevlm.pool"),
         detail=opt.detail(extra.get("detail"), "edgevlm.detail") or (
-            Detail.GROUNDING if find is not None else opt.OPENAI_DETAIL.get(detail)),
+            Detail.GROUNDING if find is not None else opt.OPENAI_DETAIL.get(detail, state.chat.detail)),
         frame_tokens=None if extra.get("frame_tokens") is None else opt.whole(
             extra["frame_tokens"], "edgevlm.frame_tokens", low=16, high=16384))
-    turn = chat_turn(messages, options, tools)
+    turn = chat_turn(messages, change, lambda change: state.settings_for(change, OPENAI_PARAMS), tools)
     return (replace(turn, question=find.question) if find is not None else turn), AnswerShape(tools, output)
 
 
@@ -263,8 +270,8 @@ def _output(response_format: object) -> tuple[OutputFormat | None, str | None]:
         return None, None
     if kind == "json_object":
         return opt.output_for(None, "response_format")
-    if kind == "json_schema":
-        spec = response_format.get("json_schema")  # type: ignore[union-attr]
+    if kind == "json_schema" and isinstance(response_format, dict):
+        spec = response_format.get("json_schema")
         schema = spec.get("schema") if isinstance(spec, dict) else None
         if schema is None:
             raise bad_request("expected json_schema.schema", "response_format.json_schema.schema")
@@ -358,7 +365,7 @@ class OpenAIReply:
         return [*lines, _data(last)]
 
 
-def _data(payload: dict[str, object]) -> dict[str, str]:
+def _data(payload: Mapping[str, object]) -> dict[str, str]:
     return {"data": json.dumps(payload)}
 
 

@@ -59,7 +59,8 @@ async def info(request: Request) -> dict[str, object]:
                   "parameter_size": model.parameter_size, "quantization": model.quantization,
                   "n_ctx": model.n_ctx, "visual_tokens_per_view": model.visual_tokens},
         "plan": state.plan,
-        "defaults": {"max_tokens": state.max_tokens, "pool": "auto" if state.pool is None else state.pool,
-                     "useful_pixels": state.useful_pixels, "temperature": state.temperature,
+        "defaults": {"max_tokens": state.chat.max_tokens,
+                     "pool": "auto" if state.chat.pool is None else state.chat.pool,
+                     "useful_pixels": state.useful_pixels, "temperature": state.chat.sampling.temperature,
                      "slots": state.scheduler.slots},
     }

@@ -42,7 +42,7 @@ async def responses(request: Request) -> JSONResponse | EventSourceResponse:
     body = await read_json(request, state.max_body_bytes)
     sc.check_body(sc.ResponseRequest, body)
     return await answer_chat(request, state, chat_body(body),
-                             lambda turn, shape: ResponseReply(state, turn.options.max_tokens, body, shape))
+                             lambda turn, shape: ResponseReply(state, turn.settings.max_tokens, body, shape))
 
 
 def chat_body(body: dict[str, object]) -> dict[str, object]:
@@ -65,7 +65,8 @@ def chat_body(body: dict[str, object]) -> dict[str, object]:
     else:
         raise bad_request("expected the input as a string or a non-empty list of messages", "input")
     chat["messages"] = messages
-    fmt = body.get("text", {}).get("format") if isinstance(body.get("text"), dict) else None
+    text = body.get("text")
+    fmt = text.get("format") if isinstance(text, dict) else None
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
         chat["response_format"] = {"type": "json_schema", "json_schema": {"schema": fmt.get("schema")}}
     elif isinstance(fmt, dict) and fmt.get("type") == "json_object":

@@ -14,6 +14,7 @@ for an earlier one's summary.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import queue
 import threading
@@ -255,7 +256,7 @@ class Scheduler:
                 self._running[slot] = job
                 self._waiting -= 1
             # The slot's worker stops its summary, if it is making one, and runs the job next.
-            self._workers[slot].submit(lambda slot=slot, job=job: self._work(slot, job))
+            self._workers[slot].submit(functools.partial(self._work, slot, job))
         self._queue.task_done()
 
     def _best_slot(self, job: TurnJob) -> int:

@@ -268,7 +268,8 @@ def _reason(error: jsonschema.ValidationError) -> str:
     got = json.dumps(error.instance, ensure_ascii=False)
     got = got if len(got) <= 40 else got[:40] + "…"
     if error.validator in ("anyOf", "oneOf", "type"):
-        options = error.schema.get(error.validator) if error.validator != "type" else [error.schema]
+        schema = error.schema if isinstance(error.schema, dict) else {}
+        options = schema.get(error.validator, []) if error.validator != "type" else [schema]
         wanted = [_kind(option) for option in options if isinstance(option, dict)]
         return f"expected {' or '.join(dict.fromkeys(w for w in wanted if w))}, got {got}"
     return error.message if len(error.message) <= 200 else error.message[:200] + "…"

@@ -33,7 +33,8 @@ def tool_use(tools: object, choice: object, *, where: str = "tools",
 
 def _spec(item: object, where: str) -> ToolSpec:
     function = item.get("function") if isinstance(item, dict) else None
-    if not isinstance(function, dict) or item.get("type", "function") != "function":  # type: ignore[union-attr]
+    wrong_type = not isinstance(item, dict) or item.get("type", "function") != "function"
+    if wrong_type or not isinstance(function, dict):
         raise bad_request('expected {"type": "function", "function": {"name": …, "parameters": …}}', where)
     name, description = function.get("name"), function.get("description") or ""
     parameters = function.get("parameters") or {}

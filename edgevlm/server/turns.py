@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -13,12 +13,14 @@ from starlette.requests import Request
 
 from edgevlm.chat.records import TurnStats, to_plain
 from edgevlm.chat.resent import ChatTurn, group_digest, grouped
+from edgevlm.chat.settings import ChatSettings, SettingsChange
 from edgevlm.errors import ContextOverflowError, EngineError, Interrupted, UserError, in_words, one_line
+from edgevlm.server.fields import settings_for
 from edgevlm.server.http import ApiError
 from edgevlm.server.scheduler import Answered, Failed, JobEvent, Piece, QueueFull, Scheduler, TurnJob
 from edgevlm.store.caches import SummaryStore
 from edgevlm.vision.boxes import BoxGeometry, Grounding, found_boxes
-from edgevlm.vision.layout import TIMED_FRAMES, Detail, FrameScaffold
+from edgevlm.vision.layout import Detail, FrameScaffold, ImageLayout
 
 RETRY_AFTER_S = 5
 RUNNING_GRACE_S = 3.0  # how long a running answer may go on after a stop signal
@@ -53,21 +55,32 @@ class ServerState:
 
     scheduler: Scheduler
     model: ModelInfo
+    chat: ChatSettings  # what a request that sets nothing is answered with (the serve flags)
+    layout: ImageLayout  # how the model's family is shown an image: it checks each request's settings
     api_key: str | None = None
     media_dir: Path | None = None
     max_body_bytes: int = 50 << 20
-    max_tokens: int = 512
-    max_tiles: int | None = None
     useful_pixels: int | None = None
-    video_frames: FrameScaffold = TIMED_FRAMES  # how the family is shown a clip's frames
-    pool: int | None = None  # the server's --pool (None: auto)
-    temperature: float = 0.0
     summaries: SummaryStore | None = None
     plan: dict[str, object] = field(default_factory=dict)  # the memory plan, as `plan --json`
     tokens: TokenCodec | None = None  # for /api/generate's context
     grounding: Grounding | None = None  # how the model's family writes boxes (None: it writes none)
     image_floor: int = 0  # the tokens one image takes at its smallest view (a PDF's pages are counted by it)
     created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def max_tokens(self) -> int:
+        """The most tokens an answer takes (a request may ask for fewer)."""
+        return self.chat.max_tokens
+
+    @property
+    def video_frames(self) -> FrameScaffold:
+        """How the family is shown a clip's frames (its rate and its frames to a block)."""
+        return self.layout.frames
+
+    def settings_for(self, change: SettingsChange, params: Mapping[str, str]) -> ChatSettings:
+        """A request's settings, checked against the layout (see fields.settings_for)."""
+        return settings_for(self.chat, self.layout, change, params)
 
     def model_matches(self, name: object) -> bool:
         """Whether a request's model name means the loaded model (empty means it too)."""
@@ -221,7 +234,7 @@ def box_reader(turn: ChatTurn, state: ServerState) -> BoxReader | None:
     """With detail grounding, on a family that writes boxes: the answer's boxes on the latest
     message's first image, in that image's own upright pixels (None otherwise)."""
     grounding = state.grounding
-    if grounding is None or turn.options.detail is not Detail.GROUNDING or not turn.images:
+    if grounding is None or turn.settings.detail is not Detail.GROUNDING or not turn.images:
         return None
     photo = turn.images[0].image
 

@@ -63,7 +63,8 @@ class _Tier(Generic[V]):
                  to_bytes: Callable[[V], bytes], from_bytes: Callable[[bytes], V]) -> None:
         self.ram = ram
         self._disk, self._suffix = disk, suffix
-        self._to_bytes, self._from_bytes = to_bytes, from_bytes
+        self._to_bytes: Callable[[V], bytes] = to_bytes
+        self._from_bytes: Callable[[bytes], V] = from_bytes
 
     def get(self, key: str) -> V | None:
         """The value from RAM, else from disk (then kept in RAM); None if neither has it."""
@@ -212,7 +213,7 @@ def block_to_bytes(block: ImageBlock) -> bytes:
             meta.append((0, -1, 0))
     arrays["meta"] = np.asarray(meta, dtype=np.int64).reshape(-1, 3)
     out = io.BytesIO()
-    np.savez(out, **arrays)
+    np.savez(out, **arrays)  # type: ignore[arg-type]  # numpy's stub lets **kwds reach allow_pickle
     return out.getvalue()
 
 

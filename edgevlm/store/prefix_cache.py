@@ -19,6 +19,7 @@ import struct
 import threading
 import zlib
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +37,18 @@ ENTRIES = "*/*.kv"
 MAGIC = b"EVLMPFX1"
 _HEADER_LEN = struct.Struct("<Q")
 _EMA_WEIGHT = 0.5  # the newest measurement's weight: machines and loads change within a run
+
+
+class PrefixTier(str, Enum):
+    """Where a turn's image block came from (the stats' `prefix_cache`)."""
+
+    RAM = "ram"  # restored from the prefix cache in RAM
+    DISK = "disk"  # restored from the prefix cache on disk
+    NONE = "none"  # prefilled (no cache, a miss, or recomputing was faster)
+    CONTEXT = "context"  # asked again: the block was already in this context
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass(frozen=True, eq=False)
@@ -97,12 +110,12 @@ class RestoreClock:
         if n_tokens > 0:
             self.prefill_s_per_token = _blend(self.prefill_s_per_token, seconds / n_tokens)
 
-    def note_restore(self, tier: str, n_bytes: int, seconds: float) -> None:
+    def note_restore(self, tier: PrefixTier, n_bytes: int, seconds: float) -> None:
         """An entry of n_bytes was restored from `tier` in seconds."""
         if n_bytes > 0:
             self.restore_s_per_byte[tier] = _blend(self.restore_s_per_byte.get(tier), seconds / n_bytes)
 
-    def restore_wins(self, tier: str, n_tokens: int, n_bytes: int) -> bool:
+    def restore_wins(self, tier: PrefixTier, n_tokens: int, n_bytes: int) -> bool:
         """Whether restoring is expected to beat prefilling (True until both are measured)."""
         per_byte = self.restore_s_per_byte.get(tier)
         if per_byte is None or self.prefill_s_per_token is None:
@@ -137,16 +150,16 @@ class PrefixCache:
             digest.update(part)
         return digest.hexdigest()
 
-    def get(self, key: str) -> tuple[PrefixEntry, str] | None:
-        """The entry and its tier ("ram" or "disk"), or None; a disk hit is kept in RAM too."""
+    def get(self, key: str) -> tuple[PrefixEntry, PrefixTier] | None:
+        """The entry and its tier (RAM or disk), or None; a disk hit is kept in RAM too."""
         found = self._ram.get(key)
         if found is not None:
-            return found, "ram"
+            return found, PrefixTier.RAM
         entry = self._read(self._path(key))
         if entry is None:
             return None
         self._ram.put(key, entry)
-        return entry, "disk"
+        return entry, PrefixTier.DISK
 
     def put(self, key: str, entry: PrefixEntry) -> None:
         """Keep an entry in RAM now, and on disk from a writer thread (off the request's clock)."""
@@ -207,9 +220,9 @@ class PrefixCache:
 
 def encode_entry(entry: PrefixEntry) -> list[bytes | memoryview]:
     """An entry as the parts of its file: magic, header length, JSON header, rows, state."""
-    payload: list[bytes | memoryview] = [memoryview(np.ascontiguousarray(p.rows, dtype=np.float32)).cast("B")
+    payload: list[bytes | memoryview] = [np.ascontiguousarray(p.rows, dtype=np.float32).data.cast("B")
                                          for p in entry.parts if p.rows is not None]
-    payload.append(memoryview(np.ascontiguousarray(entry.state)).cast("B"))
+    payload.append(np.ascontiguousarray(entry.state).data.cast("B"))
     crc = 0
     for chunk in payload:
         crc = zlib.crc32(chunk, crc)
@@ -238,7 +251,7 @@ def decode_entry(data: np.ndarray) -> PrefixEntry:
     (header_len,) = _HEADER_LEN.unpack(raw[len(MAGIC):])
     start = len(MAGIC) + _HEADER_LEN.size + header_len
     header = json.loads(data[len(MAGIC) + _HEADER_LEN.size:start].tobytes())
-    if zlib.crc32(memoryview(data[start:])) != header["crc32"]:
+    if zlib.crc32(np.ascontiguousarray(data[start:]).data) != header["crc32"]:
         raise ValueError("checksum mismatch")
     parts, offset = [], start
     for item in header["parts"]:

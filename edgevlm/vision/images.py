@@ -18,6 +18,11 @@ from edgevlm.errors import ConfigError, ImageError, one_line
 # LLaVA-1.5's mean colour: what it was trained to see in padding.
 MEAN_RGB = (122, 116, 104)
 DEFAULT_MAX_PIXELS = 64_000_000
+# A document's page (vision/documents.py) is drawn or scaled to what its view can use, but never
+# below a letter page at 100 dpi (850x1100, 935,000 pixels: small print stays legible); where the
+# caller does not say what its view can use, to 4 Mpx.
+PAGE_PIXELS_FLOOR = round(612 * 100 / 72) * round(792 * 100 / 72)
+DEFAULT_PAGE_PIXELS = 4_000_000
 MAX_PIXELS_ENV = "EDGEVLM_MAX_PIXELS"
 # The file types edgevlm reads (HEIF/AVIF with the optional pillow-heif extra); one list for
 # folder discovery, dropped paths in the chat and the API.
@@ -223,7 +228,7 @@ def _heif_hint(path: Path) -> str:
 
 def _register_heif() -> None:
     try:
-        from pillow_heif import register_heif_opener  # type: ignore[import-not-found]
+        from pillow_heif import register_heif_opener  # type: ignore[import-not-found]  # an optional extra, without stubs
     except ImportError:
         return
     register_heif_opener()

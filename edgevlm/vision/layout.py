@@ -15,9 +15,10 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Protocol
 
-import numpy as np
 from PIL import Image
 
+from edgevlm.errors import ConfigError
+from edgevlm.values.embedding import ImageEmbedding
 from edgevlm.vision.images import clock
 
 
@@ -133,6 +134,15 @@ def _mmss(seconds: float) -> str:
     return f"{int(seconds // 60):02d}:{int(seconds % 60):02d}"
 
 
+def check_view_settings(layout: ImageLayout, *, pool: int | None, max_tiles: int | None) -> None:
+    """Refuse pooling and a tile cap for a layout that cuts no tiles of edgevlm's (ConfigError):
+    they would be silently ignored there (issue 50.1)."""
+    if not layout.cuts_tiles and (pool == 2 or max_tiles is not None):
+        raise ConfigError(f"{layout.name}: this family's images are laid out by mtmd as the model was "
+                          "trained, so pool and tiles do not apply; leave them at their defaults",
+                          settings=("pool", "tiles"))
+
+
 class BlockTooLarge(ValueError):
     """Even the smallest size of an image takes more tokens than the turn has room for."""
 
@@ -143,7 +153,7 @@ class BlockTooLarge(ValueError):
 
 
 class ImagePlan(Protocol):
-    """One image's plan, as describe and serve report it."""
+    """One image's plan, as describe, serve and the planner report it."""
 
     @property
     def layout(self) -> str: ...
@@ -157,26 +167,73 @@ class ImagePlan(Protocol):
     def canvas_size(self) -> tuple[int, int]: ...
     @property
     def image_box(self) -> tuple[int, int, int, int]: ...
+    @property
+    def visual_tokens(self) -> int:
+        """The block's image rows (its text labels and marker tokens not counted)."""
+        ...
+    @property
+    def shown_size(self) -> tuple[int, int]:
+        """The pixels the model is shown the image at: mtmd's input size, or edgevlm's canvas."""
+        ...
 
 
-@dataclass(frozen=True)
-class BlockStep:
-    """One step of an image block: a text label, or a view's rows (pooled pool x pool)."""
+class BlockPen(Protocol):
+    """What a layout writes one image block with: the conversation's block writer hands one per
+    block, and the layout drives it (labels, rows, mtmd's own block) in the order it wants them."""
 
-    label: str | None = None
-    view: int | None = None  # index into the layout's views
-    pool: int = 1
-    tile: bool = False  # a tile (counted apart from the global view in the stats)
+    def label(self, text: str) -> None:
+        """Text inside the block, in the model's tokens (a tile's label)."""
+        ...
+
+    def encode(self, view: Image.Image) -> ImageEmbedding:
+        """One view's projector rows (from the cache where it holds them), counted as a view read."""
+        ...
+
+    def rows(self, rows: ImageEmbedding, *, tile_tokens: int = 0) -> None:
+        """Decode rows as one image segment; `tile_tokens` of them are tiles' (the stats count
+        them apart from the global view)."""
+        ...
+
+    def mtmd_block(self, view: Image.Image, merged_with: Image.Image | None = None) -> None:
+        """mtmd's whole block for a view (or two video frames merged in time): the family's
+        marker tokens and its chunks' rows, with their positions and attention."""
+        ...
 
 
 class ImageLayout(Protocol):
     """How one model family is shown an image."""
 
-    name: str  # the layout's name in stats and plans (llava-1.5-tiles, llava-next, mtmd-gemma3)
-    packed: bool  # True: every view's rows are packed into one block (pack); False: step by step
-    native: bool  # True: mtmd lays each view out for its family (markers, slices, positions)
-    frames: FrameScaffold  # how the family is shown a video's frames
-    budgets: Mapping[Detail, TaskBudget]  # each task's budget, as the family says (missing: chat's)
+    @property
+    def name(self) -> str:
+        """The layout's name in stats and plans (llava-1.5-tiles, llava-next, mtmd-gemma3)."""
+        ...
+
+    @property
+    def frames(self) -> FrameScaffold:
+        """How the family is shown a video's frames."""
+        ...
+
+    @property
+    def budgets(self) -> Mapping[Detail, TaskBudget]:
+        """Each task's budget, as the family says (a task missing: chat's)."""
+        ...
+
+    @property
+    def numbers_images(self) -> bool:
+        """Whether a turn of several images puts "Image 2:" before each: a layout without marker
+        tokens of its own (LLaVA's); mtmd's families open each image with theirs."""
+        ...
+
+    @property
+    def merges_frames(self) -> bool:
+        """Whether two video frames can be shown as one temporal block (mtmd's families)."""
+        ...
+
+    @property
+    def cuts_tiles(self) -> bool:
+        """Whether edgevlm cuts the image into tiles whose count and pooling are settings (LLaVA's);
+        False where mtmd lays the image out as the model was trained."""
+        ...
 
     def label_texts(self) -> tuple[str, str]:
         """The label before the whole-image view and the widest label between views ("" for none):
@@ -188,19 +245,21 @@ class ImageLayout(Protocol):
         ...
 
     def views(self, image: Image.Image, plan: ImagePlan) -> list[Image.Image]:
-        """The views to encode, in the order the steps name them."""
+        """The views to encode, in the order `write` uses them."""
         ...
 
-    def steps(self, plan: ImagePlan) -> list[BlockStep]:
-        """Labels and views in the order they go into the cache."""
-        ...
-
-    def pack(self, rows: Sequence[np.ndarray], plan: ImagePlan) -> np.ndarray:
-        """A packed layout's one block of rows, from every view's (pooled) rows."""
+    def write(self, plan: ImagePlan, views: Sequence[Image.Image], pen: BlockPen) -> None:
+        """Put the image block in the cache: labels and rows step by step, rows packed into one
+        block, or mtmd's own block, as the family was trained."""
         ...
 
     def block_tokens(self, plan: ImagePlan, budget: ViewBudget) -> int:
         """The image block's tokens (an upper bound where labels are counted at their widest)."""
+        ...
+
+    def least_tokens(self, budget: ViewBudget) -> int:
+        """The fewest tokens any image's block takes at this budget (a global view alone), or 0
+        where the family shrinks images as far as it must (mtmd's: its plan says whether one fits)."""
         ...
 
     def most_tiles(self, budget: ViewBudget) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from edgevlm.errors import ImageError
 from edgevlm.vision.documents import DocumentPage, render_page
 from edgevlm.vision.images import LoadedImage, load_image
 from edgevlm.vision.video import VideoWindow
@@ -11,10 +12,13 @@ from edgevlm.vision.video import VideoWindow
 Source = Path | DocumentPage | VideoWindow
 
 
-def load_source(source: Path | DocumentPage, *, useful_pixels: int | None = None) -> LoadedImage:
-    """A photo read from its file, or a document's page rendered."""
+def load_source(source: Source, *, useful_pixels: int | None = None) -> LoadedImage:
+    """A photo read from its file, or a document's page rendered; a video's stretch is read as
+    a window of frames (video.read_window), never as one image (ImageError)."""
     if isinstance(source, DocumentPage):
         return render_page(source, useful_pixels=useful_pixels)
+    if isinstance(source, VideoWindow):
+        raise ImageError(f"{source.path}: a video is read window by window, not as one image")
     return load_image(source, useful_pixels=useful_pixels)
 
 

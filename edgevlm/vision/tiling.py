@@ -44,10 +44,21 @@ class TilePlan:
     offset: tuple[int, int]
     tiles: tuple[Tile, ...]
     pool: int = 1  # local tiles' tokens are average-pooled pool x pool; the global view never is
+    view_tokens: int = 0  # one view's rows from the projector (0: not known to the plan)
 
     @property
     def n_tiles(self) -> int:
         return len(self.tiles)
+
+    @property
+    def visual_tokens(self) -> int:
+        """The global view's rows and each tile's (pooled) rows; the labels are text."""
+        return self.view_tokens + self.n_tiles * pooled_tokens(self.view_tokens, self.pool)
+
+    @property
+    def shown_size(self) -> tuple[int, int]:
+        """The canvas the tiles cover, or one view's side for the global view alone."""
+        return self.canvas_size if self.tiles else (self.tile_size, self.tile_size)
 
     @property
     def layout(self) -> str:
@@ -166,7 +177,8 @@ def plan_image(width: int, height: int, *, room: int, tile_size: int, view_token
             tokens_per_tile=per_tile + label_tokens,
             cap=MAX_AUTO_TILES if factor == 1 else MAX_POOLED_TILES)
         limit = budget if max_tiles is None else min(max_tiles, budget)
-        candidate = plan_tiles(width, height, max_tiles=limit, tile_size=tile_size, pool=factor)
+        candidate = replace(plan_tiles(width, height, max_tiles=limit, tile_size=tile_size, pool=factor),
+                            view_tokens=view_tokens)
         if not candidate.tiles:
             candidate = replace(candidate, pool=1)  # nothing to pool without tiles
         if best is None or candidate.n_tiles > best.n_tiles:

@@ -145,7 +145,7 @@ def probe_video(path: Path) -> VideoFacts:
 def _duration_s(container: object, stream: object) -> float:
     """The video stream's length, else the container's (some formats only know one of them)."""
     if getattr(stream, "duration", None) and getattr(stream, "time_base", None):
-        return float(stream.duration * stream.time_base)  # type: ignore[attr-defined]
+        return float(stream.duration * stream.time_base)  # type: ignore[attr-defined]  # PyAV's stubs type a stream without duration
     total = getattr(container, "duration", None)
     return total / 1_000_000 if total else 0.0  # microseconds (av.time_base)
 
@@ -232,7 +232,7 @@ def is_duplicate(thumb: np.ndarray, kept: np.ndarray) -> bool:
 
 def _upright(frame: object, useful_pixels: int | None) -> Image.Image:
     """A decoded frame as upright RGB, no bigger than the projector can use."""
-    image = to_rgb(frame.to_image())  # type: ignore[attr-defined]
+    image = to_rgb(frame.to_image())  # type: ignore[attr-defined]  # PyAV's stubs type a frame without to_image
     rotation = int(getattr(frame, "rotation", 0) or 0) % 360  # the stream's display matrix
     if rotation:
         image = image.rotate(rotation, expand=True)

@@ -16,6 +16,7 @@ from edgevlm.errors import ContextOverflowError, Interrupted
 from edgevlm.values.sampling import Sampling
 from edgevlm.vision.images import LoadedImage
 
+from ..conftest import make_conversation
 from ..fakes import FakeSequence
 
 
@@ -28,7 +29,7 @@ def _chat(sequence: FakeSequence, **kwargs: object) -> Conversation:
     options: dict[str, object] = {"tile_size": 336, "max_tokens": 12, "max_tiles": 0,
                                   "caption_tokens": 16, "sampling": Sampling(temperature=0.0)}
     options.update(kwargs)
-    return Conversation(sequence, CHATML, **options)  # type: ignore[arg-type]
+    return make_conversation(sequence, CHATML, **options)
 
 
 @pytest.fixture()
@@ -218,7 +219,7 @@ def test_interrupt_while_answering_keeps_what_was_shown(sequence_4k: FakeSequenc
 def test_context_pressure_drops_old_turns() -> None:
     # n_ctx 1024 fills by turn 9; the 20 turns then drop 10 old ones and keep going.
     sequence = FakeSequence(n_ctx=1024, view_tokens=64)  # the 112 px projector's 64-token views
-    chat = Conversation(sequence, CHATML, tile_size=112, max_tokens=16, caption_tokens=12, max_tiles=2,
+    chat = make_conversation(sequence, CHATML, tile_size=112, max_tokens=16, caption_tokens=12, max_tiles=2,
                         sampling=Sampling(temperature=0.0))
     dropped = 0
     for turn in range(20):

@@ -19,7 +19,7 @@ from edgevlm.llama.engine import Engine
 from edgevlm.values.sampling import Sampling
 from edgevlm.vision.images import LoadedImage
 
-from ..conftest import make_engine
+from ..conftest import make_conversation, make_engine
 
 SIZES = [(64, 48), (300, 200), (1024, 768), (2000, 1500)]
 
@@ -42,7 +42,7 @@ def _chat(engine: Engine, test_models: dict[str, Path], **options: object) -> Co
     settings: dict[str, object] = {"tile_size": 560, "max_tokens": 8, "caption_tokens": 12,
                                    "sampling": Sampling(temperature=0.0), "layout": layout}
     settings.update(options)
-    return Conversation(engine.sequence(), CHATML, **settings)  # type: ignore[arg-type]
+    return make_conversation(engine.sequence(), CHATML, **settings)
 
 
 def test_the_grid_rule_is_mtmds_count(qwen_engine: Engine) -> None:
@@ -177,7 +177,7 @@ def _gemma_chat(engine: Engine, test_models: dict[str, Path]) -> Conversation:
     fmt = format_from_template(text.chat_template or "", bos=text.bos_text, eos=text.eos_text)
     assert fmt is not None and fmt.system_opens_turn
     layout = layout_for(read_projector(test_models["gemma_mmproj"]))
-    return Conversation(engine.sequence(), fmt, tile_size=112, max_tokens=8, caption_tokens=12,
+    return make_conversation(engine.sequence(), fmt, tile_size=112, max_tokens=8, caption_tokens=12,
                         sampling=Sampling(temperature=0.0), layout=layout, system="Be brief.")
 
 
@@ -231,7 +231,7 @@ def _family_chat(family: str, engine: Engine, test_models: dict[str, Path],
     settings: dict[str, object] = {"tile_size": projector.image_size, "max_tokens": 8, "caption_tokens": 12,
                                    "sampling": Sampling(temperature=0.0), "layout": layout_for(projector)}
     settings.update(options)
-    return Conversation(engine.sequence(), fmt, **settings)  # type: ignore[arg-type]
+    return make_conversation(engine.sequence(), fmt, **settings)
 
 
 def test_every_family_describes_four_sizes_with_mtmds_count(family_engine: tuple[str, Engine],

@@ -25,7 +25,7 @@ from edgevlm.runtime.loading import prompt_format
 from edgevlm.values.sampling import Sampling
 from edgevlm.vision.images import LoadedImage
 
-from ..conftest import make_engine
+from ..conftest import make_conversation, make_engine
 
 KINDS = {"qwen": "attention", "gemma": "sliding-window", "lfm2": "hybrid", "gemma4": "sliding-window"}
 # The engines under test: a family's pair, and for Gemma its window cache kept whole or not;
@@ -53,7 +53,7 @@ def _chat(family: str, engine: Engine, test_models: dict[str, Path]) -> Conversa
     text, mmproj = test_models[f"{family}_text"], test_models[f"{family}_mmproj"]
     projector = read_projector(mmproj)
     fmt = prompt_format(resolve(str(text), str(mmproj)), read_text_model(text), projector)
-    return Conversation(engine.sequence(), fmt, tile_size=projector.image_size, max_tokens=6,
+    return make_conversation(engine.sequence(), fmt, tile_size=projector.image_size, max_tokens=6,
                         caption_tokens=8, sampling=Sampling(temperature=0.0), layout=layout_for(projector),
                         system="Be brief.")
 
@@ -179,7 +179,7 @@ def test_a_stop_just_after_an_image_block_in_a_swap_leaves_the_chat_whole(
     def replace_with_a_stop(first: int, end: int, by: object) -> None:
         monkeypatch.setattr(chat.sequence, "check_interrupt", stop_after_rows)
         try:
-            original_replace(first, end, by)  # type: ignore[arg-type]
+            original_replace(first, end, by)
         finally:
             monkeypatch.setattr(chat.sequence, "check_interrupt", check)
 
@@ -240,7 +240,8 @@ def test_the_plan_counts_the_recurrent_state_and_its_checkpoints(pair: tuple[str
     """LFM2's convolution state, as llama.cpp sizes it, is what a checkpoint copies out (plus its
     framing); the plan keeps it with the KV cache and 16 copies in RAM."""
     from edgevlm.chat.checkpoints import MAX_CHECKPOINTS
-    from edgevlm.planning.memory import estimate
+    from edgevlm.planning.arithmetic import estimate
+    from edgevlm.planning.values import Allocation
     from edgevlm.runtime.loading import KEEPS
 
     family, engine, _ = pair
@@ -248,8 +249,8 @@ def test_the_plan_counts_the_recurrent_state_and_its_checkpoints(pair: tuple[str
     if engine.n_swa and not engine.swa_full:  # a checkpoint: the window layers' cells
         _check_the_window_checkpoint(engine, text)
         return
-    breakdown = estimate(text, read_projector(test_models[f"{family}_mmproj"]), n_ctx=2048, n_gpu_layers=0,
-                         on_gpu=False, keeps=KEEPS)
+    projector = read_projector(test_models[f"{family}_mmproj"])
+    breakdown = estimate(text, projector, Allocation(n_ctx=2048, n_gpu_layers=0), on_gpu=False, keeps=KEEPS)
     if family != "lfm2":
         assert text.recurrent_state_bytes == breakdown.recurrent == breakdown.checkpoints == 0
         return
@@ -266,7 +267,7 @@ def _check_the_window_checkpoint(engine: Engine, text: TextModelFacts) -> None:
     """Past its window, the Gemma pairs' checkpoint holds the window layers' cells inside the
     window (64 of the cache's 256), as the planner counts them, plus llama.cpp's framing (each
     cell's position and sequences: 10 % on this tiny model, nothing on a real one)."""
-    from edgevlm.planning.memory import checkpoint_bytes
+    from edgevlm.planning.arithmetic import checkpoint_bytes
 
     sequence = engine.sequence()
     sequence.truncate(0)

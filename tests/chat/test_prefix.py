@@ -16,10 +16,12 @@ from edgevlm.chat.prompts import CHATML
 from edgevlm.llama.sampling import TokenPicker
 from edgevlm.llama.sequence import EngineSequence
 from edgevlm.models.gguf import read_text_model
-from edgevlm.planning.memory import kv_bytes
+from edgevlm.planning.arithmetic import kv_bytes
 from edgevlm.store.prefix_cache import ENTRIES, PrefixCache
 from edgevlm.values.sampling import Sampling
 from edgevlm.vision.images import LoadedImage
+
+from ..conftest import make_conversation
 
 QUESTION = "What is in the picture?"
 
@@ -51,7 +53,7 @@ def _photo(seed: int = 7) -> LoadedImage:
 
 
 def _chat(sequence: EngineSequence, cache: PrefixCache | None) -> Conversation:
-    return Conversation(sequence, CHATML, tile_size=112, max_tokens=6, max_tiles=2, summary="none",
+    return make_conversation(sequence, CHATML, tile_size=112, max_tokens=6, max_tiles=2, summary="none",
                         sampling=Sampling(temperature=0.0), prefix_cache=cache)
 
 

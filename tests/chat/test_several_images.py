@@ -18,7 +18,7 @@ from edgevlm.llama.engine import Engine
 from edgevlm.values.sampling import Sampling
 from edgevlm.vision.images import LoadedImage
 
-from ..conftest import make_engine
+from ..conftest import make_conversation, make_engine
 
 
 def _image(seed: int, size: tuple[int, int]) -> LoadedImage:
@@ -44,7 +44,7 @@ def _llava_chat(engine: Engine, **options: object) -> Conversation:
     settings: dict[str, object] = {"tile_size": 112, "max_tokens": 12, "max_tiles": 0, "caption_tokens": 16,
                                    "sampling": Sampling(temperature=0.0)}
     settings.update(options)
-    return Conversation(engine.sequence(), CHATML, **settings)  # type: ignore[arg-type]
+    return make_conversation(engine.sequence(), CHATML, **settings)
 
 
 def _qwen_chat(engine: Engine, test_models: dict[str, Path], **options: object) -> Conversation:
@@ -52,7 +52,7 @@ def _qwen_chat(engine: Engine, test_models: dict[str, Path], **options: object) 
                                    "sampling": Sampling(temperature=0.0),
                                    "layout": layout_for(read_projector(test_models["qwen_mmproj"]))}
     settings.update(options)
-    return Conversation(engine.sequence(), CHATML, **settings)  # type: ignore[arg-type]
+    return make_conversation(engine.sequence(), CHATML, **settings)
 
 
 def test_two_llava_images_are_labelled_counted_and_each_summarised(llava: Engine) -> None:
@@ -153,7 +153,7 @@ def test_one_two_and_four_photos_count_as_mtmd_counts_and_never_overflow(
         layout = layout_for(read_projector(pair[0]))
         for count in (1, 2, 4):
             # LLaVA's views are prefilled by the 135M model on the CPU: a tile at most keeps it quick
-            chat = Conversation(sequence, CHATML, tile_size=112 if llava else 560, max_tokens=64,
+            chat = make_conversation(sequence, CHATML, tile_size=112 if llava else 560, max_tokens=64,
                                 summary="none", layout=layout, sampling=Sampling(temperature=0.0),
                                 max_tiles=1 if llava else None)
             images = [_image(count * 10 + k, SIZES[k]) for k in range(count)]

@@ -508,3 +508,38 @@ def test_usage_errors_are_one_line(args: list[str]) -> None:
     result = run_cli(*args)
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert result.stderr.startswith("edgevlm: error:") and "--help" in result.stderr
+
+
+@pytest.mark.usefixtures("fake_engines")
+@pytest.mark.parametrize("family", ["qwen", "gemma"])
+def test_describe_and_a_follow_up_on_mtmd_families_run_on_the_fake(
+        family: str, test_models: dict[str, Path], photos: dict[str, Path], tmp_path: Path) -> None:
+    """The flows above mtmd's families (M-RoPE positions apart from cells on Qwen, an image
+    attended both ways on Gemma) on the fake, which lays blocks out as the family does; the
+    same flows on llama.cpp are in tests/chat/test_families.py."""
+    model = ["--model", str(test_models[f"{family}_text"]), "--mmproj", str(test_models[f"{family}_mmproj"]),
+             "--n-ctx", "2048", "--max-tokens", "6"]
+    described = invoke_cli("describe", str(photos["photo"]), str(photos["rotated"]), *model, "--json")
+    assert described.returncode == 0, described.stderr
+    rows = [json.loads(line) for line in described.stdout.splitlines()]
+    assert len(rows) == 2 and all(r["visual_tokens"] > 0 and r["n_tiles"] == 0 for r in rows)
+    sizes = {r["visual_tokens"] for r in rows}  # Qwen lays each out at its own size, Gemma at one
+    assert len(sizes) == (2 if family == "qwen" else 1)
+    stats = tmp_path / "stats.jsonl"
+    chatted = invoke_cli("chat", *model, "--session", str(tmp_path / "s.jsonl"), "--stats-json", str(stats),
+                         stdin=f"/image '{photos['photo']}' what is this?\nand the colours?\n")
+    assert chatted.returncode == 0, chatted.stderr
+    first, follow_up = [json.loads(line) for line in stats.read_text().splitlines()]
+    assert 0 < first["visual_tokens"] <= rows[0]["visual_tokens"]  # chat keeps room for what follows
+    assert follow_up["clip_encodes"] == 0 and follow_up["prefill_tokens"] < 40  # only its own words
+
+
+@pytest.mark.usefixtures("fake_engines")
+def test_describe_reads_a_multi_page_tiff_page_by_page(test_models: dict[str, Path], tmp_path: Path) -> None:
+    from ..vision.test_documents import write_tiff
+
+    scan = write_tiff(tmp_path / "scan.tif", [(850, 1100), (1100, 850)])
+    result = invoke_cli("describe", str(scan), *_model_args(test_models), "--json")
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [(Path(r["image"]).name, r["page"]) for r in rows] == [("scan.tif", 1), ("scan.tif", 2)]

@@ -427,3 +427,23 @@ def test_save_right_after_a_turn_keeps_its_summaries_and_stats_count_each_image(
     [turn] = load_transcript(saved).records
     assert turn.summary is not None and turn.more_images[0].summary is not None
     assert "images 2 (2 summarised, 0 waiting" in result.stderr
+
+
+@pytest.mark.usefixtures("fake_engines")
+def test_pool_on_a_family_that_pools_itself_is_one_line_and_the_chat_goes_on(
+        test_models: dict[str, Path], tmp_path: Path, photo: Path) -> None:
+    """Qwen merges its own patches: `--pool 2` is refused by the CLI, and `/pool 2` (silently
+    ignored before) now says so in one line, keeping the settings it had."""
+    args = ["chat", "--model", str(test_models["qwen_text"]), "--mmproj", str(test_models["qwen_mmproj"]),
+            "--n-ctx", "2048", "--max-tokens", "8", "--session", str(tmp_path / "session.jsonl")]
+    stats = tmp_path / "stats.jsonl"
+    result = invoke_cli(*args, "--stats-json", str(stats), stdin=f"/pool 2\n/image '{photo}' what is this?\n")
+    assert result.returncode == 0, result.stderr
+    refusals = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(refusals) == 1 and "Traceback" not in result.stderr, result.stderr
+    rows = [json.loads(line) for line in stats.read_text().splitlines()]
+    assert len(rows) == 1 and rows[0]["visual_tokens"] > 0  # the turn after it ran as before
+    refused = invoke_cli(*args[:-1], str(tmp_path / "other.jsonl"), "--pool", "2", stdin="")
+    assert refused.returncode == 2 and "pool" in refused.stderr
+    # the same words, each face naming the setting its own way (--pool on the command line)
+    assert "pool" in refusals[0] and refusals[0].split(":")[-1].strip() in refused.stderr.replace("--", "")

@@ -31,7 +31,7 @@ def small_sequence() -> FakeSequence:
 
 
 def _describer(sequence: EngineSequence | FakeSequence, **kwargs: object) -> Describer:
-    return make_describer(sequence, CHATML, tile_size=TILE, **{"max_tokens": 6, **kwargs})  # type: ignore[arg-type]
+    return make_describer(sequence, CHATML, tile_size=TILE, **{"max_tokens": 6, **kwargs})
 
 
 @pytest.mark.parametrize("size", [(3840, 2160), (2160, 3840), (900, 900), (1, 5000), (100, 80)])

@@ -40,7 +40,7 @@ SIZES = [LETTER, A4_LANDSCAPE, SQUARE]
 
 
 def _describer(sequence: EngineSequence, **kwargs: object) -> Describer:
-    return make_describer(sequence, CHATML, tile_size=TILE, **{"max_tokens": 6, **kwargs})  # type: ignore[arg-type]
+    return make_describer(sequence, CHATML, tile_size=TILE, **{"max_tokens": 6, **kwargs})
 
 
 def _read(path: Path, n: int) -> list[ReadPage]:
@@ -82,7 +82,7 @@ def test_the_question_brings_back_the_pages_it_names_or_matches(tmp_path: Path) 
 def test_transcripts_kept_fit_the_room_and_follow_the_priority(costs: list[int], room: int,
                                                                 rng: object) -> None:
     priority = list(range(len(costs)))
-    rng.shuffle(priority)  # type: ignore[attr-defined]
+    rng.shuffle(priority)
     kept = fit_transcripts(costs, priority, room)
     assert kept == sorted(kept) and sum(costs[k] for k in kept) <= room
     left_out = [k for k in priority if k not in kept]

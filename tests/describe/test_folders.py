@@ -103,7 +103,7 @@ def test_a_crashed_run_resumes_without_captioning_twice(small_sequence: FakeSequ
         calls.append(str(image.image.path))
         return original(image, prompt, **kwargs)
 
-    describer.describe = counting  # type: ignore[method-assign]
+    describer.describe = counting
     targets = plan_targets(find_images([folder], recursive=True, pattern=None).images, write_captions=True,
                            out_dir=None)
     log_path = tmp_path / "run.jsonl"

@@ -125,6 +125,7 @@ def test_the_api_gives_boxes_on_the_photo_in_the_edgevlm_block(test_models: dict
 
     from openai import OpenAI
 
+    from edgevlm.chat.settings import ChatSettings
     from edgevlm.runtime.loading import ModelFlags, load
     from edgevlm.server.launch import ServeSettings, build_state
 
@@ -136,7 +137,8 @@ def test_the_api_gives_boxes_on_the_photo_in_the_edgevlm_block(test_models: dict
                              n_ctx=4096, n_gpu_layers=0))
     try:
         # Summaries from the answer: every generate call is a scripted answer here.
-        state = build_state(loaded, ServeSettings(max_tokens=64, cache=False, summary="answer"))
+        chat = ChatSettings(max_tokens=64, summary="answer", pool=None)
+        state = build_state(loaded, ServeSettings(chat=chat, cache=False))
         with serving(state) as base:
             client = OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
             content = [{"type": "image_url", "image_url": {"url": url}}]

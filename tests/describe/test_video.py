@@ -100,7 +100,7 @@ def test_a_question_naming_a_time_shows_that_window_again_without_an_encode(
     windows = [source for source, _root in with_parts([(clip, tmp_path)])]
     read: list[ReadPage] = []
     describe_images(describer, windows, "What happens?", document_prompt=DOCUMENT_PROMPT,
-                    on_event=lambda e: read.append(ReadPage(e.path, e.result.text))  # type: ignore[arg-type]
+                    on_event=lambda e: read.append(ReadPage(e.path, e.result.text))
                     if isinstance(e, ImageDone) else None)
     encoded = cache.stats().misses
     room = page_room(reading_room(describer, [DOCUMENT_PROMPT]))

@@ -13,7 +13,8 @@ import pytest
 from PIL import Image
 
 from edgevlm.families import layout_for, read_projector
-from edgevlm.families.mtmd import MAX_UPSCALE, _sizes
+from edgevlm.families.llava_next import NextGrid
+from edgevlm.families.mtmd import MAX_UPSCALE, NativePlan, _sizes
 from edgevlm.llama.vision import block_counter
 from edgevlm.vision.layout import BlockTooLarge, Detail, TaskBudget, TaskTooLarge, ViewBudget, with_task
 from edgevlm.vision.tiling import pooled_tokens
@@ -28,12 +29,16 @@ SIZES = [(4000, 3000), (3000, 4000), (1920, 1080), (640, 640), (300, 200)]  # ph
 ROOMS = [700, 3000]
 
 
-def _visual(layout: object, plan: object, block: int, view_tokens: int) -> int:
-    if layout.native:  # type: ignore[attr-defined]
-        return plan.visual_tokens  # type: ignore[attr-defined]
-    if layout.packed:  # type: ignore[attr-defined]
-        return block
-    return view_tokens + plan.n_tiles * pooled_tokens(view_tokens, plan.pool)  # type: ignore[attr-defined]
+def _visual(plan: object, block: int, view_tokens: int, count: object) -> int:
+    """The plan's visual tokens, held to what its layout decodes: mtmd's count of rows, every row
+    of LLaVA-NeXT's packed block, and LLaVA-1.5's views (its labels are text)."""
+    if isinstance(plan, NativePlan):
+        assert plan.visual_tokens == count(plan.size)[1]
+    elif isinstance(plan, NextGrid):
+        assert plan.visual_tokens == block
+    else:
+        assert plan.visual_tokens == view_tokens + plan.n_tiles * pooled_tokens(view_tokens, plan.pool)
+    return plan.visual_tokens
 
 
 @pytest.mark.parametrize("family", list(PAIRS))
@@ -60,15 +65,16 @@ def test_each_task_stays_within_its_familys_floor_and_ceiling_and_the_room(test_
                     except BlockTooLarge:
                         continue  # not even the family's least view fits this room
                     block = layout.block_tokens(plan, budget)
-                    visual = seen[detail] = _visual(layout, plan, block, projector.tokens_per_image)
+                    visual = seen[detail] = _visual(plan, block, projector.tokens_per_image, count)
                     assert block <= room, (family, size, room, detail)
-                    if task.ceiling_tokens is not None and layout.native:  # or the fewest, where all are over
+                    # or the fewest, where all are over
+                    if task.ceiling_tokens is not None and not layout.cuts_tiles:
                         fewest = min(count(s)[1] for s in _sizes(size) if count(s)[0] <= room)
                         assert visual <= max(task.ceiling_tokens, fewest), (family, size, detail)
                     if task.max_tiles == 0:
                         assert plan.n_tiles == 0
                 if Detail.OCR in seen and Detail.CAPTION in seen:
-                    assert seen[Detail.CAPTION] <= seen[Detail.CHAT] <= seen[Detail.OCR] or not layout.native
+                    assert seen[Detail.CAPTION] <= seen[Detail.CHAT] <= seen[Detail.OCR] or layout.cuts_tiles
 
 
 def test_a_reading_task_gets_the_familys_floor_even_from_a_small_photo(test_models: dict[str, Path]) -> None:
@@ -173,7 +179,7 @@ def test_a_block_larger_than_the_default_ubatch_is_read_without_a_flag(test_mode
     import dataclasses
 
     from edgevlm.models.gguf import read_text_model
-    from edgevlm.planning.memory import ubatch_for
+    from edgevlm.planning.media_costs import ubatch_for
 
     pair = ["--model", str(test_models["gemma4_text"]), "--mmproj", str(test_models["gemma4_mmproj"])]
     planned = json.loads(invoke_cli("plan", *pair, "--json").stdout)

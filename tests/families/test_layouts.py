@@ -11,7 +11,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from edgevlm.chat.conversation import Conversation
 from edgevlm.chat.prompts import CHATML
 from edgevlm.families import layout_for, read_projector
 from edgevlm.families.llava_next import LLAVA_NEXT, fit_next_grid, next_views, select_best_resolution
@@ -20,7 +19,7 @@ from edgevlm.values.sampling import Sampling
 from edgevlm.vision.images import LoadedImage
 from edgevlm.vision.tiling import LLAVA_15_TILES
 
-from ..conftest import make_describer, one_sequence
+from ..conftest import make_conversation, make_describer, one_sequence
 
 PINPOINTS = ((336, 672), (672, 336), (672, 672), (1008, 336), (336, 1008))  # LLaVA-NeXT's, released
 
@@ -107,7 +106,7 @@ def test_packing_on_real_llama_cpp(test_models: dict[str, Path]) -> None:
     pixels = np.random.default_rng(0).integers(0, 255, (400, 900, 3), dtype=np.uint8)
     image = LoadedImage(Path("wide.png"), Image.fromarray(pixels), (900, 400))
     with one_sequence(test_models["mmproj_next"], n_ctx=2048) as sequence:
-        chat = Conversation(sequence, CHATML, tile_size=112, max_tokens=8, summary="none", layout=layout,
+        chat = make_conversation(sequence, CHATML, tile_size=112, max_tokens=8, summary="none", layout=layout,
                             sampling=Sampling(temperature=0.0), pool=None)
         _, stats = chat.ask("What is this?", image=image)
         chat.check()

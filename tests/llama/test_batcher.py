@@ -22,7 +22,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from edgevlm.chat.conversation import Conversation
 from edgevlm.chat.prompts import detect_format
 from edgevlm.errors import Interrupted
 from edgevlm.llama.engine import Engine
@@ -30,7 +29,7 @@ from edgevlm.llama.types import EngineConfig
 from edgevlm.values.sampling import Sampling
 from edgevlm.vision.images import load_image
 
-from ..conftest import TEXT_MODEL
+from ..conftest import TEXT_MODEL, make_conversation
 
 LOGIT_TOLERANCE = 1e-3
 PROMPT = "<|im_start|>user\nThe capital of France is a city called<|im_end|>\n<|im_start|>assistant\n"
@@ -131,7 +130,7 @@ def _photo(tmp: Path, seed: int) -> Path:
 def test_conversations_side_by_side_swap_and_cancel(engine4: Engine, tmp_path: Path) -> None:
     _clear(engine4)
     fmt = detect_format(None, preset_format="chatml")
-    conversations = [Conversation(s, fmt, tile_size=112, max_tokens=16, summary="answer", max_tiles=2)
+    conversations = [make_conversation(s, fmt, tile_size=112, max_tokens=16, summary="answer", max_tiles=2)
                      for s in engine4.sequences()]
     shown: dict[int, list[str]] = {}
 
@@ -205,6 +204,7 @@ def test_folder_captioning_in_parallel_matches_one_at_a_time(test_models: dict[s
 @pytest.fixture(scope="module")
 def parallel_server(test_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
                     ) -> Iterator[tuple[str, object]]:
+    from edgevlm.chat.settings import ChatSettings
     from edgevlm.runtime.loading import ModelFlags, load
     from edgevlm.server.launch import ServeSettings, build_state
 
@@ -214,7 +214,8 @@ def parallel_server(test_models: dict[str, Path], tmp_path_factory: pytest.TempP
         patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("parallel-cache")))
         loaded = load(ModelFlags(model=str(test_models["text"]), mmproj=str(test_models["mmproj_112"]),
                                  n_ctx=1024, n_gpu_layers=0, answer_tokens=16, parallel=4))
-        state = build_state(loaded, ServeSettings(max_tokens=16, max_queue=16, cache=False))
+        state = build_state(loaded, ServeSettings(chat=ChatSettings(max_tokens=16, pool=None),
+                                                  max_queue=16, cache=False))
         assert state.scheduler.slots == 4 and loaded.plan.n_seq == 4
         with serving(state) as url:
             yield url, state
@@ -222,8 +223,8 @@ def parallel_server(test_models: dict[str, Path], tmp_path_factory: pytest.TempP
 
 
 def _drained(state: object) -> None:
-    state.scheduler.drain()  # type: ignore[attr-defined]
-    for session in state.scheduler.sessions:  # type: ignore[attr-defined]
+    state.scheduler.drain()
+    for session in state.scheduler.sessions:
         session.conversation.check()
 
 

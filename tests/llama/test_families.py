@@ -5,6 +5,7 @@ image's grid, not its token count (M-RoPE)."""
 from __future__ import annotations
 
 import ctypes
+import os
 from pathlib import Path
 
 import llama_cpp
@@ -14,6 +15,9 @@ from llama_cpp import mtmd_cpp as mtmd
 from PIL import Image
 
 QUESTION = "<|im_start|>user\n{marker}What is it?<|im_end|>\n<|im_start|>assistant\n"
+
+
+THREADS = len(os.sched_getaffinity(0))  # the cores this worker has (conftest.py)
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +31,7 @@ def qwen(test_models: dict[str, Path]):  # noqa: ANN201
     params.n_ctx, params.n_batch, params.n_ubatch = 1024, 512, 512
     ctx = llama_cpp.llama_init_from_model(model, params)
     options = mtmd.mtmd_context_params_default()
-    options.use_gpu, options.n_threads, options.print_timings, options.warmup = False, 2, False, False
+    options.use_gpu, options.n_threads, options.print_timings, options.warmup = False, THREADS, False, False
     projector = mtmd.mtmd_init_from_file(str(test_models["qwen_mmproj"]).encode(), model, options)
     assert projector, "the qwen2.5vl_merger test projector did not load"
     yield model, ctx, projector
@@ -260,7 +264,7 @@ def _reference_window(model_path: Path, mmproj_path: Path, prompt: str, pixels: 
     params.n_ctx, params.n_batch, params.n_ubatch, params.swa_full = 1024, 512, 512, True
     ctx = llama_cpp.llama_init_from_model(model, params)
     options = mtmd.mtmd_context_params_default()
-    options.use_gpu, options.n_threads, options.print_timings, options.warmup = False, 2, False, False
+    options.use_gpu, options.n_threads, options.print_timings, options.warmup = False, THREADS, False, False
     projector = mtmd.mtmd_init_from_file(str(mmproj_path).encode(), model, options)
     bitmaps = [mtmd.mtmd_bitmap_init(p.shape[1], p.shape[0],
                                      (ctypes.c_uint8 * p.size).from_buffer_copy(p.tobytes())) for p in pixels]

@@ -92,7 +92,7 @@ def test_vram_cards_and_workers_are_planned_per_device() -> None:
 
 def test_a_presets_fit_is_told_per_card_and_for_ram() -> None:
     from edgevlm.planning.devices import RUNTIME_BYTES, fits_machine
-    from edgevlm.planning.memory import MachineMemory
+    from edgevlm.planning.values import MachineMemory
 
     gib = 1 << 30
     download = 6 * gib - RUNTIME_BYTES  # with a working context: 6 GiB

@@ -13,22 +13,18 @@ from edgevlm.families.llava15 import clip_compute_bytes
 from edgevlm.llama.engine import Engine
 from edgevlm.llama.types import EngineConfig
 from edgevlm.models.gguf import ProjectorFacts, TextModelFacts, read_text_model
-from edgevlm.planning.memory import (
-    GIB,
-    MIB,
-    MachineMemory,
-    Plan,
-    Settings,
-    compare,
+from edgevlm.planning.arithmetic import (
     compute_bytes,
     estimate,
     kv_bytes,
     kv_bytes_per_layer,
-    ubatch_for,
     weights_on_gpu,
     weights_on_host,
 )
-from edgevlm.planning.memory import choose as _choose
+from edgevlm.planning.media_costs import ubatch_for
+from edgevlm.planning.planner import choose as _choose
+from edgevlm.planning.values import GIB, MIB, Allocation, MachineMemory, Plan, Settings
+from edgevlm.planning.verify import compare
 from edgevlm.runtime.loading import KEEPS
 from edgevlm.store.prefix_cache import RAM_BYTES as PREFIX_RAM_BYTES
 
@@ -103,7 +99,7 @@ def test_compute_buffer_reference_points() -> None:
 
 def test_llava_7b_full_offload_total(shapes: dict[str, Path]) -> None:
     text, projector = read_text_model(shapes["mha"]), read_projector(shapes["mmproj"])
-    b = estimate(text, projector, n_ctx=4096, n_gpu_layers=33, flash_attn=False, margin_bytes=0)
+    b = estimate(text, projector, Allocation(n_ctx=4096, n_gpu_layers=33, flash_attn=False), margin_bytes=0)
     assert b.weights_gpu / GIB == pytest.approx(3.73, abs=0.01)
     assert b.kv_gpu == 2 * GIB
     assert b.mmproj / MIB == pytest.approx(595.5, abs=0.5)
@@ -174,8 +170,9 @@ def test_more_vram_never_means_less(llava: tuple[TextModelFacts, ProjectorFacts]
 
 def test_full_offload_wherever_it_fits(llava: tuple[TextModelFacts, ProjectorFacts]) -> None:
     text, projector = llava
-    smallest_full = estimate(text, projector, n_ctx=2560, n_gpu_layers=33, type_k="q8_0",
-                             type_v="q8_0", flash_attn=True, n_ubatch=ubatch_for(projector)).total_gpu
+    allocation = Allocation(n_ctx=2560, n_gpu_layers=33, type_k="q8_0", type_v="q8_0", flash_attn=True,
+                            n_ubatch=ubatch_for(projector))
+    smallest_full = estimate(text, projector, allocation).total_gpu
     plan = choose(text, projector, MachineMemory(vram_free=smallest_full, ram_free=16 * GIB))
     assert plan.n_gpu_layers == 33
 
@@ -255,7 +252,7 @@ def test_one_image_view_per_ubatch(llava: tuple[TextModelFacts, ProjectorFacts])
     text, projector = llava
     plan = choose(text, projector, MachineMemory(vram_free=12 * GIB, ram_free=16 * GIB))
     assert plan.n_ubatch == ubatch_for(projector) == 576  # not 512 + 64
-    at_512 = estimate(text, projector, n_ctx=plan.n_ctx, n_gpu_layers=33, flash_attn=True, n_ubatch=512)
+    at_512 = estimate(text, projector, Allocation(n_ctx=plan.n_ctx, n_gpu_layers=33, n_ubatch=512))
     assert plan.breakdown.compute_gpu > at_512.compute_gpu  # the planner pays for the bigger graph
     # n_ctx 4096: 4 full tiles beside the global view, labels and a 512-token answer (not 5,
     # which a flat text reserve without labels claimed); a 4K photo gets 5x3 pooled.

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from edgevlm.families import read_projector
 from edgevlm.models.gguf import ProjectorFacts, TextModelFacts, read_text_model
-from edgevlm.planning.memory import GIB, MachineMemory, Settings, several
 from edgevlm.planning.split import GpuBudget, layer_devices, split_points
+from edgevlm.planning.values import GIB, MachineMemory, Settings, several
 
 from ..conftest import load_script, run_cli
 from .test_memory import choose

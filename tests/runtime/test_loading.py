@@ -13,7 +13,7 @@ from edgevlm.runtime.loading import ModelFlags, load
 
 
 def _flags(models: dict[str, Path], **extra: object) -> ModelFlags:
-    return ModelFlags(str(models["text"]), str(models["mmproj_112"]), **extra)  # type: ignore[arg-type]
+    return ModelFlags(str(models["text"]), str(models["mmproj_112"]), **extra)
 
 
 def test_defaults_come_from_the_plan(test_models: dict[str, Path]) -> None:
@@ -44,9 +44,8 @@ def test_a_failed_gpu_load_is_retried_once_with_a_smaller_plan(
             raise EngineError("could not create a context (out of memory)")
         return real_engine(config, **kwargs)
 
-    monkeypatch.setattr(runtime, "Engine", engine_that_runs_out_of_memory_once)
     monkeypatch.setattr(runtime, "gpu_offload_supported", lambda: True)
-    loaded = load(_flags(test_models, vram=(2 * 2**30,)))
+    loaded = load(_flags(test_models, vram=(2 * 2**30,)), engine=engine_that_runs_out_of_memory_once)
     try:
         assert len(calls) == 2
         assert any("retried with a smaller plan" in note for note in loaded.plan.notes)
@@ -71,11 +70,10 @@ def test_the_retry_keeps_every_setting_but_the_context_and_layers(
         return real_engine(config, **kwargs)
 
     monkeypatch.setattr(runtime, "choose", recording_choose)
-    monkeypatch.setattr(runtime, "Engine", engine_that_runs_out_of_memory_once)
     monkeypatch.setattr(runtime, "gpu_offload_supported", lambda: True)
     flags = ModelFlags(str(test_models["gemma_text"]), str(test_models["gemma_mmproj"]), vram=(2 * 2**30,),
                        swa_full=True, kv_type="f16", n_ctx=2048, answer_tokens=100)
-    loaded = load(flags)
+    loaded = load(flags, engine=engine_that_runs_out_of_memory_once)
     try:
         first, retry = asked
         assert retry.n_ctx is None and retry.n_gpu_layers is None
@@ -86,14 +84,12 @@ def test_the_retry_keeps_every_setting_but_the_context_and_layers(
         loaded.engine.close()
 
 
-def test_when_the_retry_fails_too_the_message_has_the_numbers(
-        test_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_when_the_retry_fails_too_the_message_has_the_numbers(test_models: dict[str, Path]) -> None:
     def never(config, **kwargs):  # noqa: ANN001, ANN202
         raise EngineError("out of memory")
 
-    monkeypatch.setattr(runtime, "Engine", never)
     with pytest.raises(EngineError, match=r"needed \d+\.\d\d GiB of the 2\.00 GiB free"):
-        load(_flags(test_models, vram=(2 * 2**30,)))
+        load(_flags(test_models, vram=(2 * 2**30,)), engine=never)
 
 
 def test_unsupported_architecture_is_named_before_loading(tmp_path: Path,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 
+from edgevlm.chat.settings import ChatSettings
 from edgevlm.server.app import create_app, uvicorn_config
 from edgevlm.server.launch import ServeSettings, build_state
 
@@ -18,15 +19,15 @@ def main() -> None:
     import uvicorn
 
     state = build_state(fake_loaded(TEXT_MODEL, MMPROJ_112, answer_tokens=8, step_s=0.001),
-                        ServeSettings(max_tokens=8, cache=False))
+                        ServeSettings(chat=ChatSettings(max_tokens=8, pool=None), cache=False))
     server = uvicorn.Server(uvicorn_config(create_app(state), host="127.0.0.1", port=int(sys.argv[1])))
     original = server.startup
 
     async def startup(sockets: object = None) -> None:
-        await original(sockets)  # type: ignore[arg-type]
+        await original(sockets)
         print("ready", flush=True)
 
-    server.startup = startup  # type: ignore[method-assign]
+    server.startup = startup
     server.run()
 
 

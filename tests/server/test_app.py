@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import hashlib
 import io
 import socket
@@ -28,6 +29,7 @@ import uvicorn
 from openai import OpenAI
 from PIL import Image
 
+from edgevlm.chat.settings import ChatSettings
 from edgevlm.server.app import create_app, uvicorn_config
 from edgevlm.server.launch import ServeSettings, build_state
 from edgevlm.server.turns import ServerState
@@ -94,7 +96,8 @@ def loaded(test_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactor
 
 @pytest.fixture(scope="module")
 def server(loaded: object) -> Iterator[tuple[str, ServerState]]:
-    state = build_state(loaded, ServeSettings(max_tokens=MAX_TOKENS, max_queue=8, cache=True))
+    state = build_state(loaded, ServeSettings(chat=ChatSettings(max_tokens=MAX_TOKENS, pool=None),
+                                              max_queue=8, cache=True))
     assert "server-cache" in str(state.scheduler.session.conversation.blocks.encode.folder)  # not the user's
     with serving(state) as url:
         yield url, state
@@ -189,7 +192,7 @@ def test_a_new_conversation_about_a_photo_seen_before_starts_from_its_prefix(
     assert conversation.prefix_cache is not None
     conversation.prefix_cache.flush()
     monkeypatch.setenv("XDG_CACHE_HOME", str(conversation.prefix_cache.folder.parent.parent))
-    conversation.prefix_cache = loaded.prefix_cache()  # type: ignore[attr-defined]
+    conversation.prefix_cache = loaded.prefix_cache()
     later = client.chat.completions.create(model="", messages=[image_message("Colours?", seed=41)])
     _checked(server[1])
     assert later.model_extra["edgevlm"]["prefix_cache"] == "disk"
@@ -355,7 +358,7 @@ def test_files_inside_the_media_folder_only(server: tuple[str, ServerState], tmp
 def test_a_full_queue_answers_503(server: tuple[str, ServerState], monkeypatch: pytest.MonkeyPatch) -> None:
     url, state = server
     monkeypatch.setattr(state.scheduler, "max_queue", 1)
-    monkeypatch.setattr(state, "max_tokens", 200)
+    monkeypatch.setattr(state, "chat", dataclasses.replace(state.chat, max_tokens=200))
     sequence = state.scheduler.session.conversation.sequence
     monkeypatch.setattr(sequence, "step_s", 0.02)  # the running answer outlasts the other two requests
     sequence.script(" ".join(str(n) for n in range(1, 101)), " ".join(str(n) for n in range(1, 101)))
@@ -380,7 +383,7 @@ def test_a_full_queue_answers_503(server: tuple[str, ServerState], monkeypatch: 
 def test_a_client_that_leaves_mid_stream_frees_the_worker(client: OpenAI, server: tuple[str, ServerState],
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     state = server[1]
-    monkeypatch.setattr(state, "max_tokens", 400)
+    monkeypatch.setattr(state, "chat", dataclasses.replace(state.chat, max_tokens=400))
     stream = client.chat.completions.create(
         model="", stream=True, max_tokens=400,
         messages=[{"role": "user", "content": "Count from 1 to 500, one number per line."}])
@@ -482,7 +485,7 @@ def test_a_non_streamed_request_whose_client_hangs_up_is_cancelled(server: tuple
 
     caplog.set_level(logging.INFO, logger="edgevlm.server")
     url, state = server
-    monkeypatch.setattr(state, "max_tokens", 300)
+    monkeypatch.setattr(state, "chat", dataclasses.replace(state.chat, max_tokens=300))
     sequence = state.scheduler.session.conversation.sequence
     monkeypatch.setattr(sequence, "step_s", 0.01)  # 300 tokens: 3 s, past the client's 1 s
     for path in ("/v1/chat/completions", "/api/chat"):
@@ -501,7 +504,7 @@ def test_a_non_streamed_request_whose_client_hangs_up_is_cancelled(server: tuple
             time.sleep(0.05)
             logged = [r.getMessage() for r in caplog.records if f"POST {path} " in r.getMessage()]
         assert logged and f"POST {path} 499 " in logged[-1], logged
-    monkeypatch.setattr(state, "max_tokens", MAX_TOKENS)
+    monkeypatch.setattr(state, "chat", dataclasses.replace(state.chat, max_tokens=MAX_TOKENS))
     monkeypatch.setattr(sequence, "step_s", 0.0)
     sequence.script("Once upon a time " * 40)
     reply = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={**body, "max_tokens": 1 << 20})

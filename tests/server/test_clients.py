@@ -8,6 +8,7 @@ nothing; the shapes, the grammar and the round trips are real.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Literal
 import pytest
 from pydantic import BaseModel, Field
 
+from edgevlm.chat.settings import ChatSettings
 from edgevlm.server.launch import ServeSettings, build_state
 from edgevlm.server.turns import ServerState
 
@@ -88,8 +90,8 @@ def server(test_models: dict[str, Path],
                                  n_ctx=2048, n_gpu_layers=0, answer_tokens=MAX_TOKENS))
         # The clients' shapes are the point here: each image at its global view (64 tokens) and
         # summarised from its answer; tiles and captions are test_app.py's.
-        state = build_state(loaded, ServeSettings(max_tokens=MAX_TOKENS, max_queue=8, cache=True,
-                                                  max_tiles=0, summary="answer"))
+        chat = ChatSettings(max_tokens=MAX_TOKENS, max_tiles=0, summary="answer", pool=None)
+        state = build_state(loaded, ServeSettings(chat=chat, max_queue=8, cache=True))
         with serving(state) as url:
             yield url, state
         loaded.engine.close()
@@ -250,19 +252,19 @@ def test_ollama(server: tuple[str, ServerState]) -> None:
 def _langchain_round(chat: object, image: dict[str, object], *, forced: bool) -> None:
     from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage
 
-    assert chat.invoke("Hi").content  # type: ignore[attr-defined]
-    assert chat.invoke([HumanMessage(content=[{"type": "text", "text": "What?"}, image])]).content  # type: ignore[attr-defined]
-    assert "".join(c.content for c in chat.stream("Hi"))  # type: ignore[attr-defined]
-    photo = chat.with_structured_output(Photo, method="json_schema").invoke("Describe.")  # type: ignore[attr-defined]
+    assert chat.invoke("Hi").content
+    assert chat.invoke([HumanMessage(content=[{"type": "text", "text": "What?"}, image])]).content
+    assert "".join(c.content for c in chat.stream("Hi"))
+    photo = chat.with_structured_output(Photo, method="json_schema").invoke("Describe.")
     assert isinstance(photo, Photo)
     # Ollama's API has no tool_choice: there the question itself leads to the call.
-    bound = chat.bind_tools([WEATHER_TOOL], **({"tool_choice": "get_weather"} if forced else {}))  # type: ignore[attr-defined]
+    bound = chat.bind_tools([WEATHER_TOOL], **({"tool_choice": "get_weather"} if forced else {}))
     question = [SystemMessage(content=CALLING_SYSTEM), HumanMessage(content=CALLING_QUESTION)]
     called = bound.invoke(question)
     assert called.tool_calls and called.tool_calls[0]["name"] == "get_weather"
     Weather.model_validate(called.tool_calls[0]["args"])
     result = ToolMessage(content="sunny", tool_call_id=called.tool_calls[0]["id"])
-    after = chat.invoke([*question, called, result])  # type: ignore[attr-defined]
+    after = chat.invoke([*question, called, result])
     assert after.content
 
 
@@ -343,10 +345,10 @@ def test_llm(llm_model: object, photo_file: Path) -> None:
     import llm
 
     model = llm_model
-    assert model.prompt("Hi", stream=False).text()  # type: ignore[attr-defined]
-    assert model.prompt("What?", attachments=[llm.Attachment(path=str(photo_file))]).text()  # type: ignore[attr-defined]
-    assert "".join(model.prompt("Hi"))  # type: ignore[attr-defined]
-    shaped = model.prompt("Describe.", schema=Photo, attachments=[llm.Attachment(path=str(photo_file))])  # type: ignore[attr-defined]
+    assert model.prompt("Hi", stream=False).text()
+    assert model.prompt("What?", attachments=[llm.Attachment(path=str(photo_file))]).text()
+    assert "".join(model.prompt("Hi"))
+    shaped = model.prompt("Describe.", schema=Photo, attachments=[llm.Attachment(path=str(photo_file))])
     Photo.model_validate(_strict(shaped.text()))
     seen: list[tuple[str, int]] = []
 
@@ -359,7 +361,7 @@ def test_llm(llm_model: object, photo_file: Path) -> None:
     # or answers in text turns on its logits, which differ between CPU builds: two prompts give
     # it its chances (each has made the call on one of the builds tried).
     for system in (CALLING_SYSTEM, "Use tools."):
-        conversation = model.conversation(tools=[weather])  # type: ignore[attr-defined]
+        conversation = model.conversation(tools=[weather])
         called = conversation.prompt(CALLING_QUESTION, system=system)
         if called.tool_calls():
             break
@@ -453,7 +455,7 @@ def test_json_schema_output_follows_the_schema(server: tuple[str, ServerState],
     from openai import OpenAI
 
     client = OpenAI(base_url=f"{server[0]}/v1", api_key="unused", max_retries=0, timeout=120)
-    monkeypatch.setattr(server[1], "max_tokens", 48)  # the server's cap on max_tokens
+    monkeypatch.setattr(server[1], "chat", dataclasses.replace(server[1].chat, max_tokens=48))  # the cap
     schema = {"type": "object", "additionalProperties": False, "required": ["colour", "count"],
               "properties": {"colour": {"enum": ["red", "green", "blue"]},
                              "count": {"type": "integer"}}}

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from edgevlm.chat.settings import ChatSettings
 from edgevlm.server.launch import ServeSettings, build_state
 from edgevlm.server.turns import ServerState
 
@@ -24,7 +25,8 @@ def qwen_server(test_models: dict[str, Path],
         loaded = load(ModelFlags(model=str(test_models["qwen_text"]), mmproj=str(test_models["qwen_mmproj"]),
                                  n_ctx=2048, n_gpu_layers=0, answer_tokens=16))
         assert loaded.prompt_format.name == "qwen2vl template"
-        state = build_state(loaded, ServeSettings(max_tokens=16, max_queue=4, cache=True))
+        state = build_state(loaded, ServeSettings(chat=ChatSettings(max_tokens=16, pool=None),
+                                                  max_queue=4, cache=True))
         with serving(state) as url:
             yield url, state
         loaded.engine.close()
@@ -79,7 +81,8 @@ def test_a_resent_history_on_checkpointed_memory_reuses_its_cache(
                                  answer_tokens=8, swa_full=False))
         assert loaded.engine.memory.name.value == kind
         assert not loaded.engine.memory.can_cut(swa_full=loaded.engine.swa_full)
-        state = build_state(loaded, ServeSettings(max_tokens=8, max_queue=4, cache=False))
+        state = build_state(loaded, ServeSettings(chat=ChatSettings(max_tokens=8, pool=None), max_queue=4,
+                                                  cache=False))
         with serving(state) as url:
             client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
             messages: list[dict[str, object]] = []
@@ -149,7 +152,7 @@ def test_a_video_url_is_read_as_its_frames_and_ollama_refuses_a_video(qwen_serve
     with pytest.raises(BadRequestError) as broken:
         client.chat.completions.create(model="", messages=[{"role": "user", "content": [
             {"type": "video_url", "video_url": {"url": f"data:video/mp4;base64,{data[:300]}"}}]}])
-    assert broken.value.body["param"] == "messages[0].content[0].video_url.url"  # type: ignore[index]
+    assert broken.value.body["param"] == "messages[0].content[0].video_url.url"
     with pytest.raises(ollama.ResponseError) as refused:
         ollama.Client(host=qwen_server[0], timeout=120).chat(model=qwen_server[1].model.id, messages=[
             {"role": "user", "content": "What moves?", "images": [raw]}])
@@ -242,8 +245,8 @@ def test_a_pdf_file_part_shows_its_pages_and_the_ollama_api_refuses_one(
     with pytest.raises(BadRequestError) as damaged:
         client.chat.completions.create(model="", messages=[{"role": "user", "content": [
             {"type": "file", "file": {"file_data": f"data:application/pdf;base64,{pdf[:200]}"}}]}])
-    assert damaged.value.body["param"] == "messages[0].content[0].file.file_data"  # type: ignore[index]
-    assert "not a readable PDF" in damaged.value.body["message"]  # type: ignore[index]
+    assert damaged.value.body["param"] == "messages[0].content[0].file.file_data"
+    assert "not a readable PDF" in damaged.value.body["message"]
     with pytest.raises(ollama.ResponseError) as refused:
         ollama.Client(host=qwen_server[0], timeout=120).chat(model=qwen_server[1].model.id, messages=[
             {"role": "user", "content": "Read it.", "images": [base64.b64decode(pdf)]}])
@@ -277,7 +280,8 @@ def test_a_follow_up_to_a_video_reuses_the_cache(test_models: dict[str, Path],
         loaded = load(ModelFlags(model=str(test_models[f"{family}_text"]),
                                  mmproj=str(test_models[f"{family}_mmproj"]), n_ctx=4096, n_gpu_layers=0,
                                  answer_tokens=16))
-        state = build_state(loaded, ServeSettings(max_tokens=16, max_queue=4, cache=True))
+        state = build_state(loaded, ServeSettings(chat=ChatSettings(max_tokens=16, pool=None), max_queue=4,
+                                                  cache=True))
         with serving(state) as url:
             client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
             messages: list[dict[str, object]] = [

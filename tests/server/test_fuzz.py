@@ -13,6 +13,7 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import checks
 
+from edgevlm.chat.settings import ChatSettings
 from edgevlm.server.launch import ServeSettings, build_state
 
 from .test_app import serving
@@ -29,7 +30,8 @@ def api_schema(test_models: dict[str, Path], tmp_path_factory: pytest.TempPathFa
         patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("fuzz-cache")))
         loaded = load(ModelFlags(model=str(test_models["text"]), mmproj=str(test_models["mmproj_112"]),
                                  n_ctx=1024, n_gpu_layers=0, answer_tokens=8))
-        state = build_state(loaded, ServeSettings(max_tokens=8, max_queue=8, cache=False))
+        state = build_state(loaded, ServeSettings(chat=ChatSettings(max_tokens=8, pool=None),
+                                                  max_queue=8, cache=False))
         with serving(state) as url:
             yield schemathesis.openapi.from_url(f"{url}/openapi.json")
         loaded.engine.close()
@@ -69,7 +71,7 @@ def test_what_the_schema_forbids_the_server_refuses(api_schema: schemathesis.Bas
 
 def _fuzz(operation: schemathesis.APIOperation, statuses: Counter[tuple[str, int]], *, mode: object = None,
           examples: int = 60, checks: list[object] = CHECKS) -> None:
-    strategy = operation.as_strategy() if mode is None else operation.as_strategy(generation_mode=mode)  # type: ignore[arg-type]
+    strategy = operation.as_strategy() if mode is None else operation.as_strategy(generation_mode=mode)
 
     @given(case=strategy)
     # derandomize: the same cases every run (a random draw could miss a valid body altogether)

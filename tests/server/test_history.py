@@ -7,11 +7,18 @@ import io
 import pytest
 from PIL import Image
 
-from edgevlm.chat.resent import ChatImage, TurnOptions
-from edgevlm.server.history import Message, chat_turn
+from edgevlm.chat.resent import ChatImage
+from edgevlm.chat.settings import ChatSettings, SettingsChange
+from edgevlm.server.history import Message
+from edgevlm.server.history import chat_turn as fold
 from edgevlm.server.http import ApiError
 
-OPTIONS = TurnOptions(max_tokens=16)
+OPTIONS = SettingsChange(max_tokens=16)
+
+
+def chat_turn(messages: list[Message], change: SettingsChange) -> object:  # noqa: F811
+    """history.chat_turn with the settings merged onto the defaults (a server's)."""
+    return fold(messages, change, ChatSettings().merged)
 
 
 def _image(colour: tuple[int, int, int]) -> ChatImage:
@@ -28,7 +35,7 @@ def test_history_pairs_up_and_the_last_user_message_is_asked() -> None:
         Message("assistant", "A red card.", where="messages[2]"),
         Message("user", "And this?", (blue,), "messages[3]"),
     ], OPTIONS)
-    assert turn.system == "Be brief."
+    assert turn.settings.system == "Be brief." and turn.settings.max_tokens == 16
     assert [(p.user, p.answer, p.image) for p in turn.past] == [("What is this?", "A red card.", red)]
     assert turn.question == "And this?" and turn.image == blue
 

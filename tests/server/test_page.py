@@ -308,6 +308,7 @@ def test_found_boxes_are_drawn_over_the_photo(test_models: dict[str, Path], brow
     """Issue 38: "/find the red square" in the page asks for boxes; the server puts the model's
     answer (scripted here: the test pair's words are random) on the photo, and the page draws it
     where the square is."""
+    from edgevlm.chat.settings import ChatSettings
     from edgevlm.llama.sequence import EngineSequence
     from edgevlm.runtime.loading import ModelFlags, load
     from edgevlm.server.launch import ServeSettings, build_state
@@ -332,7 +333,8 @@ def test_found_boxes_are_drawn_over_the_photo(test_models: dict[str, Path], brow
     loaded = load(ModelFlags(model=str(test_models["qwen_text"]), mmproj=str(test_models["qwen_mmproj"]),
                              n_ctx=4096, n_gpu_layers=0))
     try:
-        state = build_state(loaded, ServeSettings(max_tokens=256, cache=False, summary="answer"))
+        chat = ChatSettings(max_tokens=256, summary="answer", pool=None)
+        state = build_state(loaded, ServeSettings(chat=chat, cache=False))
         with serving(state) as url:
             browser.get(url)
             WebDriverWait(browser, 30).until(lambda d: d.find_element(By.ID, "model-name").text)

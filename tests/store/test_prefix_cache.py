@@ -92,7 +92,7 @@ def test_disk_tier_survives_a_new_process_and_a_corrupt_entry_is_deleted(tmp_pat
     again = PrefixCache("model", folder=tmp_path)
     found = again.get(key)
     assert found is not None and found[1] == "disk" and _same(found[0], _entry(3))
-    assert again.get(key) is not None and again.get(key)[1] == "ram"  # type: ignore[index]
+    assert again.get(key) is not None and again.get(key)[1] == "ram"
     (path,) = tmp_path.glob(ENTRIES)
     data = bytearray(path.read_bytes())
     data[-5] ^= 0xFF

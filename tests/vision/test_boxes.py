@@ -56,7 +56,7 @@ def test_qwen_sees_the_size_its_published_resize_gives(qwen_grounding: object, w
     shown = (max(28, round(width * shrink)), max(28, round(height * shrink)))
     assume(max(shown) / min(shown) < 100)  # the processor refuses extreme strips
     h_bar, w_bar = smart_resize(shown[1], shown[0])
-    assert qwen_grounding.model_size(shown) == (w_bar, h_bar)  # type: ignore[attr-defined]
+    assert qwen_grounding.model_size(shown) == (w_bar, h_bar)
 
 
 def _upright(stored: tuple[int, int], orientation: int) -> tuple[int, int]:

@@ -10,16 +10,9 @@ from hypothesis import strategies as st
 from PIL import Image, ImageDraw
 
 from edgevlm.errors import ConfigError, ImageError
-from edgevlm.vision.documents import (
-    MAX_SCALE,
-    MIN_SCALE,
-    PAGE_PIXELS_FLOOR,
-    DocumentPage,
-    choose_pages,
-    open_document,
-    page_scale,
-    parse_pages,
-)
+from edgevlm.vision.documents import DocumentPage, choose_pages, open_document, parse_pages
+from edgevlm.vision.images import PAGE_PIXELS_FLOOR
+from edgevlm.vision.pdf import MAX_SCALE, MIN_SCALE, page_scale
 from edgevlm.vision.sources import load_source, source_fields
 
 LETTER, A4_LANDSCAPE, SQUARE = (612, 792), (842, 595), (300, 300)
@@ -151,3 +144,34 @@ def test_a_pdf_without_pages_says_so(tmp_path: Path) -> None:
     with pytest.raises(ImageError) as caught:
         open_document(tmp_path / "none.pdf")
     assert "with no pages" in str(caught.value) and "Success" not in str(caught.value)
+
+
+def write_tiff(path: Path, sizes: list[tuple[int, int]]) -> Path:
+    """A multi-page TIFF (a scan), one page per size in pixels, each page a different grey."""
+    pages = [Image.new("L", size, 40 * (n + 1)) for n, size in enumerate(sizes)]
+    pages[0].save(path, save_all=True, append_images=pages[1:], compression="tiff_lzw")
+    return path
+
+
+def test_a_multi_page_tiff_is_read_page_by_page_and_a_single_page_one_is_a_photo(tmp_path: Path) -> None:
+    """The reader registry (vision/readers.py) holds a TIFF reader beside the PDF one: describe,
+    /doc and serve's file parts read a scan's pages as they read a PDF's."""
+    from edgevlm.vision.documents import count_pages, is_document, render_document_bytes
+
+    scan = write_tiff(tmp_path / "scan.tiff", [(850, 1100), (3000, 4000), (400, 300)])
+    photo = write_tiff(tmp_path / "photo.tif", [(640, 480)])
+    assert is_document(scan) and not is_document(photo)
+    document = open_document(scan, pages=parse_pages("2-"))
+    assert [p.number for p in document.pages] == [2, 3] and document.n_pages == 3
+    big = load_source(document.pages[0], useful_pixels=1_000_000)
+    assert big.page == 2 and big.image.mode == "RGB"
+    assert big.image.width * big.image.height <= max(1_000_000, PAGE_PIXELS_FLOOR) * 1.01  # scaled down
+    assert big.image.getpixel((10, 10)) == (80, 80, 80)  # the second page, not the first
+    small = load_source(document.pages[1], useful_pixels=1_000_000)
+    assert small.image.size == (400, 300)  # never scaled up
+    raw = scan.read_bytes()
+    assert count_pages(raw, "upload") == 3
+    pages = render_document_bytes(raw, "upload", useful_pixels=500_000)
+    assert [p.page for p in pages] == [1, 2, 3]
+    with pytest.raises(ImageError, match="the TIFF has no pages|not a readable TIFF"):
+        count_pages(b"II*\x00" + b"\x00" * 20, "broken")

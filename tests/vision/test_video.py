@@ -145,7 +145,7 @@ def test_a_window_shows_the_frames_its_room_holds_spread_evenly(n: int, room: in
     from edgevlm.vision.images import LoadedImage
     from edgevlm.vision.video import fit_frames
 
-    frames = [LoadedImage(Path("c.mp4"), None, (1, 1), time_s=float(k)) for k in range(n)]  # type: ignore[arg-type]
+    frames = [LoadedImage(Path("c.mp4"), None, (1, 1), time_s=float(k)) for k in range(n)]
     kept, share = fit_frames(frames, room, floor)
     assert 1 <= len(kept) <= n and (len(kept) in (1, n) or len(kept) * floor <= room)  # always one
     assert len(kept) == max(1, min(n, room // floor)) and share == max(room // len(kept), 1)

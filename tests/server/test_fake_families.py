@@ -1,0 +1,86 @@
+"""The server's flow for mtmd's families on the fake sequence (tests/fakes.py), in process: a
+photo and a follow-up on the Qwen pair (M-RoPE: positions that differ from cells) and the Gemma
+pair (two-way attention over its image), and a turn's settings checked against the family as
+the CLI checks them. The same flows on real llama.cpp are in test_families.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from openai import BadRequestError, OpenAI
+
+from edgevlm.chat.settings import ChatSettings
+from edgevlm.server.launch import ServeSettings, build_state
+from edgevlm.server.turns import ServerState
+
+from ..fakes import fake_loaded
+from .test_app import image_message, serving
+
+PAIRS = ["qwen", "gemma"]
+
+
+@pytest.fixture(scope="module", params=PAIRS)
+def served(request: pytest.FixtureRequest, test_models: dict[str, Path],
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[OpenAI, ServerState, str]]:
+    family = request.param
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp(f"{family}-cache")))
+        loaded = fake_loaded(test_models[f"{family}_text"], test_models[f"{family}_mmproj"],
+                             answer_tokens=16, step_s=0.001)
+        state = build_state(loaded, ServeSettings(chat=ChatSettings(max_tokens=16, pool=None), cache=True))
+        with serving(state) as url:
+            yield OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60), state, family
+
+
+def test_a_photo_then_a_follow_up_reuses_the_cache(served: tuple[OpenAI, ServerState, str]) -> None:
+    client, state, family = served
+    messages: list[dict[str, object]] = [image_message("What is in this photo?", seed=3)]
+    first = client.chat.completions.create(model=state.model.id, messages=messages, temperature=0)
+    numbers = first.model_extra["edgevlm"]
+    assert numbers["visual_tokens"] > 0 and first.usage.completion_tokens > 0, family
+    state.scheduler.drain()
+    state.scheduler.session.conversation.check()  # the ledger, positions and cells alike
+    messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": "And the colours?"}]
+    second = client.chat.completions.create(model=state.model.id, messages=messages, temperature=0)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached > 0 and cached >= second.usage.prompt_tokens - 40, (family, second.usage)
+    state.scheduler.drain()
+    state.scheduler.session.conversation.check()
+
+
+def test_pool_on_a_family_that_pools_itself_is_refused_naming_the_field(
+        served: tuple[OpenAI, ServerState, str]) -> None:
+    """`--pool 2` is refused on these families by the CLI; `edgevlm.pool: 2` was silently ignored."""
+    client, state, family = served
+    with pytest.raises(BadRequestError) as refused:
+        client.chat.completions.create(model=state.model.id, messages=[image_message("What?", seed=4)],
+                                       extra_body={"edgevlm": {"pool": 2}})
+    assert refused.value.body["param"] == "edgevlm.pool", family
+    assert "pool" in refused.value.body["message"]
+    assert state.scheduler.session.conversation.settings.pool is None  # nothing was adopted
+
+
+def test_a_multi_page_tiff_file_part_is_read_as_pages(served: tuple[OpenAI, ServerState, str],
+                                                      tmp_path: Path) -> None:
+    import base64
+
+    from ..vision.test_documents import write_tiff
+
+    client, state, family = served
+    raw = write_tiff(tmp_path / "scan.tiff", [(850, 1100), (600, 800)]).read_bytes()
+    part = {"type": "file", "file": {"filename": "scan.tiff",
+                                     "file_data": "data:image/tiff;base64," + base64.b64encode(raw).decode()}}
+    question = {"type": "text", "text": "Read it."}
+    answer = client.chat.completions.create(model=state.model.id,
+                                            messages=[{"role": "user", "content": [part, question]}])
+    numbers = answer.model_extra["edgevlm"]
+    assert len(numbers["image_tokens"]) == 2 and numbers["visual_tokens"] > 0, (family, numbers)
+    not_a_tiff = {"type": "file", "file": {"file_data": "data:image/tiff;base64,"
+                                                        + base64.b64encode(b"%PDF-1.4").decode()}}
+    with pytest.raises(BadRequestError) as refused:
+        client.chat.completions.create(model=state.model.id,
+                                       messages=[{"role": "user", "content": [not_a_tiff, question]}])
+    assert refused.value.body["message"].endswith(": file_data is not a TIFF")
