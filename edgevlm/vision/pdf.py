@@ -61,7 +61,7 @@ class PdfFormat:
             try:
                 pdf = pdfium.PdfDocument(source)
             except pdfium.PdfiumError as exc:
-                raise ImageError(_open_error(label, exc)) from None
+                raise ImageError(_open_error(label, exc, _encrypted(source))) from None
             try:
                 yield PdfPages(pdf)
             finally:
@@ -104,14 +104,24 @@ class PdfPages:
         return image
 
 
-def _open_error(path: Path, exc: Exception) -> str:
-    if "password" in str(exc).lower():
+def _encrypted(source: Path | bytes) -> bool:
+    """Whether a PDF that failed to open declares encryption (an /Encrypt entry in its trailer)."""
+    try:
+        data = source if isinstance(source, bytes) else source.read_bytes()
+    except OSError:
+        return False
+    return b"/Encrypt" in data
+
+
+def _open_error(path: Path, exc: Exception, encrypted: bool) -> str:
+    # PDFium's reason is its last error, which may be an earlier document's ("Incorrect
+    # password" after a protected PDF, "Success" for a PDF whose list of pages is empty): a
+    # password is named only when the file is encrypted, and a reason only when it says something.
+    if encrypted and "password" in str(exc).lower():
         return (f"{path}: the PDF is password-protected; edgevlm reads unprotected PDFs only "
                 "(save or print an unprotected copy)")
-    # PDFium's reason is its last error, which may be an earlier document's, or "Success" (a PDF
-    # whose list of pages is empty): it is said only when it says something.
     reason = one_line(exc)
-    detail = "" if "success" in reason.lower() else f"; {reason}"
+    detail = "" if "success" in reason.lower() or "password" in reason.lower() else f"; {reason}"
     return f"{path}: not a readable PDF (damaged, with no pages, or not a PDF at all{detail})"
 
 

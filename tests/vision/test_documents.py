@@ -146,6 +146,19 @@ def test_a_pdf_without_pages_says_so(tmp_path: Path) -> None:
     assert "with no pages" in str(caught.value) and "Success" not in str(caught.value)
 
 
+def test_a_pdf_without_pages_after_a_protected_one_is_not_called_protected(tmp_path: Path) -> None:
+    """PDFium's last error outlives its document: after a protected PDF, an empty one was said to
+    be password-protected (seen when the suite's order put the two together)."""
+    from ..server.test_documents_cost import blank_pdf
+
+    with pytest.raises(ImageError, match="password-protected"):
+        open_document(encrypted_pdf(tmp_path / "locked.pdf"))
+    (tmp_path / "none.pdf").write_bytes(blank_pdf(0, (612, 792)))
+    with pytest.raises(ImageError) as caught:
+        open_document(tmp_path / "none.pdf")
+    assert "with no pages" in str(caught.value) and "password" not in str(caught.value)
+
+
 def write_tiff(path: Path, sizes: list[tuple[int, int]]) -> Path:
     """A multi-page TIFF (a scan), one page per size in pixels, each page a different grey."""
     pages = [Image.new("L", size, 40 * (n + 1)) for n, size in enumerate(sizes)]
