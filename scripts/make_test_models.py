@@ -957,29 +957,42 @@ def _is_current(path: Path) -> bool:
         return False
 
 
+def test_models_table() -> dict[str, str]:
+    """scripts/test_models.tsv: each test model's key and file name, in the order they are made."""
+    rows = (line.split() for line in (ROOT / "scripts" / "test_models.tsv").read_text().splitlines())
+    return {row[0]: row[1] for row in rows if row and not row[0].startswith("#")}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out-dir", type=Path, default=ROOT / "models" / "test")
     args = parser.parse_args()
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    made = [
-        copy_text_model(args.out_dir),
-        write_projector(args.out_dir / "mmproj-test-336.gguf", image_size=336),
-        write_projector(args.out_dir / "mmproj-test-112.gguf", image_size=112, seed=1),
-        write_projector(args.out_dir / "mmproj-test-next-112.gguf", image_size=112, seed=2, next_style=True),
-        write_qwen2vl_text(args.out_dir / "qwen2vl-test.gguf", args.out_dir / TEXT_MODEL_NAME),
-        write_qwen25vl_projector(args.out_dir / "mmproj-qwen2.5vl-test.gguf"),
-        write_qwen3vl_text(args.out_dir / "qwen3vl-test.gguf", args.out_dir / TEXT_MODEL_NAME),
-        write_qwen3vl_projector(args.out_dir / "mmproj-qwen3vl-test.gguf"),
-        write_gemma3_text(args.out_dir / "gemma3-test.gguf", args.out_dir / TEXT_MODEL_NAME),
-        write_gemma3_projector(args.out_dir / "mmproj-gemma3-test.gguf"),
-        write_smolvlm_text(args.out_dir / "smolvlm-test.gguf", args.out_dir / TEXT_MODEL_NAME),
-        write_idefics3_projector(args.out_dir / "mmproj-idefics3-test.gguf"),
-        write_lfm2_text(args.out_dir / "lfm2-test.gguf", args.out_dir / TEXT_MODEL_NAME),
-        write_lfm2_projector(args.out_dir / "mmproj-lfm2-test.gguf"),
-        write_gemma4_text(args.out_dir / "gemma4-test.gguf", args.out_dir / TEXT_MODEL_NAME),
-        write_gemma4_projector(args.out_dir / "mmproj-gemma4-test.gguf"),
-    ]
+    out = args.out_dir
+    text = out / TEXT_MODEL_NAME
+    writers = {  # each key of scripts/test_models.tsv, and how its file is made
+        "text": lambda path: copy_text_model(out),
+        "mmproj_336": lambda path: write_projector(path, image_size=336),
+        "mmproj_112": lambda path: write_projector(path, image_size=112, seed=1),
+        "mmproj_next": lambda path: write_projector(path, image_size=112, seed=2, next_style=True),
+        "qwen_text": lambda path: write_qwen2vl_text(path, text),
+        "qwen_mmproj": write_qwen25vl_projector,
+        "qwen3_text": lambda path: write_qwen3vl_text(path, text),
+        "qwen3_mmproj": write_qwen3vl_projector,
+        "gemma_text": lambda path: write_gemma3_text(path, text),
+        "gemma_mmproj": write_gemma3_projector,
+        "smolvlm_text": lambda path: write_smolvlm_text(path, text),
+        "smolvlm_mmproj": write_idefics3_projector,
+        "lfm2_text": lambda path: write_lfm2_text(path, text),
+        "lfm2_mmproj": write_lfm2_projector,
+        "gemma4_text": lambda path: write_gemma4_text(path, text),
+        "gemma4_mmproj": write_gemma4_projector,
+    }
+    table = test_models_table()
+    if set(table) != set(writers) or table["text"] != TEXT_MODEL_NAME:
+        differ = sorted(set(table) ^ set(writers)) or ["text"]
+        raise SystemExit(f"scripts/test_models.tsv and the writers disagree on {', '.join(differ)}")
+    made = [writers[key](out / name) for key, name in table.items()]  # the text model first: the rest copy it
     for path in made:
         print(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}"
               f"  {path.stat().st_size / 2**20:.1f} MiB")

@@ -15,23 +15,25 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_MODELS = ROOT / "models" / "test"
-TEXT_MODEL = TEST_MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
-MMPROJ_336 = TEST_MODELS / "mmproj-test-336.gguf"  # 576 tokens per image, like LLaVA-1.5
-MMPROJ_112 = TEST_MODELS / "mmproj-test-112.gguf"  # 64 tokens per image, for fast CLI runs
-MMPROJ_NEXT = TEST_MODELS / "mmproj-test-next-112.gguf"  # LLaVA-1.6-style: pinpoints, newline
-QWEN_TEXT = TEST_MODELS / "qwen2vl-test.gguf"  # Qwen2.5-VL-style: M-RoPE text model, 8 MB
-QWEN_MMPROJ = TEST_MODELS / "mmproj-qwen2.5vl-test.gguf"  # its dynamic-resolution merger
-QWEN3_TEXT = TEST_MODELS / "qwen3vl-test.gguf"  # Qwen3-VL-style: rows twice its width (deepstack)
-QWEN3_MMPROJ = TEST_MODELS / "mmproj-qwen3vl-test.gguf"  # learned positions, a deepstack merger
-GEMMA_TEXT = TEST_MODELS / "gemma3-test.gguf"  # Gemma-3-style: sliding-window attention, 8 MB
-GEMMA_MMPROJ = TEST_MODELS / "mmproj-gemma3-test.gguf"  # 16 tokens per image, attended both ways
-SMOLVLM_TEXT = TEST_MODELS / "smolvlm-test.gguf"  # SmolVLM-style: llama with SmolVLM's markers
-SMOLVLM_MMPROJ = TEST_MODELS / "mmproj-idefics3-test.gguf"  # images split into labelled tiles
-GEMMA4_TEXT = TEST_MODELS / "gemma4-test.gguf"  # Gemma-4-style: window and global heads, shared KV
-GEMMA4_MMPROJ = TEST_MODELS / "mmproj-gemma4-test.gguf"  # 70..1120 tokens by size, attended both ways
-LFM2_TEXT = TEST_MODELS / "lfm2-test.gguf"  # LFM2-style hybrid: convolution (recurrent) + attention
-LFM2_MMPROJ = TEST_MODELS / "mmproj-lfm2-test.gguf"
 
+
+def _test_model_files() -> dict[str, Path]:
+    """scripts/test_models.tsv: each test model's key and file (what the writer makes)."""
+    rows = (line.split() for line in (ROOT / "scripts" / "test_models.tsv").read_text().splitlines())
+    return {row[0]: TEST_MODELS / row[1] for row in rows if row and not row[0].startswith("#")}
+
+
+MODEL_FILES = _test_model_files()
+TEXT_MODEL = MODEL_FILES["text"]  # SmolLM2-135M: the text model of every LLaVA-style pair
+MMPROJ_336 = MODEL_FILES["mmproj_336"]  # 576 tokens per image, like LLaVA-1.5
+MMPROJ_112 = MODEL_FILES["mmproj_112"]  # 64 tokens per image, for fast CLI runs
+MMPROJ_NEXT = MODEL_FILES["mmproj_next"]
+QWEN_TEXT, QWEN_MMPROJ = MODEL_FILES["qwen_text"], MODEL_FILES["qwen_mmproj"]
+QWEN3_TEXT, QWEN3_MMPROJ = MODEL_FILES["qwen3_text"], MODEL_FILES["qwen3_mmproj"]
+GEMMA_TEXT, GEMMA_MMPROJ = MODEL_FILES["gemma_text"], MODEL_FILES["gemma_mmproj"]
+SMOLVLM_TEXT, SMOLVLM_MMPROJ = MODEL_FILES["smolvlm_text"], MODEL_FILES["smolvlm_mmproj"]
+GEMMA4_TEXT, GEMMA4_MMPROJ = MODEL_FILES["gemma4_text"], MODEL_FILES["gemma4_mmproj"]
+LFM2_TEXT, LFM2_MMPROJ = MODEL_FILES["lfm2_text"], MODEL_FILES["lfm2_mmproj"]
 
 def load_script(name: str) -> ModuleType:
     """A module from scripts/ (the test-model writers), imported without touching sys.path."""
@@ -46,17 +48,15 @@ def load_script(name: str) -> ModuleType:
 
 
 def _ensure_test_models() -> None:
-    if not all(p.exists() for p in (TEXT_MODEL, MMPROJ_336, MMPROJ_112, MMPROJ_NEXT, QWEN_TEXT,
-                                    QWEN_MMPROJ, GEMMA_TEXT, GEMMA_MMPROJ, SMOLVLM_TEXT, SMOLVLM_MMPROJ,
-                                    LFM2_TEXT, LFM2_MMPROJ, GEMMA4_TEXT, GEMMA4_MMPROJ, QWEN3_TEXT,
-                                    QWEN3_MMPROJ)):
+    if not all(path.exists() for path in MODEL_FILES.values()):
         subprocess.run([sys.executable, str(ROOT / "scripts" / "make_test_models.py")], check=True)
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Under pytest-xdist (`make test` runs a worker per core), each worker keeps to its own
-    cores, and so do the commands it starts: llama.cpp's threads spin while they wait, and two
-    engines of two threads each on two cores ran several times slower than one."""
+    """Under pytest-xdist (`make test` runs a worker per core and one more), each worker keeps to
+    one core, and so do the commands it starts: llama.cpp's threads spin while they wait, and two
+    engines of two threads each on two cores ran several times slower than one. One thread per
+    engine never spins, so two workers may share a core (the extra one fills the others' waits)."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if worker.startswith("gw") and count > 1 and hasattr(os, "sched_setaffinity"):
@@ -69,13 +69,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def test_models() -> dict[str, Path]:
     """Paths of the generated test models."""
     _ensure_test_models()
-    return {"text": TEXT_MODEL, "mmproj_336": MMPROJ_336, "mmproj_112": MMPROJ_112,
-            "mmproj_next": MMPROJ_NEXT, "qwen_text": QWEN_TEXT, "qwen_mmproj": QWEN_MMPROJ,
-            "gemma_text": GEMMA_TEXT, "gemma_mmproj": GEMMA_MMPROJ,
-            "smolvlm_text": SMOLVLM_TEXT, "smolvlm_mmproj": SMOLVLM_MMPROJ,
-            "lfm2_text": LFM2_TEXT, "lfm2_mmproj": LFM2_MMPROJ,
-            "gemma4_text": GEMMA4_TEXT, "gemma4_mmproj": GEMMA4_MMPROJ,
-            "qwen3_text": QWEN3_TEXT, "qwen3_mmproj": QWEN3_MMPROJ}
+    return dict(MODEL_FILES)
 
 
 def make_engine(mmproj: Path, *, n_ctx: int = 2048, n_batch: int = 512,  # noqa: ANN201
