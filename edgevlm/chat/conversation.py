@@ -341,17 +341,17 @@ class Conversation:
             on_progress: Callable[[PrefillProgress], None] | None = None,
             on_answered: Callable[[TurnStats], None] | None = None,
             started: float | None = None, new_request: bool = True,
-            transcribed: bool = False, labels: Sequence[str | None] | None = None) -> tuple[str, TurnStats]:
+            transcribed: bool = False, labels: Sequence[str | None] | None = None,
+            again: Sequence[ShownImage | None] = ()) -> tuple[str, TurnStats]:
         """One user turn (optionally with an image, or several: `images`, shown in order and
         sharing the room) and the streamed answer. With transcribed (a document's page), the
         answer is the transcript: the swap later leaves the page's name alone in its place.
         `labels`, one per image, is the text before each (a video frame's time), in every family.
-
-        The answered images stay live; their summaries are made later (summarise_pending, in idle
-        time), or at the start of a turn that cannot go on without it. on_answered gets the
-        turn's numbers once the answer is complete. With new_request False, the engine's meter
-        goes on counting from an earlier step.
-        """
+        `again`, one per image, names the earlier image it shows again (chat/look.py): labelled
+        "Image N (shown again):", kept under its own number, and swapped back to the summary it
+        already has after the answer. The answered images stay live; their summaries are made in
+        idle time, or at the start of a turn that cannot go on without it. on_answered gets the
+        turn's numbers once the answer is complete. new_request False: the meter goes on counting."""
         if new_request:
             self.sequence.begin_request(started=started)
         shown = [image] if image is not None else list(images)
@@ -363,6 +363,7 @@ class Conversation:
         question = question.strip() or (DEFAULT_QUESTION if loaded else "")
         if not question:
             raise EmptyMessageError("nothing to ask: the message is empty")
+        again, labels = _shown_again(again, labels, len(loaded))
         parts = self._parts(self.turn + 1, question, images=len(loaded), label_texts=labels)
         self._check_budget(parts)
         overflow = self.kv_tokens + parts.fixed + parts.image_floor > self.sequence.n_ctx
@@ -378,26 +379,35 @@ class Conversation:
         stats = self._turn_stats(parts.turn, plan, generated, dropped=dropped, wait_s=wait_s,
                                  completion_tokens=len(answer_tokens), prompt_tokens=prompt_tokens,
                                  tiles=tiles, image_tokens=image_tokens, canvases=canvases)
-        self._keep_turn(stats, question, answer, loaded, interrupted=interrupted, transcribed=transcribed)
+        self._keep_turn(stats, question, answer, loaded, interrupted=interrupted, transcribed=transcribed,
+                        again=again)
         if on_answered is not None:
             on_answered(stats)
         return answer, stats
 
     def _keep_turn(self, stats: TurnStats, question: str, answer: str, images: list[LoadedImage], *,
-                   interrupted: bool, transcribed: bool = False) -> None:
+                   interrupted: bool, transcribed: bool = False,
+                   again: Sequence[ShownImage | None] = ()) -> None:
         """The finished turn's record, and its images live with their summaries pending (none in
         describe's mode), numbered on from the images seen before. A transcribed page's summary
-        is empty: its answer already holds all of it, and the cache should not hold it twice."""
-        first = self.images_seen + 1
+        is empty: its answer already holds all of it, and the cache should not hold it twice. An
+        image shown again keeps its number and goes back to the summary it has."""
+        number = self.images_seen
         groups = shown_groups(images)
+        shown = []
         for entry, group in enumerate(groups):
-            live = LiveImage(stats.turn, first + entry, group.name, slot=group.first, of=len(groups),
-                             span=len(group.images), entry=entry,
-                             caption="" if transcribed and not interrupted else None)
-            self.swap.live.append(live)
-        shown = [ShownImage(group.key, first + entry) for entry, group in enumerate(groups)]
+            earlier = again[group.first] if again and len(group.images) == 1 else None
+            if earlier is None:
+                number += 1
+            index, caption = (earlier.index, earlier.summary or "") if earlier else (number, None)
+            if caption is None and transcribed and not interrupted:
+                caption = ""
+            self.swap.live.append(LiveImage(stats.turn, index, group.name, slot=group.first, of=len(groups),
+                                            span=len(group.images), entry=entry, caption=caption))
+            shown.append(ShownImage(group.key, index, earlier.summary if earlier else None))
         self.log.add(TurnRecord.showing(shown, turn=stats.turn, user=question, answer=answer,
-                                        interrupted=interrupted, stats=to_plain(stats)))
+                                        interrupted=interrupted, stats=to_plain(stats),
+                                        again=tuple(earlier.index for earlier in again if earlier)))
 
     def ask_again(self, question: str, *, on_piece: Callable[[str], None] | None = None,
                   started: float | None = None) -> tuple[str, TurnStats]:
@@ -645,3 +655,16 @@ class _TurnProgress:
             report(PrefillProgress(views_before + p.views_done, sum(self._views),
                                    tokens_before + p.tokens_done, sum(self._tokens), p.stage))
         return step
+
+
+def _shown_again(again: Sequence[ShownImage | None], labels: Sequence[str | None] | None, n_images: int
+                 ) -> tuple[list[ShownImage | None], Sequence[str | None] | None]:
+    """One entry per image of a turn, the earlier image it shows again or None for a new one;
+    and the labels, "Image N (shown again):" before each one shown again, unless given."""
+    if not again:
+        return [None] * n_images, labels
+    if len(again) != n_images:
+        raise ValueError(f"{len(again)} earlier images named for {n_images} shown")
+    if labels is None:
+        labels = [f"Image {earlier.index} (shown again):" if earlier else None for earlier in again]
+    return list(again), labels

@@ -122,6 +122,7 @@ class TurnRecord:
     interrupted: bool = False
     stats: dict[str, object] = field(default_factory=dict)
     more_images: tuple[ShownImage, ...] = ()  # the turn's second and later images, in order
+    again: tuple[int, ...] = ()  # the numbers of earlier images it showed again (chat/look.py)
 
     @property
     def shown(self) -> tuple[ShownImage, ...]:
@@ -132,8 +133,9 @@ class TurnRecord:
 
     @property
     def image_key(self) -> str | None:
-        """The turn's image names as one key (what a resent turn is matched on), None without."""
-        return image_key([i.image for i in self.shown])
+        """The turn's image names as one key (what a resent turn is matched on), None without;
+        an image shown again is not the client's: its resent message does not hold it."""
+        return image_key([i.image for i in self.shown if i.index not in self.again])
 
     @property
     def last_image_index(self) -> int:
@@ -154,7 +156,8 @@ class TurnRecord:
         """A record as to_plain wrote it (a transcript's row); unknown keys are ignored."""
         known = {k: v for k, v in row.items() if k in cls.__dataclass_fields__}
         more = tuple(ShownImage(**m) for m in known.pop("more_images", None) or ())
-        return cls(**known, more_images=more)
+        again = tuple(known.pop("again", None) or ())
+        return cls(**known, more_images=more, again=again)
 
     def with_summary(self, slot: int, summary: str | None) -> TurnRecord:
         """The record with its slot-th image's summary made (a slot it does not have: as it is)."""

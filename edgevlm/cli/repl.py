@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -14,7 +15,8 @@ from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 from rich.console import Console
 
 from edgevlm.chat.conversation import DEFAULT_QUESTION, Conversation
-from edgevlm.chat.records import TurnRecord, TurnStats, to_plain
+from edgevlm.chat.look import referenced_images
+from edgevlm.chat.records import ShownImage, TurnRecord, TurnStats, to_plain
 from edgevlm.chat.settings import SettingsChange
 from edgevlm.chat.worker import SequenceWorker
 from edgevlm.cli.options import flag_word, parse_detail, parse_pool, parse_tiles
@@ -199,7 +201,7 @@ class ChatRepl:
             elif line.startswith("/"):
                 return self._command(line)
             else:
-                self._turn(line, [])
+                self._look(line, referenced_images(line, self.conversation.images_seen))
         except Interrupted as exc:
             self._note(str(exc))
         except EdgeVLMError as exc:
@@ -225,6 +227,12 @@ class ChatRepl:
             self._read_document(rest.strip())
         elif name == "/video":
             self._read_video(rest.strip())
+        elif name == "/look":
+            numbers, _, question = rest.strip().partition(" ")
+            if not re.fullmatch(r"\d+(,\d+)*", numbers):
+                self._error("usage: /look N[,M…] [question] (N: an earlier image's number, as /stats counts)")
+            else:
+                self._look(question, [int(n) for n in numbers.split(",")], asked=True)
         elif name == "/tiles":
             self._set_tiles(rest.strip())
         elif name == "/pool":
@@ -247,8 +255,37 @@ class ChatRepl:
 
     # -- turns ------------------------------------------------------------------------------
 
+    def _look(self, question: str, numbers: Sequence[int], *, asked: bool = False) -> None:
+        """A question about earlier images: each one named that is a summary by now is shown again
+        for it (a photo's file read again, its rows from the projector cache), the rest as they
+        are; with none to show, a plain follow-up. `/look` (asked) says why an image is not."""
+        shown = {image.index: image for record in self.conversation.records for image in record.shown}
+        again: list[ShownImage] = []
+        for number in numbers:
+            earlier = shown.get(number)
+            if earlier is None:
+                if asked:
+                    self._error(f"/look {number}: no image {number} yet "
+                                f"({self.conversation.images_seen} shown so far)")
+                    return
+            elif earlier.summary is None:
+                if asked:
+                    self._note(f"image {number} is still in the cache: the question is asked of it as it is")
+            elif "#" in earlier.image:  # a page (doc.pdf#page=3) or a frame: read as text already
+                if asked:
+                    self._note(f"image {number} is a page or a video frame: its transcript answers")
+            elif not Path(earlier.image).is_file():
+                self._note(f"image {number} ({earlier.image}) is no longer there to show again; "
+                           "its summary answers")
+            else:
+                again.append(earlier)
+        if asked and not question and not again:
+            return
+        self._turn(question, [earlier.image for earlier in again], again=again)
+
     def _turn(self, question: str, image_paths: Sequence[str | DocumentPage | LoadedImage], *,
-              transcribed: bool = False, labels: Sequence[str] | None = None) -> None:
+              transcribed: bool = False, labels: Sequence[str] | None = None,
+              again: Sequence[ShownImage] = ()) -> None:
         self.worker.settle()  # at most one decode step; the turn's clock starts after it
         started = time.perf_counter()
         images = [path if isinstance(path, LoadedImage) else
@@ -263,7 +300,7 @@ class ChatRepl:
                     lambda: self.conversation.ask(question or (DEFAULT_QUESTION if images else ""),
                                                   images=images, on_piece=self._write_piece,
                                                   on_progress=self._prefill.update, started=started,
-                                                  transcribed=transcribed, labels=labels))
+                                                  transcribed=transcribed, labels=labels, again=again))
         finally:
             self._prefill.clear()
         self.out.write("\n")

@@ -9,6 +9,10 @@ Type a question, or:
                            as text, then ask about it
   /video CLIP.mp4          read a video window by window (8 frames, or pairs, each), each window's
                            description kept as text, then ask about it
+  /look N [question]       show an earlier image (by its number) again for this question; a
+                           question naming one ("image 2", "the first photo", "the previous
+                           one") does the same. Its rows come from the cache; after the answer
+                           it is its summary again
   /tiles auto|N            close-up tiles per image (0: global view only)
   /pool auto|1|2           pool tiles 2x2 (576 -> 144 tokens each): more tiles, faster, less detail
   /detail TASK             what images are for: caption (few tokens), chat, ocr or grounding

@@ -333,7 +333,7 @@ def test_two_images_in_one_question_are_kept_and_resumed_each_with_its_summary(
     saved = load_transcript(tmp_path / "session.jsonl").records[0]
     assert saved.summary is not None and saved.more_images[0].summary is not None  # each its own
     resumed = invoke_cli(*_args(test_models, tmp_path, "--resume", str(tmp_path / "session.jsonl")),
-                      stdin="the second one?\n")
+                      stdin="and which is bluer?\n")
     assert resumed.returncode == 0, resumed.stderr
     assert _turns(tmp_path / "session.jsonl")[-1]["stats"]["clip_encodes"] == 0  # summaries, no CLIP
 
@@ -447,3 +447,37 @@ def test_pool_on_a_family_that_pools_itself_is_one_line_and_the_chat_goes_on(
     assert refused.returncode == 2 and "pool" in refused.stderr
     # the same words, each face naming the setting its own way (--pool on the command line)
     assert "pool" in refusals[0] and refusals[0].split(":")[-1].strip() in refused.stderr.replace("--", "")
+
+
+@pytest.mark.usefixtures("fake_engines")
+@pytest.mark.parametrize("family", ["llava", "qwen"])
+def test_an_earlier_image_named_by_a_question_is_shown_again_without_an_encode(
+        family: str, test_models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 52: after the swap, "image 1" brings image 1 back live for the turn (its rows from
+    the projector cache: no encode), labelled as shown again, and it is its summary again after."""
+    monkeypatch.delenv("EDGEVLM_NO_CACHE")  # the projector rows are what makes a second look free
+    photos = []
+    for n, colour in enumerate([(220, 30, 30), (30, 220, 30), (30, 30, 220)], 1):
+        photos.append(tmp_path / f"photo{n}.jpg")
+        Image.new("RGB", (640, 480), colour).save(photos[-1])
+    text, mmproj = ("text", "mmproj_112") if family == "llava" else ("qwen_text", "qwen_mmproj")
+    args = ["chat", "--model", str(test_models[text]), "--mmproj", str(test_models[mmproj]),
+            "--n-ctx", "4096", "--max-tokens", "8", "--session", str(tmp_path / "s.jsonl")]
+    stats = tmp_path / "stats.jsonl"
+    script = "".join(f"/image '{p}' what is this?\n" for p in photos)
+    script += "what did image 1 show?\n/look 2\n/stats\n"
+    result = invoke_cli(*args, "--stats-json", str(stats), stdin=script)
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in stats.read_text().splitlines()]
+    assert len(rows) == 5
+    first, looked, second = rows[0], rows[3], rows[4]
+    assert looked["clip_encodes"] == 0 and looked["visual_tokens"] == first["visual_tokens"]
+    assert second["clip_encodes"] == 0 and second["visual_tokens"] == rows[1]["visual_tokens"]
+    # the prefill is the image again, its label and the question, not the history before it
+    assert looked["prefill_tokens"] <= first["prefill_tokens"] + 16  # "Image 1 (shown again):"
+    assert looked["visual_tokens_live"] == first["visual_tokens"]  # images 2 and 3 are summaries
+    assert second["visual_tokens_live"] == second["visual_tokens"]  # image 1 is its summary again
+    turns = _turns(tmp_path / "s.jsonl")
+    assert turns[3]["image"] == str(photos[0]) and turns[3]["image_index"] == 1
+    assert load_transcript(tmp_path / "s.jsonl").records[-1].image_index == 2  # numbered as before
+    assert "images 3 " in result.stderr  # three images seen, not five

@@ -84,3 +84,30 @@ def test_a_multi_page_tiff_file_part_is_read_as_pages(served: tuple[OpenAI, Serv
         client.chat.completions.create(model=state.model.id,
                                        messages=[{"role": "user", "content": [not_a_tiff, question]}])
     assert refused.value.body["message"].endswith(": file_data is not a TIFF")
+
+
+def test_a_resent_question_naming_an_earlier_photo_shows_it_again(
+        served: tuple[OpenAI, ServerState, str]) -> None:
+    """Issue 52 through the API: a message without images of its own that names "image 1" gets
+    image 1 back live for its turn from the history's upload (its rows from the cache: no
+    encode), and image 1 is its summary again after; the next resent request matches the cache."""
+    client, state, family = served
+    history: list[dict[str, object]] = []
+    numbers = []
+    for seed in (21, 22):
+        history.append(image_message("What is in this photo?", seed=seed))
+        answer = client.chat.completions.create(model=state.model.id, messages=history, temperature=0)
+        history.append({"role": "assistant", "content": answer.choices[0].message.content})
+        numbers.append(answer.model_extra["edgevlm"])
+        state.scheduler.drain()
+    history.append({"role": "user", "content": "What did image 1 show?"})
+    looked = client.chat.completions.create(model=state.model.id, messages=history, temperature=0)
+    shown = looked.model_extra["edgevlm"]
+    assert shown["clip_encodes"] == 0 and shown["visual_tokens"] == numbers[0]["visual_tokens"], family
+    state.scheduler.drain()
+    state.scheduler.session.conversation.check()
+    history += [{"role": "assistant", "content": looked.choices[0].message.content},
+                {"role": "user", "content": "Thanks."}]
+    after = client.chat.completions.create(model=state.model.id, messages=history, temperature=0)
+    assert after.model_extra["edgevlm"]["visual_tokens_live"] == 0  # image 1 is its summary again
+    assert after.usage.prompt_tokens - after.usage.prompt_tokens_details.cached_tokens < 40  # matched

@@ -1,0 +1,39 @@
+"""Which earlier images a question refers to (chat/look.py): pure, so held by examples and
+properties; the turn that shows them again is in tests/cli/test_repl.py."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from edgevlm.chat.look import referenced_images
+
+
+def test_numbers_ordinals_and_positions_name_earlier_images() -> None:
+    assert referenced_images("What did the sign in image 2 say?", 5) == [2]
+    assert referenced_images("Compare photos 1 and 3", 5) == [1, 3]
+    assert referenced_images("Is the crack in photo 3 wider than in photo #1?", 5) == [3, 1]
+    assert referenced_images("compare this with the first photo", 4) == [1]
+    assert referenced_images("What was in the previous image?", 4) == [4]
+    assert referenced_images("What do the last two photos share?", 4) == [3, 4]
+    assert referenced_images("And the second one?", 4) == [2]
+
+
+def test_a_question_that_names_no_earlier_image_shows_none_again() -> None:
+    assert referenced_images("What colour is it?", 5) == []
+    assert referenced_images("Describe image 9", 5) == []  # not shown yet
+    assert referenced_images("What was in the previous image?", 0) == []
+    assert referenced_images("an imaginary picture frame", 3) == []  # no number, no position
+
+
+@given(st.text(max_size=200), st.integers(0, 50))
+def test_what_comes_back_is_earlier_images_each_once(question: str, seen: int) -> None:
+    found = referenced_images(question, seen)
+    assert all(1 <= n <= seen for n in found) and len(found) == len(set(found))
+    assert found == referenced_images(question, seen)  # the same question, the same images
+
+
+@given(st.lists(st.integers(1, 30), min_size=1, max_size=4, unique=True), st.integers(0, 30))
+def test_every_number_a_question_names_comes_back_if_shown(numbers: list[int], seen: int) -> None:
+    question = "Compare " + " and ".join(f"image {n}" for n in numbers) + "."
+    assert referenced_images(question, seen) == [n for n in numbers if n <= seen]
