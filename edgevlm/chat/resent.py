@@ -119,6 +119,7 @@ class ChatTurn:
     question: str
     images: tuple[ChatImage, ...]
     settings: ChatSettings
+    look: tuple[int, ...] | None = None  # earlier images to show again (None: those the question names)
 
     @property
     def image(self) -> ChatImage | None:
@@ -158,27 +159,29 @@ class ResentChat:
         for group, uploads in grouped(turn.images):
             self._digests[group.key] = group_digest(uploads)
         labels = _frame_labels(conversation.layout.frames, turn.images)
-        images, again = [image.image for image in turn.images], self._shown_again(turn)
+        again = self._shown_again(turn)
         answer, stats = conversation.ask(
-            turn.question, images=images or [image for image, _ in again], on_piece=on_piece,
-            labels=labels if any(label is not None for label in labels) else None,
-            again=[earlier for _, earlier in again] if not images else (),
+            turn.question, images=[image.image for image in turn.images] + [image for image, _ in again],
+            on_piece=on_piece, labels=labels + [None] * len(again) if any(labels) else None,
+            again=[None] * len(turn.images) + [earlier for _, earlier in again] if again else (),
             on_progress=on_progress, new_request=False,
             on_answered=(lambda stats: on_answered(_reused(stats, side_work, dropped)))
             if on_answered else None)
         return answer, _reused(stats, side_work, dropped)
 
     def _shown_again(self, turn: ChatTurn) -> list[tuple[LoadedImage, ShownImage]]:
-        """The earlier photos a message without images of its own names ("image 1", "the first
-        photo": chat/look.py), each with what the conversation holds of it (its number and
-        summary), to be shown again for this turn from the history's own upload (its projector
-        rows from the cache). A photo still live, a page or a frame is asked about as it is."""
-        if turn.images:
-            return []
+        """The earlier photos `edgevlm.look` asks for, or that a message without images of its own
+        names ("image 1", "the first photo": chat/look.py), each with what the conversation holds
+        of it (its number and summary), to be shown again for this turn from the history's own
+        upload (its projector rows from the cache). A photo still live, a page or a frame is
+        asked about as it is."""
         uploads = [(group, images) for past in turn.past for group, images in grouped(past.images)]
+        if turn.look is None and turn.images:
+            return []  # a message's own images are numbered within it: "image 2" may be one of them
+        named = turn.look if turn.look is not None else referenced_images(turn.question, len(uploads))
         held = {image.index: image for record in self.conversation.records for image in record.shown}
         found = []
-        for number in referenced_images(turn.question, len(uploads)):
+        for number in named:
             group, images = uploads[number - 1]
             earlier = held.get(number)
             if len(images) == 1 and not images[0].image.page and earlier is not None and earlier.summary:

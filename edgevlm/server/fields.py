@@ -48,6 +48,24 @@ def stops(value: object, param: str) -> tuple[str, ...]:
     return tuple(s for s in items if s)
 
 
+MAX_LOOK = 16  # earlier images one request may show again
+
+
+def look(value: object, param: str, images_before: int) -> tuple[int, ...] | None:
+    """edgevlm's own `look`: the numbers (from 1, in message order) of earlier images in the
+    history to show again for this turn; None when absent (a question naming one still does)."""
+    if value is None:
+        return None
+    if (not isinstance(value, list) or len(value) > MAX_LOOK
+            or not all(isinstance(n, int) and not isinstance(n, bool) for n in value)):
+        raise bad_request(f"expected a list of up to {MAX_LOOK} image numbers, e.g. [1, 3]", param)
+    past = [n for n in value if not 1 <= n <= images_before]
+    if past:
+        raise bad_request(f"no image {past[0]} in the history (it holds {images_before}, numbered from 1 "
+                          "in message order)", param)
+    return tuple(dict.fromkeys(value))
+
+
 def pool(value: object, param: str) -> Changed[int | None]:
     """edgevlm's own `pool`: absent (KEEP: the server's setting), "auto" (None), 1 or 2."""
     if value is None:

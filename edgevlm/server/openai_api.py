@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 
 from edgevlm.chat.records import to_plain
-from edgevlm.chat.resent import ChatTurn
+from edgevlm.chat.resent import ChatTurn, grouped
 from edgevlm.chat.settings import KEEP, SettingsChange
 from edgevlm.chat.structured import OutputFormat
 from edgevlm.chat.tools import ToolCall
@@ -132,7 +132,7 @@ def parse_request(body: dict[str, object], state: ServerState) -> tuple[ChatTurn
     extra = body.get("edgevlm") or {}
     if not isinstance(extra, dict):
         raise bad_request("expected an object of edgevlm's own options (pool, detail, find, progress, fps, "
-                          "frame_tokens)", "edgevlm")
+                          "frame_tokens, look)", "edgevlm")
     frames = state.video_frames  # a video's frames: the family's rate, or the request's own
     if extra.get("fps") is not None:
         frames = replace(frames, fps=opt.number(extra["fps"], "edgevlm.fps", low=0.01, high=30.0))
@@ -157,7 +157,9 @@ def parse_request(body: dict[str, object], state: ServerState) -> tuple[ChatTurn
         frame_tokens=None if extra.get("frame_tokens") is None else opt.whole(
             extra["frame_tokens"], "edgevlm.frame_tokens", low=16, high=16384))
     turn = chat_turn(messages, change, lambda change: state.settings_for(change, OPENAI_PARAMS), tools)
-    return (replace(turn, question=find.question) if find is not None else turn), AnswerShape(tools, output)
+    looked = opt.look(extra.get("look"), "edgevlm.look", sum(len(grouped(p.images)) for p in turn.past))
+    turn = replace(turn, look=looked, question=find.question if find is not None else turn.question)
+    return turn, AnswerShape(tools, output)
 
 
 @dataclass(frozen=True)

@@ -84,6 +84,7 @@ class ChatMessage(_Open):
 
 class EdgevlmOptions(_Open):
     pool: Literal["auto", 1, 2] | None = None
+    look: list[Annotated[int, Field(ge=1)]] | None = Field(None, max_length=16)
     progress: bool | None = None
     fps: float | None = Field(None, ge=0.01, le=30)
     frame_tokens: int | None = Field(None, ge=16, le=16384)

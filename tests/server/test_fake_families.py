@@ -111,3 +111,25 @@ def test_a_resent_question_naming_an_earlier_photo_shows_it_again(
     after = client.chat.completions.create(model=state.model.id, messages=history, temperature=0)
     assert after.model_extra["edgevlm"]["visual_tokens_live"] == 0  # image 1 is its summary again
     assert after.usage.prompt_tokens - after.usage.prompt_tokens_details.cached_tokens < 40  # matched
+
+
+def test_edgevlm_look_shows_the_images_it_names_and_refuses_ones_not_in_the_history(
+        served: tuple[OpenAI, ServerState, str]) -> None:
+    client, state, family = served
+    first = image_message("What is in this photo?", seed=31)
+    answer = client.chat.completions.create(model=state.model.id, messages=[first], temperature=0)
+    shown = answer.model_extra["edgevlm"]["visual_tokens"]
+    state.scheduler.drain()
+    history = [first, {"role": "assistant", "content": answer.choices[0].message.content},
+               {"role": "user", "content": "Is it brighter than the sky?"}]  # names no image
+    plain = client.chat.completions.create(model=state.model.id, messages=history, temperature=0)
+    assert plain.model_extra["edgevlm"]["visual_tokens"] == 0
+    state.scheduler.drain()
+    looked = client.chat.completions.create(model=state.model.id, messages=history, temperature=0,
+                                            extra_body={"edgevlm": {"look": [1]}})
+    assert looked.model_extra["edgevlm"]["visual_tokens"] == shown, family
+    assert looked.model_extra["edgevlm"]["clip_encodes"] == 0
+    with pytest.raises(BadRequestError) as refused:
+        client.chat.completions.create(model=state.model.id, messages=history,
+                                       extra_body={"edgevlm": {"look": [2]}})
+    assert refused.value.body["param"] == "edgevlm.look" and "no image 2" in refused.value.body["message"]
