@@ -379,6 +379,7 @@ class Conversation:
         stats = self._turn_stats(parts.turn, plan, generated, dropped=dropped, wait_s=wait_s,
                                  completion_tokens=len(answer_tokens), prompt_tokens=prompt_tokens,
                                  tiles=tiles, image_tokens=image_tokens, canvases=canvases)
+        stats = replace(stats, shown_again=tuple(earlier.index for earlier in again if earlier))
         self._keep_turn(stats, question, answer, loaded, interrupted=interrupted, transcribed=transcribed,
                         again=again)
         if on_answered is not None:

@@ -107,6 +107,7 @@ class TurnStats:
     restore_s: float = 0.0  # restoring it (part of TTFT; prefill_s is what was decoded)
     image_tokens: tuple[int, ...] = ()  # each of the turn's images' visual tokens, in order
     canvas_sizes: tuple[tuple[int, int], ...] = ()  # … and each one's canvas (canvas_size for all)
+    shown_again: tuple[int, ...] = ()  # the numbers of earlier images shown again (chat/look.py)
 
 
 @dataclass(frozen=True)

@@ -205,6 +205,7 @@ def edgevlm_numbers(answered: Answered, n_ctx: int) -> dict[str, object]:
             "dropped_turns": s.dropped_turns, "queue_s": round(answered.queue_s, 4),
             "summary_wait_s": round(s.summary_wait_s, 4), "ttft_s": round(s.ttft_s, 4),
             "decode_tok_s": round(s.decode_tok_s, 2), "image_tokens": list(s.image_tokens),
+            "shown_again": list(s.shown_again),
             "kv": _kv_split(s, n_ctx)}
 
 

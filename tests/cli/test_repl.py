@@ -472,6 +472,7 @@ def test_an_earlier_image_named_by_a_question_is_shown_again_without_an_encode(
     assert len(rows) == 5
     first, looked, second = rows[0], rows[3], rows[4]
     assert looked["clip_encodes"] == 0 and looked["visual_tokens"] == first["visual_tokens"]
+    assert (looked["shown_again"], second["shown_again"], first["shown_again"]) == ([1], [2], [])
     assert second["clip_encodes"] == 0 and second["visual_tokens"] == rows[1]["visual_tokens"]
     # the prefill is the image again, its label and the question, not the history before it
     assert looked["prefill_tokens"] <= first["prefill_tokens"] + 16  # "Image 1 (shown again):"

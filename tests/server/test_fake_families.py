@@ -129,6 +129,7 @@ def test_edgevlm_look_shows_the_images_it_names_and_refuses_ones_not_in_the_hist
                                             extra_body={"edgevlm": {"look": [1]}})
     assert looked.model_extra["edgevlm"]["visual_tokens"] == shown, family
     assert looked.model_extra["edgevlm"]["clip_encodes"] == 0
+    assert looked.model_extra["edgevlm"]["shown_again"] == [1]  # the block says what came back
     with pytest.raises(BadRequestError) as refused:
         client.chat.completions.create(model=state.model.id, messages=history,
                                        extra_body={"edgevlm": {"look": [2]}})
