@@ -535,6 +535,10 @@ def _brief(stats: TurnStats, n_ctx: int) -> str:
     if stats.prefix_cache in ("ram", "disk"):
         tier = "RAM" if stats.prefix_cache == "ram" else "disk"
         parts.append(f"photo's prefix from {tier} in {stats.restore_s:.2f} s")
+    if stats.shown_again:
+        numbers = ", ".join(map(str, stats.shown_again))
+        parts.append(f"image{'s' if len(stats.shown_again) > 1 else ''} {numbers} shown again "
+                     f"({stats.clip_encodes} encodes)")
     if stats.summary_wait_s:
         parts.append(f"waited {stats.summary_wait_s:.2f} s for the earlier photo's summary")
     if stats.dropped_turns:

@@ -482,3 +482,15 @@ def test_an_earlier_image_named_by_a_question_is_shown_again_without_an_encode(
     assert turns[3]["image"] == str(photos[0]) and turns[3]["image_index"] == 1
     assert load_transcript(tmp_path / "s.jsonl").records[-1].image_index == 2  # numbered as before
     assert "images 3 " in result.stderr  # three images seen, not five
+
+
+def test_the_stats_line_says_which_images_came_back_and_what_they_cost() -> None:
+    from edgevlm.chat.records import TurnStats
+    from edgevlm.cli.repl import _brief
+
+    stats = TurnStats(turn=4, prefill_tokens=80, kv_tokens=300, visual_tokens_live=64, clip_encodes=0,
+                      ttft_s=0.2, decode_tok_s=30.0, completion_tokens=8, visual_tokens=64, prompt_tokens=90,
+                      shown_again=(1, 3))
+    line = _brief(stats, 2048)
+    assert "images 1, 3 shown again (0 encodes)" in line and "64 visual tokens" in line
+    assert "shown again" not in _brief(TurnStats(**{**stats.__dict__, "shown_again": ()}), 2048)
