@@ -185,8 +185,12 @@ def test_a_conversation_with_photos_in_the_page(server: str, browser: webdriver.
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     browser.save_screenshot(str(ARTIFACTS / "page.png"))
 
+    _send(browser, "What did image 1 show?")  # image 1 comes back for this turn (issue 52)
+    _wait_for_states(browser, "done", "done", "done", "done")
+    assert "image 1 shown again" in _turns(browser)[3].find_element(By.CSS_SELECTOR, ".numbers").text
+
     browser.refresh()
-    _wait_for_states(browser, "done", "done", "done")
+    _wait_for_states(browser, "done", "done", "done", "done")
     again = _turns(browser)
     assert again[0].find_element(By.CSS_SELECTOR, ".user-text").text == "What is in this photo?"
     assert len(again[0].find_elements(By.CSS_SELECTOR, ".tile")) == cols * rows
@@ -195,12 +199,12 @@ def test_a_conversation_with_photos_in_the_page(server: str, browser: webdriver.
     broken = tmp_path / "broken.jpg"
     broken.write_bytes(b"\xff\xd8\xff\xe0 this is not really a JPEG")
     _send(browser, "What about this one?", attach=broken)
-    _wait_for_states(browser, "done", "done", "done", "error")
-    error = _turns(browser)[3].find_element(By.CSS_SELECTOR, ".image-error")
+    _wait_for_states(browser, "done", "done", "done", "done", "error")
+    error = _turns(browser)[4].find_element(By.CSS_SELECTOR, ".image-error")
     assert error.is_displayed() and "image" in error.text.lower()
 
     _send(browser, "Still there?")  # the refused image is left out; the chat goes on
-    _wait_for_states(browser, "done", "done", "done", "error", "done")
+    _wait_for_states(browser, "done", "done", "done", "done", "error", "done")
 
 
 @pytest.mark.slow

@@ -287,6 +287,8 @@ function numbersText(n) {
   const cached = n.cached_tokens ? ` (${n.cached_tokens} cached)` : "";
   return `TTFT ${n.ttft_s.toFixed(2)} s · decode ${n.decode_tok_s.toFixed(1)} tok/s · ` +
     `prefill ${n.prefill_tokens} tokens${cached} · CLIP ${n.clip_encodes}` +
+    (n.shown_again && n.shown_again.length
+      ? ` · image${n.shown_again.length > 1 ? "s" : ""} ${n.shown_again.join(", ")} shown again` : "") +
     (n.summary_wait_s ? ` · waited ${n.summary_wait_s.toFixed(2)} s for the earlier photo's summary` : "");
 }
 
