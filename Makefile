@@ -45,8 +45,16 @@ PYTEST_WORKERS ?= -n $(shell echo $$(( $$(nproc) + 1 ))) --dist worksteal
 CLIENTS_VENV := .venv-llama-index
 LLAMA_INDEX_VERSION := 0.8.1
 CLIENTS_STAMP := $(CLIENTS_VENV)/.edgevlm-llama-index-$(LLAMA_INDEX_VERSION)
+# transformers, the reference implementation tests/parity/ compares each family with, in a venv of
+# its own (edgevlm/parity/reference.py runs there; torch and transformers never load into .venv).
+# torch==2.13.0 is the CPU build on this workplace's index (about 1.2 GB with transformers); where
+# the index only has the CUDA wheels, set PIP_EXTRA_INDEX_URL to PyTorch's CPU index.
+PARITY_VENV := .venv-parity
+TORCH_VERSION := 2.13.0
+TRANSFORMERS_VERSION := 5.25.0
+PARITY_STAMP := $(PARITY_VENV)/.edgevlm-parity-$(TORCH_VERSION)-$(TRANSFORMERS_VERSION)
 
-.PHONY: help setup models demo test test-fast test-models lint bench peers rpc-server clean
+.PHONY: help setup models demo test test-fast test-models parity-env lint bench peers rpc-server clean
 help:
 	@echo "make demo    set up, fetch LLaVA-1.5-7B (~4.7 GB) and describe $(DEMO_PHOTO)"
 	@echo "make test    set up, generate the test models and run the test suite"
@@ -54,6 +62,7 @@ help:
 	@echo "make setup   .venv with edgevlm and llama-cpp-python $(LLAMA_CPP_VERSION) built for $(BACKEND)"
 	@echo "make models  fetch the default model into models/llava-1.5-7b/"
 	@echo "make test-models  write the small test models into models/test/ (no download)"
+	@echo "make parity-env  $(PARITY_VENV) with torch (CPU) and transformers: make test then checks each family against them"
 	@echo "make bench   benchmarks on the test models"
 	@echo "make peers   build llama.cpp's own llama-mtmd-cli and llama-server (the same pinned llama.cpp) for the benchmarks"
 	@echo "make rpc-server  build llama.cpp's own ggml-rpc-server (the same llama.cpp) into peers/bin"
@@ -100,6 +109,14 @@ $(CLIENTS_STAMP):
 	$(CLIENTS_VENV)/bin/python -m pip install -q --disable-pip-version-check \
 	  llama-index-llms-openai-like==$(LLAMA_INDEX_VERSION)
 	@rm -f $(CLIENTS_VENV)/.edgevlm-* && touch $@
+
+parity-env: $(PARITY_STAMP)
+
+$(PARITY_STAMP):
+	@test -x $(PARITY_VENV)/bin/python || $(PYTHON) -m venv $(PARITY_VENV)
+	$(PARITY_VENV)/bin/python -m pip install -q --disable-pip-version-check \
+	  torch==$(TORCH_VERSION) transformers==$(TRANSFORMERS_VERSION) pillow numpy
+	@rm -f $(PARITY_VENV)/.edgevlm-* && touch $@
 
 test-fast: setup test-models
 	$(PY) -m pytest $(PYTEST_WORKERS) -m "not slow" $(PYTEST_ARGS)
@@ -155,4 +172,4 @@ $(PEERS)/bin/%: | $(PEER_SRC)
 	@echo "built $@ ($(BACKEND))"
 
 clean:
-	rm -rf $(VENV) $(CLIENTS_VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(CLIENTS_VENV) $(PARITY_VENV) .pytest_cache .ruff_cache .hypothesis

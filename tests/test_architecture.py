@@ -20,7 +20,8 @@ PURE = ["edgevlm.vision.tiling", "edgevlm.vision.layout", "edgevlm.families", "e
         "edgevlm.planning.split", "edgevlm.planning.devices", "edgevlm.models.catalog",
         "edgevlm.models.gguf", "edgevlm.llama.types", "edgevlm.store.caches", "edgevlm.chat.resent",
         "edgevlm.server.fields", "edgevlm.vision.documents", "edgevlm.vision.video",
-        "edgevlm.vision.sources", "edgevlm.llama.numbers", "edgevlm.chat.structured"]
+        "edgevlm.vision.sources", "edgevlm.llama.numbers", "edgevlm.chat.structured",
+        "edgevlm.parity.client"]
 MAX_FUNCTION_LINES = 50
 # Text architectures that share a name with a projector type (Gemma 3's, LFM2's).
 _TEXT_ARCHS = {"gemma3", "lfm2"}
@@ -44,6 +45,14 @@ def test_only_the_llama_folder_imports_llama_cpp() -> None:
     importers = {path.relative_to(PACKAGE).as_posix() for path in MODULES
                  if any(name.split(".")[0] == "llama_cpp" for name in _imports(_tree(path)))}
     assert importers and all(name.startswith("llama/") for name in importers), importers
+
+
+def test_only_the_reference_runner_imports_transformers_or_torch() -> None:
+    """transformers and torch run in the reference venv only, through parity/reference.py as a
+    program of its own: nothing edgevlm loads imports them."""
+    importers = {path.relative_to(PACKAGE).as_posix() for path in MODULES
+                 if any(name.split(".")[0] in ("torch", "transformers") for name in _imports(_tree(path)))}
+    assert importers == {"parity/reference.py"}
 
 
 def test_every_concern_is_a_folder() -> None:

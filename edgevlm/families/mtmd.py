@@ -5,7 +5,10 @@ no file claims are OTHER_MTMD's.
 
 What edgevlm adds is the budget: a dynamic-resolution family's image takes tokens by its size, so
 the plan is the largest size (the photo's own, or smaller, the aspect kept) whose block fits the
-room left for it. The block's tokens are counted by mtmd itself (`count`), never guessed.
+room left for it. The block's tokens are counted by mtmd itself (`count`), never guessed. Where a
+family declares its reference processor's resize rule (transformers'), the plan is that rule's
+size at the task's floor and ceiling instead, handed to mtmd already aligned, so the model sees
+the size it was trained on (mtmd's own rounding differs: docs/parity.md).
 
 Pure: nothing here imports llama_cpp; the counter is handed in by whoever holds the projector.
 """
@@ -84,9 +87,11 @@ class NativeLayout:
     cuts_tiles = False  # mtmd slices the image itself, where the family does
 
     def __init__(self, projector_type: str, count: BlockCounter, *, frames: FrameScaffold = TIMED_FRAMES,
-                 budgets: Mapping[Detail, TaskBudget] | None = None) -> None:
+                 budgets: Mapping[Detail, TaskBudget] | None = None,
+                 resize: ResizeRule | None = None) -> None:
         self.name = f"mtmd-{projector_type}"
         self._count = count
+        self._resize = resize
         self.frames = frames
         self.budgets: Mapping[Detail, TaskBudget] = budgets or {}
 
@@ -100,6 +105,8 @@ class NativeLayout:
         down from its own size, or from a larger one where the task's floor needs more tokens
         than the image gives (a small photo to read). TaskTooLarge when the floor could be met
         but not in the room; BlockTooLarge when not even the least fits."""
+        if self._resize is not None and (fitted := self._plan_as_processor(image_size, budget)) is not None:
+            return fitted
         scale = self._floor_scale(image_size, budget.floor)
         least: NativePlan | None = None
         too_large = scale
@@ -118,6 +125,31 @@ class NativeLayout:
         if least is not None:  # every size is above the task's ceiling: the one with the fewest
             return least
         raise BlockTooLarge(tokens, budget.room)
+
+    def _plan_as_processor(self, image_size: tuple[int, int], budget: ViewBudget) -> NativePlan | None:
+        """The size the family's reference processor resizes the image to at the task's floor and
+        ceiling; where that block does not fit the room, at the ceiling the room leaves (the
+        markers counted). TaskTooLarge when the room is under the task's floor; None where even
+        that does not fit (a strip too long for its side to shrink to one token: the processor
+        keeps a token a side), left to the search by size."""
+        size = self._resize_to(image_size, budget.floor, budget.ceiling)
+        tokens, visual = self._count(size)
+        if tokens > budget.room:
+            ceiling = budget.room - (tokens - visual)
+            if budget.floor and ceiling < budget.floor:
+                raise TaskTooLarge(budget.detail, budget.floor, budget.room)
+            if ceiling < 1:
+                raise BlockTooLarge(tokens, budget.room)
+            size = self._resize_to(image_size, budget.floor, ceiling)
+            tokens, visual = self._count(size)
+            if tokens > budget.room:
+                return None
+        return NativePlan(self.name, size, tokens, visual, image_size)
+
+    def _resize_to(self, image_size: tuple[int, int], floor: int, ceiling: int | None) -> tuple[int, int]:
+        if self._resize is None:
+            raise TypeError("this layout has no processor resize rule")
+        return self._resize(image_size, floor, ceiling)
 
     def _at_floor(self, image_size: tuple[int, int], budget: ViewBudget, fits: NativePlan,
                   too_large: float) -> NativePlan:
@@ -251,6 +283,11 @@ def _round_half_away(x: np.float32) -> np.float32:
 
 # A block's tokens for an image size by the family's own rule, from the projector's facts.
 GridRule = Callable[[ProjectorFacts], BlockCounter]
+# The size (w, h) a family's reference image processor resizes a (w, h) image to, for a task's
+# floor of visual tokens (0: none) and ceiling (None: the family's most), and the rule from the
+# projector's facts.
+ResizeRule = Callable[[tuple[int, int], int, int | None], tuple[int, int]]
+ProcessorRule = Callable[[ProjectorFacts], ResizeRule]
 # Whether mtmd has a projector's image attended both ways beside this text model
 # (mtmd_decode_use_non_causal, which asks the projector type and the text model's width).
 BothWaysRule = Callable[[ProjectorFacts, TextModelFacts], bool]
@@ -273,6 +310,8 @@ class MtmdFamily:
     warmup_tokens_per_side: int = 0  # clip.cpp's warmup size for a dynamic-resolution projector
     frames: FrameScaffold = TIMED_FRAMES
     grid_rule: GridRule | None = field(default=None, compare=False)  # plan-time count; None: mtmd's
+    # transformers' resize rule, where edgevlm follows it rather than mtmd's (docs/parity.md)
+    processor_rule: ProcessorRule | None = field(default=None, compare=False)
     deepstack: bool = False
     mrope: bool = False  # rows positioned by their grid (mtmd_decode_use_mrope): Qwen-VL
     # Budgets by task, for a family whose tokens follow the image's size: the most visual tokens a
@@ -301,8 +340,9 @@ class MtmdFamily:
 
     def layout(self, projector: ProjectorFacts, measure: BlockCounter | None = None) -> NativeLayout:
         """mtmd's layout, the image's size chosen to fit (see block_counter) within each task's budget."""
+        resize = self.processor_rule(projector) if self.processor_rule is not None else None
         return NativeLayout(projector.projector_type, self.block_counter(projector, measure),
-                            frames=self.frames, budgets=self.budgets(projector))
+                            frames=self.frames, budgets=self.budgets(projector), resize=resize)
 
     def budgets(self, projector: ProjectorFacts) -> dict[Detail, TaskBudget]:
         """Each task's floor and ceiling of visual tokens for this projector."""

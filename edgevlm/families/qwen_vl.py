@@ -1,18 +1,20 @@
 """The Qwen-VL family (Qwen2-VL, Qwen2.5-VL, Qwen3-VL): dynamic resolution, patches merged 2x2,
-M-RoPE positions from the image's grid. mtmd lays images out; edgevlm counts a block's tokens
-before loading by the family's own resize rule (transformers' smart_resize, as mtmd computes it).
+M-RoPE positions from the image's grid. mtmd lays images out; edgevlm resizes each image itself,
+as transformers' processor does (smart_resize), to a size mtmd then keeps, and counts a block's
+tokens before loading by mtmd's rule.
 
 Pure: nothing here imports llama_cpp.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import replace
 from typing import TypedDict
 
 from edgevlm.families.family import BlockCounter
-from edgevlm.families.mtmd import MtmdFamily, dyn_size_grid
+from edgevlm.families.mtmd import MtmdFamily, ResizeRule, dyn_size_grid
 from edgevlm.models.gguf import ProjectorFacts
 from edgevlm.vision.boxes import BoxFrame, Grounding
 from edgevlm.vision.layout import TIMED_FRAMES, FrameScaffold
@@ -30,6 +32,58 @@ def qwen_vl_grid(size: tuple[int, int], *, patch_size: int, merge: int = 2,
     """The merged token grid (columns, rows) mtmd makes of a (w, h) image for Qwen-VL: mtmd's
     dynamic-size rule at patch x merge pixels and the family's token limits."""
     return dyn_size_grid(size, align=patch_size * merge, tokens=tokens)
+
+
+# The pixel limits of each generation's published image processor (preprocessor_config.json):
+# Qwen2-VL and Qwen2.5-VL min_pixels 56x56 and max_pixels 12,845,056; Qwen3-VL size.shortest_edge
+# 65,536 and size.longest_edge 16,777,216 (areas, despite the names).
+QWEN2_PIXELS = (56 * 56, 12_845_056)
+QWEN3_PIXELS = (65_536, 16_777_216)
+
+
+def smart_resize(size: tuple[int, int], *, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """The (w, h) transformers' Qwen-VL processor resizes a (w, h) image to (smart_resize in
+    image_processing_pil_qwen2_vl.py): each side rounded to `factor`, then scaled, aspect kept,
+    into [min_pixels, max_pixels]. Python's round, halves to even, in float64. mtmd's own rule
+    (dyn_size_grid) rounds halves away from zero in float32 and caps at its own limits: a 182 px
+    side is 6 merged tokens to transformers and 7 to mtmd, and at a 256-token ceiling mtmd's
+    search and this formula disagree on most sizes (docs/parity.md). Unlike transformers, an
+    aspect ratio over 200 is not refused: mtmd takes it."""
+    width, height = size
+    h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt(height * width / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return w_bar, h_bar
+
+
+def processor_rule(pixels: tuple[int, int]) -> Callable[[ProjectorFacts], ResizeRule]:
+    """Transformers' resize for a generation's pixel limits, held to a task's floor and ceiling of
+    merged tokens and to mtmd's most (past it mtmd would shrink the image again by its own rule)."""
+    least_px, most_px = pixels
+
+    def rule(projector: ProjectorFacts) -> ResizeRule:
+        factor = projector.patch_size * projector.merge
+        area = factor * factor
+
+        def resize(size: tuple[int, int], floor: int, ceiling: int | None) -> tuple[int, int]:
+            most = min(most_px, QWEN_VL_TOKENS[1] * area, (ceiling or QWEN_VL_TOKENS[1]) * area)
+            least = min(max(least_px, floor * area), most)
+            width, height = smart_resize(size, factor=factor, min_pixels=least, max_pixels=most)
+            if width * height < QWEN_VL_TOKENS[0] * area:
+                # under mtmd's least (8 tokens; transformers' is 4 for Qwen2/2.5-VL), mtmd would
+                # enlarge it again by its own rule: hand it the size mtmd makes of the photo
+                # itself, the known difference below 80 px (docs/parity.md)
+                columns, rows = qwen_vl_grid(size, patch_size=projector.patch_size, merge=projector.merge)
+                return columns * factor, rows * factor
+            return width, height
+        return resize
+    return rule
 
 
 def grid_counter(projector: ProjectorFacts) -> BlockCounter:
@@ -101,10 +155,11 @@ QWEN3_FRAMES = FrameScaffold(label="<{seconds:.1f} seconds>", merge=2, fps=2.0)
 QWEN2_VL = MtmdFamily("qwen2-vl", frozenset({"qwen2vl_merger", "qwen2.5vl_merger"}),
                       text_archs=frozenset({"qwen2vl"}), default_merge=2,
                       warmup_tokens_per_side=QWEN_VL_WARMUP_SIDE, grid_rule=grid_counter, mrope=True,
-                      grounding_rule=qwen2_grounding, frames=QWEN2_FRAMES, **QWEN_TASKS)
+                      processor_rule=processor_rule(QWEN2_PIXELS), grounding_rule=qwen2_grounding,
+                      frames=QWEN2_FRAMES, **QWEN_TASKS)
 # Qwen3-VL's rows also feed its deepstack layers: a whole multiple of the text model's width.
 QWEN3_VL = MtmdFamily("qwen3-vl", frozenset({"qwen3vl_merger"}),
                       text_archs=frozenset({"qwen3vl", "qwen3vlmoe"}), default_merge=2,
                       warmup_tokens_per_side=QWEN_VL_WARMUP_SIDE, grid_rule=grid_counter, deepstack=True,
-                      mrope=True,
+                      mrope=True, processor_rule=processor_rule(QWEN3_PIXELS),
                       grounding_rule=qwen3_grounding, frames=QWEN3_FRAMES, **QWEN_TASKS)

@@ -80,8 +80,13 @@ def test_describe_at_four_sizes_reports_mtmds_tokens_and_fits(qwen_engine: Engin
         chat.rewind()
         _, stats = chat.ask("What is it?", image=_image(seed, size))
         chat.check()
-        shown = stats.canvas_size  # the size handed to mtmd: the photo's own or smaller to fit
-        assert shown[0] <= size[0] and shown[1] <= size[1]
+        # the size handed to mtmd: transformers' (whole 28 px tokens, each side rounded to the
+        # nearest or smaller to fit), which mtmd keeps; a photo under mtmd's least of 8 tokens
+        # is enlarged by mtmd's rule instead
+        shown = stats.canvas_size
+        assert all(side % 28 == 0 for side in shown)
+        near = all(side <= own + 14 for side, own in zip(shown, size, strict=True))
+        assert near or stats.visual_tokens <= 12
         expected = sequence.count_block(Image.new("RGB", shown)).visual_tokens
         assert stats.visual_tokens == expected == stats.visual_tokens_live
         assert stats.kv_tokens <= sequence.n_ctx
