@@ -10,6 +10,12 @@ Stages (the request's "stage"):
   the size transformers' own rule gives each case, and {"processed": [[w, h], ...]}, the size
   the processor itself makes of a real image for the first N cases (its image_grid_thw), which
   shows the rule is what the processor runs.
+- "anyres": LLaVA-NeXT (1.6). Request: {"family": "llava-next", "pinpoints": [[a, b], ...] as
+  the checkpoint's config lists them, "tile": 336, "side": 24, "cases": [[w, h], ...],
+  "images": N}. Answer: {"canvases": [[w, h], ...]}, the canvas transformers picks
+  (select_best_resolution, which reads each pair as height then width), {"maps": [[rows, cols],
+  ...]}, the feature map the model keeps after unpad_image (modeling_llava_next.py), and
+  {"views": [...]}, the views the processor itself cuts a real image into for the first N cases.
 """
 
 from __future__ import annotations
@@ -43,8 +49,35 @@ def _qwen_vl_resize(request: dict[str, Any]) -> Answer:
     return {"sizes": sizes, "processed": processed}
 
 
+def _llava_next_anyres(request: dict[str, Any]) -> Answer:
+    import torch
+    from PIL import Image
+    from transformers.image_processing_utils import select_best_resolution
+    from transformers.models.llava_next import image_processing_pil_llava_next as llava_next
+    from transformers.models.llava_next.modeling_llava_next import unpad_image
+
+    pinpoints, tile, side = request["pinpoints"], int(request["tile"]), int(request["side"])
+    canvases, maps = [], []
+    for width, height in request["cases"]:
+        canvas_h, canvas_w = select_best_resolution((height, width), pinpoints)
+        grid = torch.zeros(1, canvas_h // tile * side, canvas_w // tile * side)
+        kept = unpad_image(grid, (height, width))
+        canvases.append([canvas_w, canvas_h])
+        maps.append([int(kept.shape[1]), int(kept.shape[2])])
+    processor = llava_next.LlavaNextImageProcessorPil(image_grid_pinpoints=pinpoints,
+                                                      size={"shortest_edge": tile},
+                                                      crop_size={"height": tile, "width": tile})
+    views = []
+    for width, height in request["cases"][: int(request.get("images", 0))]:
+        pixels = processor(images=[Image.new("RGB", (width, height), (120, 80, 40))],
+                           return_tensors="np")["pixel_values"]
+        views.append(int(pixels.shape[1]))
+    return {"canvases": canvases, "maps": maps, "views": views}
+
+
 STAGES: dict[tuple[str, str], Callable[[dict[str, Any]], Answer]] = {
     ("resize", "qwen-vl"): _qwen_vl_resize,
+    ("anyres", "llava-next"): _llava_next_anyres,
 }
 
 
