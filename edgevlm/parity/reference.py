@@ -10,6 +10,9 @@ Stages (the request's "stage"):
   the size transformers' own rule gives each case, and {"processed": [[w, h], ...]}, the size
   the processor itself makes of a real image for the first N cases (its image_grid_thw), which
   shows the rule is what the processor runs.
+- "resize" of "gemma4": the same for Gemma 4, each case [w, h, max_soft_tokens]; a size
+  transformers refuses is null. "processed" holds the processor's own soft tokens for the first
+  N cases (their budgets on its ladder of 70..1120).
 - "anyres": LLaVA-NeXT (1.6). Request: {"family": "llava-next", "pinpoints": [[a, b], ...] as
   the checkpoint's config lists them, "tile": 336, "side": 24, "cases": [[w, h], ...],
   "images": N}. Answer: {"canvases": [[w, h], ...]}, the canvas transformers picks
@@ -49,6 +52,28 @@ def _qwen_vl_resize(request: dict[str, Any]) -> Answer:
     return {"sizes": sizes, "processed": processed}
 
 
+def _gemma4_resize(request: dict[str, Any]) -> Answer:
+    from PIL import Image
+    from transformers.models.gemma4 import image_processing_pil_gemma4 as gemma4
+
+    patch, pool = int(request["patch_size"]), int(request["merge"])
+    sizes: list[list[int] | None] = []
+    for width, height, tokens in request["cases"]:
+        try:
+            resized_h, resized_w = gemma4.get_aspect_ratio_preserving_size(
+                height, width, patch_size=patch, max_patches=tokens * pool * pool, pooling_kernel_size=pool)
+            sizes.append([resized_w, resized_h])
+        except ValueError:  # a strip whose one token a side is over the budget
+            sizes.append(None)
+    processed = []
+    for width, height, tokens in request["cases"][: int(request.get("images", 0))]:
+        processor = gemma4.Gemma4ImageProcessorPil(max_soft_tokens=tokens, patch_size=patch,
+                                                   pooling_kernel_size=pool)
+        out = processor(images=[Image.new("RGB", (width, height), (120, 80, 40))], return_tensors="np")
+        processed.append(int(out["num_soft_tokens_per_image"][0]))
+    return {"sizes": sizes, "processed": processed}
+
+
 def _llava_next_anyres(request: dict[str, Any]) -> Answer:
     import torch
     from PIL import Image
@@ -77,6 +102,7 @@ def _llava_next_anyres(request: dict[str, Any]) -> Answer:
 
 STAGES: dict[tuple[str, str], Callable[[dict[str, Any]], Answer]] = {
     ("resize", "qwen-vl"): _qwen_vl_resize,
+    ("resize", "gemma4"): _gemma4_resize,
     ("anyres", "llava-next"): _llava_next_anyres,
 }
 
