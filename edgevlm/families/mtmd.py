@@ -129,10 +129,12 @@ class NativeLayout:
     def _plan_as_processor(self, image_size: tuple[int, int], budget: ViewBudget) -> NativePlan | None:
         """The size the family's reference processor resizes the image to at the task's floor and
         ceiling; where that block does not fit the room, at the ceiling the room leaves (the
-        markers counted). TaskTooLarge when the room is under the task's floor; None where even
-        that does not fit (a strip too long for its side to shrink to one token: the processor
-        keeps a token a side), left to the search by size."""
+        markers counted). TaskTooLarge when the room is under the task's floor; None where the
+        rule leaves the size to the search, or where even the room's ceiling does not fit (a strip
+        too long for its side to shrink to one token: the processor keeps a token a side)."""
         size = self._resize_to(image_size, budget.floor, budget.ceiling)
+        if size is None:
+            return None
         tokens, visual = self._count(size)
         if tokens > budget.room:
             ceiling = budget.room - (tokens - visual)
@@ -141,12 +143,15 @@ class NativeLayout:
             if ceiling < 1:
                 raise BlockTooLarge(tokens, budget.room)
             size = self._resize_to(image_size, budget.floor, ceiling)
+            if size is None:
+                return None
             tokens, visual = self._count(size)
             if tokens > budget.room:
                 return None
         return NativePlan(self.name, size, tokens, visual, image_size)
 
-    def _resize_to(self, image_size: tuple[int, int], floor: int, ceiling: int | None) -> tuple[int, int]:
+    def _resize_to(self, image_size: tuple[int, int], floor: int,
+                   ceiling: int | None) -> tuple[int, int] | None:
         if self._resize is None:
             raise TypeError("this layout has no processor resize rule")
         return self._resize(image_size, floor, ceiling)
@@ -285,8 +290,8 @@ def _round_half_away(x: np.float32) -> np.float32:
 GridRule = Callable[[ProjectorFacts], BlockCounter]
 # The size (w, h) a family's reference image processor resizes a (w, h) image to, for a task's
 # floor of visual tokens (0: none) and ceiling (None: the family's most), and the rule from the
-# projector's facts.
-ResizeRule = Callable[[tuple[int, int], int, int | None], tuple[int, int]]
+# projector's facts; None where edgevlm leaves the size to its search and mtmd's own rule.
+ResizeRule = Callable[[tuple[int, int], int, int | None], tuple[int, int] | None]
 ProcessorRule = Callable[[ProjectorFacts], ResizeRule]
 # Whether mtmd has a projector's image attended both ways beside this text model
 # (mtmd_decode_use_non_causal, which asks the projector type and the text model's width).

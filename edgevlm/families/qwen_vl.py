@@ -71,7 +71,7 @@ def processor_rule(pixels: tuple[int, int]) -> Callable[[ProjectorFacts], Resize
         factor = projector.patch_size * projector.merge
         area = factor * factor
 
-        def resize(size: tuple[int, int], floor: int, ceiling: int | None) -> tuple[int, int]:
+        def resize(size: tuple[int, int], floor: int, ceiling: int | None) -> tuple[int, int] | None:
             most = min(most_px, QWEN_VL_TOKENS[1] * area, (ceiling or QWEN_VL_TOKENS[1]) * area)
             least = min(max(least_px, floor * area), most)
             width, height = smart_resize(size, factor=factor, min_pixels=least, max_pixels=most)

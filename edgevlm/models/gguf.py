@@ -138,6 +138,9 @@ class ProjectorFacts:
     # say, and the projector's family completes it (families.read_projector)
     merge: int = 1
     window_attention: bool = False  # Qwen2.5-VL's windowed blocks: a full patch-by-patch mask
+    # The longest side an image is resized to before it is cut into tiles (SmolVLM's
+    # clip.vision.preproc_image_size, transformers' size.longest_edge); 0 where the GGUF has none.
+    preproc_size: int = 0
 
     @property
     def tokens_per_image(self) -> int:
@@ -326,6 +329,7 @@ def _read_projector(path: Path) -> ProjectorFacts:
         has_image_newline=IMAGE_NEWLINE_TENSOR in tensors,
         merge=_merge(fields),
         window_attention=int(fields.get("clip.vision.n_wa_pattern", 0)) > 0,
+        preproc_size=int(fields.get("clip.vision.preproc_image_size", 0)),
     )
 
 

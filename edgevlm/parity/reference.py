@@ -13,6 +13,9 @@ Stages (the request's "stage"):
 - "resize" of "gemma4": the same for Gemma 4, each case [w, h, max_soft_tokens]; a size
   transformers refuses is null. "processed" holds the processor's own soft tokens for the first
   N cases (their budgets on its ladder of 70..1120).
+- "tiles" of "smolvlm": the views transformers' SmolVLM processor cuts each [w, h] into (its
+  tiles and the global view; 1 where it does not split), at {"longest": its size.longest_edge,
+  "tile": its max_image_size.longest_edge}. Answer: {"views": [...]}.
 - "anyres": LLaVA-NeXT (1.6). Request: {"family": "llava-next", "pinpoints": [[a, b], ...] as
   the checkpoint's config lists them, "tile": 336, "side": 24, "cases": [[w, h], ...],
   "images": N}. Answer: {"canvases": [[w, h], ...]}, the canvas transformers picks
@@ -74,6 +77,16 @@ def _gemma4_resize(request: dict[str, Any]) -> Answer:
     return {"sizes": sizes, "processed": processed}
 
 
+def _smolvlm_tiles(request: dict[str, Any]) -> Answer:
+    from transformers.models.smolvlm import image_processing_pil_smolvlm as smolvlm
+
+    processor = smolvlm.SmolVLMImageProcessorPil(size={"longest_edge": int(request["longest"])},
+                                                 max_image_size={"longest_edge": int(request["tile"])})
+    views = [processor.get_number_of_image_patches(height, width, {})[0] or 1
+             for width, height in request["cases"]]
+    return {"views": views}
+
+
 def _llava_next_anyres(request: dict[str, Any]) -> Answer:
     import torch
     from PIL import Image
@@ -103,6 +116,7 @@ def _llava_next_anyres(request: dict[str, Any]) -> Answer:
 STAGES: dict[tuple[str, str], Callable[[dict[str, Any]], Answer]] = {
     ("resize", "qwen-vl"): _qwen_vl_resize,
     ("resize", "gemma4"): _gemma4_resize,
+    ("tiles", "smolvlm"): _smolvlm_tiles,
     ("anyres", "llava-next"): _llava_next_anyres,
 }
 

@@ -186,3 +186,23 @@ def test_plan_reports_the_grid_describe_uses(test_models: dict[str, Path], n_ctx
                               layout=layout_for(projector))
         chosen = describer.prepare(photo, describer.room_for(DEFAULT_PROMPT)).plan
     assert (plan.layout, plan.photo_grid) == (LLAVA_NEXT, chosen.grid)
+
+
+def test_a_strip_mtmd_would_resize_to_nothing_is_shown_to_smolvlm(test_models: dict[str, Path]) -> None:
+    """A 3534x13 strip: mtmd resizes SmolVLM's images to the projector's longest side (112 px on
+    the test pair), which leaves this one 0 px high, and refuses it ("resize target 112x0 is out
+    of range"). edgevlm hands it over as transformers resizes it, 112x1, and mtmd cuts it into two
+    tiles and the global view, as transformers does (tests/parity/)."""
+    from edgevlm.llama.vision import block_counter
+    from edgevlm.vision.layout import ViewBudget
+
+    projector = read_projector(test_models["smolvlm_mmproj"])
+    with block_counter(str(test_models["smolvlm_text"]), str(test_models["smolvlm_mmproj"])) as count:
+        with pytest.raises(Exception, match="could not preprocess"):
+            count((3534, 13))  # mtmd's own path
+        layout = layout_for(projector, count)
+        budget = ViewBudget(room=4096, tile_size=projector.image_size, view_tokens=projector.tokens_per_image)
+        for strip in [(3534, 13), (13, 3534)]:
+            plan = layout.plan(strip, budget)
+            assert plan.visual_tokens == 3 * projector.tokens_per_image
+            assert max(plan.size) == projector.preproc_size and min(plan.size) == 1
