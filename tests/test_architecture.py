@@ -21,7 +21,7 @@ PURE = ["edgevlm.vision.tiling", "edgevlm.vision.layout", "edgevlm.families", "e
         "edgevlm.models.gguf", "edgevlm.llama.types", "edgevlm.store.caches", "edgevlm.chat.resent",
         "edgevlm.server.fields", "edgevlm.vision.documents", "edgevlm.vision.video",
         "edgevlm.vision.sources", "edgevlm.llama.numbers", "edgevlm.chat.structured",
-        "edgevlm.parity.client"]
+        "edgevlm.parity.client", "edgevlm.parity.check"]
 MAX_FUNCTION_LINES = 50
 # Text architectures that share a name with a projector type (Gemma 3's, LFM2's).
 _TEXT_ARCHS = {"gemma3", "lfm2"}

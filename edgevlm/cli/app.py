@@ -631,6 +631,19 @@ def bench(
             render_bench(report)
 
 
+PARITY_HELP = """Check that edgevlm shows a model each image as its reference implementation,
+transformers, does: the size, tiles or canvas the checkpoint's own image processor makes of it,
+against edgevlm's plan at --detail. Prints a row per image: edgevlm's value, transformers',
+and same, differs or a known difference with its reason; exits 1 when any differs.
+
+Needs transformers beside edgevlm (make parity-env in a checkout, or pip install
+'edgevlm[parity]'). Compares Qwen2/2.5/3-VL, LLaVA-1.6 and SmolVLM checkpoints so far (stage 1,
+preprocessing; docs/parity.md has the stages and the known differences).
+
+\b
+Example:
+  edgevlm parity --mmproj mmproj-Qwen2.5-VL-7B-f16.gguf --reference ./Qwen2.5-VL-7B-Instruct
+"""
 WORKER_HELP = """Lend this machine's GPU (or CPU) to edgevlm on another machine.
 
 Runs llama.cpp's own RPC worker (ggml-rpc) from the same build as edgevlm, so the protocol
@@ -668,6 +681,34 @@ def worker(
             f"[yellow]warning:[/] {UNAUTHENTICATED}"),
             on_line=lambda line: err.print(escape(line), highlight=False), verbose=verbose)
         err.print("edgevlm worker stopped")
+
+
+@app.command(help=PARITY_HELP, short_help="Check what a model is shown against transformers, its reference.")
+def parity(
+    mmproj: Annotated[Path, typer.Option(metavar="GGUF", help="The projector (mmproj) .gguf to check.")],
+    reference: Annotated[Path, typer.Option(
+        metavar="DIR", help="The transformers checkpoint the GGUF was converted from, on disk "
+        "(its preprocessor_config.json is what is read; nothing is downloaded).")],
+    model: Annotated[Path | None, typer.Option(
+        "--model", "-m", metavar="GGUF", help="The text model it pairs with: needed where mtmd counts the "
+        "tiles (SmolVLM), and checked as a pair where given.")] = None,
+    image: Annotated[list[Path] | None, typer.Option(
+        metavar="PHOTO", help="A photo to check (repeatable). Default: nine standard sizes, "
+        "phone photos, a screen, a thumbnail, a panorama and a strip.")] = None,
+    detail: opt.Detail = "chat",
+    json_out: Annotated[bool, typer.Option("--json", help="The rows as one JSON object.")] = False,
+    debug: opt.Debug = False,
+) -> None:
+    """The parity check (see PARITY_HELP)."""
+    from edgevlm.cli.parity import run_parity
+
+    with _handled(debug):
+        try:
+            task = opt.parse_detail(detail)
+        except ValueError as exc:
+            raise ConfigError(f"--detail: {exc}") from None
+        code = run_parity(mmproj, model, reference, image or [], task, json_out=json_out)
+    raise typer.Exit(code)
 
 
 @app.command(short_help="Download model presets (default llava-1.5-7b) into models/NAME/.")

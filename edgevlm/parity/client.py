@@ -3,9 +3,11 @@ process of its own, so that torch and transformers never load into edgevlm's."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,14 +20,17 @@ REFERENCE_TIMEOUT_S = 600
 
 
 def reference_python(root: Path | None = None) -> Path | None:
-    """The reference venv's python: $EDGEVLM_PARITY_PYTHON, else .venv-parity under the
-    repository root; None where neither exists."""
+    """The python that runs the reference: $EDGEVLM_PARITY_PYTHON, else .venv-parity under the
+    repository root, else this one where transformers is installed beside edgevlm (the
+    edgevlm[parity] extra); None where there is none."""
     named = os.environ.get("EDGEVLM_PARITY_PYTHON")
     if named:
         return Path(named) if Path(named).exists() else None
     base = root or Path(__file__).resolve().parents[2]
     python = base / PARITY_VENV / "bin" / "python"
-    return python if python.exists() else None
+    if python.exists():
+        return python
+    return Path(sys.executable) if importlib.util.find_spec("transformers") is not None else None
 
 
 def ask_reference(python: Path, request: dict[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,10 @@ Stages (the request's "stage"):
 - "tiles" of "smolvlm": the views transformers' SmolVLM processor cuts each [w, h] into (its
   tiles and the global view; 1 where it does not split), at {"longest": its size.longest_edge,
   "tile": its max_image_size.longest_edge}. Answer: {"views": [...]}.
+- "checkpoint": a checkpoint's own image processor, read from its folder ({"dir": …}) with
+  AutoImageProcessor, on a synthetic image of each [w, h]. Answer: {"kind": "size", "results":
+  [[w, h] or null, ...]} for Qwen-VL (null: refused), {"kind": "views", ...} for SmolVLM,
+  {"kind": "canvas", "results": [{"canvas": [w, h], "tie": bool}, ...]} for LLaVA-NeXT.
 - "anyres": LLaVA-NeXT (1.6). Request: {"family": "llava-next", "pinpoints": [[a, b], ...] as
   the checkpoint's config lists them, "tile": 336, "side": 24, "cases": [[w, h], ...],
   "images": N}. Answer: {"canvases": [[w, h], ...]}, the canvas transformers picks
@@ -113,11 +117,40 @@ def _llava_next_anyres(request: dict[str, Any]) -> Answer:
     return {"canvases": canvases, "maps": maps, "views": views}
 
 
+def _checkpoint(request: dict[str, Any]) -> Answer:
+    from PIL import Image
+    from transformers import AutoImageProcessor
+    from transformers.image_processing_utils import select_best_resolution
+
+    processor = AutoImageProcessor.from_pretrained(request["dir"], local_files_only=True)
+    family, results = request["family"], []
+    for width, height in request["cases"]:
+        if family == "smolvlm":
+            results.append(processor.get_number_of_image_patches(height, width, {})[0] or 1)
+        elif family == "llava-next":
+            pinpoints = processor.image_grid_pinpoints
+            canvas_h, canvas_w = select_best_resolution((height, width), pinpoints)
+            other = select_best_resolution((height, width), [[b, a] for a, b in pinpoints])
+            results.append({"canvas": [canvas_w, canvas_h], "tie": tuple(other) != (canvas_h, canvas_w)})
+        else:
+            try:
+                grid = processor(images=[Image.new("RGB", (width, height), (120, 80, 40))],
+                                 return_tensors="np")["image_grid_thw"][0]
+                results.append([int(grid[2]) * processor.patch_size, int(grid[1]) * processor.patch_size])
+            except ValueError:  # an aspect ratio over 200
+                results.append(None)
+    kinds = {"smolvlm": "views", "llava-next": "canvas"}
+    return {"kind": kinds.get(family, "size"), "results": results}
+
+
 STAGES: dict[tuple[str, str], Callable[[dict[str, Any]], Answer]] = {
     ("resize", "qwen-vl"): _qwen_vl_resize,
     ("resize", "gemma4"): _gemma4_resize,
     ("tiles", "smolvlm"): _smolvlm_tiles,
     ("anyres", "llava-next"): _llava_next_anyres,
+    ("checkpoint", "qwen-vl"): _checkpoint,
+    ("checkpoint", "smolvlm"): _checkpoint,
+    ("checkpoint", "llava-next"): _checkpoint,
 }
 
 

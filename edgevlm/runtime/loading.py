@@ -247,7 +247,7 @@ def make_plan(flags: ModelFlags, text: TextModelFacts, projector: ProjectorFacts
     if flags.n_ctx is not None and flags.n_ctx > text.n_ctx_train:
         notes = (*notes, f"n_ctx {flags.n_ctx:,} is past the {text.n_ctx_train:,} tokens this model was "
                  "trained for: what lies past them it reads at positions it never saw")
-    with _mtmd_blocks(text, projector) as blocks:
+    with mtmd_blocks(text, projector) as blocks:
         plan = choose(text, projector, device, _settings(flags, costs=costs, blocks=blocks))
         plan = replace(plan, notes=notes + plan.notes)
         if not media:
@@ -276,7 +276,7 @@ def _settings(flags: ModelFlags, *, costs: TurnCosts | None, blocks: BlockCounte
 
 
 @contextlib.contextmanager
-def _mtmd_blocks(text: TextModelFacts, projector: ProjectorFacts) -> Iterator[BlockCounter | None]:
+def mtmd_blocks(text: TextModelFacts, projector: ProjectorFacts) -> Iterator[BlockCounter | None]:
     """mtmd's own block counter for an mtmd family whose files are here (None otherwise)."""
     if not family_for(projector).counts_by_mtmd or not (text.path.exists() and projector.path.exists()):
         yield None
@@ -436,7 +436,7 @@ def _load_smaller(choice: ModelChoice, text: TextModelFacts, projector: Projecto
     other setting as asked (the window cache, the projector's device, mtmd's block counts); only
     the context and the layers are chosen again."""
     vram = int((plan.vram_free or 0) * RETRY_VRAM_SHARE)
-    with _mtmd_blocks(text, projector) as blocks:
+    with mtmd_blocks(text, projector) as blocks:
         settings = replace(_settings(flags, costs=None, blocks=blocks), n_ctx=None, n_gpu_layers=None,
                            n_seq=plan.n_seq)
         smaller = choose(text, projector, MachineMemory(vram, plan.ram_free), settings)

@@ -1,0 +1,156 @@
+"""`edgevlm parity`'s comparison, stage 1: what each image is shown as (its size, tiles or soft
+tokens) by edgevlm's plan for the projector's family, against what the checkpoint's own image
+processor (transformers, from its preprocessor_config.json) makes of it.
+
+Pure: the reference's answer is handed in (client.py asks reference.py for it); nothing here
+imports llama_cpp or transformers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from edgevlm.errors import ConfigError
+from edgevlm.families import family_for, layout_for
+from edgevlm.families.family import BlockCounter
+from edgevlm.families.llava_next import LlavaNextLayout, select_best_resolution
+from edgevlm.families.mtmd import MtmdFamily, NativeLayout
+from edgevlm.families.qwen_vl import QWEN_VL_TOKENS
+from edgevlm.models.gguf import ProjectorFacts
+from edgevlm.vision.layout import Detail, ViewBudget, with_task
+
+# The photo sizes checked when no --image is given: phone and camera photos both ways, a screen,
+# a square, a small thumbnail, a panorama and a strip.
+STANDARD_SIZES = ((4032, 3024), (3024, 4032), (1920, 1080), (512, 512), (1280, 720), (300, 200),
+                  (64, 48), (6000, 1000), (3534, 13))
+# The room the check plans in: larger than any family's most, so only the task bounds the image.
+OPEN_ROOM = 1_000_000
+# The processor files a transformers checkpoint keeps its image settings in.
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
+
+
+class ParityVerdict(str, Enum):
+    SAME = "same"
+    KNOWN = "known difference"
+    DIFFERS = "differs"
+
+
+@dataclass(frozen=True)
+class ParityRow:
+    """One measure of one image: edgevlm's value, the reference's, and whether they agree."""
+
+    stage: str
+    image: str
+    measure: str
+    edgevlm: str
+    reference: str
+    verdict: ParityVerdict
+    why: str = ""
+
+    def to_json(self) -> dict[str, str]:
+        return {"stage": self.stage, "image": self.image, "measure": self.measure, "edgevlm": self.edgevlm,
+                "reference": self.reference, "verdict": self.verdict.value, "why": self.why}
+
+
+def reference_kind(projector: ProjectorFacts) -> str:
+    """Which of reference.py's checkpoint readers answers for this projector's family."""
+    kinds = {"qwen2-vl": "qwen-vl", "qwen3-vl": "qwen-vl", "llava-next": "llava-next", "smolvlm": "smolvlm"}
+    kind = kinds.get(family_for(projector).name)
+    if kind is None:
+        raise ConfigError(f"{projector.path}: edgevlm parity compares Qwen-VL, LLaVA-1.6 and SmolVLM "
+                          f"checkpoints so far, not {family_for(projector).name}")
+    return kind
+
+
+def needs_mtmd_count(projector: ProjectorFacts) -> bool:
+    """Whether the family's blocks are counted by mtmd itself (no plan-time rule of edgevlm's):
+    then the check needs the text model too, whose vocabulary mtmd reads."""
+    family = family_for(projector)
+    return isinstance(family, MtmdFamily) and family.grid_rule is None
+
+
+def check_reference_dir(folder: Path) -> Path:
+    """The checkpoint folder, checked before anything runs: it exists and holds processor settings."""
+    if not folder.is_dir():
+        raise ConfigError(f"--reference {folder}: no such folder (a transformers checkpoint saved on disk)")
+    if not any((folder / name).is_file() for name in PROCESSOR_FILES):
+        raise ConfigError(f"--reference {folder}: holds no preprocessor_config.json; pass the folder "
+                          "save_pretrained wrote, or the one downloaded from the model's page")
+    return folder
+
+
+def reference_request(projector: ProjectorFacts, folder: Path,
+                      sizes: Sequence[tuple[int, int]]) -> dict[str, Any]:
+    return {"stage": "checkpoint", "family": reference_kind(projector), "dir": str(folder.resolve()),
+            "cases": [list(size) for size in sizes]}
+
+
+def preprocess_rows(projector: ProjectorFacts, names: Sequence[str], sizes: Sequence[tuple[int, int]],
+                    detail: Detail, answer: dict[str, Any],
+                    measure: BlockCounter | None = None) -> list[ParityRow]:
+    """Stage 1 for each image: edgevlm's plan at `detail` (its blocks counted by `measure`, mtmd
+    on the loaded vocabulary, where the family has no rule of edgevlm's) against the reference's
+    answer."""
+    layout = layout_for(projector, measure)
+    budget = with_task(ViewBudget(room=OPEN_ROOM, tile_size=projector.image_size,
+                                  view_tokens=projector.tokens_per_image), detail, layout.budgets)
+    rows = []
+    for index, (name, size) in enumerate(zip(names, sizes, strict=True)):
+        theirs = answer["results"][index]
+        if isinstance(layout, LlavaNextLayout):
+            rows.append(_canvas_row(name, size, layout, theirs))
+            continue
+        if not isinstance(layout, NativeLayout):
+            raise ConfigError(f"{projector.path}: no stage-1 check for the {layout.name} layout yet")
+        plan = layout.plan(size, budget)
+        if answer["kind"] == "views":
+            ours = plan.visual_tokens // projector.tokens_per_image
+            rows.append(_row(name, "views (tiles and global)", str(ours), str(theirs), ours == theirs))
+        else:
+            rows.append(_size_row(name, plan.size, tuple(theirs) if theirs else None, projector))
+    return rows
+
+
+def _canvas_row(name: str, size: tuple[int, int], layout: LlavaNextLayout,
+                theirs: dict[str, Any]) -> ParityRow:
+    ours = select_best_resolution(size, layout.pinpoints)
+    canvas = tuple(theirs["canvas"])
+    row = _row(name, "canvas (w x h)", f"{ours[0]}x{ours[1]}", f"{canvas[0]}x{canvas[1]}", ours == canvas)
+    if row.verdict is ParityVerdict.DIFFERS and canvas == (ours[1], ours[0]) and theirs.get("tie"):
+        return ParityRow(row.stage, name, row.measure, row.edgevlm, row.reference, ParityVerdict.KNOWN,
+                         "a tie read the other way: transformers reads a pinpoint as (height, width), "
+                         "LLaVA's own code as (width, height) (docs/parity.md)")
+    return row
+
+
+def _size_row(name: str, ours: tuple[int, int], theirs: tuple[int, int] | None,
+              projector: ProjectorFacts) -> ParityRow:
+    if theirs is None:
+        return ParityRow("1 preprocess", name, "size shown (w x h)", f"{ours[0]}x{ours[1]}", "refused",
+                         ParityVerdict.KNOWN, "transformers refuses an aspect ratio over 200; mtmd takes it")
+    row = _row(name, "size shown (w x h)", f"{ours[0]}x{ours[1]}", f"{theirs[0]}x{theirs[1]}", ours == theirs)
+    if row.verdict is ParityVerdict.SAME:
+        return row
+    area = (projector.patch_size * projector.merge) ** 2
+    if theirs[0] * theirs[1] > QWEN_VL_TOKENS[1] * area:
+        why = f"over mtmd's most of {QWEN_VL_TOKENS[1]} tokens: mtmd shrinks it"
+    elif theirs[0] * theirs[1] < QWEN_VL_TOKENS[0] * area:
+        why = f"under mtmd's least of {QWEN_VL_TOKENS[0]} tokens: mtmd enlarges it"
+    else:
+        return row
+    return ParityRow(row.stage, name, row.measure, row.edgevlm, row.reference, ParityVerdict.KNOWN, why)
+
+
+def _row(name: str, measure: str, ours: str, theirs: str, same: bool) -> ParityRow:
+    verdict = ParityVerdict.SAME if same else ParityVerdict.DIFFERS
+    return ParityRow("1 preprocess", name, measure, ours, theirs, verdict)
+
+
+def rows_json(rows: Sequence[ParityRow]) -> str:
+    first = next((row.stage for row in rows if row.verdict is ParityVerdict.DIFFERS), None)
+    return json.dumps({"rows": [row.to_json() for row in rows], "diverges": first})

@@ -1,0 +1,113 @@
+"""`edgevlm parity` on the test projectors, against checkpoint folders holding the processor
+settings a converted checkpoint would (preprocessor_config.json as transformers saves it): it
+passes where edgevlm shows what transformers shows, names the stage and exits 1 where a
+checkpoint's processor was changed, and refuses bad input in one line before anything runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ..conftest import invoke_cli
+
+CLIP_MEAN, CLIP_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
+
+
+def _checkpoint(folder: Path, settings: dict[str, object]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "preprocessor_config.json").write_text(json.dumps(
+        {"image_mean": CLIP_MEAN, "image_std": CLIP_STD, "do_resize": True, "do_rescale": True,
+         "do_normalize": True, "do_convert_rgb": True, "resample": 3, **settings}))
+    return folder
+
+
+def _qwen(folder: Path, max_pixels: int = 12_845_056) -> Path:
+    return _checkpoint(folder, {"image_processor_type": "Qwen2VLImageProcessor", "min_pixels": 3136,
+                                "max_pixels": max_pixels, "patch_size": 14, "temporal_patch_size": 2,
+                                "merge_size": 2})
+
+
+def _rows(out: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(out)
+    return data
+
+
+@pytest.mark.usefixtures("reference")
+def test_parity_passes_on_each_checkpoint_and_says_why_where_it_is_known(test_models: dict[str, Path],
+                                                                         tmp_path: Path) -> None:
+    qwen = invoke_cli("parity", "--mmproj", str(test_models["qwen_mmproj"]), "--reference",
+                      str(_qwen(tmp_path / "qwen")), "--json")
+    assert qwen.returncode == 0, qwen.stderr
+    data = _rows(qwen.stdout)
+    rows = data["rows"]
+    assert len(rows) == 9 and data["diverges"] is None
+    assert {row["verdict"] for row in rows} == {"same", "known difference"}
+    assert all(row["why"] for row in rows if row["verdict"] == "known difference")
+    same = next(row for row in rows if row["image"] == "1920x1080")
+    assert same["edgevlm"] == same["reference"] == "1932x1092"  # transformers' rounding, not mtmd's
+
+    smolvlm = invoke_cli("parity", "--mmproj", str(test_models["smolvlm_mmproj"]), "--model",
+                         str(test_models["smolvlm_text"]), "--json", "--reference",
+                         str(_checkpoint(tmp_path / "smolvlm", {
+                             "image_processor_type": "SmolVLMImageProcessor", "size": {"longest_edge": 112},
+                             "max_image_size": {"longest_edge": 56}, "do_image_splitting": True})))
+    assert smolvlm.returncode == 0, smolvlm.stderr
+    assert {row["verdict"] for row in _rows(smolvlm.stdout)["rows"]} == {"same"}
+
+    pinpoints = [[112, 224], [224, 112], [224, 224], [336, 112], [112, 336]]
+    llava = invoke_cli("parity", "--mmproj", str(test_models["mmproj_next"]), "--json", "--reference",
+                       str(_checkpoint(tmp_path / "llava", {
+                           "image_processor_type": "LlavaNextImageProcessor",
+                           "image_grid_pinpoints": pinpoints, "size": {"shortest_edge": 112},
+                           "crop_size": {"height": 112, "width": 112}})))
+    assert llava.returncode == 0, llava.stderr
+    verdicts = [row["verdict"] for row in _rows(llava.stdout)["rows"]]
+    assert "same" in verdicts and "differs" not in verdicts
+
+
+@pytest.mark.usefixtures("reference")
+def test_a_changed_processor_is_a_divergence_named_by_its_stage(test_models: dict[str, Path],
+                                                                 tmp_path: Path) -> None:
+    """A checkpoint whose processor was saved with another pixel budget (256 tokens at most)
+    shows photos smaller than edgevlm's chat plan does: exit 1, stage 1 named, in the table too."""
+    folder = _qwen(tmp_path / "qwen-small", max_pixels=256 * 28 * 28)
+    mmproj = str(test_models["qwen_mmproj"])
+    done = invoke_cli("parity", "--mmproj", mmproj, "--reference", str(folder), "--json")
+    assert done.returncode == 1
+    assert _rows(done.stdout)["diverges"] == "1 preprocess"
+    assert "diverges at stage 1 preprocess" in done.stderr
+    table = invoke_cli("parity", "--mmproj", mmproj, "--reference", str(folder))
+    assert table.returncode == 1 and "differs" in table.stdout
+    assert "transformers" in table.stdout.splitlines()[0]
+    # the same budget asked of edgevlm (a caption's 256 tokens) agrees again
+    caption = invoke_cli("parity", "--mmproj", mmproj, "--reference", str(folder),
+                         "--detail", "caption", "--json")
+    assert caption.returncode == 0, caption.stdout
+
+
+def test_bad_input_is_one_line_before_the_reference_runs(test_models: dict[str, Path],
+                                                         tmp_path: Path) -> None:
+    mmproj = str(test_models["qwen_mmproj"])
+    missing = invoke_cli("parity", "--mmproj", mmproj, "--reference", str(tmp_path / "nowhere"))
+    assert missing.returncode == 2 and "no such folder" in missing.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    bare = invoke_cli("parity", "--mmproj", mmproj, "--reference", str(empty))
+    assert bare.returncode == 2 and "preprocessor_config.json" in bare.stderr
+    text_model = invoke_cli("parity", "--mmproj", str(test_models["qwen_text"]), "--reference", str(empty))
+    assert text_model.returncode == 2 and "not a vision projector" in text_model.stderr
+    gemma = invoke_cli("parity", "--mmproj", str(test_models["gemma_mmproj"]), "--reference",
+                       str(_qwen(tmp_path / "q")))
+    assert gemma.returncode == 2 and "so far, not gemma3" in gemma.stderr
+    no_reference = invoke_cli("parity", "--mmproj", mmproj, "--reference", str(_qwen(tmp_path / "q2")),
+                              env={"EDGEVLM_PARITY_PYTHON": str(tmp_path / "no-python")})
+    assert no_reference.returncode == 2 and "make parity-env" in no_reference.stderr
+    smolvlm = invoke_cli("parity", "--mmproj", str(test_models["smolvlm_mmproj"]), "--reference",
+                         str(_qwen(tmp_path / "q3")))
+    assert smolvlm.returncode == 2 and "--model" in smolvlm.stderr
+    everything = (missing, bare, text_model, gemma, no_reference, smolvlm)
+    assert all(len(done.stderr.strip().splitlines()) == 1 for done in everything)
+    assert all("Traceback" not in done.stderr for done in everything)
