@@ -20,6 +20,11 @@ Stages (the request's "stage"):
   AutoImageProcessor, on a synthetic image of each [w, h]. Answer: {"kind": "size", "results":
   [[w, h] or null, ...]} for Qwen-VL (null: refused), {"kind": "views", ...} for SmolVLM,
   {"kind": "canvas", "results": [{"canvas": [w, h], "tie": bool}, ...]} for LLaVA-NeXT.
+- "pixels": the pixels a processor hands the encoder, before rescaling and normalising (0..255),
+  for each image file of {"images": [path, ...]}: "qwen-vl" at {"patch_size", "merge", "min_pixels",
+  "max_pixels"}, un-patchified to the resized image; "llava" (LLaVA-1.5: padded to a square in the
+  mean colour, then resized) at {"size": 336}. Answer: {"results": [{"shape": [h, w, 3],
+  "pixels": base64 of the uint8 array}, ...]}.
 - "anyres": LLaVA-NeXT (1.6). Request: {"family": "llava-next", "pinpoints": [[a, b], ...] as
   the checkpoint's config lists them, "tile": 336, "side": 24, "cases": [[w, h], ...],
   "images": N}. Answer: {"canvases": [[w, h], ...]}, the canvas transformers picks
@@ -117,6 +122,43 @@ def _llava_next_anyres(request: dict[str, Any]) -> Answer:
     return {"canvases": canvases, "maps": maps, "views": views}
 
 
+def _pixels(request: dict[str, Any]) -> Answer:
+    import base64
+
+    import numpy as np
+    from PIL import Image
+
+    plain = {"do_rescale": False, "do_normalize": False}
+    if request["family"] == "llava":
+        from transformers.models.llava import image_processing_pil_llava as llava
+
+        side = int(request["size"])
+        processor: Any = llava.LlavaImageProcessorPil(do_pad=True, size={"shortest_edge": side},
+                                                      crop_size={"height": side, "width": side}, **plain)
+    else:
+        from transformers.models.qwen2_vl import image_processing_pil_qwen2_vl as qwen2_vl
+
+        patch, merge = int(request["patch_size"]), int(request["merge"])
+        processor = qwen2_vl.Qwen2VLImageProcessorPil(
+            size={"shortest_edge": int(request["min_pixels"]), "longest_edge": int(request["max_pixels"])},
+            patch_size=patch, merge_size=merge, **plain)
+    results = []
+    for path in request["images"]:
+        out = processor(images=[Image.open(path).convert("RGB")], return_tensors="np")
+        if request["family"] == "llava":
+            chw = out["pixel_values"][0]
+        else:  # undo the patchifying: (t, h/m, w/m, m, m, c, temporal, p, p) back to (c, h, w)
+            grid_t, grid_h, grid_w = (int(v) for v in out["image_grid_thw"][0])
+            temporal = processor.temporal_patch_size
+            patches = out["pixel_values"].reshape(grid_t, grid_h // merge, grid_w // merge, merge, merge, 3,
+                                                  temporal, patch, patch)
+            chw = patches.transpose(0, 6, 5, 1, 3, 7, 2, 4, 8).reshape(
+                grid_t * temporal, 3, grid_h * patch, grid_w * patch)[0]
+        hwc = np.clip(np.rint(chw.transpose(1, 2, 0)), 0, 255).astype(np.uint8)
+        results.append({"shape": list(hwc.shape), "pixels": base64.b64encode(hwc.tobytes()).decode()})
+    return {"results": results}
+
+
 def _checkpoint(request: dict[str, Any]) -> Answer:
     from PIL import Image
     from transformers import AutoImageProcessor
@@ -148,6 +190,8 @@ STAGES: dict[tuple[str, str], Callable[[dict[str, Any]], Answer]] = {
     ("resize", "gemma4"): _gemma4_resize,
     ("tiles", "smolvlm"): _smolvlm_tiles,
     ("anyres", "llava-next"): _llava_next_anyres,
+    ("pixels", "qwen-vl"): _pixels,
+    ("pixels", "llava"): _pixels,
     ("checkpoint", "qwen-vl"): _checkpoint,
     ("checkpoint", "smolvlm"): _checkpoint,
     ("checkpoint", "llava-next"): _checkpoint,

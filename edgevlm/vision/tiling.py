@@ -240,14 +240,19 @@ def useful_pixels(tile_size: int) -> int:
 
 
 def letterbox(image: Image.Image, tile_size: int) -> Image.Image:
-    """The global view: the whole image padded to a square in LLaVA's mean colour, at tile_size."""
+    """The global view: the whole image padded to a square in LLaVA's mean colour, then resized
+    to tile_size, in that order, as LLaVA-1.5 was trained (its expand2square, then CLIP's
+    processor; transformers' LlavaImageProcessor with do_pad). Resizing first and padding after
+    puts the image's edge on a whole pixel where the model saw it blended across one: measured
+    against transformers, a mean difference of 2.1 levels of 255 and 1.2% of pixels more than 8
+    off on a 1000x700 photo, where this order gives the processor's pixels (tests/parity/)."""
     width, height = image.size
-    scale = tile_size / max(width, height)
-    new_size = (max(1, round(width * scale)), max(1, round(height * scale)))
-    resized = resize_view(image, new_size)
-    canvas = Image.new("RGB", (tile_size, tile_size), MEAN_RGB)
-    canvas.paste(resized, ((tile_size - new_size[0]) // 2, (tile_size - new_size[1]) // 2))
-    return canvas
+    side = max(width, height)
+    if width == height:
+        return resize_view(image, (tile_size, tile_size))
+    square = Image.new("RGB", (side, side), MEAN_RGB)
+    square.paste(image, ((side - width) // 2, (side - height) // 2))
+    return resize_view(square, (tile_size, tile_size))
 
 
 def cut_tiles(image: Image.Image, plan: TilePlan) -> list[Image.Image]:
