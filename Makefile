@@ -46,13 +46,15 @@ CLIENTS_VENV := .venv-llama-index
 LLAMA_INDEX_VERSION := 0.8.1
 CLIENTS_STAMP := $(CLIENTS_VENV)/.edgevlm-llama-index-$(LLAMA_INDEX_VERSION)
 # transformers, the reference implementation tests/parity/ compares each family with, in a venv of
-# its own (edgevlm/parity/reference.py runs there; torch and transformers never load into .venv).
+# its own (edgevlm/parity/reference.py runs there; torch and transformers never load into .venv),
+# with gguf-py for scripts/make_parity_models.py, which writes its tiny checkpoints as GGUF pairs.
 # torch==2.13.0 is the CPU build on this workplace's index (about 1.2 GB with transformers); where
 # the index only has the CUDA wheels, set PIP_EXTRA_INDEX_URL to PyTorch's CPU index.
 PARITY_VENV := .venv-parity
 TORCH_VERSION := 2.13.0
 TRANSFORMERS_VERSION := 5.25.0
-PARITY_STAMP := $(PARITY_VENV)/.edgevlm-parity-$(TORCH_VERSION)-$(TRANSFORMERS_VERSION)
+GGUF_VERSION := 0.19.0
+PARITY_STAMP := $(PARITY_VENV)/.edgevlm-parity-$(TORCH_VERSION)-$(TRANSFORMERS_VERSION)-$(GGUF_VERSION)
 
 .PHONY: help setup models demo test test-fast test-models parity-env lint bench peers rpc-server clean
 help:
@@ -115,7 +117,7 @@ parity-env: $(PARITY_STAMP)
 $(PARITY_STAMP):
 	@test -x $(PARITY_VENV)/bin/python || $(PYTHON) -m venv $(PARITY_VENV)
 	$(PARITY_VENV)/bin/python -m pip install -q --disable-pip-version-check \
-	  torch==$(TORCH_VERSION) transformers==$(TRANSFORMERS_VERSION) pillow numpy
+	  torch==$(TORCH_VERSION) transformers==$(TRANSFORMERS_VERSION) gguf==$(GGUF_VERSION) pillow numpy
 	@rm -f $(PARITY_VENV)/.edgevlm-* && touch $@
 
 test-fast: setup test-models

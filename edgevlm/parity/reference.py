@@ -25,6 +25,12 @@ Stages (the request's "stage"):
   "max_pixels"}, un-patchified to the resized image; "llava" (LLaVA-1.5: padded to a square in the
   mean colour, then resized) at {"size": 336}. Answer: {"results": [{"shape": [h, w, 3],
   "pixels": base64 of the uint8 array}, ...]}.
+- "rows" of "qwen-vl": the rows the vision tower and merger of the checkpoint in {"dir"} give each
+  image file of {"images"} (its own processor, its own forward, float32). Answer: {"results":
+  [{"shape": [tokens, width], "rows": base64 of the float32 array}, ...]}.
+- "logits" of "qwen-vl": the checkpoint in {"dir"} run on {"input_ids": [...]} with the image
+  files of {"images"} in their <|image_pad|> runs (none: a text prompt): the next-token logits
+  and {"steps"} greedy tokens. Answer: {"logits": base64 float32, "greedy": [ids]}.
 - "anyres": LLaVA-NeXT (1.6). Request: {"family": "llava-next", "pinpoints": [[a, b], ...] as
   the checkpoint's config lists them, "tile": 336, "side": 24, "cases": [[w, h], ...],
   "images": N}. Answer: {"canvases": [[w, h], ...]}, the canvas transformers picks
@@ -159,6 +165,55 @@ def _pixels(request: dict[str, Any]) -> Answer:
     return {"results": results}
 
 
+def _rows(request: dict[str, Any]) -> Answer:
+    import base64
+
+    import torch
+    from PIL import Image
+    from transformers import AutoImageProcessor, AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(request["dir"], local_files_only=True,
+                                                        dtype=torch.float32).eval()
+    processor = AutoImageProcessor.from_pretrained(request["dir"], local_files_only=True)
+    results = []
+    for path in request["images"]:
+        out = processor(images=[Image.open(path).convert("RGB")], return_tensors="pt")
+        with torch.no_grad():
+            rows = model.model.get_image_features(out["pixel_values"], out["image_grid_thw"]).pooler_output[0]
+        array = rows.float().numpy()
+        results.append({"shape": list(array.shape), "rows": base64.b64encode(array.tobytes()).decode()})
+    return {"results": results}
+
+
+def _logits(request: dict[str, Any]) -> Answer:
+    import base64
+
+    import torch
+    from PIL import Image
+    from transformers import AutoImageProcessor, AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(request["dir"], local_files_only=True,
+                                                        dtype=torch.float32).eval()
+    inputs: dict[str, Any] = {"input_ids": torch.tensor([request["input_ids"]])}
+    if request.get("images"):
+        processor = AutoImageProcessor.from_pretrained(request["dir"], local_files_only=True)
+        images = [Image.open(path).convert("RGB") for path in request["images"]]
+        inputs |= dict(processor(images=images, return_tensors="pt"))
+    inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
+    # which tokens are an image's: transformers 5 places their M-RoPE positions by the grid only
+    # where told (its processor returns this beside the ids; without it every token is text)
+    image_token = model.config.image_token_id
+    inputs["mm_token_type_ids"] = (inputs["input_ids"] == image_token).to(torch.int32)
+    with torch.no_grad():
+        logits = model(**inputs).logits[0, -1].float().numpy()
+        steps = int(request.get("steps", 0))
+        new: list[int] = []
+        if steps:
+            greedy = model.generate(**inputs, max_new_tokens=steps, min_new_tokens=steps, do_sample=False)
+            new = greedy[0, inputs["input_ids"].shape[1]:].tolist()
+    return {"logits": base64.b64encode(logits.tobytes()).decode(), "greedy": new}
+
+
 def _checkpoint(request: dict[str, Any]) -> Answer:
     from PIL import Image
     from transformers import AutoImageProcessor
@@ -192,6 +247,8 @@ STAGES: dict[tuple[str, str], Callable[[dict[str, Any]], Answer]] = {
     ("anyres", "llava-next"): _llava_next_anyres,
     ("pixels", "qwen-vl"): _pixels,
     ("pixels", "llava"): _pixels,
+    ("rows", "qwen-vl"): _rows,
+    ("logits", "qwen-vl"): _logits,
     ("checkpoint", "qwen-vl"): _checkpoint,
     ("checkpoint", "smolvlm"): _checkpoint,
     ("checkpoint", "llava-next"): _checkpoint,

@@ -1,0 +1,146 @@
+"""Tiny reference checkpoints for the parity tests, built by transformers and written as the GGUF
+pair edgevlm loads: run in the reference venv (`make parity-env`), which has torch, transformers
+and gguf-py. Nothing is downloaded.
+
+    .venv-parity/bin/python scripts/make_parity_models.py [OUT_DIR]
+
+For each family (Qwen2.5-VL so far) OUT_DIR/<family>/ gets the transformers checkpoint
+(save_pretrained: config.json, model.safetensors, preprocessor_config.json) with fixed-seed
+random weights, and text.gguf + mmproj.gguf written from the same state dict at f32. The
+tensors are renamed and split as llama.cpp's converter does for the family (convert_hf_to_gguf.py:
+the vision qkv split into q, k and v; the 3D patch kernel into its two frames); the converter itself
+does not take a tiny checkpoint unaided (docs/parity.md), so this writes the pair with gguf-py, as
+make_test_models.py does. The vocabulary is the test models' (SmolLM2's with Qwen's image
+markers), so token ids mean the same on both sides.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import make_test_models as tm  # noqa: E402  (the test models' vocabulary and GGUF headers)
+
+OUT = Path(__file__).resolve().parents[1] / "models" / "test" / "parity"
+BUILD_TAG = "edgevlm parity checkpoint v2"
+SEED = 11
+# The tiny sizes: 2 text and 2 vision layers; the published patch, merge, temporal patch and
+# window (112 px) of Qwen2.5-VL, its full-attention blocks every other block (n_wa_pattern 2).
+TEXT = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+        "max_position_embeddings": 4096, "tie_word_embeddings": True,
+        # weights drawn wider than transformers' default (0.02): logits spread enough that eight
+        # greedy tokens differ from one another, so comparing them says something
+        "initializer_range": 0.2,
+        # transformers' M-RoPE split of a 16-wide head (8 pairs): temporal, height, width, as
+        # make_test_models.py's header writes it for llama.cpp ([2, 2, 4, 0])
+        "rope_scaling": {"type": "mrope", "mrope_section": [2, 2, 4]}}
+VISION = {"depth": 2, "hidden_size": 32, "num_heads": 2, "intermediate_size": 64, "out_hidden_size": 64,
+          "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 112,
+          "fullatt_block_indexes": [1], "hidden_act": "silu"}
+
+
+def build_qwen25vl(folder: Path, vocab_source: Path) -> Path:
+    """The transformers checkpoint and its GGUF pair, unless they are already current."""
+    stamp = folder / "built.json"
+    if stamp.exists() and json.loads(stamp.read_text()).get("tag") == BUILD_TAG:
+        return folder
+    import torch
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    tokens, types, merges, ids = tm._qwen_vocab(vocab_source)
+    marker = {name: tokens.index(name) for name in tm.VISION_TOKENS}
+    torch.manual_seed(SEED)
+    config = Qwen2_5_VLConfig(text_config={**TEXT, "vocab_size": len(tokens)}, vision_config=VISION,
+                              image_token_id=marker["<|image_pad|>"], video_token_id=marker["<|image_pad|>"],
+                              vision_start_token_id=marker["<|vision_start|>"],
+                              vision_end_token_id=marker["<|vision_end|>"], tie_word_embeddings=True,
+                              bos_token_id=ids["bos_token_id"], eos_token_id=ids["eos_token_id"])
+    model = Qwen2_5_VLForConditionalGeneration(config).eval()
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    processor = Qwen2VLImageProcessorPil(size={"shortest_edge": 56 * 56, "longest_edge": 12_845_056},
+                                         patch_size=14, merge_size=2, image_mean=tm.CLIP_MEAN,
+                                         image_std=tm.CLIP_STD)
+    processor.save_pretrained(folder)
+    state = {name: tensor.detach().float().numpy() for name, tensor in model.state_dict().items()}
+    _write_text(folder / "text.gguf", state, (tokens, types, merges, ids))
+    _write_mmproj(folder / "mmproj.gguf", state)
+    stamp.write_text(json.dumps({"tag": BUILD_TAG, "seed": SEED}))
+    return folder
+
+
+def _write_text(path: Path, state: dict[str, np.ndarray], vocab: tuple) -> None:
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path.with_suffix(".part")), "qwen2vl")
+    tm._text_header(writer, "edgevlm-parity-qwen2.5-vl", vocab, tm.QWEN_TEMPLATE, n_embd=TEXT["hidden_size"],
+                    n_layer=TEXT["num_hidden_layers"], n_ff=TEXT["intermediate_size"],
+                    n_head=TEXT["num_attention_heads"], n_head_kv=TEXT["num_key_value_heads"], add_bos=False,
+                    rope_sections=TEXT["hidden_size"] // TEXT["num_attention_heads"] // 2)
+    text = "model.language_model."
+    writer.add_tensor("token_embd.weight", state[f"{text}embed_tokens.weight"])
+    writer.add_tensor("output_norm.weight", state[f"{text}norm.weight"])
+    names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+             "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+             "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
+             "post_attention_layernorm": "ffn_norm"}
+    for layer in range(TEXT["num_hidden_layers"]):
+        for theirs, ours in names.items():
+            for kind in ("weight", "bias"):
+                key = f"{text}layers.{layer}.{theirs}.{kind}"
+                if key in state:
+                    writer.add_tensor(f"blk.{layer}.{ours}.{kind}", state[key])
+    tm._finish(writer, path.with_suffix(".part"), path)
+
+
+def _write_mmproj(path: Path, state: dict[str, np.ndarray]) -> None:
+    import gguf
+
+    width = VISION["hidden_size"]
+    writer = gguf.GGUFWriter(str(path.with_suffix(".part")), "clip")
+    tm._clip_header(writer, "edgevlm-parity-qwen2.5-vl-mmproj", "qwen2.5vl_merger", {"use_silu": True},
+                    eps=1e-6, image_size=560, patch_size=VISION["patch_size"], embedding_length=width,
+                    feed_forward_length=VISION["intermediate_size"], projection_dim=VISION["out_hidden_size"],
+                    head_count=VISION["num_heads"], block_count=VISION["depth"])
+    writer.add_uint32("clip.vision.n_wa_pattern", 2)
+    writer.add_uint32("clip.vision.spatial_merge_size", VISION["spatial_merge_size"])
+    vision = "model.visual."
+    kernel = state[f"{vision}patch_embed.proj.weight"]  # (width, 3, temporal 2, patch, patch)
+    writer.add_tensor("v.patch_embd.weight", np.ascontiguousarray(kernel[:, :, 0]))
+    writer.add_tensor("v.patch_embd.weight.1", np.ascontiguousarray(kernel[:, :, 1]))
+    for block in range(VISION["depth"]):
+        theirs, ours = f"{vision}blocks.{block}.", f"v.blk.{block}."
+        for kind in ("weight", "bias"):
+            q, k, v = np.split(state[f"{theirs}attn.qkv.{kind}"], 3, axis=0)
+            for name, part in (("attn_q", q), ("attn_k", k), ("attn_v", v)):
+                writer.add_tensor(f"{ours}{name}.{kind}", np.ascontiguousarray(part))
+            writer.add_tensor(f"{ours}attn_out.{kind}", state[f"{theirs}attn.proj.{kind}"])
+            for name in ("gate", "up", "down"):
+                writer.add_tensor(f"{ours}ffn_{name}.{kind}", state[f"{theirs}mlp.{name}_proj.{kind}"])
+        writer.add_tensor(f"{ours}ln1.weight", state[f"{theirs}norm1.weight"])
+        writer.add_tensor(f"{ours}ln2.weight", state[f"{theirs}norm2.weight"])
+    writer.add_tensor("v.post_ln.weight", state[f"{vision}merger.ln_q.weight"])
+    for index in (0, 2):
+        for kind in ("weight", "bias"):
+            writer.add_tensor(f"mm.{index}.{kind}", state[f"{vision}merger.mlp.{index}.{kind}"])
+    tm._finish(writer, path.with_suffix(".part"), path)
+
+
+def main() -> int:
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else OUT
+    vocab_source = Path(__file__).resolve().parents[1] / "models" / "test" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not vocab_source.exists():
+        print(f"{vocab_source}: missing; run make test-models first", file=sys.stderr)
+        return 2
+    print(build_qwen25vl(out / "qwen2.5-vl", vocab_source))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
