@@ -4,7 +4,7 @@ and gguf-py. Nothing is downloaded.
 
     .venv-parity/bin/python scripts/make_parity_models.py [OUT_DIR]
 
-For each family (Qwen2.5-VL so far) OUT_DIR/<family>/ gets the transformers checkpoint
+For each family (Qwen2.5-VL, LLaVA-1.6 so far) OUT_DIR/<family>/ gets the transformers checkpoint
 (save_pretrained: config.json, model.safetensors, preprocessor_config.json) with fixed-seed
 random weights, and text.gguf + mmproj.gguf written from the same state dict at f32. The
 tensors are renamed and split as llama.cpp's converter does for the family (convert_hf_to_gguf.py:
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_test_models as tm  # noqa: E402  (the test models' vocabulary and GGUF headers)
 
 OUT = Path(__file__).resolve().parents[1] / "models" / "test" / "parity"
-BUILD_TAG = "edgevlm parity checkpoint v2"
+BUILD_TAG = "edgevlm parity checkpoint v3"
 SEED = 11
 # The tiny sizes: 2 text and 2 vision layers; the published patch, merge, temporal patch and
 # window (112 px) of Qwen2.5-VL, its full-attention blocks every other block (n_wa_pattern 2).
@@ -132,6 +132,124 @@ def _write_mmproj(path: Path, state: dict[str, np.ndarray]) -> None:
     tm._finish(writer, path.with_suffix(".part"), path)
 
 
+# LLaVA-1.6 (LLaVA-NeXT), tiny: a CLIP tower of 112 px views (14 px patches: 8x8 features a view),
+# its second-to-last layer's features (vision_feature_layer -2, the class token dropped), a GELU MLP
+# projector, the learned newline, and a llama text model; the published pinpoints scaled to 112.
+NEXT_VISION = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+               "image_size": 112, "patch_size": 14, "hidden_act": "quick_gelu", "layer_norm_eps": 1e-5}
+NEXT_TEXT = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+             "max_position_embeddings": 4096, "tie_word_embeddings": True, "initializer_range": 0.2}
+NEXT_PINPOINTS = [[112, 224], [224, 112], [224, 224], [336, 112], [112, 336]]
+IMAGE_TOKEN = "<image>"
+
+
+def build_llava_next(folder: Path, vocab_source: Path) -> Path:
+    """The LLaVA-NeXT checkpoint and its GGUF pair (a llama text model, a CLIP mmproj with the
+    pinpoints, spatial_unpad and the newline), unless they are already current."""
+    stamp = folder / "built.json"
+    if stamp.exists() and json.loads(stamp.read_text()).get("tag") == BUILD_TAG:
+        return folder
+    import torch
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaNextConfig, LlavaNextForConditionalGeneration
+    from transformers.models.llava_next.image_processing_pil_llava_next import LlavaNextImageProcessorPil
+
+    tokens, types, merges, ids = tm._vocab(vocab_source)
+    tokens, types = [*tokens, IMAGE_TOKEN], [*types, 3]  # 3: CONTROL
+    torch.manual_seed(SEED)
+    config = LlavaNextConfig(vision_config=CLIPVisionConfig(**NEXT_VISION),
+                             text_config=LlamaConfig(**NEXT_TEXT, vocab_size=len(tokens),
+                                                     bos_token_id=ids["bos_token_id"],
+                                                     eos_token_id=ids["eos_token_id"]),
+                             image_token_index=len(tokens) - 1, image_grid_pinpoints=NEXT_PINPOINTS,
+                             vision_feature_layer=-2, vision_feature_select_strategy="default",
+                             projector_hidden_act="gelu", tie_word_embeddings=True)
+    model = LlavaNextForConditionalGeneration(config).eval()
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    side = NEXT_VISION["image_size"]
+    processor = LlavaNextImageProcessorPil(image_grid_pinpoints=NEXT_PINPOINTS, size={"shortest_edge": side},
+                                           crop_size={"height": side, "width": side},
+                                           image_mean=tm.CLIP_MEAN, image_std=tm.CLIP_STD)
+    processor.save_pretrained(folder)
+    from safetensors.numpy import load_file
+
+    # as saved (the checkpoint's own names, as llama.cpp's converter would read them)
+    state = {name: array.astype(np.float32) for name, array in load_file(folder / "model.safetensors").items()}
+    _write_llama_text(folder / "text.gguf", state, (tokens, types, merges, ids))
+    _write_clip_mmproj(folder / "mmproj.gguf", state)
+    stamp.write_text(json.dumps({"tag": BUILD_TAG, "seed": SEED}))
+    return folder
+
+
+def _permuted(weights: np.ndarray, heads: int) -> np.ndarray:
+    """q and k rows reordered from transformers' rotate-half rope to llama.cpp's pairwise one, as
+    convert_hf_to_gguf.py's LlamaModel.permute does."""
+    return (weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:])
+            .swapaxes(1, 2).reshape(weights.shape))
+
+
+def _write_llama_text(path: Path, state: dict[str, np.ndarray], vocab: tuple) -> None:
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path.with_suffix(".part")), "llama")
+    heads, kv_heads = NEXT_TEXT["num_attention_heads"], NEXT_TEXT["num_key_value_heads"]
+    tm._text_header(writer, "edgevlm-parity-llava-next", vocab, tm.QWEN_TEMPLATE, n_embd=NEXT_TEXT["hidden_size"],
+                    n_layer=NEXT_TEXT["num_hidden_layers"], n_ff=NEXT_TEXT["intermediate_size"], n_head=heads,
+                    n_head_kv=kv_heads, add_bos=False)
+    text = "language_model.model."
+    writer.add_tensor("token_embd.weight", state[f"{text}embed_tokens.weight"])
+    writer.add_tensor("output_norm.weight", state[f"{text}norm.weight"])
+    names = {"self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate",
+             "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
+             "post_attention_layernorm": "ffn_norm"}
+    for layer in range(NEXT_TEXT["num_hidden_layers"]):
+        theirs, ours = f"{text}layers.{layer}.", f"blk.{layer}."
+        writer.add_tensor(f"{ours}attn_q.weight", _permuted(state[f"{theirs}self_attn.q_proj.weight"], heads))
+        writer.add_tensor(f"{ours}attn_k.weight", _permuted(state[f"{theirs}self_attn.k_proj.weight"], kv_heads))
+        for name, target in names.items():
+            writer.add_tensor(f"{ours}{target}.weight", state[f"{theirs}{name}.weight"])
+    tm._finish(writer, path.with_suffix(".part"), path)
+
+
+def _write_clip_mmproj(path: Path, state: dict[str, np.ndarray]) -> None:
+    """The legacy LLaVA mmproj layout, as tools/mtmd/legacy-models/convert_image_encoder_to_gguf.py
+    writes it: the blocks up to the feature layer (vision_feature_layer -2: all but the last) and
+    that layer named (clip.vision.feature_layer), fc1 and fc2 under its swapped names (ffn_down,
+    ffn_up; clip.cpp swaps them back by shape)."""
+    import gguf
+
+    width, blocks = NEXT_VISION["hidden_size"], NEXT_VISION["num_hidden_layers"] - 1
+    writer = gguf.GGUFWriter(str(path.with_suffix(".part")), "clip")
+    tm._clip_header(writer, "edgevlm-parity-llava-next-mmproj", "mlp", {"has_text_encoder": False, "use_gelu": False},
+                    eps=NEXT_VISION["layer_norm_eps"], image_size=NEXT_VISION["image_size"],
+                    patch_size=NEXT_VISION["patch_size"], embedding_length=width,
+                    feed_forward_length=NEXT_VISION["intermediate_size"], projection_dim=NEXT_TEXT["hidden_size"],
+                    head_count=NEXT_VISION["num_attention_heads"], block_count=blocks)
+    writer.add_array("clip.vision.feature_layer", [blocks])
+    writer.add_array("clip.vision.image_grid_pinpoints", [v for pair in NEXT_PINPOINTS for v in pair])
+    writer.add_string("clip.vision.mm_patch_merge_type", "spatial_unpad")
+    tower = "vision_tower."
+    writer.add_tensor("v.class_embd", state[f"{tower}embeddings.class_embedding"])
+    writer.add_tensor("v.patch_embd.weight", state[f"{tower}embeddings.patch_embedding.weight"])
+    writer.add_tensor("v.position_embd.weight", state[f"{tower}embeddings.position_embedding.weight"])
+    for kind in ("weight", "bias"):
+        writer.add_tensor(f"v.pre_ln.{kind}", state[f"{tower}pre_layrnorm.{kind}"])
+    names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+             "self_attn.out_proj": "attn_out", "layer_norm1": "ln1", "layer_norm2": "ln2", "mlp.fc1": "ffn_down",
+             "mlp.fc2": "ffn_up"}
+    for block in range(blocks):
+        for name, target in names.items():
+            for kind in ("weight", "bias"):
+                writer.add_tensor(f"v.blk.{block}.{target}.{kind}",
+                                  state[f"{tower}encoder.layers.{block}.{name}.{kind}"])
+    for index, linear in ((0, "linear_1"), (2, "linear_2")):
+        for kind in ("weight", "bias"):
+            writer.add_tensor(f"mm.{index}.{kind}", state[f"multi_modal_projector.{linear}.{kind}"])
+    writer.add_tensor("model.image_newline", state["image_newline"])
+    tm._finish(writer, path.with_suffix(".part"), path)
+
+
 def main() -> int:
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else OUT
     vocab_source = Path(__file__).resolve().parents[1] / "models" / "test" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -139,6 +257,7 @@ def main() -> int:
         print(f"{vocab_source}: missing; run make test-models first", file=sys.stderr)
         return 2
     print(build_qwen25vl(out / "qwen2.5-vl", vocab_source))
+    print(build_llava_next(out / "llava-next", vocab_source))
     return 0
 
 

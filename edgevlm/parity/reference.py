@@ -28,8 +28,13 @@ Stages (the request's "stage"):
 - "rows" of "qwen-vl": the rows the vision tower and merger of the checkpoint in {"dir"} give each
   image file of {"images"} (its own processor, its own forward, float32). Answer: {"results":
   [{"shape": [tokens, width], "rows": base64 of the float32 array}, ...]}.
-- "logits" of "qwen-vl": the checkpoint in {"dir"} run on {"input_ids": [...]} with the image
-  files of {"images"} in their <|image_pad|> runs (none: a text prompt): the next-token logits
+- "rows" of "llava-next": each view's rows (the processor's overview and tiles, before packing)
+  of each image file, at the checkpoint's feature layer; with {"class_token": "last"}, as
+  llama.cpp's llava graph lays its tower's input out (the class token after the patches, positions
+  in that order, the rows from the second on: llama.cpp #25814). Answer: {"results": [{"shape":
+  [views, tokens, width], "rows": …}, ...]}.
+- "logits" of "qwen-vl" or "llava-next": the checkpoint in {"dir"} run on {"input_ids": [...]} with the image
+  files of {"images"} in their image-token runs (none: a text prompt): the next-token logits
   and {"steps"} greedy tokens. Answer: {"logits": base64 float32, "greedy": [ids]}.
 - "anyres": LLaVA-NeXT (1.6). Request: {"family": "llava-next", "pinpoints": [[a, b], ...] as
   the checkpoint's config lists them, "tile": 336, "side": 24, "cases": [[w, h], ...],
@@ -185,6 +190,37 @@ def _rows(request: dict[str, Any]) -> Answer:
     return {"results": results}
 
 
+def _llava_next_rows(request: dict[str, Any]) -> Answer:
+    import base64
+
+    import torch
+    from PIL import Image
+    from transformers import AutoImageProcessor, AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(request["dir"], local_files_only=True,
+                                                        dtype=torch.float32).eval()
+    processor = AutoImageProcessor.from_pretrained(request["dir"], local_files_only=True)
+    tower, project = model.model.vision_tower, model.model.multi_modal_projector
+    layers = model.config.vision_config.num_hidden_layers + 1 + model.config.vision_feature_layer
+    results = []
+    for path in request["images"]:
+        views = processor(images=[Image.open(path).convert("RGB")], return_tensors="pt")["pixel_values"][0]
+        with torch.no_grad():
+            if request.get("class_token") == "last":
+                patches = tower.embeddings.patch_embedding(views).flatten(2).transpose(1, 2)
+                first = torch.cat([patches, tower.embeddings.class_embedding.expand(len(views), 1, -1)], 1)
+                hidden = tower.pre_layrnorm(first + tower.embeddings.position_embedding.weight[None])
+                for layer in tower.encoder.layers[:layers]:
+                    out = layer(hidden, None)
+                    hidden = out[0] if isinstance(out, tuple) else out
+                features = hidden[:, 1:]
+            else:
+                features = tower(views, output_hidden_states=True).hidden_states[layers][:, 1:]
+            array = project(features).float().numpy()
+        results.append({"shape": list(array.shape), "rows": base64.b64encode(array.tobytes()).decode()})
+    return {"results": results}
+
+
 def _logits(request: dict[str, Any]) -> Answer:
     import base64
 
@@ -200,10 +236,11 @@ def _logits(request: dict[str, Any]) -> Answer:
         images = [Image.open(path).convert("RGB") for path in request["images"]]
         inputs |= dict(processor(images=images, return_tensors="pt"))
     inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
-    # which tokens are an image's: transformers 5 places their M-RoPE positions by the grid only
-    # where told (its processor returns this beside the ids; without it every token is text)
-    image_token = model.config.image_token_id
-    inputs["mm_token_type_ids"] = (inputs["input_ids"] == image_token).to(torch.int32)
+    if request["family"] == "qwen-vl":
+        # which tokens are an image's: transformers 5 places their M-RoPE positions by the grid
+        # only where told (its processor returns this beside the ids; without it all are text)
+        image_token = model.config.image_token_id
+        inputs["mm_token_type_ids"] = (inputs["input_ids"] == image_token).to(torch.int32)
     with torch.no_grad():
         logits = model(**inputs).logits[0, -1].float().numpy()
         steps = int(request.get("steps", 0))
@@ -249,6 +286,8 @@ STAGES: dict[tuple[str, str], Callable[[dict[str, Any]], Answer]] = {
     ("pixels", "llava"): _pixels,
     ("rows", "qwen-vl"): _rows,
     ("logits", "qwen-vl"): _logits,
+    ("logits", "llava-next"): _logits,
+    ("rows", "llava-next"): _llava_next_rows,
     ("checkpoint", "qwen-vl"): _checkpoint,
     ("checkpoint", "smolvlm"): _checkpoint,
     ("checkpoint", "llava-next"): _checkpoint,
