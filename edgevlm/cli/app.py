@@ -636,9 +636,13 @@ transformers, does: the size, tiles or canvas the checkpoint's own image process
 against edgevlm's plan at --detail. Prints a row per image: edgevlm's value, transformers',
 and same, differs or a known difference with its reason; exits 1 when any differs.
 
+With --model, also the rows the vision tower and projector give three photos (or yours),
+row by row, on Qwen2/2.5-VL and LLaVA-1.6 (stage 3; the text weights are never loaded), and a
+warning where the tower's activations near f16's range.
+
 Needs transformers beside edgevlm (make parity-env in a checkout, or pip install
-'edgevlm[parity]'). Compares Qwen2/2.5/3-VL, LLaVA-1.6 and SmolVLM checkpoints so far (stage 1,
-preprocessing; docs/parity.md has the stages and the known differences).
+'edgevlm[parity]'). Compares Qwen2/2.5/3-VL, LLaVA-1.6 and SmolVLM checkpoints so far;
+docs/parity.md has the stages and the known differences.
 
 \b
 Example:
@@ -690,8 +694,8 @@ def parity(
         metavar="DIR", help="The transformers checkpoint the GGUF was converted from, on disk "
         "(its preprocessor_config.json is what is read; nothing is downloaded).")],
     model: Annotated[Path | None, typer.Option(
-        "--model", "-m", metavar="GGUF", help="The text model it pairs with: needed where mtmd counts the "
-        "tiles (SmolVLM), and checked as a pair where given.")] = None,
+        "--model", "-m", metavar="GGUF", help="The text model it pairs with: runs stage 3 (the image "
+        "rows), and is needed where mtmd counts the tiles (SmolVLM).")] = None,
     image: Annotated[list[Path] | None, typer.Option(
         metavar="PHOTO", help="A photo to check (repeatable). Default: nine standard sizes, "
         "phone photos, a screen, a thumbnail, a panorama and a strip.")] = None,

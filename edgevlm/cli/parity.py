@@ -3,24 +3,34 @@ transformers. Stage 1 (preprocessing) so far; the command is thin over parity/."
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import typer
+from PIL import Image
 
 from edgevlm.cli.render import err
 from edgevlm.errors import ConfigError
-from edgevlm.families import check_pair, read_projector
-from edgevlm.models.gguf import read_text_model
+from edgevlm.families import check_pair, family_for, read_projector
+from edgevlm.models.gguf import ProjectorFacts, TextModelFacts, read_text_model
 from edgevlm.parity.check import (
+    ROWS_SIZES,
     STANDARD_SIZES,
     ParityRow,
     ParityVerdict,
     check_reference_dir,
+    decode_rows,
+    f16_warnings,
     needs_mtmd_count,
     preprocess_rows,
     reference_kind,
     reference_request,
     rows_json,
+    rows_rows,
+    shown_views,
+    synthetic_photo,
 )
 from edgevlm.parity.client import ask_reference, reference_python
 from edgevlm.vision.images import load_image
@@ -55,20 +65,64 @@ def run_parity(mmproj: Path, model: Path | None, reference: Path, images: list[P
     err.print(f"stage 1, preprocessing: {len(sizes)} images at --detail {detail.value}, "
               f"against {folder.name}'s processor in transformers …")
     answer = ask_reference(python, reference_request(projector, folder, sizes))
+    warnings: list[str] = []
     if text is None:
         rows = preprocess_rows(projector, names, sizes, detail, answer)
     else:
         with mtmd_blocks(text, projector) as count:
             rows = preprocess_rows(projector, names, sizes, detail, answer, count)
+        if family_for(projector).name in ROWS_FAMILIES:
+            photos = ([(p.name, load_image(p).image) for p in images] if images else
+                      [(f"{w}x{h}", synthetic_photo((w, h), seed)) for seed, (w, h) in enumerate(ROWS_SIZES)])
+            more, warnings = _rows_stage(python, text, projector, folder, photos, detail)
+            rows += more
     if json_out:
-        typer.echo(rows_json(rows))
+        typer.echo(rows_json(rows, warnings))
     else:
         _print_table(rows)
+    for warning in warnings:
+        err.print(f"[yellow]warning:[/] {warning}")
     differs = [row for row in rows if row.verdict is ParityVerdict.DIFFERS]
     if differs:
         err.print(f"diverges at stage {differs[0].stage}: {len(differs)} of {len(rows)} images differ")
         return 1
     return 0
+
+
+# The families whose checkpoints stage 3 runs (transformers' tower, the reference's "rows"); not
+# Qwen3-VL yet, whose rows carry its deepstack layers' features too.
+ROWS_FAMILIES = ("qwen2-vl", "llava-next")
+
+
+def _rows_stage(python: Path, text: TextModelFacts, projector: ProjectorFacts, folder: Path,
+                photos: list[tuple[str, Image.Image]], detail: Detail) -> tuple[list[ParityRow], list[str]]:
+    """Stage 3: each photo's rows from mtmd (edgevlm's views, the projector on the vocabulary
+    alone) against the checkpoint's own tower and projector in transformers."""
+    from edgevlm.runtime.loading import projector_rows
+
+    kind = reference_kind(projector)
+    err.print(f"stage 3, image rows: {len(photos)} images through {folder.name}'s tower in transformers "
+              "and in llama.cpp …")
+    with tempfile.TemporaryDirectory(prefix="edgevlm-parity-") as scratch:
+        views = [shown_views(projector, image, detail) for _name, image in photos]
+        paths = []
+        for index, ((_name, image), shown) in enumerate(zip(photos, views, strict=True)):
+            path = Path(scratch) / f"{index}.png"
+            # Qwen-VL: the view edgevlm hands mtmd, which the processor keeps; LLaVA-1.6: the photo,
+            # which the processor cuts into its own views
+            (shown[0] if kind == "qwen-vl" else image).save(path)
+            paths.append(str(path))
+        request = {"stage": "rows", "family": kind, "dir": str(folder.resolve()), "images": paths}
+        theirs = ask_reference(python, request)["results"]
+        shifted: list[dict[str, Any] | None] = [None] * len(photos)
+        if kind == "llava-next":  # llama.cpp's own order too, to name its known difference
+            shifted = ask_reference(python, {**request, "class_token": "last"})["results"]
+    rows = []
+    for (name, _image), shown, own, other in zip(photos, views, theirs, shifted, strict=True):
+        ours = projector_rows(text, projector, shown)
+        mine = ours[0] if kind == "qwen-vl" else np.stack(ours)
+        rows.append(rows_rows(name, mine, decode_rows(own), decode_rows(other) if other else None))
+    return rows, f16_warnings([name for name, _ in photos], [result["peak"] for result in theirs])
 
 
 def _print_table(rows: list[ParityRow]) -> None:

@@ -28,6 +28,15 @@ def block_counter(model_path: str, mmproj_path: str) -> Iterator[BlockCount]:
     """mtmd's own count of an image's block by size, with no weights loaded: the text model's
     vocabulary only (for the family's marker tokens) and the projector's preprocessing. For plans
     made before a model loads; (block tokens, visual tokens) per (width, height)."""
+    with vocab_projector(model_path, mmproj_path) as projector:
+        yield projector.count_size
+
+
+@contextlib.contextmanager
+def vocab_projector(model_path: str, mmproj_path: str, *, row_width: int = 0) -> Iterator[Projector]:
+    """The projector on the text model's vocabulary alone (its weights are never read): enough
+    for mtmd to preprocess, count and encode images, and cheap beside a 7B model. A vocabulary
+    alone has no width, so encoding needs the rows' (`row_width`: the projector's output)."""
     NATIVE_LOG.install()  # this can be the process's first load: its log goes where --quiet says
     params = llama_cpp.llama_model_default_params()
     params.vocab_only = True
@@ -37,13 +46,13 @@ def block_counter(model_path: str, mmproj_path: str) -> Iterator[BlockCount]:
     options = mtmd_cpp.mtmd_context_params_default()
     options.use_gpu, options.print_timings, options.warmup = False, False, False
     try:
-        projector = Projector(mmproj_path, model, options, llama_cpp.llama_model_n_embd_inp(model))
+        width = row_width or llama_cpp.llama_model_n_embd_inp(model)
+        projector = Projector(mmproj_path, model, options, width)
     except BaseException:
         llama_cpp.llama_model_free(model)
         raise
-
     try:
-        yield projector.count_size
+        yield projector
     finally:
         projector.close()
         llama_cpp.llama_model_free(model)

@@ -8,12 +8,16 @@ imports llama_cpp or transformers.
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+from PIL import Image
 
 from edgevlm.errors import ConfigError
 from edgevlm.families import family_for, layout_for
@@ -30,6 +34,14 @@ STANDARD_SIZES = ((4032, 3024), (3024, 4032), (1920, 1080), (512, 512), (1280, 7
                   (64, 48), (6000, 1000), (3534, 13))
 # The room the check plans in: larger than any family's most, so only the task bounds the image.
 OPEN_ROOM = 1_000_000
+# The photo sizes stage 3 runs on when no --image is given (a real tower on the CPU: a few).
+ROWS_SIZES = ((1280, 720), (512, 512), (300, 200))
+# Below this cosine on any row, the image the model is shown has changed (an f16 mmproj of a
+# real model measures 0.999 and more; the f32 tiny checkpoints 0.9999997).
+SAME_ROW_COSINE = 0.99
+# f16's largest value is 65,504: a tower whose layers reach half of it may overflow in an f16
+# mmproj (the "?" loops of llama.cpp #17534).
+F16_WARNING = 65_504 / 2
 # The processor files a transformers checkpoint keeps its image settings in.
 PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 
@@ -151,6 +163,63 @@ def _row(name: str, measure: str, ours: str, theirs: str, same: bool) -> ParityR
     return ParityRow("1 preprocess", name, measure, ours, theirs, verdict)
 
 
-def rows_json(rows: Sequence[ParityRow]) -> str:
+def rows_json(rows: Sequence[ParityRow], warnings: Sequence[str] = ()) -> str:
     first = next((row.stage for row in rows if row.verdict is ParityVerdict.DIFFERS), None)
-    return json.dumps({"rows": [row.to_json() for row in rows], "diverges": first})
+    return json.dumps({"rows": [row.to_json() for row in rows], "diverges": first,
+                       "warnings": list(warnings)})
+
+
+def shown_views(projector: ProjectorFacts, image: Image.Image, detail: Detail) -> list[Image.Image]:
+    """The views edgevlm hands mtmd for this image at `detail`: the plan's size for an mtmd family
+    (Qwen-VL: transformers' size, which mtmd keeps), the overview and tiles for LLaVA-1.6."""
+    layout = layout_for(projector)
+    budget = with_task(ViewBudget(room=OPEN_ROOM, tile_size=projector.image_size,
+                                  view_tokens=projector.tokens_per_image), detail, layout.budgets)
+    return layout.views(image, layout.plan(image.size, budget))
+
+
+def synthetic_photo(size: tuple[int, int], seed: int) -> Image.Image:
+    """A stand-in photo: gradients and noise, so that any difference in resampling or patch
+    order changes what the encoder computes."""
+    width, height = size
+    y, x = np.mgrid[0:height, 0:width]
+    pixels = np.stack([x * 255 // max(width, 1), y * 255 // max(height, 1), (x * y) % 256], -1)
+    pixels = pixels + np.random.default_rng(seed).integers(-30, 30, pixels.shape)
+    return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
+
+
+def decode_rows(result: dict[str, Any]) -> np.ndarray:
+    """A reference answer's rows (base64 float32) as an array."""
+    return np.frombuffer(base64.b64decode(result["rows"]), np.float32).reshape(result["shape"])
+
+
+def rows_rows(name: str, ours: np.ndarray, theirs: np.ndarray,
+              class_token_last: np.ndarray | None = None) -> ParityRow:
+    """Stage 3 for one image: the rows the projector gives, row by row, against the reference's;
+    a LLaVA tower's rows that are the reference run with the class token last are llama.cpp #25814."""
+    measure = "image rows: least cosine, most |Δ|/max"
+    if ours.shape != theirs.shape:
+        return ParityRow("3 image rows", name, measure, f"shape {ours.shape}", f"shape {theirs.shape}",
+                         ParityVerdict.DIFFERS)
+    cosine, relative = _row_cosine(ours, theirs), float(np.abs(ours - theirs).max() / np.abs(theirs).max())
+    ours_text, theirs_text = f"{cosine:.6f}, {relative:.1e}", "(the reference)"
+    if cosine >= SAME_ROW_COSINE:
+        return ParityRow("3 image rows", name, measure, ours_text, theirs_text, ParityVerdict.SAME)
+    if class_token_last is not None and _row_cosine(ours, class_token_last) >= SAME_ROW_COSINE:
+        return ParityRow("3 image rows", name, measure, ours_text, theirs_text, ParityVerdict.KNOWN,
+                         "llama.cpp's llava graph puts CLIP's class token last (llama.cpp #25814): each "
+                         "patch gets its neighbour's position; fixed upstream by #25844, not yet released")
+    return ParityRow("3 image rows", name, measure, ours_text, theirs_text, ParityVerdict.DIFFERS)
+
+
+def f16_warnings(names: Sequence[str], peaks: Sequence[float]) -> list[str]:
+    """A line for each image whose tower's activations reach half of f16's range."""
+    return [f"{name}: the vision tower's activations reach {peak:,.0f}, near f16's 65,504; an f16 "
+            "mmproj may overflow (\"?\" answers, llama.cpp #17534): convert it at f32 or bf16"
+            for name, peak in zip(names, peaks, strict=True) if peak >= F16_WARNING]
+
+
+def _row_cosine(ours: np.ndarray, theirs: np.ndarray) -> float:
+    flat_ours, flat_theirs = ours.reshape(-1, ours.shape[-1]), theirs.reshape(-1, theirs.shape[-1])
+    norms = np.linalg.norm(flat_ours, axis=1) * np.linalg.norm(flat_theirs, axis=1)
+    return float(((flat_ours * flat_theirs).sum(1) / np.maximum(norms, 1e-30)).min())

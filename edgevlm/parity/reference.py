@@ -46,12 +46,34 @@ Stages (the request's "stage"):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 Answer = dict[str, Any]
+
+
+@contextlib.contextmanager
+def _peak_activation(module: Any) -> Iterator[list[float]]:
+    """The largest |value| any layer of `module` outputs while the block runs (hooks on every
+    submodule): how near the vision tower comes to f16's range."""
+    import torch
+
+    peak = [0.0]
+
+    def record(_module: Any, _inputs: Any, output: Any) -> None:
+        for value in output if isinstance(output, (tuple, list)) else (output,):
+            if isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel():
+                peak[0] = max(peak[0], float(value.detach().abs().max()))
+
+    hooks = [child.register_forward_hook(record) for child in module.modules()]
+    try:
+        yield peak
+    finally:
+        for hook in hooks:
+            hook.remove()
 
 
 def _qwen_vl_resize(request: dict[str, Any]) -> Answer:
@@ -183,10 +205,11 @@ def _rows(request: dict[str, Any]) -> Answer:
     results = []
     for path in request["images"]:
         out = processor(images=[Image.open(path).convert("RGB")], return_tensors="pt")
-        with torch.no_grad():
+        with torch.no_grad(), _peak_activation(model.model.visual) as peak:
             rows = model.model.get_image_features(out["pixel_values"], out["image_grid_thw"]).pooler_output[0]
         array = rows.float().numpy()
-        results.append({"shape": list(array.shape), "rows": base64.b64encode(array.tobytes()).decode()})
+        results.append({"shape": list(array.shape), "rows": base64.b64encode(array.tobytes()).decode(),
+                        "peak": peak[0]})
     return {"results": results}
 
 
@@ -205,7 +228,7 @@ def _llava_next_rows(request: dict[str, Any]) -> Answer:
     results = []
     for path in request["images"]:
         views = processor(images=[Image.open(path).convert("RGB")], return_tensors="pt")["pixel_values"][0]
-        with torch.no_grad():
+        with torch.no_grad(), _peak_activation(tower) as peak:
             if request.get("class_token") == "last":
                 patches = tower.embeddings.patch_embedding(views).flatten(2).transpose(1, 2)
                 first = torch.cat([patches, tower.embeddings.class_embedding.expand(len(views), 1, -1)], 1)
@@ -217,7 +240,8 @@ def _llava_next_rows(request: dict[str, Any]) -> Answer:
             else:
                 features = tower(views, output_hidden_states=True).hidden_states[layers][:, 1:]
             array = project(features).float().numpy()
-        results.append({"shape": list(array.shape), "rows": base64.b64encode(array.tobytes()).decode()})
+        results.append({"shape": list(array.shape), "rows": base64.b64encode(array.tobytes()).decode(),
+                        "peak": peak[0]})
     return {"results": results}
 
 

@@ -11,6 +11,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+import numpy as np
+from PIL import Image
+
 from edgevlm.chat.checkpoints import checkpoint_ram_bytes
 from edgevlm.chat.conversation import DEFAULT_QUESTION, ChatSequence, turn_costs
 from edgevlm.chat.prompts import PromptFormat, detect_format
@@ -285,6 +288,22 @@ def mtmd_blocks(text: TextModelFacts, projector: ProjectorFacts) -> Iterator[Blo
 
     with block_counter(str(text.path), str(projector.path)) as count:
         yield functools.lru_cache(maxsize=256)(count)
+
+
+def projector_rows(text: TextModelFacts, projector: ProjectorFacts,
+                   images: Sequence[Image.Image]) -> list[np.ndarray]:
+    """What the projector gives each image, as mtmd lays it out (its marker tokens left out): the
+    rows the language model is shown, on the text model's vocabulary alone (edgevlm parity)."""
+    from edgevlm.llama.meter import RequestMeter
+    from edgevlm.llama.vision import vocab_projector
+
+    rows = []
+    with vocab_projector(str(text.path), str(projector.path), row_width=projector.projection_dim) as vision:
+        for image in images:
+            block = vision.encode_block(image, RequestMeter())
+            rows.append(np.concatenate([np.asarray(piece.rows, np.float32) for piece in block.pieces
+                                        if not isinstance(piece, tuple)]))
+    return rows
 
 
 def _devices(flags: ModelFlags) -> tuple[MachineMemory, tuple[str, ...]]:

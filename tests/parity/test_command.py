@@ -111,3 +111,55 @@ def test_bad_input_is_one_line_before_the_reference_runs(test_models: dict[str, 
     everything = (missing, bare, text_model, gemma, no_reference, smolvlm)
     assert all(len(done.stderr.strip().splitlines()) == 1 for done in everything)
     assert all("Traceback" not in done.stderr for done in everything)
+
+
+PERTURB = """
+import shutil, sys, torch
+from transformers import AutoModelForImageTextToText
+source, out = sys.argv[1], sys.argv[2]
+model = AutoModelForImageTextToText.from_pretrained(source, local_files_only=True)
+torch.manual_seed(0)
+with torch.no_grad():
+    merger = model.model.visual.merger.mlp[2].weight  # other rows
+    merger.add_(torch.randn_like(merger) * merger.std())
+    model.model.visual.patch_embed.proj.weight.mul_(3e4)  # activations past f16's range (normed after)
+model.save_pretrained(out)
+shutil.copy(f"{source}/preprocessor_config.json", out)
+"""
+
+
+def test_stage_3_compares_the_rows_and_names_a_perturbed_checkpoint(reference: Path, tmp_path: Path) -> None:
+    """With --model, the rows each photo gives through mtmd against the checkpoint's own tower in
+    transformers: the same on the checkpoint the GGUF was written from; on one whose weights were
+    changed after, a divergence at stage 3 (exit 1) and a warning where the tower's activations
+    pass half of f16's range; LLaVA-1.6's rows are llama.cpp #25814's known difference."""
+    import subprocess
+
+    from .test_forward import ROOT
+
+    parity = ROOT / "models" / "test" / "parity"
+    subprocess.run([str(reference), str(ROOT / "scripts" / "make_parity_models.py"), str(parity)],
+                   check=True, capture_output=True)
+    qwen = parity / "qwen2.5-vl"
+    args = ["parity", "--model", str(qwen / "text.gguf"), "--mmproj", str(qwen / "mmproj.gguf"), "--json"]
+    same = invoke_cli(*args, "--reference", str(qwen))
+    assert same.returncode == 0, same.stderr
+    stage3 = [row for row in _rows(same.stdout)["rows"] if row["stage"] == "3 image rows"]
+    assert len(stage3) == 3 and {row["verdict"] for row in stage3} == {"same"}
+    assert _rows(same.stdout)["warnings"] == []
+
+    changed = tmp_path / "perturbed"
+    subprocess.run([str(reference), "-c", PERTURB, str(qwen), str(changed)], check=True, capture_output=True)
+    diverged = invoke_cli(*args, "--reference", str(changed))
+    assert diverged.returncode == 1
+    data = _rows(diverged.stdout)
+    assert data["diverges"] == "3 image rows"
+    assert {row["verdict"] for row in data["rows"] if row["stage"] == "3 image rows"} == {"differs"}
+    assert data["warnings"] and "f16" in data["warnings"][0]
+
+    llava = parity / "llava-next"
+    known = invoke_cli("parity", "--model", str(llava / "text.gguf"), "--mmproj", str(llava / "mmproj.gguf"),
+                       "--reference", str(llava), "--json")
+    assert known.returncode == 0, known.stderr
+    rows = [row for row in _rows(known.stdout)["rows"] if row["stage"] == "3 image rows"]
+    assert rows and all(row["verdict"] == "known difference" and "#25814" in row["why"] for row in rows)
