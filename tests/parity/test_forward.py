@@ -37,6 +37,7 @@ ROWS_RELATIVE = 1e-3  # measured: at most 5.6e-4 of the largest value
 # vision rows' 5e-4 carried through; LLaVA-1.6 from transformers' own rows: 1e-5, float error.
 LOGITS_SPREAD = 0.02
 PACKING_SPREAD = 1e-4
+SWAP_SPREAD = 1e-3  # text alone after the swap: measured 1.7e-4 over 61 tokens
 
 
 @pytest.fixture(scope="module")
@@ -239,3 +240,44 @@ def test_llava_16_packing_gives_transformers_logits(reference: Path, checkpoint:
         theirs = _floats(answer["logits"])
         assert np.abs(ours - theirs).max() <= PACKING_SPREAD * theirs.std(), size
         assert greedy == answer["greedy"] and len(set(greedy)) > 4, size
+
+
+def test_after_the_summary_swap_the_chat_is_transformers_on_the_swapped_text(
+        reference: Path, checkpoint: Path, engine: Any, tmp_path: Path) -> None:
+    """Stage 4 after the swap: an image turn answered, its image swapped for its summary in the
+    cache (re-decoding only what follows it), and a follow-up asked. The cache then holds text
+    alone, and the follow-up's first-token logits and greedy tokens are transformers' on that text,
+    run from scratch: the swap leaves nothing of the image behind that a fresh prefill would not."""
+    from edgevlm.chat.prompts import CHATML
+    from edgevlm.families import layout_for, read_projector
+    from edgevlm.values.sampling import Sampling
+    from edgevlm.vision.images import LoadedImage
+
+    from ..conftest import make_conversation
+
+    photo = Image.open(_photo(tmp_path / "photo.png", (224, 168), 3)).convert("RGB")
+    chat = make_conversation(engine.sequence(), CHATML, tile_size=560, max_tokens=6, caption_tokens=10,
+                             sampling=Sampling(temperature=0.0),
+                             layout=layout_for(read_projector(checkpoint / "mmproj.gguf")))
+    chat.reset()
+    chat.ask("What is in the picture?", image=LoadedImage(Path("photo.png"), photo, photo.size))
+    chat.summarise_pending()
+    chat.check()
+    kinds = [segment.kind for segment in chat.segments]
+    assert "image" not in kinds and "summary" in kinds  # the image is its summary now
+    history = [token for segment in chat.segments for token in segment.tokens]
+    assert len(history) == chat.kv_tokens
+    follow_up = list(engine.sequence().tokenize("<|im_start|>user\nAnd the colours?<|im_end|>\n"
+                                                "<|im_start|>assistant\n"))
+    sequence = engine.sequence()
+    sequence.eval_text(follow_up)
+    ours = sequence._current_logits().copy()
+    greedy = []
+    for _ in range(8):
+        greedy.append(int(np.argmax(sequence._current_logits())))
+        sequence.eval_text([greedy[-1]])
+    answer = ask_reference(reference, {"stage": "logits", "family": "qwen-vl", "dir": str(checkpoint),
+                                       "input_ids": history + follow_up, "images": [], "steps": 8})
+    theirs = _floats(answer["logits"])
+    assert np.abs(ours - theirs).max() <= SWAP_SPREAD * theirs.std()
+    assert greedy == answer["greedy"] and len(set(greedy)) > 4
