@@ -175,7 +175,8 @@ def build_llava_next(folder: Path, vocab_source: Path) -> Path:
     from safetensors.numpy import load_file
 
     # as saved (the checkpoint's own names, as llama.cpp's converter would read them)
-    state = {name: array.astype(np.float32) for name, array in load_file(folder / "model.safetensors").items()}
+    saved = load_file(folder / "model.safetensors")
+    state = {name: array.astype(np.float32) for name, array in saved.items()}
     _write_llama_text(folder / "text.gguf", state, (tokens, types, merges, ids))
     _write_clip_mmproj(folder / "mmproj.gguf", state)
     stamp.write_text(json.dumps({"tag": BUILD_TAG, "seed": SEED}))
@@ -194,7 +195,8 @@ def _write_llama_text(path: Path, state: dict[str, np.ndarray], vocab: tuple) ->
 
     writer = gguf.GGUFWriter(str(path.with_suffix(".part")), "llama")
     heads, kv_heads = NEXT_TEXT["num_attention_heads"], NEXT_TEXT["num_key_value_heads"]
-    tm._text_header(writer, "edgevlm-parity-llava-next", vocab, tm.QWEN_TEMPLATE, n_embd=NEXT_TEXT["hidden_size"],
+    tm._text_header(writer, "edgevlm-parity-llava-next", vocab, tm.QWEN_TEMPLATE,
+                    n_embd=NEXT_TEXT["hidden_size"],
                     n_layer=NEXT_TEXT["num_hidden_layers"], n_ff=NEXT_TEXT["intermediate_size"], n_head=heads,
                     n_head_kv=kv_heads, add_bos=False)
     text = "language_model.model."
@@ -206,7 +208,8 @@ def _write_llama_text(path: Path, state: dict[str, np.ndarray], vocab: tuple) ->
     for layer in range(NEXT_TEXT["num_hidden_layers"]):
         theirs, ours = f"{text}layers.{layer}.", f"blk.{layer}."
         writer.add_tensor(f"{ours}attn_q.weight", _permuted(state[f"{theirs}self_attn.q_proj.weight"], heads))
-        writer.add_tensor(f"{ours}attn_k.weight", _permuted(state[f"{theirs}self_attn.k_proj.weight"], kv_heads))
+        keys = state[f"{theirs}self_attn.k_proj.weight"]
+        writer.add_tensor(f"{ours}attn_k.weight", _permuted(keys, kv_heads))
         for name, target in names.items():
             writer.add_tensor(f"{ours}{target}.weight", state[f"{theirs}{name}.weight"])
     tm._finish(writer, path.with_suffix(".part"), path)
@@ -221,10 +224,12 @@ def _write_clip_mmproj(path: Path, state: dict[str, np.ndarray]) -> None:
 
     width, blocks = NEXT_VISION["hidden_size"], NEXT_VISION["num_hidden_layers"] - 1
     writer = gguf.GGUFWriter(str(path.with_suffix(".part")), "clip")
-    tm._clip_header(writer, "edgevlm-parity-llava-next-mmproj", "mlp", {"has_text_encoder": False, "use_gelu": False},
+    flags = {"has_text_encoder": False, "use_gelu": False}
+    tm._clip_header(writer, "edgevlm-parity-llava-next-mmproj", "mlp", flags,
                     eps=NEXT_VISION["layer_norm_eps"], image_size=NEXT_VISION["image_size"],
                     patch_size=NEXT_VISION["patch_size"], embedding_length=width,
-                    feed_forward_length=NEXT_VISION["intermediate_size"], projection_dim=NEXT_TEXT["hidden_size"],
+                    feed_forward_length=NEXT_VISION["intermediate_size"],
+                    projection_dim=NEXT_TEXT["hidden_size"],
                     head_count=NEXT_VISION["num_attention_heads"], block_count=blocks)
     writer.add_array("clip.vision.feature_layer", [blocks])
     writer.add_array("clip.vision.image_grid_pinpoints", [v for pair in NEXT_PINPOINTS for v in pair])
@@ -236,7 +241,8 @@ def _write_clip_mmproj(path: Path, state: dict[str, np.ndarray]) -> None:
     for kind in ("weight", "bias"):
         writer.add_tensor(f"v.pre_ln.{kind}", state[f"{tower}pre_layrnorm.{kind}"])
     names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-             "self_attn.out_proj": "attn_out", "layer_norm1": "ln1", "layer_norm2": "ln2", "mlp.fc1": "ffn_down",
+             "self_attn.out_proj": "attn_out", "layer_norm1": "ln1", "layer_norm2": "ln2",
+             "mlp.fc1": "ffn_down",
              "mlp.fc2": "ffn_up"}
     for block in range(blocks):
         for name, target in names.items():

@@ -117,9 +117,11 @@ def _rows_stage(python: Path, text: TextModelFacts, projector: ProjectorFacts, f
         shifted: list[dict[str, Any] | None] = [None] * len(photos)
         if kind == "llava-next":  # llama.cpp's own order too, to name its known difference
             shifted = ask_reference(python, {**request, "class_token": "last"})["results"]
+    # every photo's views through one projector load, then each photo's share of them
+    encoded = iter(projector_rows(text, projector, [view for shown in views for view in shown]))
     rows = []
     for (name, _image), shown, own, other in zip(photos, views, theirs, shifted, strict=True):
-        ours = projector_rows(text, projector, shown)
+        ours = [next(encoded) for _view in shown]
         mine = ours[0] if kind == "qwen-vl" else np.stack(ours)
         rows.append(rows_rows(name, mine, decode_rows(own), decode_rows(other) if other else None))
     return rows, f16_warnings([name for name, _ in photos], [result["peak"] for result in theirs])

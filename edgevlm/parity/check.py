@@ -26,7 +26,7 @@ from edgevlm.families.llava_next import LlavaNextLayout, select_best_resolution
 from edgevlm.families.mtmd import MtmdFamily, NativeLayout
 from edgevlm.families.qwen_vl import QWEN_VL_TOKENS
 from edgevlm.models.gguf import ProjectorFacts
-from edgevlm.vision.layout import Detail, ViewBudget, with_task
+from edgevlm.vision.layout import Detail, ImageLayout, ViewBudget, with_task
 
 # The photo sizes checked when no --image is given: phone and camera photos both ways, a screen,
 # a square, a small thumbnail, a panorama and a strip.
@@ -109,8 +109,7 @@ def preprocess_rows(projector: ProjectorFacts, names: Sequence[str], sizes: Sequ
     on the loaded vocabulary, where the family has no rule of edgevlm's) against the reference's
     answer."""
     layout = layout_for(projector, measure)
-    budget = with_task(ViewBudget(room=OPEN_ROOM, tile_size=projector.image_size,
-                                  view_tokens=projector.tokens_per_image), detail, layout.budgets)
+    budget = _open_budget(projector, layout, detail)
     rows = []
     for index, (name, size) in enumerate(zip(names, sizes, strict=True)):
         theirs = answer["results"][index]
@@ -173,9 +172,14 @@ def shown_views(projector: ProjectorFacts, image: Image.Image, detail: Detail) -
     """The views edgevlm hands mtmd for this image at `detail`: the plan's size for an mtmd family
     (Qwen-VL: transformers' size, which mtmd keeps), the overview and tiles for LLaVA-1.6."""
     layout = layout_for(projector)
-    budget = with_task(ViewBudget(room=OPEN_ROOM, tile_size=projector.image_size,
-                                  view_tokens=projector.tokens_per_image), detail, layout.budgets)
+    budget = _open_budget(projector, layout, detail)
     return layout.views(image, layout.plan(image.size, budget))
+
+
+def _open_budget(projector: ProjectorFacts, layout: ImageLayout, detail: Detail) -> ViewBudget:
+    """The task's budget in a room no family fills: only the task bounds the image."""
+    return with_task(ViewBudget(room=OPEN_ROOM, tile_size=projector.image_size,
+                                view_tokens=projector.tokens_per_image), detail, layout.budgets)
 
 
 def synthetic_photo(size: tuple[int, int], seed: int) -> Image.Image:

@@ -192,37 +192,53 @@ def _pixels(request: dict[str, Any]) -> Answer:
     return {"results": results}
 
 
-def _rows(request: dict[str, Any]) -> Answer:
+def _saved_model(request: dict[str, Any]) -> Any:
+    """The checkpoint in request["dir"], at f32, for inference."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText.from_pretrained(request["dir"], local_files_only=True,
+                                                       dtype=torch.float32).eval()
+
+
+def _saved_processor(request: dict[str, Any]) -> Any:
+    """The image processor saved beside the checkpoint in request["dir"]."""
+    from transformers import AutoImageProcessor
+
+    return AutoImageProcessor.from_pretrained(request["dir"], local_files_only=True)
+
+
+def _rows_answer(array: Any, peak: float) -> dict[str, Any]:
+    """One image's rows (float32, base64) with the tower's peak activation."""
     import base64
+
+    return {"shape": list(array.shape), "rows": base64.b64encode(array.tobytes()).decode(), "peak": peak}
+
+
+def _rows(request: dict[str, Any]) -> Answer:
 
     import torch
     from PIL import Image
-    from transformers import AutoImageProcessor, AutoModelForImageTextToText
 
-    model = AutoModelForImageTextToText.from_pretrained(request["dir"], local_files_only=True,
-                                                        dtype=torch.float32).eval()
-    processor = AutoImageProcessor.from_pretrained(request["dir"], local_files_only=True)
+    model = _saved_model(request)
+    processor = _saved_processor(request)
     results = []
     for path in request["images"]:
         out = processor(images=[Image.open(path).convert("RGB")], return_tensors="pt")
         with torch.no_grad(), _peak_activation(model.model.visual) as peak:
             rows = model.model.get_image_features(out["pixel_values"], out["image_grid_thw"]).pooler_output[0]
         array = rows.float().numpy()
-        results.append({"shape": list(array.shape), "rows": base64.b64encode(array.tobytes()).decode(),
-                        "peak": peak[0]})
+        results.append(_rows_answer(array, peak[0]))
     return {"results": results}
 
 
 def _llava_next_rows(request: dict[str, Any]) -> Answer:
-    import base64
 
     import torch
     from PIL import Image
-    from transformers import AutoImageProcessor, AutoModelForImageTextToText
 
-    model = AutoModelForImageTextToText.from_pretrained(request["dir"], local_files_only=True,
-                                                        dtype=torch.float32).eval()
-    processor = AutoImageProcessor.from_pretrained(request["dir"], local_files_only=True)
+    model = _saved_model(request)
+    processor = _saved_processor(request)
     tower, project = model.model.vision_tower, model.model.multi_modal_projector
     layers = model.config.vision_config.num_hidden_layers + 1 + model.config.vision_feature_layer
     results = []
@@ -240,8 +256,7 @@ def _llava_next_rows(request: dict[str, Any]) -> Answer:
             else:
                 features = tower(views, output_hidden_states=True).hidden_states[layers][:, 1:]
             array = project(features).float().numpy()
-        results.append({"shape": list(array.shape), "rows": base64.b64encode(array.tobytes()).decode(),
-                        "peak": peak[0]})
+        results.append(_rows_answer(array, peak[0]))
     return {"results": results}
 
 
@@ -250,13 +265,11 @@ def _logits(request: dict[str, Any]) -> Answer:
 
     import torch
     from PIL import Image
-    from transformers import AutoImageProcessor, AutoModelForImageTextToText
 
-    model = AutoModelForImageTextToText.from_pretrained(request["dir"], local_files_only=True,
-                                                        dtype=torch.float32).eval()
+    model = _saved_model(request)
     inputs: dict[str, Any] = {"input_ids": torch.tensor([request["input_ids"]])}
     if request.get("images"):
-        processor = AutoImageProcessor.from_pretrained(request["dir"], local_files_only=True)
+        processor = _saved_processor(request)
         images = [Image.open(path).convert("RGB") for path in request["images"]]
         inputs |= dict(processor(images=images, return_tensors="pt"))
     inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
@@ -277,10 +290,9 @@ def _logits(request: dict[str, Any]) -> Answer:
 
 def _checkpoint(request: dict[str, Any]) -> Answer:
     from PIL import Image
-    from transformers import AutoImageProcessor
     from transformers.image_processing_utils import select_best_resolution
 
-    processor = AutoImageProcessor.from_pretrained(request["dir"], local_files_only=True)
+    processor = _saved_processor(request)
     family, results = request["family"], []
     for width, height in request["cases"]:
         if family == "smolvlm":

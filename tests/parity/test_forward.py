@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from edgevlm.parity.check import synthetic_photo
 from edgevlm.parity.client import ask_reference
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,12 +65,9 @@ def engine(checkpoint: Path) -> Iterator[Any]:
 
 
 def _photo(path: Path, size: tuple[int, int], seed: int) -> Path:
-    """Gradients and noise, at a size in whole 28 px tokens (so mtmd and transformers both keep it)."""
-    width, height = size
-    y, x = np.mgrid[0:height, 0:width]
-    pixels = np.stack([x * 255 // width, y * 255 // height, (x * y) % 256], -1)
-    pixels = pixels + np.random.default_rng(seed).integers(-30, 30, pixels.shape)
-    Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(path)
+    """edgevlm parity's stand-in photo, at a size in whole 28 px tokens (mtmd and transformers
+    both keep it), saved as a PNG."""
+    synthetic_photo(size, seed).save(path)
     return path
 
 

@@ -14,6 +14,7 @@ from PIL import Image
 
 from edgevlm.families import layout_for, read_projector
 from edgevlm.families.qwen_vl import QWEN2_PIXELS, QWEN_VL_TOKENS
+from edgevlm.parity.check import synthetic_photo
 from edgevlm.parity.client import ask_reference
 from edgevlm.vision.layout import Detail, ViewBudget, with_task
 from edgevlm.vision.tiling import letterbox
@@ -22,12 +23,8 @@ SIZES = [(1000, 700), (1200, 1600), (640, 480), (300, 200), (336, 336), (4000, 3
 
 
 def _photo(path: Path, size: tuple[int, int], seed: int) -> Path:
-    """Gradients with noise: every resampling difference shows."""
-    width, height = size
-    y, x = np.mgrid[0:height, 0:width]
-    pixels = np.stack([x * 255 // width, y * 255 // height, (x + y) % 256], -1)
-    pixels = pixels + np.random.default_rng(seed).integers(-20, 20, pixels.shape)
-    Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(path)
+    """Gradients with noise (edgevlm parity's stand-in photo): every resampling difference shows."""
+    synthetic_photo(size, seed).save(path)
     return path
 
 
