@@ -15,8 +15,9 @@ the summary swap and the history replay. It orders a turn's steps; each part doe
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from PIL import Image
@@ -30,6 +31,7 @@ from edgevlm.chat.records import (
     LiveImage,
     PrefillProgress,
     PreparedImage,
+    ReadAhead,
     Segment,
     ShownImage,
     TurnParts,
@@ -56,6 +58,10 @@ from edgevlm.vision.layout import Detail, ImageLayout, ImagePlan
 from edgevlm.vision.tiling import PLANNED_IMAGES, TurnCosts, even_share, useful_pixels
 
 DEFAULT_QUESTION = "Describe this image in detail."
+# Room kept for a question not typed yet when its images are read ahead: about 190 English
+# words. A longer one still works: the block is rolled back and shown again from the
+# projector-row cache (no encode), as a turn without the read would have shown it.
+READ_AHEAD_QUESTION_TOKENS = 256
 
 
 class ChatSequence(LedgerSequence, BlockSequence, PrefixSequence, SwapSequence, ReplaySequence, Protocol):
@@ -134,6 +140,7 @@ class Conversation:
         self.history = HistoryReplay(self.ledger, sequence, fmt, self.log, self.swap)
         self._prefix_tier = PrefixTier.NONE  # where the current turn's image block came from
         self._block_end: tuple[int, ImagePlan] | None = None  # the last image block's end, for ask_again
+        self._read: _PendingRead | None = None  # images read ahead, waiting for their question
         self.reset()
 
     # -- its settings -------------------------------------------------------------------------
@@ -155,6 +162,8 @@ class Conversation:
             raise ConfigError(f"{', '.join(moved)} cannot change in a running conversation",
                               settings=tuple(moved))
         new_system = settings.system != self._settings.system
+        if settings != self._settings:
+            self.drop_read_ahead()  # images read ahead were cut into views by the old settings
         self._settings = settings
         if new_system:
             self.reset()
@@ -275,6 +284,7 @@ class Conversation:
 
     def reset(self) -> None:
         """Forget every turn (and its record); decode the system prompt again."""
+        self._read = None
         self.swap.forget_turns(lambda _turn: False)
         self.log.clear()
         tokens = self.sequence.tokenize(self.fmt.system(self.system), add_bos=self.fmt.add_bos)
@@ -282,6 +292,7 @@ class Conversation:
 
     def rewind(self) -> None:
         """Back to just the system prompt, keeping it in the cache (describe's next image)."""
+        self._read = None
         self.ledger.truncate_to(1)
         self.swap.forget_turns(lambda _turn: False)
 
@@ -292,6 +303,7 @@ class Conversation:
 
     def replay(self, records: list[TurnRecord]) -> int:
         """Make these finished turns the history, keeping the longest prefix already cached."""
+        self.drop_read_ahead()
         return self.history.replay(records, answer_room=self.max_tokens)
 
     def shared_turns(self, turns: list[tuple[str, str, str | None]]) -> int:
@@ -312,6 +324,8 @@ class Conversation:
 
     def summarise_pending(self, on_progress: Callable[[PrefillProgress], None] | None = None) -> float:
         """Swap every due answered image for its summary; returns the seconds (see SummarySwap)."""
+        if self._read is not None:  # a swap rewrites the cache after the image it replaces
+            return 0.0  # read_ahead made every due one first; they wait for the question's turn
         return self.swap.summarise_pending(on_progress)
 
     # -- a turn ---------------------------------------------------------------------------
@@ -365,26 +379,89 @@ class Conversation:
             raise EmptyMessageError("nothing to ask: the message is empty")
         again, labels = _shown_again(again, labels, len(loaded))
         parts = self._parts(self.turn + 1, question, images=len(loaded), label_texts=labels)
-        self._check_budget(parts)
-        overflow = self.kv_tokens + parts.fixed + parts.image_floor > self.sequence.n_ctx
-        wait_s = self.swap.settle(needs_room=bool(parts.image_floor), overflow=overflow,
-                                  on_progress=on_progress)
-        dropped = self.history.make_room(parts.fixed + parts.image_floor)
-        plan, tiles, image_tokens, canvases = self._prefill(parts, loaded, prepared, on_progress)
+        read = self._read_for(loaded, parts) if not any(again) else None
+        self.drop_read_ahead()
+        done = self._ask_of_read(read, parts) if read is not None else self._prefill_turn(
+            parts, loaded, prepared, on_progress)
         prompt_tokens = self.kv_tokens
         answer, answer_tokens, interrupted = self._generate(parts, on_piece)
         generated = self.sequence.stats()  # the prefill is what came before the first token
         self.ledger.append(Segment("answer", parts.turn, parts.suffix))  # the turn's end, after the answer
         self.ledger.mark()
-        stats = self._turn_stats(parts.turn, plan, generated, dropped=dropped, wait_s=wait_s,
-                                 completion_tokens=len(answer_tokens), prompt_tokens=prompt_tokens,
-                                 tiles=tiles, image_tokens=image_tokens, canvases=canvases)
+        stats = self._turn_stats(parts.turn, done, generated, completion_tokens=len(answer_tokens),
+                                 prompt_tokens=prompt_tokens)
         stats = replace(stats, shown_again=tuple(earlier.index for earlier in again if earlier))
         self._keep_turn(stats, question, answer, loaded, interrupted=interrupted, transcribed=transcribed,
                         again=again)
         if on_answered is not None:
             on_answered(stats)
         return answer, stats
+
+    def read_ahead(self, images: Sequence[LoadedImage | PreparedImage], *,
+                   on_progress: Callable[[PrefillProgress], None] | None = None,
+                   labels: Sequence[str | None] | None = None) -> ReadAhead:
+        """Read a turn's images before its question is known: the summaries the turn needs, the
+        room, each image's views, encodes and the prefill of the turn's opening and image blocks,
+        up to where the question goes. `ask` with the same images then decodes only the question
+        (and falls back to the whole turn when the question outgrows the room kept for it,
+        READ_AHEAD_QUESTION_TOKENS); any other turn, a reset or an interrupt forgets the read.
+        `labels` as `ask` takes them (a clip's frame times): the question must bring the same.
+        Meant for the wait while a question is typed (chat's /image, an upload)."""
+        if not images:
+            raise EmptyMessageError("nothing to read ahead: no image")
+        self.drop_read_ahead()
+        began = time.perf_counter()
+        self.sequence.begin_request(started=began)
+        prepared = [item if isinstance(item, PreparedImage) else None for item in images]
+        loaded = [item.image if isinstance(item, PreparedImage) else item for item in images]
+        parts = self._parts(self.turn + 1, DEFAULT_QUESTION, images=len(loaded), label_texts=labels)
+        self._check_budget(parts)
+        spare = self.sequence.n_ctx - self.ledger[0].n_tokens - parts.fixed - parts.image_floor
+        reserve = min(max(READ_AHEAD_QUESTION_TOKENS - len(parts.tail), 0), max(spare, 0))
+        parts = replace(parts, fixed=parts.fixed + reserve)  # the views leave room for the question
+        done = self._prefill_turn(parts, loaded, prepared, on_progress, with_question=False)
+        decoded = self.sequence.stats()
+        read = ReadAhead(len(loaded), sum(done.image_tokens), decoded.prompt_tokens, decoded.clip_encodes,
+                         time.perf_counter() - began, done.prefix)
+        self._read = _PendingRead(tuple(loaded), len(self.ledger), parts.head, parts.labels,
+                                  replace(done, read_s=read.read_s, read_tokens=read.prefill_tokens), read)
+        return read
+
+    @property
+    def read_ahead_pending(self) -> ReadAhead | None:
+        """The images read ahead and waiting for their question, if any."""
+        return self._read.read if self._read is not None else None
+
+    def drop_read_ahead(self) -> None:
+        """Forget images read ahead (their blocks leave the cache; their rows stay cached)."""
+        if self._read is not None:
+            start, self._read = self._read.done.start, None
+            self.ledger.roll_back(start)
+            self._block_end = None
+
+    def _ask_of_read(self, read: _PendingRead, parts: TurnParts) -> _Prefilled:
+        """The question after the blocks read ahead: the images are in the cache already, and
+        only the question is decoded."""
+        done = read.done
+        self.sequence.note_restored(sum(done.image_tokens), 0.0)
+        self._block_end = (read.block_end, done.plan) if done.plan is not None else None
+        self.ledger.append(Segment("user", parts.turn, parts.tail))
+        return done
+
+    def _read_for(self, images: list[LoadedImage], parts: TurnParts) -> _PendingRead | None:
+        """The read ahead that these images and this question can use: the same images, read
+        for this turn, with room for the question beside its answer."""
+        read = self._read
+        if (read is None or len(read.images) != len(images)
+                or any(a is not b for a, b in zip(read.images, images, strict=True))
+                or read.head != parts.head or read.labels != parts.labels
+                or len(self.ledger) != read.block_end):
+            return None
+        needed = len(parts.tail) + self.max_tokens + len(parts.suffix) + parts.caption_reserve
+        if self.kv_tokens + needed > self.sequence.n_ctx:
+            return None
+        self._read = None  # taken: its blocks are this turn's now
+        return read
 
     def _keep_turn(self, stats: TurnStats, question: str, answer: str, images: list[LoadedImage], *,
                    interrupted: bool, transcribed: bool = False,
@@ -416,6 +493,7 @@ class Conversation:
         cache goes back to the end of that image block, and only the question is decoded."""
         if self._block_end is None or self.turn == 0:
             raise EngineError("ask_again needs an answered image turn to go back to")
+        self.drop_read_ahead()
         block_end, plan = self._block_end
         self.sequence.begin_request(started=started)
         self.ledger.truncate_to(block_end)
@@ -431,14 +509,16 @@ class Conversation:
         generated = self.sequence.stats()
         self.ledger.append(Segment("answer", parts.turn, parts.suffix))
         self._prefix_tier = PrefixTier.CONTEXT
-        stats = self._turn_stats(parts.turn, plan, generated, wait_s=0.0, dropped=0,
-                                 completion_tokens=len(answer_tokens), prompt_tokens=prompt_tokens)
+        again = _Prefilled(plan, BlockCost(), (), (), 0.0, 0, PrefixTier.CONTEXT, block_end)
+        stats = self._turn_stats(parts.turn, again, generated, completion_tokens=len(answer_tokens),
+                                 prompt_tokens=prompt_tokens)
         return answer, stats
 
     def summarise_images(self, images: Sequence[LoadedImage]) -> str:
         """A summary of an image (or a clip's window of frames, together) met only in past turns
         (an API client's history), with no trace: shown on top of the cache, captioned, and
         rolled back."""
+        self.drop_read_ahead()
         parts = self._parts(-1, WINDOW_REQUEST if len(images) > 1 else CAPTION_REQUEST, images=len(images))
         self.history.make_room(parts.fixed + parts.image_floor)
         checkpoint = len(self.ledger)
@@ -502,12 +582,27 @@ class Conversation:
             f"the message is {len(parts.tail)} tokens; at most {max(limit, 0)} fit beside "
             f"max_tokens {self.max_tokens} in a context of {n_ctx}; shorten it", settings=("max_tokens",))
 
+    def _prefill_turn(self, parts: TurnParts, images: list[LoadedImage], prepared: list[PreparedImage | None],
+                      on_progress: Callable[[PrefillProgress], None] | None, *, with_question: bool = True
+                      ) -> _Prefilled:
+        """What comes before a turn's answer: the summaries it cannot go on without, the room
+        (old turns dropped), and its prefill (the question last, unless it is not known yet)."""
+        self._check_budget(parts)
+        overflow = self.kv_tokens + parts.fixed + parts.image_floor > self.sequence.n_ctx
+        wait_s = self.swap.settle(needs_room=bool(parts.image_floor) or not with_question,
+                                  overflow=overflow, on_progress=on_progress)
+        dropped = self.history.make_room(parts.fixed + parts.image_floor)
+        start = len(self.ledger)
+        plan, tiles, image_tokens, canvases = self._prefill(parts, images, prepared, on_progress,
+                                                            with_question=with_question)
+        return _Prefilled(plan, tiles, image_tokens, canvases, wait_s, dropped, self._prefix_tier, start)
+
     def _prefill(self, parts: TurnParts, images: list[LoadedImage], prepared: list[PreparedImage | None],
-                 on_progress: Callable[[PrefillProgress], None] | None
+                 on_progress: Callable[[PrefillProgress], None] | None, *, with_question: bool = True
                  ) -> tuple[ImagePlan | None, BlockCost, tuple[int, ...], tuple[tuple[int, int], ...]]:
-        """Decode the user turn (and its images, in order); an interrupt rolls the cache back to
-        before it. Returns the first image's plan, what the tiles cost, and each image's tokens
-        and canvas."""
+        """Decode the user turn (and its images, in order; the question last, unless it is not
+        known yet); an interrupt rolls the cache back to before it. Returns the first image's
+        plan, what the tiles cost, and each image's tokens and canvas."""
         start_index = len(self.ledger)
         self._prefix_tier, self._block_end = PrefixTier.NONE, None
         plan: ImagePlan | None = None
@@ -524,7 +619,8 @@ class Conversation:
                 self.ledger.mark()  # a hybrid model's --ask goes back here, not to before the image
             else:
                 self.ledger.append(Segment("user", parts.turn, parts.head))
-            self.ledger.append(Segment("user", parts.turn, parts.tail))
+            if with_question:
+                self.ledger.append(Segment("user", parts.turn, parts.tail))
         except (KeyboardInterrupt, Interrupted):
             self.ledger.roll_back(start_index)
             raise Interrupted("interrupted; nothing was kept of this message") from None
@@ -609,18 +705,16 @@ class Conversation:
         self.ledger.keep_answer(Segment("answer", parts.turn, tuple(answer_tokens)))  # already decoded
         return "".join(pieces).strip(), answer_tokens, interrupted
 
-    def _turn_stats(self, turn: int, plan: ImagePlan | None, generated: RequestStats, *,
-                    wait_s: float, dropped: int, completion_tokens: int, prompt_tokens: int,
-                    tiles: BlockCost | None = None, image_tokens: tuple[int, ...] = (),
-                    canvases: tuple[tuple[int, int], ...] = ()) -> TurnStats:
-        tiles = tiles or BlockCost()
+    def _turn_stats(self, turn: int, done: _Prefilled, generated: RequestStats, *,
+                    completion_tokens: int, prompt_tokens: int) -> TurnStats:
+        plan, tiles = done.plan, done.tiles
         return TurnStats(
             turn=turn, prefill_tokens=generated.prompt_tokens, kv_tokens=self.kv_tokens,
             visual_tokens_live=self.visual_tokens_live, clip_encodes=generated.clip_encodes,
-            ttft_s=generated.ttft_s, decode_tok_s=generated.decode_tok_s, summary_wait_s=wait_s,
+            ttft_s=generated.ttft_s, decode_tok_s=generated.decode_tok_s, summary_wait_s=done.wait_s,
             completion_tokens=completion_tokens, visual_tokens=generated.visual_tokens,
             prompt_tokens=prompt_tokens, grid=plan.grid if plan else (0, 0),
-            n_tiles=plan.n_tiles if plan else 0, dropped_turns=dropped,
+            n_tiles=plan.n_tiles if plan else 0, dropped_turns=done.dropped,
             preprocess_s=generated.preprocess_s, clip_encode_s=generated.clip_encode_s,
             prefill_s=generated.prefill_s, decode_s=generated.decode_s,
             prefill_tok_s=generated.prefill_tok_s, pool=plan.pool if plan else 1,
@@ -631,8 +725,41 @@ class Conversation:
             summary_tokens_live=self.summary_tokens_live,
             canvas_size=plan.canvas_size if plan else (0, 0),
             image_box=plan.image_box if plan else (0, 0, 0, 0),
-            prefix_cache=self._prefix_tier, restore_s=generated.restore_s,
-            aside_prefill_tokens=generated.aside_tokens, image_tokens=image_tokens, canvas_sizes=canvases)
+            prefix_cache=done.prefix, restore_s=generated.restore_s,
+            aside_prefill_tokens=generated.aside_tokens, image_tokens=done.image_tokens,
+            canvas_sizes=done.canvases, read_ahead_s=done.read_s, read_ahead_tokens=done.read_tokens)
+
+
+@dataclass(frozen=True)
+class _Prefilled:
+    """What came before a turn's answer, for its stats: the first image's plan, what its tiles
+    cost, each image's tokens and canvas, the wait for summaries, the turns dropped, where the
+    first block came from; where the turn begins in the ledger (a read ahead rolls back to it);
+    and what of it was read ahead of the question."""
+
+    plan: ImagePlan | None
+    tiles: BlockCost
+    image_tokens: tuple[int, ...]
+    canvases: tuple[tuple[int, int], ...]
+    wait_s: float
+    dropped: int
+    prefix: PrefixTier
+    start: int
+    read_s: float = 0.0
+    read_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class _PendingRead:
+    """Images read ahead, waiting for their question: where their blocks end in the ledger, the
+    text they were read with, what the turn that asks about them reports, and the read itself."""
+
+    images: tuple[LoadedImage, ...]
+    block_end: int
+    head: tuple[int, ...]
+    labels: tuple[tuple[int, ...], ...]
+    done: _Prefilled
+    read: ReadAhead
 
 
 class _TurnProgress:

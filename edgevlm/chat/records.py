@@ -108,6 +108,21 @@ class TurnStats:
     image_tokens: tuple[int, ...] = ()  # each of the turn's images' visual tokens, in order
     canvas_sizes: tuple[tuple[int, int], ...] = ()  # … and each one's canvas (canvas_size for all)
     shown_again: tuple[int, ...] = ()  # the numbers of earlier images shown again (chat/look.py)
+    read_ahead_s: float = 0.0  # its images were read before the question came, in this long (not in TTFT)
+    read_ahead_tokens: int = 0  # … and these positions prefilled then (prefill_tokens is the question's)
+
+
+@dataclass(frozen=True)
+class ReadAhead:
+    """What reading a turn's images before its question did (Conversation.read_ahead): the
+    question then decodes only its own tokens."""
+
+    images: int
+    visual_tokens: int
+    prefill_tokens: int  # the turn's opening, labels and image blocks
+    clip_encodes: int
+    read_s: float  # from the start of the read to the block's last position
+    prefix_cache: PrefixTier = PrefixTier.NONE  # where the first image's block came from
 
 
 @dataclass(frozen=True)

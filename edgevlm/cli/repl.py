@@ -7,6 +7,7 @@ import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
@@ -16,7 +17,7 @@ from rich.console import Console
 
 from edgevlm.chat.conversation import DEFAULT_QUESTION, Conversation
 from edgevlm.chat.look import referenced_images
-from edgevlm.chat.records import ShownImage, TurnRecord, TurnStats, to_plain
+from edgevlm.chat.records import PrefillProgress, ReadAhead, ShownImage, TurnRecord, TurnStats, to_plain
 from edgevlm.chat.settings import SettingsChange
 from edgevlm.chat.worker import SequenceWorker
 from edgevlm.cli.options import flag_word, parse_detail, parse_pool, parse_tiles
@@ -155,7 +156,8 @@ def run_chat(conversation: Conversation, loaded: Loaded, *, saved: SavedSession 
     repl = ChatRepl(conversation, out=sys.stdout, err=err, session=transcript, stats_json=stats,
                        interactive=interactive)
     history = data_dir() / "chat_history"
-    lines = interactive_lines(history, repl.worker.settle) if interactive else piped_lines()
+    lines = (interactive_lines(history, repl.interrupt_waiting, status=repl.prompt_status) if interactive
+             else piped_lines())
     repl.run(lines)
 
 
@@ -177,6 +179,12 @@ class ChatRepl:
         self.worker = SequenceWorker(conversation, name="edgevlm-engine")
         self._prefill = PrefillDisplay(err, enabled=interactive and err.is_terminal)
         conversation.on_summary = self._summary_made
+        # `/image PATH` with no question: the images wait here for it while the worker reads them
+        # (conversation.read_ahead); the question then decodes only its own tokens.
+        self._attached: list[LoadedImage] = []
+        self._reading: Future[ReadAhead] | None = None
+        self._read_progress = ""  # how far the read has got, for the prompt (written by the worker)
+        self._read_stale = False  # a turn since the read has dropped it
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -186,20 +194,28 @@ class ChatRepl:
             for line in lines:
                 if not self.handle(line):
                     break
+            else:
+                if self._attached and not self.interactive:  # a script's last /image: described
+                    self.handle("")
         finally:
             self.worker.close()  # leaving does not wait for a summary (the transcript has the answer)
 
     def handle(self, line: str) -> bool:
         """One line of input; False means quit."""
         line = line.strip()
-        if not line:
+        if not line and not self._attached:
             return True
         try:
             image_paths, question = _dropped_images(line)  # before commands: /home/… is a path
             if image_paths:
-                self._turn(question, image_paths)
+                self._images(question, image_paths)
             elif line.startswith("/"):
-                return self._command(line)
+                going_on = self._command(line)
+                if self._read_stale and self._attached:  # read them again for their question
+                    self._read_ahead()
+                return going_on
+            elif self._attached:  # the question about the images attached (Enter alone: the default)
+                self._ask_attached(line)
             else:
                 self._look(line, referenced_images(line, self.conversation.images_seen))
         except Interrupted as exc:
@@ -222,7 +238,7 @@ class ChatRepl:
                 self._error("usage: /image PATH [PATH…] [question]")
             else:
                 more, question = _dropped_images(question)  # further images, shown in one question
-                self._turn(question, [path, *more])
+                self._images(question, [path, *more])
         elif name == "/doc":
             self._read_document(rest.strip())
         elif name == "/video":
@@ -244,6 +260,7 @@ class ChatRepl:
         elif name == "/save":
             self._save(rest.strip())
         elif name == "/reset":
+            self._detach()
             self.worker.run(self.conversation.reset)
             self.last_stats = None
             if self.session is not None:
@@ -254,6 +271,75 @@ class ChatRepl:
         return True
 
     # -- turns ------------------------------------------------------------------------------
+
+    def _images(self, question: str, image_paths: Sequence[str]) -> None:
+        """Images with a question: asked at once (with any attached before). Without one: attached,
+        and read at once on the worker while the question is typed."""
+        if question:
+            self._ask_attached(question, image_paths)
+            return
+        images = [*self._attached, *self._load(image_paths)]
+        self._detach()
+        self._attached = images
+        self._read_ahead()
+        names = ", ".join(image.path.name for image in images)
+        self._note(f"attached {names}: reading {'them' if len(images) > 1 else 'it'} now; type your "
+                   "question (Enter alone describes it)")
+
+    def _read_ahead(self) -> None:
+        """Start reading the attached images on the worker (after the job before, if any)."""
+        images, conversation = list(self._attached), self.conversation
+        self._read_progress, self._read_stale = "reading", False
+        self._reading = self.worker.submit(
+            lambda: conversation.read_ahead(images, on_progress=self._reading_at))
+        self._reading.add_done_callback(self._read_done)
+
+    def _reading_at(self, p: PrefillProgress) -> None:
+        what = "summarising" if p.stage == "summary" else "reading"
+        self._read_progress = f"{what} {100 * p.tokens_done // max(p.tokens_total, 1)}%"
+
+    def _read_done(self, future: Future[ReadAhead]) -> None:
+        if future is not self._reading:
+            return
+        failed = future.cancelled() or future.exception() is not None
+        self._read_progress = "" if failed else "read"
+
+    def prompt_status(self) -> str:
+        """What the prompt shows before `>>> ` while images wait for their question."""
+        if not self._attached:
+            return ""
+        count = len(self._attached)
+        what = f"{count} images" if count > 1 else self._attached[0].path.name
+        shown = f"{what} · " if len(what) < 40 else ""
+        return f"[{shown}{self._read_progress or 'attached'}] "
+
+    def interrupt_waiting(self) -> None:
+        """Ctrl-C at the prompt: a read still running stops and its images are let go; a summary
+        being made stops (the next turn's clock starts on a free sequence)."""
+        if self._reading is not None and not self._reading.done():
+            self._detach()
+            self._note("read stopped; the images are no longer attached")
+        self.worker.settle()
+
+    def _detach(self) -> None:
+        """Let the attached images go: a read still running stops; one done is forgotten."""
+        reading, self._reading, self._attached = self._reading, None, []
+        self._read_progress = ""
+        if reading is None:
+            return
+        if not reading.cancel() and not reading.done():
+            self.worker.cancel()
+        conversation = self.conversation
+        self.worker.submit(conversation.drop_read_ahead)
+
+    def _load(self, image_paths: Sequence[str | DocumentPage | LoadedImage]) -> list[LoadedImage]:
+        images = [path if isinstance(path, LoadedImage) else
+                  load_source(path if isinstance(path, DocumentPage) else Path(path).expanduser(),
+                              useful_pixels=self.conversation.useful_pixels) for path in image_paths]
+        for image in images:
+            if image.note:
+                self._note(f"{image.path.name}: {image.note}")
+        return images
 
     def _look(self, question: str, numbers: Sequence[int], *, asked: bool = False) -> None:
         """A question about earlier images: each one named that is a summary by now is shown again
@@ -287,13 +373,8 @@ class ChatRepl:
               transcribed: bool = False, labels: Sequence[str] | None = None,
               again: Sequence[ShownImage] = ()) -> None:
         self.worker.settle()  # at most one decode step; the turn's clock starts after it
-        started = time.perf_counter()
-        images = [path if isinstance(path, LoadedImage) else
-                  load_source(path if isinstance(path, DocumentPage) else Path(path).expanduser(),
-                              useful_pixels=self.conversation.useful_pixels) for path in image_paths]
-        for image in images:
-            if image.note:
-                self._note(f"{image.path.name}: {image.note}")
+        started = time.perf_counter()  # Enter: a read ahead still running is part of this wait
+        images = self._load(image_paths)
         try:
             with stop_on_sigint(self.worker.cancel):  # Ctrl-C stops the answer, not the chat
                 answer, stats = self.worker.run(
@@ -315,6 +396,14 @@ class ChatRepl:
             self.stats_json.append(to_plain(stats))
         if self.interactive:
             self.err.print(f"[dim]{_brief(stats, self.conversation.sequence.n_ctx)}[/]", highlight=False)
+        self._read_stale = bool(self._attached)  # a /doc, /video or /look turn dropped the read
+
+    def _ask_attached(self, question: str, image_paths: Sequence[str] = ()) -> None:
+        """The question about the attached images (and any given with it): the same image
+        objects the worker read, so the turn decodes only the question where the read is done."""
+        images = [*self._attached, *self._load(image_paths)]
+        self._attached, self._reading, self._read_progress = [], None, ""
+        self._turn(question or DEFAULT_QUESTION, images)
 
     def _read_document(self, rest: str) -> None:
         """`/doc FILE.pdf [PAGES]`: each page read as its own turn, its transcript streamed and kept
@@ -400,6 +489,7 @@ class ChatRepl:
         except ConfigError as exc:
             self._error(one_line(exc))
             return
+        self._read_stale = bool(self._attached)  # images read with the old views: read again
         self._note(f"{name}: {value.strip().lower()}")
 
     def _print_stats(self) -> None:
@@ -445,9 +535,11 @@ class ChatRepl:
         self.err.print(f"[red]error:[/] {_escape(message)}", highlight=False)
 
 
-def interactive_lines(history: Path, on_interrupt: Callable[[], None] | None = None) -> Iterator[str]:
+def interactive_lines(history: Path, on_interrupt: Callable[[], None] | None = None, *,
+                      status: Callable[[], str] | None = None) -> Iterator[str]:
     """Lines from a prompt_toolkit prompt with history; Ctrl-C clears the line (and calls
-    on_interrupt), Ctrl-D ends."""
+    on_interrupt), Ctrl-D ends. `status`, where given, leads the prompt and is redrawn twice a
+    second (a read's progress, without disturbing what is being typed)."""
     from prompt_toolkit import PromptSession
     from prompt_toolkit.history import FileHistory, InMemoryHistory
 
@@ -459,7 +551,10 @@ def interactive_lines(history: Path, on_interrupt: Callable[[], None] | None = N
     session: PromptSession[str] = PromptSession(history=store)
     while True:
         try:
-            yield session.prompt(">>> ")
+            if status is None:
+                yield session.prompt(">>> ")
+            else:
+                yield session.prompt(lambda: f"{status()}>>> ", refresh_interval=0.5)
         except KeyboardInterrupt:
             if on_interrupt is not None:
                 on_interrupt()
@@ -539,6 +634,8 @@ def _brief(stats: TurnStats, n_ctx: int) -> str:
         numbers = ", ".join(map(str, stats.shown_again))
         parts.append(f"image{'s' if len(stats.shown_again) > 1 else ''} {numbers} shown again "
                      f"({stats.clip_encodes} encodes)")
+    if stats.read_ahead_s:
+        parts.append(f"read ahead in {stats.read_ahead_s:.2f} s ({stats.read_ahead_tokens} tokens)")
     if stats.summary_wait_s:
         parts.append(f"waited {stats.summary_wait_s:.2f} s for the earlier photo's summary")
     if stats.dropped_turns:

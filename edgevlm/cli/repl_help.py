@@ -4,7 +4,9 @@ at start-up)."""
 HELP = """\
 Type a question, or:
   /image PATH… [question]  show the model an image, or several in one question (a plain or
-                           dropped path works too)
+                           dropped path works too). Without a question the images are
+                           attached and read at once while you type it; Enter alone
+                           describes them
   /doc FILE.pdf [PAGES]    read a PDF page by page (e.g. 1-5,9), each page's transcript kept
                            as text, then ask about it
   /video CLIP.mp4          read a video window by window (8 frames, or pairs, each), each window's
@@ -22,6 +24,7 @@ Type a question, or:
   /reset                   forget the conversation
   /help                    this text
   /quit                    leave (Ctrl-D too)
-Ctrl-C stops an answer, or the summary of the last photo made while you type (the photo
-stays in the cache meanwhile: follow-ups about it cost no re-reading).
+Ctrl-C stops an answer, a read of attached images (they are let go), or the summary of the
+last photo made while you type (the photo stays in the cache meanwhile: follow-ups about it
+cost no re-reading).
 """

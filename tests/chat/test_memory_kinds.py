@@ -301,3 +301,44 @@ def test_a_further_question_reads_the_image_once_on_every_memory_kind(
     reference = _next_logits(fresh.sequence(), chat.segments[:-1], probe)
     chat.ledger.truncate_to(len(chat.segments) - 1)
     assert np.abs(ours - reference).max() < 1e-3
+
+
+def test_images_read_ahead_answer_as_a_turn_asked_at_once_on_every_memory_kind(
+        pair: tuple[str, Engine, Engine], test_models: dict[str, Path]) -> None:
+    """Issue 53: an image read before its question leaves the cache the same turn asked at once
+    leaves (the next token's logits equal, on the same engine), the question decoding only its
+    own tokens; a read let go (another question came) goes back to before it, through
+    checkpoints where the cache cannot be cut, and the cache is a fresh prefill's again."""
+    family, engine, fresh = pair
+    photo = _image(32)
+
+    def picture_two(ahead: bool) -> tuple[Conversation, np.ndarray, object, object]:
+        chat = _chat(family, engine, test_models)
+        chat.ask("What is in picture 1?", image=_image(31))
+        read = chat.read_ahead([photo]) if ahead else None
+        _, stats = chat.ask("And in this one?", images=[photo])
+        chat.check()
+        chat.ledger.append(Segment("user", -1, tuple(chat.sequence.tokenize(" And now?"))))
+        logits = chat.sequence._current_logits().copy()
+        chat.ledger.truncate_to(len(chat.segments) - 1)
+        return chat, logits, stats, read
+
+    _, at_once, whole, _ = picture_two(ahead=False)
+    chat, ahead, stats, read = picture_two(ahead=True)
+    np.testing.assert_allclose(ahead, at_once, atol=1e-5)
+    assert read is not None and read.visual_tokens == stats.visual_tokens == whole.visual_tokens > 0
+    assert stats.clip_encodes == 0 and stats.read_ahead_tokens == read.prefill_tokens
+    assert stats.prefill_tokens + stats.read_ahead_tokens == whole.prefill_tokens
+    assert stats.prefill_tokens < 24
+    chat.summarise_pending()
+    kv = chat.kv_tokens
+    chat.read_ahead([_image(33)])
+    _, text = chat.ask("Never mind the photo: say hello.")  # the read is let go
+    assert text.visual_tokens == 0 and chat.visual_tokens_live == 0 and chat.kv_tokens > kv
+    chat.check()
+    probe = chat.sequence.tokenize(" And now?")
+    chat.ledger.append(Segment("user", -1, tuple(probe)))
+    ours = chat.sequence._current_logits().copy()
+    reference = _next_logits(fresh.sequence(), chat.segments[:-1], probe)
+    chat.ledger.truncate_to(len(chat.segments) - 1)
+    assert np.abs(ours - reference).max() < 1e-3

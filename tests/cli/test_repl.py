@@ -494,3 +494,32 @@ def test_the_stats_line_says_which_images_came_back_and_what_they_cost() -> None
     line = _brief(stats, 2048)
     assert "images 1, 3 shown again (0 encodes)" in line and "64 visual tokens" in line
     assert "shown again" not in _brief(TurnStats(**{**stats.__dict__, "shown_again": ()}), 2048)
+
+
+@pytest.mark.usefixtures("fake_engines")
+def test_an_image_with_no_question_is_read_before_the_question_comes(
+        test_models: dict[str, Path], tmp_path: Path, photo: Path) -> None:
+    """Issue 53: `/image PATH` alone attaches the photo and reads it on the worker at once; the
+    question typed next decodes only its own tokens. /reset lets an attached photo go; a
+    script's last /image, never asked about, is described."""
+    stats = tmp_path / "stats.jsonl"
+    script = (f"/image '{photo}' what is it?\n"  # one line: read and asked together
+              "/reset\n"
+              f"/image '{photo}'\n"
+              "what is it?\n"
+              f"/image '{photo}'\n"
+              "/reset\n"
+              "hello?\n"
+              f"{str(photo).replace(' ', chr(92) + ' ')}\n")
+    result = invoke_cli(*_args(test_models, tmp_path, "--stats-json", str(stats)), stdin=script)
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in stats.read_text().splitlines()]
+    at_once, ahead, text, last = rows
+    assert ahead["clip_encodes"] == 0 < at_once["clip_encodes"] and ahead["read_ahead_s"] > 0
+    assert ahead["prefill_tokens"] < 40 and ahead["visual_tokens"] == at_once["visual_tokens"]
+    assert ahead["read_ahead_tokens"] + ahead["prefill_tokens"] == at_once["prefill_tokens"]
+    assert text["visual_tokens"] == 0 and text["read_ahead_s"] == 0  # the photo /reset let go
+    assert last["visual_tokens"] == at_once["visual_tokens"] and last["read_ahead_s"] > 0
+    turns = _turns(tmp_path / "session.jsonl")
+    assert [t["user"] for t in turns[-3:]] == ["what is it?", "hello?", "Describe this image in detail."]
+    assert result.stderr.count("attached red square.jpg") == 3 and "Traceback" not in result.stderr
