@@ -9,7 +9,7 @@ follow-up decodes only what is new.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -17,6 +17,7 @@ from edgevlm.chat.conversation import Conversation
 from edgevlm.chat.look import referenced_images
 from edgevlm.chat.records import (
     PrefillProgress,
+    ReadAhead,
     ShownGroup,
     ShownImage,
     TurnRecord,
@@ -168,6 +169,27 @@ class ResentChat:
             on_answered=(lambda stats: on_answered(_reused(stats, side_work, dropped)))
             if on_answered else None)
         return answer, _reused(stats, side_work, dropped)
+
+    def read_ahead(self, images: Sequence[ChatImage], settings: ChatSettings) -> ReadAhead:
+        """Read an upload before any request names it: its views encoded into the projector-row
+        cache and, opening a conversation with the default settings, its block prefilled into the
+        image-prefix cache; then back to the system prompt. The request that opens with it later
+        restores that block (this slot's cached history is given up for it)."""
+        conversation = self.conversation
+        labels = _frame_labels(conversation.layout.frames, tuple(images))
+        try:
+            conversation.configure(settings)
+            conversation.reset()
+            return conversation.read_ahead([image.image for image in images],
+                                           labels=labels if any(labels) else None)
+        except (Interrupted, KeyboardInterrupt):
+            # A request came (it stops idle work at its next step), perhaps mid-reset: it starts
+            # from the system prompt, never from a torn cache.
+            self.clear_interrupt()
+            conversation.reset()
+            raise Interrupted("a request came before the read ahead ended") from None
+        finally:
+            conversation.drop_read_ahead()
 
     def _shown_again(self, turn: ChatTurn) -> list[tuple[LoadedImage, ShownImage]]:
         """The earlier photos `edgevlm.look` asks for, or that a message without images of its own

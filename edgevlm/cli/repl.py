@@ -302,7 +302,7 @@ class ChatRepl:
         if future is not self._reading:
             return
         failed = future.cancelled() or future.exception() is not None
-        self._read_progress = "" if failed else "read"
+        self._read_progress = "" if failed else "✓ read"  # unlike "reading…" from its first letter
 
     def prompt_status(self) -> str:
         """What the prompt shows before `>>> ` while images wait for their question."""

@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from edgevlm import __version__
-from edgevlm.server import completions_api, ollama_api, openai_api, page, responses_api
+from edgevlm.server import completions_api, files_api, ollama_api, openai_api, page, responses_api
 from edgevlm.server.http import ApiError, RequestLog, check_key
 from edgevlm.server.scheduler import Scheduler
 from edgevlm.server.schemas import add_bodies
@@ -49,6 +49,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.include_router(openai_api.router, dependencies=keyed)
     app.include_router(completions_api.router, dependencies=keyed)
     app.include_router(responses_api.router, dependencies=keyed)
+    app.include_router(files_api.router, dependencies=keyed)  # files are scoped to the key
     app.include_router(ollama_api.router, dependencies=keyed)
     app.add_api_route("/health", _health, methods=["GET"])
     app.add_api_route("/edgevlm/info", page.info, methods=["GET"], dependencies=keyed)
@@ -80,7 +81,8 @@ async def _health(request: Request) -> dict[str, object]:
     state = state_of(request)
     scheduler = state.scheduler
     return {"status": "ok", "model": state.model.id, "waiting": scheduler.waiting,
-            "running": scheduler.running, "summaries_pending": scheduler.summaries_pending}
+            "running": scheduler.running, "summaries_pending": scheduler.summaries_pending,
+            "reading_ahead": scheduler.reading_ahead}
 
 
 def error_response(request: Request, error: ApiError) -> JSONResponse:

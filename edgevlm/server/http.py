@@ -61,17 +61,22 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return ApiError(400, f"{param}: {message}" if param else message, param=param, code=code)
 
 
-async def read_json(request: Request, limit_bytes: int) -> dict[str, object]:
-    """The request body as a JSON object, read with a size cap (413 past it) and a time limit
-    (408 past it), its text checked to be encodable (no lone surrogates)."""
+async def read_bytes(request: Request, limit_bytes: int) -> bytes:
+    """The request body, read with a size cap (413 past it) and a time limit (408 past it)."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit_bytes:
         raise _too_large(limit_bytes)
     try:
-        body = await asyncio.wait_for(_read_body(request, limit_bytes), BODY_READ_TIMEOUT_S)
+        return await asyncio.wait_for(_read_body(request, limit_bytes), BODY_READ_TIMEOUT_S)
     except asyncio.TimeoutError:
         raise ApiError(408, f"the request body did not arrive within {BODY_READ_TIMEOUT_S:g} s",
                        code="body_timeout", headers={"Connection": "close"}) from None
+
+
+async def read_json(request: Request, limit_bytes: int) -> dict[str, object]:
+    """The request body as a JSON object, read as read_bytes does, its text checked to be
+    encodable (no lone surrogates)."""
+    body = await read_bytes(request, limit_bytes)
     try:
         data = json.loads(body)
     except RecursionError:

@@ -13,12 +13,14 @@ from edgevlm.chat.settings import ChatSettings
 from edgevlm.errors import ConfigError
 from edgevlm.models.gguf import TextModelFacts
 from edgevlm.network import check_port, is_loopback
+from edgevlm.paths import cache_dir
 from edgevlm.runtime.conversations import slot_conversations
 from edgevlm.runtime.loading import Loaded
 from edgevlm.server.app import create_app, run
 from edgevlm.server.scheduler import Scheduler
 from edgevlm.server.turns import ModelInfo, ServerState
 from edgevlm.store.caches import SummaryStore
+from edgevlm.store.uploads import UploadStore
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,9 @@ def build_state(loaded: Loaded, settings: ServeSettings) -> ServerState:
         api_key=settings.api_key, media_dir=settings.media_dir.resolve() if settings.media_dir else None,
         max_body_bytes=settings.max_body_mb << 20, useful_pixels=first.useful_pixels,
         summaries=summaries, plan=loaded.plan.to_json(),
-        tokens=first.sequence, grounding=loaded.grounding, image_floor=first.image_floor)
+        tokens=first.sequence, grounding=loaded.grounding, image_floor=first.image_floor,
+        # one folder per port: two servers never share one, and a restart clears its own
+        uploads=UploadStore(cache_dir() / "uploads" / f"port-{settings.port}" if settings.cache else None))
 
 
 def _model_info(loaded: Loaded) -> ModelInfo:

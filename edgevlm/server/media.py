@@ -12,6 +12,7 @@ from urllib.parse import unquote, urlparse
 from edgevlm.chat.resent import ChatImage
 from edgevlm.errors import ImageError
 from edgevlm.server.http import ApiError, bad_request, shown
+from edgevlm.store.uploads import UploadKind, UploadStore
 from edgevlm.vision.documents import count_pages
 from edgevlm.vision.layout import TIMED_FRAMES, FrameScaffold
 from edgevlm.vision.pdf import PDF
@@ -123,10 +124,6 @@ def document_pages(part: object, param: str, *, useful_pixels: int | None, room:
     each drawn at its share of the pixels."""
     if not isinstance(part, dict):
         raise bad_request("expected an object with file_data (and filename)", param)
-    if part.get("file_id") is not None and part.get("file_data") is None:
-        raise bad_request("this server keeps no uploaded files; send the PDF inline as file_data "
-                          "(a data:application/pdf;base64 URL)", f"{param}.file_id",
-                          code="file_id_unsupported")
     url = part.get("file_data")
     where = f"{param}.file_data"
     if not isinstance(url, str) or not url:
@@ -147,6 +144,12 @@ def document_pages(part: object, param: str, *, useful_pixels: int | None, room:
         form = format_of(raw) or PDF
     if not form.holds(raw[:16]):
         raise bad_request(f"file_data is not a {form.name}", where, code="invalid_document")
+    return _pages(raw, form, where, param, useful_pixels=useful_pixels, room=room, before=before)
+
+
+def _pages(raw: bytes, form: PageFormat, where: str, param: str, *, useful_pixels: int | None,
+           room: PageRoom | None, before: int) -> tuple[ChatImage, ...]:
+    """A document's pages, counted against the room before any is drawn."""
     try:
         pages = count_pages(raw, f"document{form.suffix}")
         if room is not None:
@@ -156,6 +159,31 @@ def document_pages(part: object, param: str, *, useful_pixels: int | None, room:
     except ImageError as exc:
         reason = str(exc).split(": ", 1)[-1]  # the made-up name means nothing to a client
         raise bad_request(reason, where, code="invalid_document") from None
+
+
+def uploaded(file_id: object, param: str, *, uploads: UploadStore | None, useful_pixels: int | None,
+             room: PageRoom | None = None, before: int = 0, scaffold: FrameScaffold = TIMED_FRAMES
+             ) -> tuple[ChatImage, ...]:
+    """What a `file_id` from `POST /v1/files` stands for: an image, a document's pages (counted
+    against the room) or one window of a clip's frames; a 400 naming it when it is unknown,
+    deleted or expired."""
+    if not isinstance(file_id, str) or not file_id:
+        raise bad_request("expected a file_id from POST /v1/files", param)
+    stored = uploads.get(file_id) if uploads is not None else None
+    data = uploads.read(file_id) if uploads is not None and stored is not None else None
+    if stored is None or data is None:
+        raise bad_request(f"no file {shown(file_id, 60)}: unknown, deleted or expired (POST /v1/files "
+                          "keeps one; GET /v1/files lists them)", param, code="file_not_found")
+    if stored.kind is UploadKind.IMAGE:
+        return (decode(data, param, useful_pixels),)
+    if stored.kind is UploadKind.VIDEO:
+        try:
+            return ChatImage.frames_of(data, suffix=Path(stored.filename).suffix or ".mp4",
+                                       useful_pixels=useful_pixels, scaffold=scaffold)
+        except ImageError as exc:
+            raise bad_request(str(exc).split(": ", 1)[-1], param, code="invalid_video") from None
+    form = format_of(data) or PDF
+    return _pages(data, form, param, param, useful_pixels=useful_pixels, room=room, before=before)
 
 
 def decode(data: bytes, param: str, useful_pixels: int | None) -> ChatImage:

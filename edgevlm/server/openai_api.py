@@ -24,7 +24,7 @@ from edgevlm.server import schemas as sc
 from edgevlm.server.answer import AnswerShape, AnswerText
 from edgevlm.server.history import Message, chat_turn, check_role
 from edgevlm.server.http import ApiError, bad_request, read_json
-from edgevlm.server.media import PageRoom, document_pages, image_from_url, video_frames
+from edgevlm.server.media import PageRoom, document_pages, image_from_url, uploaded, video_frames
 from edgevlm.server.scheduler import Answered, Failed, JobEvent, Piece, Progress, TurnJob
 from edgevlm.server.tool_calls import assistant_calls_text, tool_result_text, tool_use
 from edgevlm.server.turns import (
@@ -254,12 +254,17 @@ def _content(content: object, where: str, state: ServerState, frames: FrameScaff
             images.extend(video_frames(part.get(kind), f"{param}.{kind}", media_dir=state.media_dir,
                                        useful_pixels=state.useful_pixels,
                                        max_file_bytes=state.max_body_bytes, scaffold=frames))
+        elif kind == "file" and isinstance(part.get("file"), dict) and part["file"].get("file_data") is None \
+                and part["file"].get("file_id") is not None:  # an upload (POST /v1/files): any medium
+            images.extend(uploaded(part["file"]["file_id"], f"{param}.file.file_id", uploads=state.uploads,
+                                   useful_pixels=state.useful_pixels, room=room, before=len(images),
+                                   scaffold=frames))
         elif kind == "file":
             images.extend(document_pages(part.get("file"), f"{param}.file", useful_pixels=state.useful_pixels,
                                          room=room, before=len(images)))
         else:
             raise bad_request("expected a part of type text (with text), image_url, video_url or "
-                              "file (a PDF)", param)
+                              "file (a PDF, or any upload's file_id)", param)
     return "\n".join(texts), tuple(images), detail
 
 

@@ -90,10 +90,12 @@ def _message(item: object, where: str) -> dict[str, object]:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in ("input_text", "output_text", "text") and isinstance(part.get("text"), str):
             parts.append({"type": "text", "text": part["text"]})
+        elif kind == "input_image" and part.get("image_url") is None and part.get("file_id") is not None:
+            parts.append({"type": "file", "file": {"file_id": part["file_id"]}})  # an upload
         elif kind == "input_image":
             url = part.get("image_url")
             if not isinstance(url, str):
-                raise bad_request("expected image_url as a data: URL (file_id is not supported)",
+                raise bad_request("expected image_url as a data: URL, or file_id from POST /v1/files",
                                   f"{where}.content[{j}].image_url")
             detail = part.get("detail") or "auto"
             parts.append({"type": "image_url", "image_url": {"url": url, "detail": detail}})

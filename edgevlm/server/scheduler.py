@@ -20,6 +20,7 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from edgevlm.chat.records import PrefillProgress, TurnStats
@@ -165,6 +166,7 @@ class Scheduler:
         self._queue: queue.Queue[TurnJob | None] = queue.Queue()
         self._waiting = 0  # submitted, not yet given a slot
         self._running: list[TurnJob | None] = [None] * len(sessions)
+        self._reading = [False] * len(sessions)  # a slot reading an upload ahead (idle work)
         self._free = threading.Condition()
         self._closed = False
         self._workers = [SequenceWorker(session, name=f"edgevlm-slot{slot}", idle_grace_s=IDLE_GRACE_S)
@@ -192,6 +194,11 @@ class Scheduler:
         return sum(job is not None for job in self._running)
 
     @property
+    def reading_ahead(self) -> int:
+        """Slots reading an upload ahead now (idle work)."""
+        return sum(self._reading)
+
+    @property
     def summaries_pending(self) -> int:
         """Answered images, over every slot, whose summary is still to be made."""
         return sum(session.pending_summaries for session in self.sessions)
@@ -205,6 +212,28 @@ class Scheduler:
         with self._free:
             self._waiting += 1
         self._queue.put_nowait(job)
+
+    def read_ahead(self, work: Callable[[ResentChat], object]) -> Future[object] | None:
+        """Run idle work (an upload read ahead into the caches) on the free slot whose cache holds
+        the least; None when no slot is free or a request waits: a request never waits for it,
+        and one given that slot stops it at its next step."""
+        with self._free:
+            free = [i for i, job in enumerate(self._running) if job is None and not self._reading[i]]
+            if self._closed or self._waiting or not free:
+                return None
+            slot = min(free, key=lambda i: self.sessions[i].conversation.kv_tokens)
+            self._reading[slot] = True
+        return self._workers[slot].submit(functools.partial(self._read, slot, work))
+
+    def _read(self, slot: int, work: Callable[[ResentChat], object]) -> object:
+        try:
+            with self._free:
+                if self._running[slot] is not None or self._closed:  # a request came first
+                    raise Interrupted("a request came before the read ahead started")
+            return work(self.sessions[slot])
+        finally:
+            with self._free:
+                self._reading[slot] = False
 
     def drain(self, timeout_s: float = 120.0) -> None:
         """Wait until every queued job has run and the idle slots have made their summaries."""
@@ -255,6 +284,8 @@ class Scheduler:
                 slot = self._best_slot(job)
                 self._running[slot] = job
                 self._waiting -= 1
+                if self._reading[slot]:  # idle work gives way: it stops at its next step
+                    self._workers[slot].cancel()
             # The slot's worker stops its summary, if it is making one, and runs the job next.
             self._workers[slot].submit(functools.partial(self._work, slot, job))
         self._queue.task_done()

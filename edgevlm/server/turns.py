@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -12,16 +14,18 @@ from typing import Protocol
 from starlette.requests import Request
 
 from edgevlm.chat.records import TurnStats, to_plain
-from edgevlm.chat.resent import ChatTurn, group_digest, grouped
+from edgevlm.chat.resent import ChatImage, ChatTurn, group_digest, grouped
 from edgevlm.chat.settings import ChatSettings, SettingsChange
 from edgevlm.errors import ContextOverflowError, EngineError, Interrupted, UserError, in_words, one_line
 from edgevlm.server.fields import settings_for
 from edgevlm.server.http import ApiError
 from edgevlm.server.scheduler import Answered, Failed, JobEvent, Piece, QueueFull, Scheduler, TurnJob
 from edgevlm.store.caches import SummaryStore
+from edgevlm.store.uploads import UploadStore
 from edgevlm.vision.boxes import BoxGeometry, Grounding, found_boxes
 from edgevlm.vision.layout import Detail, FrameScaffold, ImageLayout
 
+log = logging.getLogger("edgevlm.server")
 RETRY_AFTER_S = 5
 RUNNING_GRACE_S = 3.0  # how long a running answer may go on after a stop signal
 
@@ -66,6 +70,7 @@ class ServerState:
     tokens: TokenCodec | None = None  # for /api/generate's context
     grounding: Grounding | None = None  # how the model's family writes boxes (None: it writes none)
     image_floor: int = 0  # the tokens one image takes at its smallest view (a PDF's pages are counted by it)
+    uploads: UploadStore | None = None  # POST /v1/files (None: off)
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -78,6 +83,22 @@ class ServerState:
         """How the family is shown a clip's frames (its rate and its frames to a block)."""
         return self.layout.frames
 
+    def read_ahead(self, images: Sequence[ChatImage], file_id: str | None = None) -> bool:
+        """Read an upload's images ahead on a free slot, in idle time (see Scheduler.read_ahead);
+        False when every slot is busy or a request waits (it is read when a request names it).
+        The upload's status is "uploaded" while it is read, "processed" after."""
+        if not images:
+            return False
+        settings, uploads = self.chat, self.uploads
+        future = self.scheduler.read_ahead(lambda session: session.read_ahead(images, settings))
+        if future is None:
+            return False
+        if uploads is not None and file_id is not None:
+            uploads.note_reading(file_id, True)
+            future.add_done_callback(lambda _done: uploads.note_reading(file_id, False))
+        future.add_done_callback(_read_ahead_done)
+        return True
+
     def settings_for(self, change: SettingsChange, params: Mapping[str, str]) -> ChatSettings:
         """A request's settings, checked against the layout (see fields.settings_for)."""
         return settings_for(self.chat, self.layout, change, params)
@@ -88,6 +109,13 @@ class ServerState:
             return True
         text = str(name)
         return text in (self.model.id, f"{self.model.id}:latest", self.model.path.name)
+
+
+def _read_ahead_done(future: Future[object]) -> None:
+    """A read ahead that failed costs the request that names the upload its own read, no more."""
+    error = None if future.cancelled() else future.exception()
+    if error is not None and not isinstance(error, Interrupted):
+        log.warning("an upload's read ahead failed: %s", one_line(error))
 
 
 def state_of(request: Request) -> ServerState:

@@ -165,6 +165,34 @@ def test_repl_in_a_terminal(test_models: dict[str, Path], tmp_path: Path) -> Non
     assert turns[0]["stats"]["completion_tokens"] < 1500
 
 
+def test_an_attached_photo_is_read_while_the_question_is_typed_in_a_terminal(
+        test_models: dict[str, Path], tmp_path: Path, photo: Path) -> None:
+    """Issue 53, in a terminal on llama.cpp: the prompt says when the attached photo is read; the
+    question then decodes only itself, and Enter alone describes the next one."""
+    env = {**os.environ, "PROMPT_TOOLKIT_NO_CPR": "1", "TERM": "xterm", "HF_HUB_OFFLINE": "1"}
+    stats = tmp_path / "stats.jsonl"
+    child = pexpect.spawn(sys.executable, ["-m", "edgevlm.cli", *_args(test_models, tmp_path, "--stats-json",
+                                                                      str(stats))],
+                          cwd=str(ROOT), env=env, encoding="utf-8", timeout=120, dimensions=(40, 160))
+    try:
+        child.expect(">>>")
+        for question in ("what is it?", ""):
+            child.send(f"/image '{photo}'\r")
+            child.expect("attached red square.jpg")
+            child.expect(r"✓ read\]")  # the prompt, redrawn once the read is done
+            child.send(f"{question}\r")
+            child.expect("read ahead in")
+            child.expect(">>>")
+        child.sendeof()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    rows = [json.loads(line) for line in stats.read_text().splitlines()]
+    assert all(r["read_ahead_s"] > 0 and r["clip_encodes"] == 0 and r["prefill_tokens"] < 40 for r in rows)
+    asked = [t["user"] for t in _turns(tmp_path / "session.jsonl")]
+    assert asked == ["what is it?", "Describe this image in detail."]
+
+
 @pytest.mark.usefixtures("fake_engines")
 def test_an_unwritable_session_file_warns_once_and_chats_on(test_models: dict[str, Path],
                                                            tmp_path: Path) -> None:

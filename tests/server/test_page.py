@@ -207,6 +207,27 @@ def test_a_conversation_with_photos_in_the_page(server: str, browser: webdriver.
     _wait_for_states(browser, "done", "done", "done", "done", "error", "done")
 
 
+def test_an_attached_photo_is_read_before_the_question_is_sent(server: str, browser: webdriver.Chrome,
+                                                              tmp_path: Path) -> None:
+    """Issue 53: attaching uploads the photo (POST /v1/files) and the server reads it in idle
+    time; the chip says "read", and the question that opens the chat with it restores its block
+    from the prefix cache, with no encode. The upload is deleted once sent."""
+    browser.get(server)
+    browser.execute_script("localStorage.removeItem('edgevlm.chat.v1')")
+    browser.get(server)
+    WebDriverWait(browser, 30).until(lambda d: d.find_element(By.ID, "model-name").text.startswith("SmolLM2"))
+    browser.find_element(By.ID, "file-input").send_keys(str(_photo(tmp_path / "read.jpg", width=320)))
+    WebDriverWait(browser, WAIT_S, poll_frequency=0.1).until(
+        lambda d: [e.text for e in d.find_elements(By.CSS_SELECTOR, "#attachment .read")] == ["read"])
+    box = browser.find_element(By.ID, "prompt")
+    box.send_keys("What is in this photo?")
+    box.send_keys(Keys.ENTER)
+    _wait_for_states(browser, "done")
+    numbers = _stored(browser)["turns"][0]["numbers"]
+    assert numbers["clip_encodes"] == 0 and numbers["prefix_cache"] == "ram" and numbers["visual_tokens"] > 0
+    WebDriverWait(browser, 10).until(lambda _d: httpx.get(f"{server}/v1/files").json()["data"] == [])
+
+
 @pytest.mark.slow
 def test_stop_settings_and_a_phone_screen(long_server: str, browser: webdriver.Chrome) -> None:
     browser.get(long_server)

@@ -186,6 +186,7 @@ async function run(turn) {
     if (!controller.signal.aborted) turn.error = `connection lost (${err.message})`;
   } finally {
     clearInterval(timer);
+    forgetUploads(turn);
     running = null;
     setBusy(false);
     saveChat();
@@ -487,8 +488,50 @@ async function attach(files) {
       continue;
     }
     notice("");
+    readAhead(attached[attached.length - 1]);
   }
   showAttachments();
+}
+
+// The server reads an attachment while the question is typed (POST /v1/files): its views are
+// encoded and, opening a chat, its block prefilled into the image-prefix cache, so the question
+// pays only for itself. The message still carries the image itself (the server finds what it
+// read by its pixels); a server that keeps no uploads just reads it with the question.
+async function readAhead(a) {
+  const h = headers();
+  delete h["Content-Type"]; // the browser sets multipart's, with its boundary
+  try {
+    const form = new FormData();
+    form.append("purpose", "vision");
+    form.append("file", await (await fetch(a.url)).blob(), a.name);
+    const response = await fetch("/v1/files", { method: "POST", headers: h, body: form });
+    if (!response.ok) return;
+    a.fileId = (await response.json()).id;
+    a.read = "reading";
+    showAttachments();
+    for (let tries = 0; tries < 1200 && attached.includes(a); tries++) {
+      await new Promise((resolve) => setTimeout(resolve, 250));
+      const file = await fetch(`/v1/files/${a.fileId}`, { headers: h });
+      if (!file.ok) break;
+      if ((await file.json()).status === "processed") {
+        a.read = "read";
+        break;
+      }
+    }
+  } catch {
+    delete a.read; // the question reads it then
+  }
+  showAttachments();
+}
+
+function forgetUploads(turn) {
+  // What was read stays in the server's caches; the upload itself is not needed once sent.
+  const h = headers();
+  for (const a of turn.images || []) {
+    if (a.fileId) fetch(`/v1/files/${a.fileId}`, { method: "DELETE", headers: h }).catch(() => {});
+    delete a.fileId;
+    delete a.read;
+  }
 }
 
 function attachmentChip(a, onRemove) {
@@ -497,6 +540,9 @@ function attachmentChip(a, onRemove) {
     ? Object.assign(document.createElement("span"), { className: "pdf", textContent: a.kind === "pdf" ? "PDF" : "VIDEO" })
     : Object.assign(document.createElement("img"), { src: a.url, alt: a.name }));
   chip.append(Object.assign(document.createElement("span"), { className: "muted name", textContent: a.name }));
+  if (onRemove && a.read) {
+    chip.append(Object.assign(document.createElement("span"), { className: "muted read", textContent: a.read }));
+  }
   if (onRemove) {
     const remove = Object.assign(document.createElement("button"), { type: "button", textContent: "×" });
     remove.setAttribute("aria-label", `Remove ${a.name}`);
