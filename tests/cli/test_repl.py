@@ -183,14 +183,22 @@ def test_an_attached_photo_is_read_while_the_question_is_typed_in_a_terminal(
             child.send(f"{question}\r")
             child.expect("read ahead in")
             child.expect(">>>")
+        child.send(f"/image '{photo}'\r")  # Ctrl-C while it is read: stopped, and the photo let go
+        child.expect("attached red square.jpg")
+        child.sendintr()
+        child.expect("read stopped")
+        child.send("hello?\r")
+        child.expect("TTFT")
+        child.expect(">>>")
         child.sendeof()
         child.expect(pexpect.EOF)
     finally:
         child.close(force=True)
-    rows = [json.loads(line) for line in stats.read_text().splitlines()]
-    assert all(r["read_ahead_s"] > 0 and r["clip_encodes"] == 0 and r["prefill_tokens"] < 40 for r in rows)
+    *read, text = [json.loads(line) for line in stats.read_text().splitlines()]
+    assert all(r["read_ahead_s"] > 0 and r["clip_encodes"] == 0 and r["prefill_tokens"] < 40 for r in read)
+    assert text["visual_tokens"] == 0 and text["read_ahead_s"] == 0
     asked = [t["user"] for t in _turns(tmp_path / "session.jsonl")]
-    assert asked == ["what is it?", "Describe this image in detail."]
+    assert asked == ["what is it?", "Describe this image in detail.", "hello?"]
 
 
 @pytest.mark.usefixtures("fake_engines")
