@@ -15,6 +15,7 @@ the summary swap and the history replay. It orders a turn's steps; each part doe
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -49,6 +50,7 @@ from edgevlm.chat.turn_log import TurnLog
 from edgevlm.errors import ConfigError, ContextOverflowError, EmptyMessageError, EngineError, Interrupted
 from edgevlm.families.llava15 import LabelledTiles
 from edgevlm.store.caches import CacheView, EmbeddingCache
+from edgevlm.store.lru import BytesLru
 from edgevlm.store.prefix_cache import PrefixCache, PrefixTier
 from edgevlm.values.embedding import BlockEncoder, ImageBlock, ImageEmbedding
 from edgevlm.values.sampling import Sampling
@@ -62,6 +64,9 @@ DEFAULT_QUESTION = "Describe this image in detail."
 # words. A longer one still works: the block is rolled back and shown again from the
 # projector-row cache (no encode), as a turn without the read would have shown it.
 READ_AHEAD_QUESTION_TOKENS = 256
+# The views images were read ahead with, kept for the turn that shows them (a 5x3-tiled photo's
+# views are about 5 MB, a clip's window of 16 small frames about 2 MB).
+VIEWS_READ_BYTES = 128 << 20
 
 
 class ChatSequence(LedgerSequence, BlockSequence, PrefixSequence, SwapSequence, ReplaySequence, Protocol):
@@ -141,6 +146,7 @@ class Conversation:
         self._prefix_tier = PrefixTier.NONE  # where the current turn's image block came from
         self._block_end: tuple[int, ImagePlan] | None = None  # the last image block's end, for ask_again
         self._read: _PendingRead | None = None  # images read ahead, waiting for their question
+        self._views_read: BytesLru[PreparedImage] = BytesLru(VIEWS_READ_BYTES, _views_bytes)
         self.reset()
 
     # -- its settings -------------------------------------------------------------------------
@@ -344,10 +350,16 @@ class Conversation:
     def prepare(self, image: LoadedImage, room: int) -> PreparedImage:
         """The CPU side of an image turn (grid, global view, tiles); safe on a helper thread. A
         video's frame is planned within its family's budget for a frame."""
+        return self.blocks.prepare(image, room, self._view_settings_of(image), max_tokens=self.max_tokens)
+
+    def _view_settings_of(self, image: LoadedImage) -> ViewSettings:
         settings = self.view_settings
-        if image.time_s is not None:
-            settings = replace(settings, detail=Detail.VIDEO_FRAME)
-        return self.blocks.prepare(image, room, settings, max_tokens=self.max_tokens)
+        return replace(settings, detail=Detail.VIDEO_FRAME) if image.time_s is not None else settings
+
+    def _read_views(self, image: LoadedImage) -> PreparedImage | None:
+        """The views a read ahead cut of these pixels with these settings, if it did."""
+        ready = self._views_read.get(_pixels_key(image))
+        return ready if ready is not None and ready.settings == self._view_settings_of(image) else None
 
     def ask(self, question: str, *, image: LoadedImage | PreparedImage | None = None,
             images: Sequence[LoadedImage | PreparedImage] = (),
@@ -612,6 +624,9 @@ class Conversation:
         try:
             if images:
                 views = self._fit(parts, images, prepared)
+                if not with_question:  # a read ahead: a later turn showing these pixels keeps these views
+                    for view in views:
+                        self._views_read.put(_pixels_key(view.image), view)
                 plan = views[0].plan
                 canvases = tuple(view.plan.canvas_size for view in views)
                 tiles, image_tokens = self._write_images(parts, views, on_progress)
@@ -632,6 +647,12 @@ class Conversation:
         what the images that need less leave over goes to the others (one more pass)."""
         room = self.sequence.n_ctx - self.kv_tokens - parts.fixed - sum(len(label) for label in parts.labels)
         share = even_share(room, len(images))
+        # An image read ahead (an upload, in idle time) keeps the views it was read with where
+        # they fit, so its rows (and, opening a chat, its block) come from the caches: a turn of
+        # many frames or pages shares a room the read's question-less turn measured a little
+        # differently, and views cut to another share would be other pixels.
+        prepared = [ready if ready is not None else self._read_views(image)
+                    for image, ready in zip(images, prepared, strict=True)]
         # A view cut beforehand is kept when it fits its share (so its projector rows are the
         # cached ones), even if it was planned for more room than that.
         views = [ready if ready is not None and (ready.room <= share or self.block_tokens(ready) <= share)
@@ -783,6 +804,19 @@ class _TurnProgress:
             report(PrefillProgress(views_before + p.views_done, sum(self._views),
                                    tokens_before + p.tokens_done, sum(self._tokens), p.stage))
         return step
+
+
+def _pixels_key(image: LoadedImage) -> str:
+    """Which pixels an image holds, whatever its name (an upload decoded again, a file changed)."""
+    digest = hashlib.blake2b(image.image.tobytes(), digest_size=16)
+    digest.update(repr((image.image.size, image.image.mode, image.time_s, image.page)).encode())
+    if image.merged_with is not None:
+        digest.update(_pixels_key(image.merged_with).encode())
+    return digest.hexdigest()
+
+
+def _views_bytes(prepared: PreparedImage) -> int:
+    return sum(view.width * view.height * 3 for view in prepared.views)
 
 
 def _shown_again(again: Sequence[ShownImage | None], labels: Sequence[str | None] | None, n_images: int

@@ -133,3 +133,25 @@ def test_an_interrupted_read_leaves_the_cache_as_it_was() -> None:
     assert chat.kv_tokens == kv and chat.read_ahead_pending is None
     with pytest.raises(EmptyMessageError):
         chat.read_ahead([])
+
+
+def test_a_later_turn_keeps_the_views_a_read_cut_of_the_same_pixels_and_only_of_those() -> None:
+    """An upload read in idle time and shown by a request decodes its bytes again: the turn keeps
+    the views the read cut, matched by the pixels, never by the name: a file changed under the
+    same name and size is cut afresh. (That the views kept are what makes a clip's frames cost no
+    encode, where their share of the room differs: tests/server/test_files.py.)"""
+    chat, sequence = _chat()
+    first = _image(8)
+    chat.read_ahead([first])
+    read_rows = [s.embedding.rows for s in chat.segments if s.embedding is not None]
+    chat.drop_read_ahead()
+    again = LoadedImage(first.path, first.image.copy(), first.source_size)  # decoded again: same pixels
+    changed = LoadedImage(first.path, _image(9).image, first.source_size)  # same name and size
+    chat.ask("What is it?", images=[again])
+    shown = [s.embedding.rows for s in chat.segments if s.embedding is not None]
+    assert all(np.array_equal(a, b) for a, b in zip(shown, read_rows, strict=True))
+    chat.reset()
+    chat.ask("And this?", images=[changed])
+    other = [s.embedding.rows for s in chat.segments if s.embedding is not None]
+    assert not np.array_equal(other[0], read_rows[0])
+    chat.check()

@@ -20,6 +20,7 @@ from edgevlm.server.turns import ServerState
 from edgevlm.store.uploads import UploadKind, UploadRefused, UploadStore
 
 from ..fakes import fake_loaded
+from ..vision.test_video import moving_square, write_clip
 from .test_app import MAX_TOKENS, image_message, photo_bytes, serving
 from .test_documents_cost import blank_pdf
 
@@ -73,18 +74,27 @@ def test_an_uploaded_photo_is_read_ahead_and_its_question_decodes_only_itself(
     state.scheduler.session.conversation.check()
 
 
-def test_an_uploaded_pdf_shows_its_pages_and_the_responses_api_takes_an_image_by_id(
-        files_server: tuple[OpenAI, ServerState]) -> None:
+def test_an_uploaded_pdf_and_clip_show_their_pages_and_frames_and_the_responses_api_takes_an_image_by_id(
+        files_server: tuple[OpenAI, ServerState], tmp_path: Path) -> None:
     client, state = files_server
     pdf = client.files.create(file=("two.pdf", io.BytesIO(blank_pdf(2, (300, 400))), "application/pdf"),
                               purpose="user_data")
+    state.scheduler.drain()
     answer = client.chat.completions.create(model="", messages=[_file_message("Read it.", pdf.id)])
     assert len(answer.model_extra["edgevlm"]["image_tokens"]) == 2  # a page each
+    assert answer.model_extra["edgevlm"]["clip_encodes"] == 0  # read ahead in idle time
     photo = client.files.create(file=("p.png", io.BytesIO(photo_bytes(73)), "image/png"), purpose="vision")
     response = client.responses.create(model="", input=[{"role": "user", "content": [
         {"type": "input_text", "text": "What is it?"}, {"type": "input_image", "file_id": photo.id}]}])
     assert response.output_text and response.model_extra["edgevlm"]["visual_tokens"] > 0
-    for stored in (pdf, photo):
+    clip = write_clip(tmp_path / "clip.mp4", 6, draw=moving_square)
+    video = client.files.create(file=("clip.mp4", io.BytesIO(clip.read_bytes()), "video/mp4"),
+                                purpose="vision")
+    state.scheduler.drain()
+    watched = client.chat.completions.create(model="", messages=[_file_message("What moves?", video.id)])
+    assert len(watched.model_extra["edgevlm"]["image_tokens"]) > 1  # the clip's frames, each a block
+    assert watched.model_extra["edgevlm"]["clip_encodes"] == 0  # read ahead in idle time
+    for stored in (pdf, photo, video):
         client.files.delete(stored.id)
     state.scheduler.drain()
 
