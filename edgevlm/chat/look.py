@@ -9,6 +9,7 @@ and swapped back to its summary after the answer. Pure: text in, image numbers o
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 _NOUN = r"(?:image|photo|picture|pic|screenshot|frame)s?"
 _NUMBERED = re.compile(rf"\b{_NOUN}\s*#?\s*(\d+(?:\s*(?:,|and|&)\s*\d+)*)", re.IGNORECASE)
@@ -20,12 +21,15 @@ _PREVIOUS = re.compile(rf"\b(?:the\s+)?(?:previous|last|earlier|other)\s+(?:one|
 _COUNTS = {"two": 2, "three": 3, "four": 4, "2": 2, "3": 3, "4": 4}
 
 
-def referenced_images(question: str, seen: int) -> list[int]:
+def referenced_images(question: str, seen: int, names: Mapping[int, str] | None = None) -> list[int]:
     """The numbers (from 1) of the earlier images a question names, in order, each once: by
-    number ("image 2", "photos 1 and 3"), by ordinal ("the first photo"), or by position ("the
-    previous image", "the last two photos"), among the `seen` images shown before. Asked of a
-    turn that brings no image of its own (a turn's own images are numbered within it)."""
+    number ("image 2", "photos 1 and 3"), by ordinal ("the first photo"), by position ("the
+    previous image", "the last two photos"), or by file name (`names`: each image's, by number;
+    see named_files), among the `seen` images shown before. Asked of a turn that brings no image
+    of its own (a turn's own images are numbered within it)."""
     named: dict[int, None] = {}
+    for number in named_files(question, names or {}):
+        named[number] = None
     for match in _NUMBERED.finditer(question):
         for number in map(int, re.findall(r"\d+", match[1])):
             named[number] = None
@@ -38,3 +42,23 @@ def referenced_images(question: str, seen: int) -> list[int]:
     elif _PREVIOUS.search(question) and seen:
         named[seen] = None
     return [number for number in named if 1 <= number <= seen]
+
+
+# A file's stem alone names it only when no sentence would use it as a word: "IMG_2041",
+# "receipt-march", "scan3" do; "photo", "bakery" or "street" do not (the full "street.jpg" does).
+_NAME_LIKE = re.compile(r"[\d_\-]")
+
+
+def named_files(question: str, names: Mapping[int, str]) -> list[int]:
+    """The numbers of the images whose file name the question mentions: the whole name
+    ("street.jpg"), or its stem where the stem is no word ("IMG_2041"), case aside, never as part
+    of a longer name ("IMG_20410" is not "IMG_2041")."""
+    found = []
+    for number, name in names.items():
+        base = name.rsplit("/", 1)[-1]
+        stem = base.rsplit(".", 1)[0] if "." in base else base
+        shapes = [base] + ([stem] if stem != base and _NAME_LIKE.search(stem) and len(stem) >= 3 else [])
+        if any(re.search(rf"(?<![\w.-]){re.escape(shape)}(?![\w-]|\.\w)", question, re.IGNORECASE)
+               for shape in shapes if shape):
+            found.append(number)
+    return found

@@ -217,7 +217,9 @@ class ChatRepl:
             elif self._attached:  # the question about the images attached (Enter alone: the default)
                 self._ask_attached(line)
             else:
-                self._look(line, referenced_images(line, self.conversation.images_seen))
+                names = {shown.index: shown.image for record in self.conversation.records
+                         for shown in record.shown}
+                self._look(line, referenced_images(line, self.conversation.images_seen, names))
         except Interrupted as exc:
             self._note(str(exc))
         except EdgeVLMError as exc:

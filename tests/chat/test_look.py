@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edgevlm.chat.look import referenced_images
+from edgevlm.chat.look import named_files, referenced_images
 
 
 def test_numbers_ordinals_and_positions_name_earlier_images() -> None:
@@ -37,3 +37,23 @@ def test_what_comes_back_is_earlier_images_each_once(question: str, seen: int) -
 def test_every_number_a_question_names_comes_back_if_shown(numbers: list[int], seen: int) -> None:
     question = "Compare " + " and ".join(f"image {n}" for n in numbers) + "."
     assert referenced_images(question, seen) == [n for n in numbers if n <= seen]
+
+
+NAMES = {1: "/home/me/street.jpg", 2: "IMG_2041.JPG", 3: "photo.png", 4: "receipt-march.pdf"}
+
+
+def test_a_file_name_names_its_image_and_a_plain_word_does_not() -> None:
+    assert referenced_images("What did street.jpg show?", 4, NAMES) == [1]
+    assert referenced_images("Compare IMG_2041 with image 3", 4, NAMES) == [2, 3]
+    assert referenced_images("is receipt-march paid?", 4, NAMES) == [4]
+    assert referenced_images("img_2041.jpg, again", 4, NAMES) == [2]  # case aside
+    assert referenced_images("The street is wide; the photo is dark", 4, NAMES) == []  # words, not names
+    assert referenced_images("IMG_20410 and street.jpgs", 4, NAMES) == []  # part of another name
+
+
+@given(st.text(alphabet=st.characters(codec="ascii"), max_size=120))
+def test_names_only_ever_add_the_images_they_name(question: str) -> None:
+    plain = referenced_images(question, 4)
+    named = referenced_images(question, 4, NAMES)
+    assert set(plain) <= set(named) and all(1 <= n <= 4 for n in named)
+    assert set(named) - set(plain) <= set(named_files(question, NAMES))

@@ -494,19 +494,20 @@ def test_an_earlier_image_named_by_a_question_is_shown_again_without_an_encode(
     monkeypatch.delenv("EDGEVLM_NO_CACHE")  # the projector rows are what makes a second look free
     photos = []
     for n, colour in enumerate([(220, 30, 30), (30, 220, 30), (30, 30, 220)], 1):
-        photos.append(tmp_path / f"photo{n}.jpg")
+        photos.append(tmp_path / f"shot-{n}.jpg")  # no "photo 3" in the name: only the name names it
         Image.new("RGB", (640, 480), colour).save(photos[-1])
     text, mmproj = ("text", "mmproj_112") if family == "llava" else ("qwen_text", "qwen_mmproj")
     args = ["chat", "--model", str(test_models[text]), "--mmproj", str(test_models[mmproj]),
             "--n-ctx", "4096", "--max-tokens", "8", "--session", str(tmp_path / "s.jsonl")]
     stats = tmp_path / "stats.jsonl"
     script = "".join(f"/image '{p}' what is this?\n" for p in photos)
-    script += "what did image 1 show?\n/look 2\n/stats\n"
+    script += "what did image 1 show?\n/look 2\nand what was in shot-3.jpg?\n/stats\n"
     result = invoke_cli(*args, "--stats-json", str(stats), stdin=script)
     assert result.returncode == 0, result.stderr
     rows = [json.loads(line) for line in stats.read_text().splitlines()]
-    assert len(rows) == 5
-    first, looked, second = rows[0], rows[3], rows[4]
+    assert len(rows) == 6
+    first, looked, second, by_name = rows[0], rows[3], rows[4], rows[5]
+    assert by_name["shown_again"] == [3] and by_name["clip_encodes"] == 0  # named by its file
     assert looked["clip_encodes"] == 0 and looked["visual_tokens"] == first["visual_tokens"]
     assert (looked["shown_again"], second["shown_again"], first["shown_again"]) == ([1], [2], [])
     assert second["clip_encodes"] == 0 and second["visual_tokens"] == rows[1]["visual_tokens"]
@@ -516,7 +517,7 @@ def test_an_earlier_image_named_by_a_question_is_shown_again_without_an_encode(
     assert second["visual_tokens_live"] == second["visual_tokens"]  # image 1 is its summary again
     turns = _turns(tmp_path / "s.jsonl")
     assert turns[3]["image"] == str(photos[0]) and turns[3]["image_index"] == 1
-    assert load_transcript(tmp_path / "s.jsonl").records[-1].image_index == 2  # numbered as before
+    assert [r.image_index for r in load_transcript(tmp_path / "s.jsonl").records[-2:]] == [2, 3]  # as before
     assert "images 3 " in result.stderr  # three images seen, not five
 
 
