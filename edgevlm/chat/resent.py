@@ -78,6 +78,16 @@ class ChatImage:
                      for page in pages)
 
 
+def named(images: tuple[ChatImage, ...], filename: str) -> tuple[ChatImage, ...]:
+    """An upload's images under the name its client gave the file (a page or a frame keeps its
+    number or time): what its summary says, and how a later question may name it. Only the
+    name's last part is kept; the images are still found again by their digests."""
+    name = Path(filename.replace("\\", "/")).name
+    if not name:
+        return images
+    return tuple(replace(image, image=replace(image.image, path=Path(name))) for image in images)
+
+
 def grouped(images: tuple[ChatImage, ...]) -> list[tuple[ShownGroup, tuple[ChatImage, ...]]]:
     """A message's images as the conversation shows and summarises them (chat/records.py's
     shown_groups: a clip's frames as one window), each with its uploads."""
@@ -200,11 +210,12 @@ class ResentChat:
         uploads = [(group, images) for past in turn.past for group, images in grouped(past.images)]
         if turn.look is None and turn.images:
             return []  # a message's own images are numbered within it: "image 2" may be one of them
-        named = turn.look if turn.look is not None else referenced_images(turn.question, len(uploads))
+        names = {number: images[0].image.path.name for number, (_, images) in enumerate(uploads, start=1)}
+        named = turn.look if turn.look is not None else referenced_images(turn.question, len(uploads), names)
         held = {image.index: image for record in self.conversation.records for image in record.shown}
         found = []
         for number in named:
-            group, images = uploads[number - 1]
+            _group, images = uploads[number - 1]
             earlier = held.get(number)
             if len(images) == 1 and not images[0].image.page and earlier is not None and earlier.summary:
                 found.append((images[0].image, earlier))

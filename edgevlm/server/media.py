@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from edgevlm.chat.resent import ChatImage
+from edgevlm.chat.resent import ChatImage, named
 from edgevlm.errors import ImageError
 from edgevlm.server.http import ApiError, bad_request, shown
 from edgevlm.store.uploads import UploadKind, UploadStore
@@ -175,15 +175,17 @@ def uploaded(file_id: object, param: str, *, uploads: UploadStore | None, useful
         raise bad_request(f"no file {shown(file_id, 60)}: unknown, deleted or expired (POST /v1/files "
                           "keeps one; GET /v1/files lists them)", param, code="file_not_found")
     if stored.kind is UploadKind.IMAGE:
-        return (decode(data, param, useful_pixels),)
+        return named((decode(data, param, useful_pixels),), stored.filename)
     if stored.kind is UploadKind.VIDEO:
         try:
+            # a clip's frames keep their digest's name: frames are told apart by clip that way
             return ChatImage.frames_of(data, suffix=Path(stored.filename).suffix or ".mp4",
                                        useful_pixels=useful_pixels, scaffold=scaffold)
         except ImageError as exc:
             raise bad_request(str(exc).split(": ", 1)[-1], param, code="invalid_video") from None
     form = format_of(data) or PDF
-    return _pages(data, form, param, param, useful_pixels=useful_pixels, room=room, before=before)
+    pages = _pages(data, form, param, param, useful_pixels=useful_pixels, room=room, before=before)
+    return named(pages, stored.filename)
 
 
 def decode(data: bytes, param: str, useful_pixels: int | None) -> ChatImage:

@@ -169,3 +169,25 @@ def test_a_read_ahead_stopped_by_a_request_leaves_the_slot_whole(
     assert [s.kind for s in conversation.segments] == ["system"]
     answer = client.chat.completions.create(model="", messages=[image_message("What is it?", seed=77)])
     assert answer.choices[0].message.content
+
+
+def test_an_upload_is_named_by_its_file_and_a_later_question_may_name_it(
+        files_server: tuple[OpenAI, ServerState]) -> None:
+    """Its summary says the name the client gave the file, and a question naming that file gets
+    it shown again (issue 52), from the projector-row cache."""
+    client, state = files_server
+    stored = client.files.create(file=("street-7.png", io.BytesIO(photo_bytes(78)), "image/png"),
+                                 purpose="vision")
+    state.scheduler.drain()
+    first = client.chat.completions.create(model="", messages=[_file_message("What is it?", stored.id)])
+    state.scheduler.drain()  # its summary, in idle time
+    history = [_file_message("What is it?", stored.id),
+               {"role": "assistant", "content": first.choices[0].message.content}]
+    later = client.chat.completions.create(model="", messages=[
+        *history, {"role": "user", "content": "What was in street-7.png again?"}])
+    numbers = later.model_extra["edgevlm"]
+    assert numbers["shown_again"] == [1] and numbers["clip_encodes"] == 0
+    summaries = state.scheduler.session.conversation.records[0].shown
+    assert summaries[0].image == "street-7.png"
+    client.files.delete(stored.id)
+    state.scheduler.drain()
