@@ -12,6 +12,7 @@ let info = null;
 let running = null; // {turn, controller} while an answer is coming
 let attached = []; // {url, name, kind} of each image or PDF waiting to be sent
 const views = new Map(); // turn id -> its <section>
+const readLabels = new WeakMap(); // attachment -> its chip's "reading"/"read" label
 
 // -- storage ----------------------------------------------------------------------------
 
@@ -508,7 +509,7 @@ async function readAhead(a) {
     if (!response.ok) return;
     a.fileId = (await response.json()).id;
     a.read = "reading";
-    showAttachments();
+    showRead(a);
     for (let tries = 0; tries < 1200 && attached.includes(a); tries++) {
       await new Promise((resolve) => setTimeout(resolve, 250));
       const file = await fetch(`/v1/files/${a.fileId}`, { headers: h });
@@ -521,7 +522,16 @@ async function readAhead(a) {
   } catch {
     delete a.read; // the question reads it then
   }
-  showAttachments();
+  showRead(a);
+}
+
+function showRead(a) {
+  // Only the label changes: the chips themselves stay (re-drawing them would drop what the
+  // user is pointing at).
+  const label = readLabels.get(a);
+  if (!label) return;
+  label.textContent = a.read || "";
+  label.hidden = !a.read;
 }
 
 function forgetUploads(turn) {
@@ -540,8 +550,11 @@ function attachmentChip(a, onRemove) {
     ? Object.assign(document.createElement("span"), { className: "pdf", textContent: a.kind === "pdf" ? "PDF" : "VIDEO" })
     : Object.assign(document.createElement("img"), { src: a.url, alt: a.name }));
   chip.append(Object.assign(document.createElement("span"), { className: "muted name", textContent: a.name }));
-  if (onRemove && a.read) {
-    chip.append(Object.assign(document.createElement("span"), { className: "muted read", textContent: a.read }));
+  if (onRemove) {
+    const label = Object.assign(document.createElement("span"), { className: "muted read" });
+    readLabels.set(a, label);
+    showRead(a);
+    chip.append(label);
   }
   if (onRemove) {
     const remove = Object.assign(document.createElement("button"), { type: "button", textContent: "×" });
