@@ -192,7 +192,16 @@ class ChatRepl:
         """Handle lines until they run out or /quit."""
         try:
             for line in lines:
-                if not self.handle(line):
+                try:
+                    going_on = self.handle(line)
+                except KeyboardInterrupt:
+                    if not self.interactive:
+                        raise
+                    # Ctrl-C between two prompts (an answer's own Ctrl-C is stop_on_sigint's): as
+                    # at the prompt, never the end of the chat (Ctrl-D is).
+                    self.interrupt_waiting()
+                    continue
+                if not going_on:
                     break
             else:
                 if self._attached and not self.interactive:  # a script's last /image: described
