@@ -75,6 +75,15 @@ def _next_logits(sequence: EngineSequence, segments: list[Segment], probe: list[
     return sequence._current_logits().copy()
 
 
+def _probed(chat: Conversation, probe: list[int]) -> np.ndarray:
+    """The next-token logits after the chat's cache and the probe; the probe then taken back
+    (the one way back), so the chat is as it was."""
+    chat.ledger.append(Segment("user", -1, tuple(probe)))
+    logits = chat.sequence._current_logits().copy()
+    chat.ledger.truncate_to(len(chat.segments) - 1)
+    return logits
+
+
 @pytest.mark.slow
 def test_ten_image_turns_equal_a_fresh_prefill_after_every_turn(pair: tuple[str, Engine, Engine],
                                                                 test_models: dict[str, Path]) -> None:
@@ -89,10 +98,8 @@ def test_ten_image_turns_equal_a_fresh_prefill_after_every_turn(pair: tuple[str,
         chat.summarise_pending()  # as in idle time: this turn's image becomes its summary
         chat.check()
         work.append(stats.prefill_tokens + chat.sequence.stats().prompt_tokens)
-        chat.ledger.append(Segment("user", -1, tuple(probe)))
-        ours = chat.sequence._current_logits().copy()
-        reference = _next_logits(fresh.sequence(), chat.segments[:-1], probe)
-        chat.ledger.truncate_to(len(chat.segments) - 1)  # the probe never happened: the one way back
+        ours = _probed(chat, probe)  # the probe never happened: the one way back
+        reference = _next_logits(fresh.sequence(), chat.segments, probe)
         chat.check()
         assert np.abs(ours - reference).max() < 1e-3, f"turn {turn}"
     assert chat.kv_positions > 200 and "image" not in [s.kind for s in chat.segments]
@@ -296,11 +303,8 @@ def test_a_further_question_reads_the_image_once_on_every_memory_kind(
     assert again.prefill_tokens == question  # only the question: the image block stayed
     assert again.visual_tokens == first.visual_tokens
     probe = chat.sequence.tokenize(" More?")
-    chat.ledger.append(Segment("user", -1, tuple(probe)))
-    ours = chat.sequence._current_logits().copy()
-    reference = _next_logits(fresh.sequence(), chat.segments[:-1], probe)
-    chat.ledger.truncate_to(len(chat.segments) - 1)
-    assert np.abs(ours - reference).max() < 1e-3
+    ours = _probed(chat, probe)
+    assert np.abs(ours - _next_logits(fresh.sequence(), chat.segments, probe)).max() < 1e-3
 
 
 def test_images_read_ahead_answer_as_a_turn_asked_at_once_on_every_memory_kind(
@@ -318,10 +322,7 @@ def test_images_read_ahead_answer_as_a_turn_asked_at_once_on_every_memory_kind(
         read = chat.read_ahead([photo]) if ahead else None
         _, stats = chat.ask("And in this one?", images=[photo])
         chat.check()
-        chat.ledger.append(Segment("user", -1, tuple(chat.sequence.tokenize(" And now?"))))
-        logits = chat.sequence._current_logits().copy()
-        chat.ledger.truncate_to(len(chat.segments) - 1)
-        return chat, logits, stats, read
+        return chat, _probed(chat, chat.sequence.tokenize(" And now?")), stats, read
 
     _, at_once, whole, _ = picture_two(ahead=False)
     chat, ahead, stats, read = picture_two(ahead=True)
@@ -337,8 +338,5 @@ def test_images_read_ahead_answer_as_a_turn_asked_at_once_on_every_memory_kind(
     assert text.visual_tokens == 0 and chat.visual_tokens_live == 0 and chat.kv_tokens > kv
     chat.check()
     probe = chat.sequence.tokenize(" And now?")
-    chat.ledger.append(Segment("user", -1, tuple(probe)))
-    ours = chat.sequence._current_logits().copy()
-    reference = _next_logits(fresh.sequence(), chat.segments[:-1], probe)
-    chat.ledger.truncate_to(len(chat.segments) - 1)
-    assert np.abs(ours - reference).max() < 1e-3
+    ours = _probed(chat, probe)
+    assert np.abs(ours - _next_logits(fresh.sequence(), chat.segments, probe)).max() < 1e-3
