@@ -145,6 +145,7 @@ bench: setup test-models
 	$(PY) scripts/bench_video.py
 	$(PY) scripts/bench_grammar.py
 	$(PY) scripts/bench_look.py
+	$(PY) scripts/bench_merge.py
 	$(PY) scripts/bench_read_ahead.py
 
 # llama.cpp's own multimodal CLI, built from the llama.cpp vendored in the pinned

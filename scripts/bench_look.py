@@ -5,7 +5,9 @@
   which comes back live for that turn from the projector-row cache, and is a summary again after;
 - edgevlm with the summary alone: the same chat, the last question naming no photo;
 - every photo live (`--keep-images 10`), as llama-server keeps a history's images until the
-  context is full: the question sees photo 1's pixels, and every photo's tokens stay in the cache.
+  context is full: the question sees photo 1's pixels, and every photo's tokens stay in the cache;
+- the first and the last again with `--merge 0.25` (each image's visual tokens merged to a quarter
+  after the projector).
 
 Each runs `edgevlm chat` piped, on the test models (their words mean nothing; token counts,
 encodes and times are real), with the projector-row cache on in a fresh folder. Prints, for the
@@ -78,6 +80,11 @@ def main() -> None:
             f"every photo live (--keep-images {args.photos})": run(
                 args.pair, shown, "What did the sign in image 1 say?", folder,
                 "--keep-images", str(args.photos)),
+            "look again, --merge 0.25": run(args.pair, shown, "What did the sign in image 1 say?", folder,
+                                            "--merge", "0.25"),
+            "every photo live, --merge 0.25": run(
+                args.pair, shown, "What did the sign in image 1 say?", folder,
+                "--keep-images", str(args.photos), "--merge", "0.25"),
         }
     if args.json:
         print(json.dumps({"pair": args.pair, "photos": args.photos, "runs": results}, indent=2))

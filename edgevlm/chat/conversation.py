@@ -284,7 +284,7 @@ class Conversation:
     def view_settings(self) -> ViewSettings:
         """How images are cut into views now."""
         s = self._settings
-        return ViewSettings(self.tile_size, s.pool, s.max_tiles, s.detail, s.frame_tokens)
+        return ViewSettings(self.tile_size, s.pool, s.max_tiles, s.detail, s.frame_tokens, s.merge_share)
 
     # -- whole conversations ------------------------------------------------------------------
 
@@ -739,6 +739,7 @@ class Conversation:
             preprocess_s=generated.preprocess_s, clip_encode_s=generated.clip_encode_s,
             prefill_s=generated.prefill_s, decode_s=generated.decode_s,
             prefill_tok_s=generated.prefill_tok_s, pool=plan.pool if plan else 1,
+            merge=self._settings.merge_share if plan else None,
             tile_tokens=tiles.tile_tokens, tile_prefill_s=tiles.tile_prefill_s,
             itl_p50_s=generated.itl_p50_s, itl_p90_s=generated.itl_p90_s,
             layout=plan.layout if plan else "",

@@ -19,6 +19,7 @@ from edgevlm.chat.records import (
 )
 from edgevlm.errors import ConfigError, ContextOverflowError
 from edgevlm.values.embedding import BlockEncoder, ImageEmbedding
+from edgevlm.values.merging import merged_count
 from edgevlm.vision.images import LoadedImage
 from edgevlm.vision.layout import (
     BlockTooLarge,
@@ -125,9 +126,12 @@ class ImageBlockWriter:
         step, rows packed into one block, or mtmd's own block). Its segments belong to the turn's
         slot-th image (the swap replaces each image on its own)."""
         plan, budget = prepared.plan, self.budget(prepared.room, prepared.settings)
-        progress = ProgressCounter(on_progress, views=len(prepared.views),
-                                   tokens=self.layout.block_tokens(plan, budget))
-        pen = _BlockPen(self, turn, slot, progress)
+        merge = prepared.settings.merge
+        tokens = self.layout.block_tokens(plan, budget)
+        if merge is not None:  # the rows merged, the labels and markers as they are
+            tokens -= plan.visual_tokens - merged_count(plan.visual_tokens, merge)
+        progress = ProgressCounter(on_progress, views=len(prepared.views), tokens=tokens)
+        pen = _BlockPen(self, turn, slot, progress, merge)
         self.layout.write(plan, prepared.views, pen)
         return pen.cost
 
@@ -137,8 +141,10 @@ class _BlockPen:
     the ledger under the turn's slot, the progress counts views read and tokens decoded (a
     label's tokens with the rows after it), and the tiles' tokens and seconds are summed."""
 
-    def __init__(self, writer: ImageBlockWriter, turn: int, slot: int, progress: ProgressCounter) -> None:
+    def __init__(self, writer: ImageBlockWriter, turn: int, slot: int, progress: ProgressCounter,
+                 merge: float | None) -> None:
         self._writer, self._turn, self._slot, self._progress = writer, turn, slot, progress
+        self._merge = merge
         self._labelled = 0  # label tokens not yet reported (they go with the rows they introduce)
         self.cost = BlockCost()
 
@@ -152,6 +158,9 @@ class _BlockPen:
 
     def rows(self, rows: ImageEmbedding, *, tile_tokens: int = 0) -> None:
         started = time.perf_counter()
+        if self._merge is not None:  # each view's rows on their own: a tile's never join another's
+            rows = rows.merged(self._merge)
+            tile_tokens = rows.n_tokens if tile_tokens else 0
         self._writer.append(Segment("image", self._turn, embedding=rows, slot=self._slot))
         if tile_tokens:
             self.cost = BlockCost(self.cost.tile_tokens + tile_tokens,

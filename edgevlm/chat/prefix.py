@@ -105,7 +105,8 @@ class ImagePrefixes:
         opening = [*self._ledger[0].tokens, *head]
         parts = [b"image-prefix-1", self._format_name.encode(),
                  np.asarray(opening, dtype=np.int32).tobytes(), layout.name.encode(),
-                 repr(prepared.plan).encode(), repr(layout.label_texts()).encode()]
+                 repr(prepared.plan).encode(), repr(layout.label_texts()).encode(),
+                 f"merge={prepared.settings.merge}".encode()]
         for view in prepared.views:
             pixels = np.asarray(view, dtype=np.uint8)
             parts += [repr(pixels.shape).encode(), pixels.tobytes()]

@@ -54,6 +54,7 @@ class ViewSettings:
     max_tiles: int | None = None
     detail: Detail = Detail.CHAT  # what the image is shown for: its family's budget for that task
     frame_tokens: int | None = None  # the most a video frame (or merged pair) takes; None: the family's
+    merge: float | None = None  # the share of each view's visual tokens kept after the projector
 
 
 @dataclass(frozen=True, eq=False)
@@ -92,6 +93,7 @@ class TurnStats:
     decode_s: float = 0.0
     prefill_tok_s: float = 0.0
     pool: int = 1
+    merge: float | None = None  # the share of each view's visual tokens kept by --merge (None: all)
     tile_tokens: int = 0  # visual tokens of the local tiles (the global view excluded)
     tile_prefill_s: float = 0.0  # decoding the local tiles' rows, labels excluded
     itl_p50_s: float = 0.0

@@ -40,6 +40,48 @@ T = TypeVar("T")
 Changed = Union[T, Literal[Keep.KEEP]]  # noqa: UP007 - a new value, or KEEP (a generic alias)
 
 
+# Tasks a merge leaves alone unless it names them: merged rows blur small print and edges.
+READING = frozenset({Detail.OCR, Detail.GROUNDING})
+MERGED_BY_DEFAULT = frozenset(Detail) - READING
+
+
+@dataclass(frozen=True)
+class Merge:
+    """--merge R[:TASK,...]: each image's visual tokens merged down to a share R of them after
+    the projector (values/merging.py), for the tasks named (by default every task but reading
+    text and finding objects)."""
+
+    share: float
+    tasks: frozenset[Detail] = MERGED_BY_DEFAULT
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.share < 1.0:
+            raise ConfigError(f"merge must be a share of the tokens between 0 and 1 (0.25: a quarter), "
+                              f"not {self.share:g}", settings=("merge",))
+        object.__setattr__(self, "tasks", frozenset(_enum(Detail, t, "merge's task") for t in self.tasks))
+        if not self.tasks:
+            raise ConfigError("merge names no task", settings=("merge",))
+
+    @classmethod
+    def parse(cls, text: str) -> Merge | None:
+        """`0.25`, `0.25:chat,ocr`, or `off` (None); ConfigError naming what is wrong."""
+        share, _, tasks = text.strip().partition(":")
+        if share.lower() in ("off", "none", "1", "1.0"):
+            return None
+        try:
+            value = float(share)
+        except ValueError:
+            raise ConfigError(f"merge must be a share such as 0.25 (optionally :TASK,... ), or off, "
+                              f"not {text!r}", settings=("merge",)) from None
+        named = [_enum(Detail, t.strip(), "merge's task") for t in tasks.split(",") if t.strip()]
+        return cls(value, frozenset(named)) if named else cls(value)
+
+    def __str__(self) -> str:
+        if self.tasks == MERGED_BY_DEFAULT:
+            return f"{self.share:g}"
+        return f"{self.share:g}:" + ",".join(sorted(t.value for t in self.tasks))
+
+
 @dataclass(frozen=True)
 class ChatSettings:
     """How a conversation answers and what it keeps."""
@@ -55,6 +97,7 @@ class ChatSettings:
     frame_tokens: int | None = None  # the most visual tokens a video frame takes (None: its family's)
     stop: tuple[str, ...] = ()  # the answer ends before the first of these
     caption_tokens: int = CAPTION_TOKENS
+    merge: Merge | None = None  # visual tokens merged after the projector, for the tasks it names
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "summary", _enum(SummaryMode, self.summary, "summary"))
@@ -76,11 +119,28 @@ class ChatSettings:
         if self.caption_tokens < 1:
             raise ConfigError(f"caption_tokens must be at least 1, not {self.caption_tokens}",
                               settings=("caption_tokens",))
+        if self.merge is not None and self.detail in READING and self.detail not in self.merge.tasks:
+            raise ConfigError(f"merge {self.merge} is off for {self.detail.value}: merged tokens blur small "
+                              f"print and edges; name the task to merge anyway (merge "
+                              f"{self.merge.share:g}:{self.detail.value}), or drop merge",
+                              settings=("merge", "detail"))
+
+    @property
+    def merge_share(self) -> float | None:
+        """The share of visual tokens kept for the task now (None: not merged)."""
+        return self.merge.share if self.merge is not None and self.detail in self.merge.tasks else None
 
     def merged(self, change: SettingsChange) -> ChatSettings:
-        """These settings with a turn's overrides (each field left KEEP stays), checked again."""
+        """These settings with a turn's overrides (each field left KEEP stays), checked again. A
+        conversation's merge does not follow a turn to a reading task it does not name (a
+        server's --merge and a request for OCR): only a merge asked for with it is refused."""
         new = {f.name: getattr(change, f.name) for f in fields(change)}
-        return replace(self, **{name: value for name, value in new.items() if value is not KEEP})
+        changed = {name: value for name, value in new.items() if value is not KEEP}
+        detail = changed.get("detail", self.detail)
+        if (change.merge is KEEP and self.merge is not None and detail in READING
+                and detail not in self.merge.tasks):
+            changed["merge"] = None
+        return replace(self, **changed)
 
     def checked_for(self, layout: ImageLayout) -> ChatSettings:
         """The settings, if the layout can honour them (ConfigError naming pool or tiles if not)."""
@@ -100,6 +160,7 @@ class SettingsChange:
     detail: Changed[Detail] = KEEP
     frame_tokens: Changed[int | None] = KEEP
     stop: Changed[tuple[str, ...]] = KEEP
+    merge: Changed[Merge | None] = KEEP
 
     def value_or(self, name: str, default: object) -> object:
         """The change's value for a field, or `default` where it leaves the setting."""

@@ -170,7 +170,7 @@ def describe(
     no_cache: opt.NoCache = False, parallel: opt.Parallel = "auto", verbose: opt.Verbose = False,
     rpc: opt.Rpc = None, tensor_split: opt.TensorSplit = None, debug: opt.Debug = False,
     split_mode: opt.SplitMode = "layer", main_gpu: opt.MainGpu = 0, mmproj_device: opt.MmprojDevice = None,
-    find: opt.Find = None, draw: opt.Draw = None,
+    find: opt.Find = None, draw: opt.Draw = None, merge: opt.Merge = None,
 ) -> None:
     """Describe photos and folders (see DESCRIBE_HELP)."""
     from edgevlm.describe.folders import BatchSummary, CaptionSettings, JsonlLog, find_images, needs_work
@@ -178,6 +178,8 @@ def describe(
     with _handled(debug, verbose=verbose):
         finding = _finding(find, draw, model, mmproj, photos, asking=bool(prompt or ask or prompts))
         max_tiles, pooling, task = _view_options(ctx, tiles, pool, detail, finding=finding is not None)
+        settings = _describe_settings(max_tokens, (temperature, seed), max_tiles, pooling, task,
+                                      frame_tokens, merge)
         n_seq = _parallel_option(ctx, parallel)
         questions, output, budget = _describe_questions(ctx, prompt, _asked(ask, prompts), fmt, schema, tags,
                                                         max_tags, language, max_tokens, finding)
@@ -199,20 +201,19 @@ def describe(
                                  parallel=n_seq if len(targets) > 1 and not together else 1,
                                  placement=_placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device),
                                  swa_full=swa_full)
-            settings = _describe_settings(max_tokens, (temperature, seed), max_tiles, pooling, task,
-                                          frame_tokens)
             summary = _describe_loaded(flags, settings, run, quiet=quiet or json_out)
         if view.summary(summary, found.missing, folder=writes or embed or any(p.is_dir() for p in photos)):
             raise typer.Exit(2)
 
 
 def _describe_settings(max_tokens: int, sampling: tuple[float, int | None], max_tiles: int | None,
-                       pool: int | None, task: ImageDetail, frame_tokens: int | None) -> ChatSettings:
-    """What describe's flags come to for its conversation."""
-    from edgevlm.chat.settings import ChatSettings
+                       pool: int | None, task: ImageDetail, frame_tokens: int | None,
+                       merge: str | None) -> ChatSettings:
+    """What describe's flags come to for its conversation (checked before anything loads)."""
+    from edgevlm.chat.settings import ChatSettings, Merge
 
     return ChatSettings(max_tokens, _sampling(*sampling), max_tiles, pool, detail=task,
-                        frame_tokens=frame_tokens)
+                        frame_tokens=frame_tokens, merge=Merge.parse(merge) if merge else None)
 
 
 @dataclass(frozen=True)
@@ -471,10 +472,10 @@ def chat(
     stats_json: opt.StatsJson = None, fetch_missing: opt.Fetch = False, threads: opt.Threads = None,
     no_cache: opt.NoCache = False, rpc: opt.Rpc = None, tensor_split: opt.TensorSplit = None,
     split_mode: opt.SplitMode = "layer", main_gpu: opt.MainGpu = 0, mmproj_device: opt.MmprojDevice = None,
-    verbose: opt.Verbose = False, debug: opt.Debug = False,
+    verbose: opt.Verbose = False, debug: opt.Debug = False, merge: opt.Merge = None,
 ) -> None:
     """Chat about images in the terminal (see CHAT_HELP)."""
-    from edgevlm.chat.settings import ChatSettings, SummaryMode
+    from edgevlm.chat.settings import ChatSettings, Merge, SummaryMode
     from edgevlm.cli.repl import check_session_target, load_transcript, run_chat
     from edgevlm.paths import check_writable
     from edgevlm.runtime.conversations import conversation_for
@@ -485,6 +486,10 @@ def chat(
         if summary not in ("caption", "answer"):
             raise ConfigError(f"--summary must be caption or answer, not '{summary}'")
         max_tiles, pool_factor, task = _view_options(ctx, tiles, pool, detail)
+        settings = ChatSettings(
+            max_tokens=max_tokens, sampling=_sampling(temperature, seed), max_tiles=max_tiles,
+            summary=SummaryMode(summary), keep_images=keep_images, system=system, pool=pool_factor,
+            detail=task, frame_tokens=frame_tokens, merge=Merge.parse(merge) if merge else None)
         max_pixels()  # a bad EDGEVLM_MAX_PIXELS is refused before anything loads
         if stats_json is not None:
             check_writable(stats_json, "--stats-json")
@@ -497,12 +502,7 @@ def chat(
                              placement=_placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device),
                              swa_full=swa_full)
         with _loaded(flags, quiet=False, tiles=(max_tiles, pool_factor)) as loaded:
-            conversation = conversation_for(loaded, ChatSettings(
-                max_tokens=max_tokens, sampling=_sampling(temperature, seed), max_tiles=max_tiles,
-                summary=SummaryMode(summary), keep_images=keep_images, system=system, pool=pool_factor,
-                detail=task,
-                frame_tokens=frame_tokens),
-                cache=not no_cache)
+            conversation = conversation_for(loaded, settings, cache=not no_cache)
             run_chat(conversation, loaded, saved=saved, session=session or resume, stats_json=stats_json)
 
 
@@ -520,10 +520,10 @@ def serve(
     rpc: opt.Rpc = None, tensor_split: opt.TensorSplit = None,
     split_mode: opt.SplitMode = "layer", main_gpu: opt.MainGpu = 0, mmproj_device: opt.MmprojDevice = None,
     verbose: opt.Verbose = False,
-    debug: opt.Debug = False,
+    debug: opt.Debug = False, merge: opt.Merge = None,
 ) -> None:
     """The OpenAI- and Ollama-compatible API (see SERVE_HELP)."""
-    from edgevlm.chat.settings import ChatSettings, SummaryMode
+    from edgevlm.chat.settings import ChatSettings, Merge, SummaryMode
     from edgevlm.runtime.loading import for_serving
     from edgevlm.server.launch import ServeSettings, check
     from edgevlm.server.launch import serve as run_server
@@ -537,7 +537,8 @@ def serve(
         chat = ChatSettings(max_tokens=max_tokens, max_tiles=_tiles_option(ctx, tiles),
                             pool=_pool_option(ctx, pool),
                             sampling=Sampling(temperature=temperature), summary=SummaryMode(summary),
-                            detail=_parsed(ctx, "detail", detail, opt.parse_detail))
+                            detail=_parsed(ctx, "detail", detail, opt.parse_detail),
+                            merge=Merge.parse(merge) if merge else None)
         settings = ServeSettings(chat=chat, host=host, port=port, api_key=api_key, media_dir=media_dir,
                                  max_queue=max_queue, max_body_mb=max_body_mb, cache=not no_cache)
         n_seq = _parallel_option(ctx, parallel)

@@ -169,6 +169,12 @@ Together = Annotated[bool, typer.Option(
     "'What changed?'); they share the context's room.")]
 Pages = Annotated[str | None, typer.Option(
     metavar="RANGES", help="Which pages of each PDF to read, e.g. 1-5,9 or 12- (default: all).")]
+Merge = Annotated[str | None, typer.Option(
+    "--merge", metavar="R[:TASKS]", show_default=False,
+    help="Merge each image's visual tokens after the projector, similar neighbours into one, down to a "
+         "share R of them (0.25: a quarter): a faster prefill and a smaller cache, for every family. Off "
+         "for ocr and grounding unless named (--merge 0.5:chat,ocr); off by default. Judge the quality on "
+         "your model: merged tokens are not what it was trained on.")]
 FrameTokens = Annotated[int | None, typer.Option(
     "--frame-tokens", min=16, max=16384, metavar="N", show_default=False,
     help="The most visual tokens a video frame (or Qwen-VL's merged pair) may take [default: the family's "

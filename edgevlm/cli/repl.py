@@ -18,7 +18,7 @@ from rich.console import Console
 from edgevlm.chat.conversation import DEFAULT_QUESTION, Conversation
 from edgevlm.chat.look import referenced_images
 from edgevlm.chat.records import PrefillProgress, ReadAhead, ShownImage, TurnRecord, TurnStats, to_plain
-from edgevlm.chat.settings import SettingsChange
+from edgevlm.chat.settings import Merge, SettingsChange
 from edgevlm.chat.worker import SequenceWorker
 from edgevlm.cli.options import flag_word, parse_detail, parse_pool, parse_tiles
 from edgevlm.cli.render import PrefillDisplay
@@ -266,6 +266,9 @@ class ChatRepl:
             self._set_pool(rest.strip())
         elif name == "/detail":
             self._set_detail(rest.strip())
+        elif name == "/merge":
+            self._set("merge", rest.strip(), lambda text: SettingsChange(merge=Merge.parse(text)),
+                      "R[:TASK,…]|off")
         elif name == "/stats":
             self._print_stats()
         elif name == "/save":
@@ -493,6 +496,9 @@ class ChatRepl:
             wanted = change(value)
         except ValueError:
             self._error(f"usage: /{name} {usage}")
+            return
+        except ConfigError as exc:
+            self._error(f"{one_line(exc)} (usage: /{name} {usage})")
             return
         conversation = self.conversation
         try:

@@ -19,6 +19,8 @@ Type a question, or:
   /pool auto|1|2           pool tiles 2x2 (576 -> 144 tokens each): more tiles, faster, less detail
   /detail TASK             what images are for: caption (few tokens), chat, ocr or grounding
                            (the most the model reads), video-frame
+  /merge R|off             merge each image's visual tokens to a share R (0.25: a quarter):
+                           faster, smaller cache, less detail; off for ocr unless named (0.5:ocr)
   /stats                   what the cache holds and what the last turn cost
   /save FILE               write the transcript so far (JSONL)
   /reset                   forget the conversation

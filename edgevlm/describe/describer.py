@@ -77,6 +77,7 @@ class DescribeResult:
     n_gpu_layers: int
     note: str = ""
     pool: int = 1
+    merge: float | None = None
     tile_tokens: int = 0
     tile_prefill_s: float = 0.0
     itl_p50_s: float = 0.0
@@ -405,7 +406,7 @@ class Describer:
             prefill_tok_s=(stats.prefill_tokens + system) / prefill_s if prefill_s else 0.0,
             decode_tok_s=stats.decode_tok_s, n_ctx=self.n_ctx,
             n_gpu_layers=self.n_gpu_layers, note=note or (loaded.note if loaded else ""), pool=stats.pool,
-            tile_tokens=stats.tile_tokens, tile_prefill_s=stats.tile_prefill_s,
+            merge=stats.merge, tile_tokens=stats.tile_tokens, tile_prefill_s=stats.tile_prefill_s,
             itl_p50_s=stats.itl_p50_s, itl_p90_s=stats.itl_p90_s, read_s=read_s,
             image_size=loaded.size if loaded else (0, 0), layout=stats.layout,
             prefix_cache=stats.prefix_cache,

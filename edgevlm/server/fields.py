@@ -6,7 +6,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import replace
 
-from edgevlm.chat.settings import KEEP, Changed, ChatSettings, SettingsChange
+from edgevlm.chat.settings import KEEP, Changed, ChatSettings, Merge, SettingsChange
 from edgevlm.chat.structured import OutputFormat
 from edgevlm.errors import ConfigError
 from edgevlm.server.http import bad_request
@@ -76,6 +76,20 @@ def pool(value: object, param: str) -> Changed[int | None]:
         return int(str(value))
     choices = ", ".join(map(str, POOL_CHOICES))
     raise bad_request(f"expected auto, {choices}, got {json.dumps(value)}", param)
+
+
+def merge(value: object, param: str) -> Changed[Merge | None]:
+    """edgevlm's own `merge`: absent (KEEP: the server's), "off" (or 1), a share such as 0.25, or a
+    share with the tasks it is for ("0.5:chat,ocr")."""
+    if value is None:
+        return KEEP
+    if isinstance(value, bool) or not isinstance(value, int | float | str) or len(str(value)) > 80:
+        raise bad_request(f"expected a share such as 0.25, \"0.5:chat,ocr\" or \"off\", got "
+                          f"{json.dumps(value)[:60]}", param)
+    try:
+        return Merge.parse(str(value))
+    except ConfigError as exc:
+        raise bad_request(str(exc), param) from None
 
 
 def detail(value: object, param: str) -> Detail | None:

@@ -175,13 +175,14 @@ def parse_request(body: dict[str, object], state: ServerState, kind: str) -> tup
         stop=opt.stops(raw.get("stop"), "options.stop"),
         sampling=opt.sampling(raw, fields=opt.OLLAMA_SAMPLING, where="options.",
                               grammar=tools.grammar if tools else answer, base=state.chat.sampling),
-        pool=opt.pool(raw.get("pool"), "options.pool"))
+        pool=opt.pool(raw.get("pool"), "options.pool"), merge=opt.merge(raw.get("merge"), "options.merge"))
     turn = chat_turn(messages, change, lambda change: state.settings_for(change, OLLAMA_PARAMS), tools)
     return turn, AnswerShape(tools, output)
 
 
 # Each setting a request's options may change, named as its field (for a 400 that names it).
 OLLAMA_PARAMS = {"max_tokens": "options.num_predict", "pool": "options.pool", "tiles": "options.pool",
+                 "merge": "options.merge",
                  "stop": "options.stop"}
 
 

@@ -48,6 +48,7 @@ from edgevlm.vision.layout import Detail, FrameScaffold
 
 # Each setting a chat completion may change, named as its field (for a 400 that names it).
 OPENAI_PARAMS = {"max_tokens": "max_tokens", "pool": "edgevlm.pool", "tiles": "edgevlm.pool",
+                 "merge": "edgevlm.merge",
                  "detail": "edgevlm.detail", "frame_tokens": "edgevlm.frame_tokens", "stop": "stop"}
 
 router = APIRouter(prefix="/v1", responses=sc.errors(sc.OpenAIError, 400, 401, 404, 408, 413, 503))
@@ -132,7 +133,7 @@ def parse_request(body: dict[str, object], state: ServerState) -> tuple[ChatTurn
     extra = body.get("edgevlm") or {}
     if not isinstance(extra, dict):
         raise bad_request("expected an object of edgevlm's own options (pool, detail, find, progress, fps, "
-                          "frame_tokens, look)", "edgevlm")
+                          "frame_tokens, look, merge)", "edgevlm")
     frames = state.video_frames  # a video's frames: the family's rate, or the request's own
     if extra.get("fps") is not None:
         frames = replace(frames, fps=opt.number(extra["fps"], "edgevlm.fps", low=0.01, high=30.0))
@@ -152,6 +153,7 @@ def parse_request(body: dict[str, object], state: ServerState) -> tuple[ChatTurn
         # tile cap: its caption budget, which low also asks for, applies)
         max_tiles=0 if detail == "low" and state.layout.cuts_tiles else KEEP,
         pool=opt.pool(extra.get("pool"), "edgevlm.pool"),
+        merge=opt.merge(extra.get("merge"), "edgevlm.merge"),
         detail=opt.detail(extra.get("detail"), "edgevlm.detail") or (
             Detail.GROUNDING if find is not None else opt.OPENAI_DETAIL.get(detail, state.chat.detail)),
         frame_tokens=None if extra.get("frame_tokens") is None else opt.whole(

@@ -228,7 +228,7 @@ def edgevlm_numbers(answered: Answered, n_ctx: int) -> dict[str, object]:
     return {"prefill_tokens": s.prefill_tokens, "cached_tokens": s.cached_tokens,
             "visual_tokens": s.visual_tokens, "visual_tokens_live": s.visual_tokens_live,
             "clip_encodes": s.clip_encodes, "grid": list(s.grid), "n_tiles": s.n_tiles,
-            "pool": s.pool, "canvas": list(s.canvas_size), "image_box": list(s.image_box),
+            "pool": s.pool, "merge": s.merge, "canvas": list(s.canvas_size), "image_box": list(s.image_box),
             "layout": s.layout, "prefix_cache": s.prefix_cache, "restore_s": round(s.restore_s, 4),
             "dropped_turns": s.dropped_turns, "queue_s": round(answered.queue_s, 4),
             "summary_wait_s": round(s.summary_wait_s, 4), "ttft_s": round(s.ttft_s, 4),

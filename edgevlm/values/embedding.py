@@ -10,6 +10,7 @@ import numpy as np
 from PIL import Image
 
 from edgevlm.errors import EngineError
+from edgevlm.values.merging import merge_rows, merged_count
 
 
 @dataclass(frozen=True, eq=False)
@@ -57,6 +58,20 @@ class ImageEmbedding:
     def grid_side(self) -> int:
         """Patches per side of the square token grid (24 for a 336 px ViT-L/14 view)."""
         return math.isqrt(self.n_tokens)
+
+    def merged(self, share: float) -> ImageEmbedding:
+        """Similar neighbouring rows merged until `share` of them are left (values/merging.py).
+        M-RoPE rows keep the grid positions of the rows kept, and the block still moves the
+        sequence by its grid's side; other rows take the next positions, as pooled ones do (the
+        ledger's cells equal its positions there)."""
+        keep = merged_count(self.n_tokens, share)
+        if keep >= self.n_tokens:
+            return self
+        kept, rows = merge_rows(self.rows, keep)
+        if self.positions is None:
+            return ImageEmbedding(rows, non_causal=self.non_causal)
+        return ImageEmbedding(rows, positions=self.positions[kept], n_pos=self.n_positions,
+                              non_causal=self.non_causal)
 
     def pooled(self, factor: int) -> ImageEmbedding:
         """Average-pool the token grid factor x factor (2: 576 -> 144 rows), keeping row-major order."""

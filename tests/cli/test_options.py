@@ -37,6 +37,9 @@ def _one_line_error(result, code: int = 2) -> str:  # noqa: ANN001
     (["--pool", "3"], {}, "--pool must be 1, 2 or auto, not '3'"),
     ([], {"EDGEVLM_POOL": "3"}, "EDGEVLM_POOL=3: must be 1, 2 or auto"),
     (["--out-dir", "x"], {}, "--out-dir needs --write-captions"),
+    (["--merge", "2"], {}, "merge must be a share of the tokens between 0 and 1"),
+    (["--merge", "0.25:essay"], {}, "merge's task must be one of caption, chat, ocr"),
+    (["--merge", "0.25", "--detail", "ocr"], {}, "merge 0.25 is off for ocr: merged tokens blur"),
 ])
 def test_bad_describe_options_are_one_line(tmp_path: Path, args: list[str], env: dict[str, str],
                                            message: str) -> None:

@@ -81,6 +81,22 @@ def test_pool_command_switches_pooling_between_turns(test_models: dict[str, Path
 
 
 @pytest.mark.usefixtures("fake_engines")
+def test_merge_command_merges_the_next_images(test_models: dict[str, Path], tmp_path: Path,
+                                              photo: Path) -> None:
+    script = (f"/merge 0.25\n/image '{photo}' what is this?\n/merge off\n/image '{photo}' again?\n"
+              "/merge 2\n/merge 0.25\n/detail ocr\n/image '{photo}' read it\n")
+    stats = tmp_path / "stats.jsonl"
+    result = invoke_cli(*_args(test_models, tmp_path, "--stats-json", str(stats), "--tiles", "2"),
+                        stdin=script.replace("{photo}", str(photo)))
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in stats.read_text().splitlines()]
+    assert [r["merge"] for r in rows] == [0.25, None, None]  # /detail ocr lets a merge not naming it go
+    assert rows[0]["visual_tokens"] == rows[1]["visual_tokens"] // 4 > 0  # three views of 64: 16 each
+    assert "merge must be a share of the tokens between 0 and 1" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.usefixtures("fake_engines")
 def test_bad_images_never_end_the_chat(test_models: dict[str, Path], tmp_path: Path, photo: Path) -> None:
     broken = tmp_path / "broken.jpg"
     broken.write_bytes(b"\xff\xd8\xff\xe0 not really")

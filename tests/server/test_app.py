@@ -149,6 +149,27 @@ def test_pool_is_asked_per_request_and_placed_on_the_canvas(client: OpenAI) -> N
     assert 0 <= x and x + width <= canvas_w and 0 <= y and y + height <= canvas_h
 
 
+def test_merge_is_asked_per_request(client: OpenAI) -> None:
+    """edgevlm.merge: each view's tokens merged to a quarter (a view's rounding at most), a new
+    prefix (the merged block is another block), and refused with OCR unless OCR is named."""
+    messages = [image_message("What is this?", seed=11)]
+    whole = client.chat.completions.create(model="", messages=messages).model_extra["edgevlm"]
+    merged = client.chat.completions.create(model="", messages=messages,
+                                            extra_body={"edgevlm": {"merge": 0.25}}).model_extra["edgevlm"]
+    views = 1 + whole["n_tiles"]
+    assert 0 < merged["visual_tokens"] <= 0.25 * whole["visual_tokens"] + views
+    assert merged["clip_encodes"] == 0 and merged["prefix_cache"] != "ram"  # rows cached, not the KV
+    assert merged["merge"] == 0.25 and whole["merge"] is None
+    for extra in ({"merge": 2}, {"merge": "0.25", "detail": "ocr"}):
+        body = {"messages": messages, "edgevlm": extra}
+        reply = httpx.post(f"{client.base_url}chat/completions", json=body)
+        assert reply.status_code == 400, reply.text
+        assert reply.json()["error"]["param"] == "edgevlm.merge" and "Traceback" not in reply.text
+    named = client.chat.completions.create(model="", messages=messages,
+                                           extra_body={"edgevlm": {"merge": "0.25:ocr", "detail": "ocr"}})
+    assert named.model_extra["edgevlm"]["visual_tokens"] <= 0.25 * whole["visual_tokens"] + views
+
+
 def test_a_follow_up_reuses_the_cache(client: OpenAI, server: tuple[str, ServerState]) -> None:
     messages = [image_message("What is this?", seed=3)]
     first = client.chat.completions.create(model="", messages=messages)
