@@ -12,15 +12,24 @@ from edgevlm.llama.logs import NATIVE_LOG
 
 
 def tokenize(vocab: llama_cpp.llama_vocab_p, text: str, *, add_bos: bool) -> list[int]:
-    """Text to token ids; special tokens written in the text (e.g. <|im_start|>) are parsed."""
+    """Text to token ids; special tokens written in the text (e.g. <|im_start|>) are parsed.
+    add_bos puts the vocabulary's BOS first even where the GGUF says not to add one: a prompt
+    format asks for it because the model's template writes it (SmolLM2's BOS is <|im_start|>, its
+    GGUF says add_bos false, and its template opens with it; llama.cpp's own add flag dropped that
+    first token, which stage 2 of parity found against transformers' ids)."""
     data = text.encode("utf-8")
     capacity = len(data) + 8
     while True:
         buf = (llama_cpp.llama_token * capacity)()
         n = llama_cpp.llama_tokenize(vocab, data, len(data), buf, capacity, add_bos, True)
         if n >= 0:
-            return list(buf[:n])
+            ids = list(buf[:n])
+            break
         capacity = -n
+    bos = llama_cpp.llama_vocab_bos(vocab)
+    if add_bos and bos >= 0 and (not ids or ids[0] != bos):
+        ids.insert(0, bos)
+    return ids
 
 
 def token_bytes(vocab: llama_cpp.llama_vocab_p, token: int) -> bytes:

@@ -36,6 +36,14 @@ Stages (the request's "stage"):
 - "logits" of "qwen-vl" or "llava-next": the checkpoint in {"dir"} run on {"input_ids": [...]} with the image
   files of {"images"} in their image-token runs (none: a text prompt): the next-token logits
   and {"steps"} greedy tokens. Answer: {"logits": base64 float32, "greedy": [ids]}.
+- "prompt" of "qwen-vl": stage 2, the ids transformers' Qwen2.5-VL processor makes of each of
+  {"conversations": [{"messages": [...], "images": [path, ...]}, ...]} with the chat template
+  {"template"}, the tokenizer built from the GGUF {"gguf"}'s vocabulary and the image processor
+  saved in {"dir"}: the template rendered with the generation prompt, each <|image_pad|>
+  expanded to its image's tokens. Answer: {"results": [{"text": …, "input_ids": [...]}, ...]}.
+  "prompt" of "gemma4": the same with Gemma 4's processor, its published image processor at
+  {"max_soft_tokens", "patch_size", "merge"} (no checkpoint), each <|image|> expanded to
+  <|image>, the image's soft tokens and <image|>.
 - "anyres": LLaVA-NeXT (1.6). Request: {"family": "llava-next", "pinpoints": [[a, b], ...] as
   the checkpoint's config lists them, "tile": 336, "side": 24, "cases": [[w, h], ...],
   "images": N}. Answer: {"canvases": [[w, h], ...]}, the canvas transformers picks
@@ -288,6 +296,100 @@ def _logits(request: dict[str, Any]) -> Answer:
     return {"logits": base64.b64encode(logits.tobytes()).decode(), "greedy": new}
 
 
+def _gguf_tokenizer(path: str, **extra_special: str) -> Any:
+    """The tokenizer a GGUF's vocabulary describes, in transformers: its byte-level BPE (tokens and
+    merges as written), SmolLM's pre-tokenizer (each digit alone, then GPT-2's split: llama.cpp's
+    "smollm"), and its control tokens as special tokens (never split, as llama.cpp parses them)."""
+    from gguf import GGUFReader
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    reader = GGUFReader(path)
+
+    def strings(key: str) -> list[str]:
+        field = reader.fields[key]
+        return [bytes(field.parts[i]).decode() for i in field.data]
+
+    def number(key: str) -> int:
+        field = reader.fields[key]
+        return int(field.parts[field.data[0]][0])
+
+    tokens, merges = strings("tokenizer.ggml.tokens"), strings("tokenizer.ggml.merges")
+    field = reader.fields["tokenizer.ggml.token_type"]
+    types = [int(field.parts[i][0]) for i in field.data]
+    if strings("tokenizer.ggml.model") != ["gpt2"] or strings("tokenizer.ggml.pre") != ["smollm"]:
+        raise ValueError(f"{path}: only SmolLM's byte-level BPE is read here")
+    bpe = models.BPE({token: i for i, token in enumerate(tokens)},
+                     [tuple(merge.split(" ", 1)) for merge in merges], fuse_unk=False)
+    tokenizer = Tokenizer(bpe)
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    tokenizer.decoder = decoders.ByteLevel()
+    control = 3  # llama_token_type CONTROL
+    tokenizer.add_special_tokens([AddedToken(token, special=True, normalized=False)
+                                  for token, kind in zip(tokens, types, strict=True) if kind == control])
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer,
+                                   bos_token=tokens[number("tokenizer.ggml.bos_token_id")],
+                                   eos_token=tokens[number("tokenizer.ggml.eos_token_id")],
+                                   pad_token=tokens[number("tokenizer.ggml.padding_token_id")],
+                                   extra_special_tokens=extra_special)
+
+
+def _prompt(request: dict[str, Any]) -> Answer:
+    """Stage 2: the ids transformers' processor makes of each conversation, its chat template
+    rendered and each image's placeholder expanded to the image's tokens."""
+    from PIL import Image
+    from transformers import ProcessorMixin
+
+    # The processors' video and audio halves need torchvision and torchaudio, which the CPU
+    # reference venv leaves out (images use neither): their class check is skipped for them.
+    check = ProcessorMixin.check_argument_for_proper_class
+    ProcessorMixin.check_argument_for_proper_class = (  # type: ignore[method-assign]
+        lambda self, name, arg: None if arg is None else check(self, name, arg))
+    processor = _PROMPT_PROCESSORS[request["family"]](request)
+    results = []
+    for conversation in request["conversations"]:
+        images = [Image.open(path).convert("RGB") for path in conversation["images"]]
+        text = processor.apply_chat_template(conversation["messages"], tokenize=False,
+                                             add_generation_prompt=conversation.get("generation", True))
+        ids = processor(text=[text], images=images or None)["input_ids"][0]
+        results.append({"text": text, "input_ids": [int(i) for i in ids]})
+    return {"results": results}
+
+
+def _qwen_vl_processor(request: dict[str, Any]) -> Any:
+    from transformers import Qwen2_5_VLProcessor
+
+    return Qwen2_5_VLProcessor(image_processor=_saved_processor(request),
+                               tokenizer=_gguf_tokenizer(request["gguf"]), video_processor=None,
+                               chat_template=request["template"])
+
+
+def _gemma4_processor(request: dict[str, Any]) -> Any:
+    """Gemma 4's processor with the published image processor at {"max_soft_tokens"} (its budget
+    for each image), the projector's {"patch_size"} and {"merge"} (the pooling kernel)."""
+    from transformers import Gemma4Processor
+    from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
+
+    images = Gemma4ImageProcessorPil(max_soft_tokens=int(request["max_soft_tokens"]),
+                                     patch_size=int(request["patch_size"]),
+                                     pooling_kernel_size=int(request["merge"]))
+    # Audio's markers too, though no audio is asked for: transformers 5.25's validate_inputs
+    # refuses any input where they are missing (an `and`/`or` precedence slip). They are added
+    # past the vocabulary and never appear in a prompt.
+    tokenizer = _gguf_tokenizer(request["gguf"], image_token="<|image|>", boi_token="<|image>",
+                                eoi_token="<image|>", audio_token="<|audio|>", boa_token="<|audio>",
+                                eoa_token="<audio|>")
+    return Gemma4Processor(feature_extractor=None, image_processor=images, tokenizer=tokenizer,
+                           video_processor=None, chat_template=request["template"],
+                           image_seq_length=int(request["max_soft_tokens"]))
+
+
+_PROMPT_PROCESSORS: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "qwen-vl": _qwen_vl_processor, "gemma4": _gemma4_processor}
+
+
 def _checkpoint(request: dict[str, Any]) -> Answer:
     from PIL import Image
     from transformers.image_processing_utils import select_best_resolution
@@ -322,6 +424,8 @@ STAGES: dict[tuple[str, str], Callable[[dict[str, Any]], Answer]] = {
     ("pixels", "llava"): _pixels,
     ("rows", "qwen-vl"): _rows,
     ("logits", "qwen-vl"): _logits,
+    ("prompt", "qwen-vl"): _prompt,
+    ("prompt", "gemma4"): _prompt,
     ("logits", "llava-next"): _logits,
     ("rows", "llava-next"): _llava_next_rows,
     ("checkpoint", "qwen-vl"): _checkpoint,

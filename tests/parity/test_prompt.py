@@ -1,0 +1,165 @@
+"""Stage 2 of parity with transformers: the prompt. The token ids edgevlm decodes around the
+images, cut turn by turn from the model's own chat template (chat/templates.py) and tokenized
+piece by piece by llama.cpp, against the ids transformers' processor makes of the same messages:
+the whole template rendered at once, tokenized at once, and each image's placeholder expanded to
+its tokens. One image, two images, and a follow-up after an answer, with each family's published
+chat template (templates/), the tokenizer built from the GGUF's vocabulary in the reference venv:
+Qwen2.5-VL on the tiny checkpoint of test_forward.py (its saved image processor), and Gemma 4 on
+its test pair (the published image processor)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PIL import Image
+
+from edgevlm.chat.conversation import Conversation
+from edgevlm.chat.templates import format_from_template
+from edgevlm.families import layout_for, read_projector
+from edgevlm.models.gguf import read_text_model
+from edgevlm.parity.check import synthetic_photo
+from edgevlm.parity.client import ask_reference
+from edgevlm.values.sampling import Sampling
+from edgevlm.vision.images import LoadedImage
+
+from ..conftest import make_conversation, make_engine
+from .test_forward import checkpoint  # noqa: F401 - the tiny Qwen2.5-VL checkpoint
+
+TEMPLATES = Path(__file__).with_name("templates")
+SYSTEM = "Be brief."
+
+
+@dataclass(frozen=True)
+class _Family:
+    """What stage 2 needs of one family: its published template, the pair edgevlm runs, the
+    token an image row stands for in transformers' ids, and sizes both sides show whole."""
+
+    template: str
+    pad: str
+    sizes: tuple[tuple[int, int], tuple[int, int]]
+    tokens_per_image: int
+    reference: dict[str, object] = field(default_factory=dict)  # the reference request's extras
+    # Known difference: what the template writes before an answer and leaves out of past answers,
+    # which edgevlm keeps in the cache as the model was given it (chat/templates.py)
+    kept_before_answers: str = ""
+
+
+# Qwen2.5-VL: 224x168 and 168x224 are 8x6 tokens of 28 px, kept by both sides. Gemma 4: 672x480
+# is 14x10 tokens of 48 px, which mtmd keeps as it is and transformers' processor, rescaling to
+# its ladder of budgets, gives the same at 140 soft tokens (other sizes differ: stage 1).
+FAMILIES = {
+    "qwen2.5-vl": _Family("qwen2.5-vl.jinja", "<|image_pad|>", ((224, 168), (168, 224)), 48),
+    "gemma4": _Family("gemma-4.jinja", "<|image|>", ((672, 480), (480, 672)), 140,
+                      {"max_soft_tokens": 140, "patch_size": 16, "merge": 3},
+                      kept_before_answers="<|channel>thought\n<channel|>"),
+}
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def pair(request: pytest.FixtureRequest, checkpoint: Path,  # noqa: F811
+         test_models: dict[str, Path]) -> Iterator[tuple[str, Path, Path, Any]]:
+    """(family, text GGUF, mmproj GGUF, engine): the tiny Qwen2.5-VL checkpoint's, the Gemma 4
+    test pair's (stage 2 needs no transformers weights: a processor and a tokenizer)."""
+    if request.param == "qwen2.5-vl":
+        text, mmproj = checkpoint / "text.gguf", checkpoint / "mmproj.gguf"
+    else:
+        text, mmproj = test_models["gemma4_text"], test_models["gemma4_mmproj"]
+    with make_engine(mmproj, text=text, n_ctx=2048) as loaded:
+        yield request.param, text, mmproj, loaded
+
+
+def _chat(pair: tuple[str, Path, Path, Any]) -> Conversation:
+    family, text_path, mmproj, engine = pair
+    text = read_text_model(text_path)
+    fmt = format_from_template((TEMPLATES / FAMILIES[family].template).read_text(),
+                               bos=text.bos_text or "", eos=text.eos_text or "")
+    assert fmt is not None  # the published template cuts into turns
+    projector = read_projector(mmproj)
+    return make_conversation(engine.sequence(), fmt, tile_size=projector.image_size,
+                             layout=layout_for(projector), system=SYSTEM, max_tokens=6, caption_tokens=8,
+                             sampling=Sampling(temperature=0.0), keep_images=2)
+
+
+def _photo(size: tuple[int, int], seed: int, folder: Path) -> tuple[LoadedImage, str]:
+    """A photo both sides show at its own size, as edgevlm loads it and as a file."""
+    path = folder / f"{seed}.png"
+    synthetic_photo(size, seed).save(path)
+    image = Image.open(path).convert("RGB")
+    return LoadedImage(path, image, image.size), str(path)
+
+
+def _decoded(chat: Conversation, pad: int, *, turns: int) -> list[int]:
+    """The ids in the cache up to the answer of turn `turns`, each image row as the pad token."""
+    ids: list[int] = []
+    for segment in chat.segments:
+        if segment.kind == "answer" and segment.turn == turns:
+            break
+        ids.extend([pad] * segment.embedding.n_tokens if segment.embedding is not None else segment.tokens)
+    return ids
+
+
+def _theirs(reference: Path, pair: tuple[str, Path, Path, Any], messages: list[dict[str, Any]],
+            images: list[str]) -> list[int]:
+    family, text, mmproj, _ = pair
+    spec = FAMILIES[family]
+    answer = ask_reference(reference, {
+        "stage": "prompt", "family": "qwen-vl" if family == "qwen2.5-vl" else family,
+        "dir": str(mmproj.parent), "gguf": str(text), "template": (TEMPLATES / spec.template).read_text(),
+        "conversations": [{"messages": messages, "images": images}], **spec.reference})
+    return answer["results"][0]["input_ids"]
+
+
+@pytest.mark.parametrize("n_images", [1, 2])
+def test_an_image_turn_is_the_processors_ids(reference: Path, pair: tuple[str, Path, Path, Any],
+                                             tmp_path: Path, n_images: int) -> None:
+    spec = FAMILIES[pair[0]]
+    chat = _chat(pair)
+    pad = chat.sequence.tokenize(spec.pad)[0]
+    shown = [_photo(size, seed, tmp_path) for seed, size in enumerate(spec.sizes[:n_images])]
+    question = "What is in 2 pictures here?" if n_images > 1 else "What is in this picture?"
+    chat.ask(question, images=[image for image, _ in shown])
+    ours = _decoded(chat, pad, turns=1)
+    images = [{"type": "image"} for _ in range(n_images)]
+    messages = [{"role": "system", "content": SYSTEM},
+                {"role": "user", "content": [*images, {"type": "text", "text": question}]}]
+    theirs = _theirs(reference, pair, messages, [path for _, path in shown])
+    assert ours.count(pad) == theirs.count(pad) == spec.tokens_per_image * n_images
+    assert ours == theirs, (chat.sequence.detokenize(ours), chat.sequence.detokenize(theirs))
+
+
+def test_a_follow_up_is_the_processors_ids(reference: Path, pair: tuple[str, Path, Path, Any],
+                                           tmp_path: Path) -> None:
+    """After an answer, a text question with the image still live (the summary swap comes later,
+    and is checked at stage 4 against transformers on the swapped text). The answer is resent as
+    it was decoded (its leading space kept: the text `ask` returns is trimmed). Around it the ids
+    are the same; the answer itself is where a template rewrites past answers (Gemma 4's drops
+    the empty thought block before them and trims them), which edgevlm keeps as decoded."""
+    spec = FAMILIES[pair[0]]
+    chat = _chat(pair)
+    pad = chat.sequence.tokenize(spec.pad)[0]
+    image, path = _photo(spec.sizes[0], 3, tmp_path)
+    chat.ask("What is in this picture?", image=image)
+    generated = list(next(s for s in chat.segments if s.kind == "answer").tokens)
+    answer = chat.sequence.detokenize(generated)
+    chat.ask("And what colour is it?")
+    ours = _decoded(chat, pad, turns=2)
+    first = [{"type": "image"}, {"type": "text", "text": "What is in this picture?"}]
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": first},
+                {"role": "assistant", "content": answer},
+                {"role": "user", "content": "And what colour is it?"}]
+    theirs = _theirs(reference, pair, messages, [path])
+    at = next(i for i in range(len(ours)) if ours[i:i + len(generated)] == generated)
+    before, after = ours[:at], ours[at + len(generated):]
+    kept = chat.sequence.tokenize(spec.kept_before_answers) if spec.kept_before_answers else []
+    assert before[len(before) - len(kept):] == kept
+    before = before[:len(before) - len(kept)]
+    assert theirs[:len(before)] == before and theirs[len(theirs) - len(after):] == after
+    rewritten = theirs[len(before):len(theirs) - len(after)]
+    if spec.kept_before_answers:
+        assert chat.sequence.detokenize(rewritten) == answer.strip()
+    else:
+        assert rewritten == generated
