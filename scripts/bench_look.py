@@ -7,7 +7,9 @@
 - every photo live (`--keep-images 10`), as llama-server keeps a history's images until the
   context is full: the question sees photo 1's pixels, and every photo's tokens stay in the cache;
 - the first and the last again with `--merge 0.25` (each image's visual tokens merged to a quarter
-  after the projector).
+  after the projector);
+- thumbnails (`--keep-thumbnails 64`): every answered photo stays as its summary and 64 merged
+  tokens of itself, and the last question (naming no photo) sees all ten that way.
 
 Each runs `edgevlm chat` piped, on the test models (their words mean nothing; token counts,
 encodes and times are real), with the projector-row cache on in a fresh folder. Prints, for the
@@ -61,7 +63,7 @@ def run(pair: str, shown: list[Path], last: str, folder: Path, *extra: str) -> d
             "ttft_s": end["ttft_s"], "visual_tokens": end["visual_tokens"],
             "visual_tokens_live": end["visual_tokens_live"], "kv_tokens": end["kv_tokens"],
             "shown_again": end.get("shown_again", []), "summary_wait_s": end["summary_wait_s"],
-            "first_photo_ttft_s": rows[0]["ttft_s"],
+            "first_photo_ttft_s": rows[0]["ttft_s"], "peak_kv": max(r["kv_tokens"] for r in rows),
             "prefill_tokens_all_turns": sum(r["prefill_tokens"] for r in rows)}
 
 
@@ -85,18 +87,20 @@ def main() -> None:
             "every photo live, --merge 0.25": run(
                 args.pair, shown, "What did the sign in image 1 say?", folder,
                 "--keep-images", str(args.photos), "--merge", "0.25"),
+            "thumbnails (--keep-thumbnails 64)": run(args.pair, shown, "What did the sign say at the start?",
+                                                     folder, "--keep-thumbnails", "64"),
         }
     if args.json:
         print(json.dumps({"pair": args.pair, "photos": args.photos, "runs": results}, indent=2))
         return
     print(f"{args.photos} photos on the {args.pair} test pair, then a question about photo 1 (last turn):")
     print(f"{'':44} {'prefill':>8} {'encodes':>8} {'TTFT s':>7} {'wait s':>7} {'visual':>7} {'live':>6} "
-          f"{'KV':>6} {'all turns':>10}")
+          f"{'KV':>6} {'peak KV':>8} {'all turns':>10}")
     look, live = results["look again (image 1)"], list(results.values())[2]
     for name, r in results.items():
         print(f"{name:44} {r['prefill_tokens']:>8} {r['clip_encodes']:>8} {r['ttft_s']:>7.3f} "
               f"{r['summary_wait_s']:>7.3f} {r['visual_tokens']:>7} {r['visual_tokens_live']:>6} "
-              f"{r['kv_tokens']:>6} {r['prefill_tokens_all_turns']:>10}")
+              f"{r['kv_tokens']:>6} {r['peak_kv']:>8} {r['prefill_tokens_all_turns']:>10}")
     print(f"(the first photo's own turn: TTFT {look['first_photo_ttft_s']:.3f} s; 'wait': the last turn "
           "waited for an earlier photo's summary, apart from TTFT)")
     if live["kv_tokens"]:

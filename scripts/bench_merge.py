@@ -43,7 +43,8 @@ def describe(pair: str, share: float | None) -> dict[str, float]:
                            "--max-tokens", "8", "--n-ctx", "8192", *merge],
                           capture_output=True, text=True, check=True)
     row = json.loads(done.stdout.splitlines()[0])
-    return {key: row[key] for key in ("visual_tokens", "clip_encode_s", "prefill_s", "ttft_s", "decode_tok_s")}
+    keys = ("visual_tokens", "clip_encode_s", "prefill_s", "ttft_s", "decode_tok_s")
+    return {key: row[key] for key in keys}
 
 
 def main() -> None:

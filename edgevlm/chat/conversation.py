@@ -141,7 +141,8 @@ class Conversation:
                                       cache=prefix_cache)
         self.swap = SummarySwap(self.ledger, sequence, fmt, self.log, mode=self._settings.summary,
                                 keep_images=self._settings.keep_images,
-                                caption_tokens=self._settings.caption_tokens)
+                                caption_tokens=self._settings.caption_tokens,
+                                thumbnail_tokens=self._settings.keep_thumbnails)
         self.history = HistoryReplay(self.ledger, sequence, fmt, self.log, self.swap)
         self._prefix_tier = PrefixTier.NONE  # where the current turn's image block came from
         self._block_end: tuple[int, ImagePlan] | None = None  # the last image block's end, for ask_again
@@ -162,7 +163,7 @@ class Conversation:
         starts the conversation again. Call it on the thread that owns the conversation.
         What the summaries are (their mode, length, the images kept live) is fixed at creation."""
         settings.checked_for(self.layout)
-        fixed = ("summary", "keep_images", "caption_tokens")
+        fixed = ("summary", "keep_images", "caption_tokens", "keep_thumbnails")
         moved = [name for name in fixed if getattr(settings, name) != getattr(self._settings, name)]
         if moved:
             raise ConfigError(f"{', '.join(moved)} cannot change in a running conversation",
@@ -213,6 +214,11 @@ class Conversation:
     def summary_tokens_live(self) -> int:
         """Positions held by the summaries of answered images."""
         return self.ledger.summary_tokens_live
+
+    @property
+    def thumbnail_tokens_live(self) -> int:
+        """Visual positions held by answered images' thumbnails."""
+        return self.ledger.thumbnail_tokens_live
 
     def check(self) -> None:
         """The ledger's invariant (see KvLedger.check)."""
@@ -744,7 +750,7 @@ class Conversation:
             itl_p50_s=generated.itl_p50_s, itl_p90_s=generated.itl_p90_s,
             layout=plan.layout if plan else "",
             cached_tokens=max(prompt_tokens - generated.prompt_tokens, 0),
-            summary_tokens_live=self.summary_tokens_live,
+            summary_tokens_live=self.summary_tokens_live, thumbnail_tokens_live=self.thumbnail_tokens_live,
             canvas_size=plan.canvas_size if plan else (0, 0),
             image_box=plan.image_box if plan else (0, 0, 0, 0),
             prefix_cache=done.prefix, restore_s=generated.restore_s,

@@ -89,6 +89,11 @@ class KvLedger:
         return sum(s.n_tokens for s in self._segments if s.visual)
 
     @property
+    def thumbnail_tokens_live(self) -> int:
+        """Visual positions held by answered images' thumbnails (--keep-thumbnails)."""
+        return sum(s.n_tokens for s in self._segments if s.kind == "thumbnail" and s.visual)
+
+    @property
     def summary_tokens_live(self) -> int:
         """Positions held by the summaries that replaced answered images."""
         return sum(s.n_tokens for s in self._segments if s.kind == "summary")
@@ -175,10 +180,10 @@ class KvLedger:
         for segment in rest:
             self.append(segment)
 
-    def replace(self, first: int, end: int, by: Segment) -> None:
-        """Put one segment in place of [first, end), the later ones decoded again after it. Not
-        stopped by an interrupt: the segments after the block must all be back in the cache."""
-        rest = [by, *self._segments[end:]]
+    def replace(self, first: int, end: int, *by: Segment) -> None:
+        """Put these segments in place of [first, end), the later ones decoded again after them.
+        Not stopped by an interrupt: the segments after the block must all be back in the cache."""
+        rest = [*by, *self._segments[end:]]
         self.truncate_to(first)
         while rest:
             try:

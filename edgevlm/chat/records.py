@@ -18,7 +18,7 @@ from edgevlm.vision.layout import Detail, ImagePlan
 class Segment:
     """A run of KV positions: text tokens, or one view's projector rows."""
 
-    kind: str  # system | user | label | image | summary | answer
+    kind: str  # system | user | label | image | summary | thumbnail | answer
     turn: int
     tokens: tuple[int, ...] = ()
     embedding: ImageEmbedding | None = None
@@ -102,6 +102,7 @@ class TurnStats:
     layout: str = ""  # how the image was shown (llava-1.5-tiles, llava-next); "" without one
     cached_tokens: int = 0  # prompt positions reused from the cache rather than decoded
     summary_tokens_live: int = 0  # positions held by summaries of earlier images
+    thumbnail_tokens_live: int = 0  # visual positions of earlier images' thumbnails (in visual_tokens_live)
     canvas_size: tuple[int, int] = (0, 0)  # the tiles' canvas, (0, 0) for the global view alone
     image_box: tuple[int, int, int, int] = (0, 0, 0, 0)  # where the image sits on that canvas
     aside_prefill_tokens: int = 0  # decoded for an earlier image's summary swap before this turn

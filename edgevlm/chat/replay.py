@@ -37,6 +37,8 @@ class HistoryReplay:
         returns how many turns were dropped."""
         dropped = 0
         while self._ledger.kv_tokens + needed > self._sequence.n_ctx:
+            if self._drop_oldest_thumbnail():
+                continue
             turns = sorted({s.turn for s in self._ledger if s.turn > 0})
             if not turns:
                 break
@@ -45,6 +47,19 @@ class HistoryReplay:
             self._swap.forget_turns(functools.partial(operator.ne, turns[0]))
             dropped += 1
         return dropped
+
+    def _drop_oldest_thumbnail(self) -> bool:
+        """Let the oldest image's thumbnail go (its summary stays): before any turn is dropped."""
+        segments = self._ledger.segments
+        first = next((i for i, s in enumerate(segments) if s.kind == "thumbnail"), None)
+        if first is None:
+            return False
+        end = first
+        while (end < len(segments) and segments[end].kind == "thumbnail"
+               and (segments[end].turn, segments[end].slot) == (segments[first].turn, segments[first].slot)):
+            end += 1
+        self._ledger.drop(first, end)
+        return True
 
     def replay(self, records: Sequence[TurnRecord], *, answer_room: int) -> int:
         """Make these finished turns the cache's history, keeping the longest prefix already there.

@@ -19,6 +19,9 @@ from edgevlm.vision.layout import Detail, ImageLayout, check_view_settings
 from edgevlm.vision.tiling import POOL_CHOICES
 
 CAPTION_TOKENS = 120  # the most tokens an image's summary takes (about two sentences of detail)
+# A thumbnail past a quarter of a 1,024-token photo is no longer small: the tier is for keeping
+# many images at a few dozen tokens each.
+MAX_THUMBNAIL_TOKENS = 256
 
 
 class SummaryMode(str, Enum):
@@ -92,6 +95,8 @@ class ChatSettings:
     pool: int | None = 1  # 1, 2, or None for auto (pooled tiles only when they buy a larger grid)
     summary: SummaryMode = SummaryMode.CAPTION
     keep_images: int = 0  # answered images kept live, newest first, before they are summarised
+    # the most visual tokens an answered image keeps beside its summary, merged (0: the summary alone)
+    keep_thumbnails: int = 0
     system: str | None = None
     detail: Detail = Detail.CHAT  # what images are shown for: each family's budget for that task
     frame_tokens: int | None = None  # the most visual tokens a video frame takes (None: its family's)
@@ -113,6 +118,9 @@ class ChatSettings:
         if self.keep_images < 0:
             raise ConfigError(f"keep_images must be 0 or more, not {self.keep_images}",
                               settings=("keep_images",))
+        if not 0 <= self.keep_thumbnails <= MAX_THUMBNAIL_TOKENS:
+            raise ConfigError(f"keep_thumbnails must be from 0 (off) to {MAX_THUMBNAIL_TOKENS} tokens, not "
+                              f"{self.keep_thumbnails}", settings=("keep_thumbnails",))
         if self.frame_tokens is not None and self.frame_tokens < 1:
             raise ConfigError(f"frame_tokens must be at least 1, not {self.frame_tokens}",
                               settings=("frame_tokens",))

@@ -8,11 +8,14 @@ import time
 from collections.abc import Callable, Generator, Sequence
 from typing import Protocol
 
+import numpy as np
+
 from edgevlm.chat.ledger import KvLedger
 from edgevlm.chat.prompts import PromptFormat
 from edgevlm.chat.records import LiveImage, PrefillProgress, Segment
 from edgevlm.chat.settings import SummaryMode
 from edgevlm.chat.turn_log import TurnLog
+from edgevlm.values.embedding import ImageEmbedding
 from edgevlm.values.sampling import Sampling
 
 CAPTION_REQUEST = (
@@ -64,9 +67,10 @@ class SummarySwap:
     """The answered images still live, their summaries, and their swap into the cache."""
 
     def __init__(self, ledger: KvLedger, sequence: SwapSequence, fmt: PromptFormat, log: TurnLog, *,
-                 mode: SummaryMode, keep_images: int, caption_tokens: int) -> None:
+                 mode: SummaryMode, keep_images: int, caption_tokens: int, thumbnail_tokens: int = 0) -> None:
         self._ledger, self._sequence, self._fmt, self._log = ledger, sequence, fmt, log
         self.mode, self.keep_images, self.caption_tokens = mode, max(0, keep_images), caption_tokens
+        self.thumbnail_tokens = thumbnail_tokens
         self.live: list[LiveImage] = []  # answered images whose blocks are still in the cache
 
     @property
@@ -158,7 +162,30 @@ class SummarySwap:
             return
         text = summary_text(live.index, live.name, live.caption or "")
         summary = Segment("summary", live.turn, tuple(self._sequence.tokenize(text)))
-        self._ledger.replace(block[0], block[-1] + 1, summary)
+        small = live.span == 1 and self.thumbnail_tokens > 0  # a clip's window keeps its text alone
+        kept = self._thumbnail(block[0], block[-1] + 1, live) if small else ()
+        self._ledger.replace(block[0], block[-1] + 1, summary, *kept)
+
+    def _thumbnail(self, first: int, end: int, live: LiveImage) -> tuple[Segment, ...]:
+        """The block's rows merged to at most thumbnail_tokens (values/merging.py), between the
+        markers that open and close it (mtmd's <|vision_start|> … <|vision_end|>, a label): the
+        image kept small beside its summary. Views laid out one after another (LLaVA's global
+        view and tiles) are merged as one run; M-RoPE views, whose positions are each their own
+        grid's, give the first view alone."""
+        block = [self._ledger[i] for i in range(first, end)]
+        views = [i for i, s in enumerate(block) if s.embedding is not None]
+        if not views:
+            return ()
+        embeddings = [e for e in (s.embedding for s in block) if e is not None]
+        whole = embeddings[0]
+        if len(embeddings) > 1 and all(e.positions is None for e in embeddings):
+            whole = ImageEmbedding(np.concatenate([e.rows for e in embeddings]),
+                                   non_causal=any(e.non_causal for e in embeddings))
+        small = whole.merged(self.thumbnail_tokens / whole.n_tokens)
+        opening = [Segment("thumbnail", live.turn, s.tokens, slot=live.slot) for s in block[:views[0]]]
+        closing = [Segment("thumbnail", live.turn, s.tokens, slot=live.slot) for s in block[views[-1] + 1:]
+                   if s.embedding is None]
+        return (*opening, Segment("thumbnail", live.turn, embedding=small, slot=live.slot), *closing)
 
     def caption_reserve(self, n_images: int = 1) -> int:
         """The caption request and its answer, made while the image is still live (turn_costs

@@ -217,6 +217,11 @@ Summary = Annotated[str, typer.Option(
     "factual caption the model writes while it still sees the image) or answer (its answer).")]
 KeepImages = Annotated[int, typer.Option(
     metavar="N", help="Keep the last N images live for follow-ups before they become text.", min=0)]
+KeepThumbnails = Annotated[int, typer.Option(
+    metavar="TOKENS", min=0, max=256,
+    help="Keep each answered image beside its summary as a thumbnail of at most TOKENS visual tokens "
+         "(its own rows merged, as --merge does), so a later question can compare it without showing it "
+         "again; 0 (default): the summary alone. The oldest thumbnails go first when the context is short.")]
 System = Annotated[str | None, typer.Option(metavar="TEXT", help="A system prompt instead of the default.")]
 Session = Annotated[Path | None, typer.Option(
     metavar="FILE", help="Append the transcript here (JSONL). Default: a new file in the user data "

@@ -320,7 +320,8 @@ def _gguf_tokenizer(path: str, **extra_special: str) -> Any:
     if strings("tokenizer.ggml.model") != ["gpt2"] or strings("tokenizer.ggml.pre") != ["smollm"]:
         raise ValueError(f"{path}: only SmolLM's byte-level BPE is read here")
     bpe = models.BPE({token: i for i, token in enumerate(tokens)},
-                     [tuple(merge.split(" ", 1)) for merge in merges], fuse_unk=False)
+                     [(left, right) for left, right in (merge.split(" ", 1) for merge in merges)],
+                     fuse_unk=False)
     tokenizer = Tokenizer(bpe)
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Digits(individual_digits=True),
@@ -345,7 +346,7 @@ def _prompt(request: dict[str, Any]) -> Answer:
     # The processors' video and audio halves need torchvision and torchaudio, which the CPU
     # reference venv leaves out (images use neither): their class check is skipped for them.
     check = ProcessorMixin.check_argument_for_proper_class
-    ProcessorMixin.check_argument_for_proper_class = (  # type: ignore[method-assign]
+    ProcessorMixin.check_argument_for_proper_class = (
         lambda self, name, arg: None if arg is None else check(self, name, arg))
     processor = _PROMPT_PROCESSORS[request["family"]](request)
     results = []

@@ -279,7 +279,7 @@ def _kv_split(stats: TurnStats, n_ctx: int) -> dict[str, int]:
     """The cache when the answer ended, by what holds it."""
     images, summaries = stats.visual_tokens_live, stats.summary_tokens_live
     return {"n_ctx": n_ctx, "text": stats.kv_tokens - images - summaries, "summaries": summaries,
-            "images": images}
+            "images": images, "thumbnails": stats.thumbnail_tokens_live}
 
 
 def past_summaries(turn: ChatTurn, store: SummaryStore | None) -> list[dict[str, object]]:

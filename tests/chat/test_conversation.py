@@ -275,3 +275,62 @@ def test_pooled_tiles_cost_144_tokens_each_in_row_major_order(sequence_4k: FakeS
     chat.summarise_pending()
     chat.check()
     assert chat.records[0].summary and chat.visual_tokens_live == 0
+
+
+def test_thumbnails_keep_each_answered_image_small_and_the_kv_flat() -> None:
+    """--keep-thumbnails 64 (issue 52): after each image turn's swap, the image is its summary and
+    at most 64 merged rows between its own labels; ten turns hold at most 10 x 64 visual tokens of
+    earlier images, and turn 10's prefill (with its image's swap) is within 1.5x of turn 2's."""
+    sequence = FakeSequence(n_ctx=8192, view_tokens=576)
+    chat = _chat(sequence, keep_thumbnails=64, max_tiles=2)
+    work = []
+    for turn in range(1, 11):
+        _, stats = chat.ask(f"What is in picture {turn}?", image=_image(turn, (700, 400)))
+        sequence.begin_request()
+        chat.summarise_pending()
+        chat.check()
+        work.append(stats.prefill_tokens + sequence.stats().prompt_tokens)
+        assert chat.thumbnail_tokens_live == chat.visual_tokens_live <= 64 * turn
+    kinds = [s.kind for s in chat.segments]
+    assert "image" not in kinds and kinds.count("summary") == 10
+    thumbnails = [s for s in chat.segments if s.kind == "thumbnail" and s.visual]
+    assert len(thumbnails) == 10 and all(0 < s.n_tokens <= 64 for s in thumbnails)
+    # each after its own summary, opened by the label its image had
+    for turn in range(1, 11):
+        own = [s.kind for s in chat.segments if s.turn == turn and s.kind in ("summary", "thumbnail")]
+        assert own[0] == "summary" and own.count("thumbnail") >= 2
+    assert work[9] <= 1.5 * work[1], work
+    assert stats.thumbnail_tokens_live == chat.thumbnail_tokens_live - thumbnails[-1].n_tokens
+
+
+def test_the_oldest_thumbnails_go_before_any_turn() -> None:
+    """Short of room, thumbnails go oldest first, their summaries staying; turns go only after."""
+    sequence = FakeSequence(n_ctx=1536, view_tokens=64)
+    chat = make_conversation(sequence, CHATML, tile_size=112, max_tokens=16, caption_tokens=12, max_tiles=0,
+                             sampling=Sampling(temperature=0.0), keep_thumbnails=32)
+    first_thumbnail_lost = first_turn_dropped = None
+    for turn in range(1, 31):
+        question = f"What is in picture {turn}? " + "tell me all. " * 5
+        _, stats = chat.ask(question, image=_image(turn, (300, 200)))
+        chat.check()
+        assert stats.kv_tokens <= sequence.n_ctx
+        thumbs = sorted({s.turn for s in chat.segments if s.kind == "thumbnail"})
+        summaries = sorted({s.turn for s in chat.segments if s.kind == "summary"})
+        assert thumbs == summaries[len(summaries) - len(thumbs):]  # the newest keep theirs
+        if len(thumbs) < len(summaries) and first_thumbnail_lost is None:
+            first_thumbnail_lost = turn
+        if stats.dropped_turns and first_turn_dropped is None:
+            first_turn_dropped = turn
+    assert first_thumbnail_lost is not None and first_turn_dropped is not None  # both happened
+    assert first_thumbnail_lost < first_turn_dropped
+
+
+def test_keep_thumbnails_is_checked_and_fixed() -> None:
+    from edgevlm.chat.settings import ChatSettings
+    from edgevlm.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="keep_thumbnails must be from 0"):
+        ChatSettings(keep_thumbnails=1000)
+    chat = _chat(FakeSequence(n_ctx=4096, view_tokens=64), keep_thumbnails=16)
+    with pytest.raises(ConfigError, match="cannot change"):
+        chat.configure(ChatSettings(keep_thumbnails=0))

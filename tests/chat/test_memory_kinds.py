@@ -49,13 +49,13 @@ def pair(request: pytest.FixtureRequest,
     fresh.close()
 
 
-def _chat(family: str, engine: Engine, test_models: dict[str, Path]) -> Conversation:
+def _chat(family: str, engine: Engine, test_models: dict[str, Path], **settings: object) -> Conversation:
     text, mmproj = test_models[f"{family}_text"], test_models[f"{family}_mmproj"]
     projector = read_projector(mmproj)
     fmt = prompt_format(resolve(str(text), str(mmproj)), read_text_model(text), projector)
     return make_conversation(engine.sequence(), fmt, tile_size=projector.image_size, max_tokens=6,
-                        caption_tokens=8, sampling=Sampling(temperature=0.0), layout=layout_for(projector),
-                        system="Be brief.")
+                             caption_tokens=8, sampling=Sampling(temperature=0.0),
+                             layout=layout_for(projector), system="Be brief.", **settings)
 
 
 def _image(seed: int) -> LoadedImage:
@@ -109,6 +109,27 @@ def test_ten_image_turns_equal_a_fresh_prefill_after_every_turn(pair: tuple[str,
         assert 0 < len(chat.checkpoints) <= 16 and chat.checkpoints.nbytes < 1 << 20
     if family.startswith("gemma") and not engine.swa_full:  # the window cache did move on
         assert chat.kv_positions > 256 + engine.n_swa
+
+
+def test_thumbnails_equal_a_fresh_prefill(pair: tuple[str, Engine, Engine],
+                                          test_models: dict[str, Path]) -> None:
+    """--keep-thumbnails on every memory kind: each answered image is its summary and a few merged
+    rows between its own markers (M-RoPE positions of the rows kept, Gemma's attended both ways),
+    and the cache gives the next token a fresh prefill's logits."""
+    family, engine, fresh = pair
+    chat = _chat(family, engine, test_models, keep_thumbnails=8)
+    probe = chat.sequence.tokenize(" And now?")
+    for turn in range(1, 4):
+        chat.ask(f"What is in picture {turn}?", image=_image(turn))
+        chat.summarise_pending()
+        chat.check()
+        ours = _probed(chat, probe)
+        reference = _next_logits(fresh.sequence(), chat.segments, probe)
+        chat.check()
+        assert np.abs(ours - reference).max() <= max(1e-3, 5e-3 * float(reference.std())), f"turn {turn}"
+    thumbnails = [s for s in chat.segments if s.kind == "thumbnail" and s.visual]
+    assert len(thumbnails) == 3 and all(0 < s.n_tokens <= 8 for s in thumbnails)
+    assert "image" not in [s.kind for s in chat.segments]
 
 
 @pytest.mark.parametrize(("family", "kind"), list(KINDS.items()))

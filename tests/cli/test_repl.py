@@ -97,6 +97,22 @@ def test_merge_command_merges_the_next_images(test_models: dict[str, Path], tmp_
 
 
 @pytest.mark.usefixtures("fake_engines")
+def test_keep_thumbnails_keeps_each_answered_image_small(test_models: dict[str, Path], tmp_path: Path,
+                                                         photo: Path) -> None:
+    script = "".join(f"/image '{photo}' what is in photo {k}?\n" for k in range(1, 4)) + "compare them\n"
+    stats = tmp_path / "stats.jsonl"
+    result = invoke_cli(*_args(test_models, tmp_path, "--stats-json", str(stats), "--keep-thumbnails", "16"),
+                        stdin=script)
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in stats.read_text().splitlines()]
+    # by the last turn, the three photos are each a summary and a 16-token thumbnail
+    assert [r["thumbnail_tokens_live"] for r in rows] == [0, 16, 32, 48]
+    assert rows[-1]["visual_tokens_live"] == 48 and rows[-1]["clip_encodes"] == 0
+    bad = invoke_cli(*_args(test_models, tmp_path, "--keep-thumbnails", "9999"), stdin="")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+@pytest.mark.usefixtures("fake_engines")
 def test_bad_images_never_end_the_chat(test_models: dict[str, Path], tmp_path: Path, photo: Path) -> None:
     broken = tmp_path / "broken.jpg"
     broken.write_bytes(b"\xff\xd8\xff\xe0 not really")
