@@ -62,3 +62,37 @@ def named_files(question: str, names: Mapping[int, str]) -> list[int]:
                for shape in shapes if shape):
             found.append(number)
     return found
+
+
+# Words that say nothing about what an image shows; a question's other words are matched against
+# each summary. Kept short on purpose: a longer list starts dropping words that describe things.
+_FILLER = frozenset(
+    "the and for with that this these those what which who whom whose where when how why was were "
+    "are is be been being did does do has have had any some all can could would should will about "
+    "from into onto over there their them they its your you our than then also just very more most "
+    "much many such only one ones not tell me show see say said look looked again image images photo "
+    "photos picture pictures pic pics screenshot frame frames earlier before".split())
+# A summary must share at least this many of the question's words to be shown again unnamed: one
+# shared word ("red") matched most of a ten-photo chat in trying it; two picks the photo meant.
+MIN_SHARED_WORDS = 2
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+def _words(text: str) -> set[str]:
+    """Lower-case words of 3 letters or more, a plural's s taken off, fillers left out."""
+    words = {w[:-1] if len(w) > 3 and w.endswith("s") else w for w in _WORD.findall(text.lower())}
+    return {w for w in words if len(w) >= 3 and w not in _FILLER}
+
+
+def matching_summaries(question: str, summaries: Mapping[int, str], most: int) -> list[int]:
+    """The numbers of the earlier images whose summaries share the most words with a question
+    that names none (at least MIN_SHARED_WORDS, and half the question's own words when it has
+    more than four), at most `most` of them, the best first (a tie: the newer). The setting
+    behind it (--look-matches) is off by default: an explicit reference is the sure way."""
+    asked = _words(question)
+    if most < 1 or not asked:
+        return []
+    needed = max(MIN_SHARED_WORDS, (len(asked) + 1) // 2 if len(asked) > 4 else 0)
+    scored = [(len(asked & _words(summary)), number) for number, summary in summaries.items() if summary]
+    ranked = sorted((item for item in scored if item[0] >= needed), reverse=True)
+    return [number for _, number in ranked[:most]]

@@ -22,6 +22,8 @@ CAPTION_TOKENS = 120  # the most tokens an image's summary takes (about two sent
 # A thumbnail past a quarter of a 1,024-token photo is no longer small: the tier is for keeping
 # many images at a few dozen tokens each.
 MAX_THUMBNAIL_TOKENS = 256
+# Each image shown again costs its whole prefill: four is already a long turn.
+MAX_LOOK_MATCHES = 4
 
 
 class SummaryMode(str, Enum):
@@ -103,6 +105,8 @@ class ChatSettings:
     stop: tuple[str, ...] = ()  # the answer ends before the first of these
     caption_tokens: int = CAPTION_TOKENS
     merge: Merge | None = None  # visual tokens merged after the projector, for the tasks it names
+    # earlier images shown again unnamed, where their summaries match a question (0: named ones only)
+    look_matches: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "summary", _enum(SummaryMode, self.summary, "summary"))
@@ -121,6 +125,9 @@ class ChatSettings:
         if not 0 <= self.keep_thumbnails <= MAX_THUMBNAIL_TOKENS:
             raise ConfigError(f"keep_thumbnails must be from 0 (off) to {MAX_THUMBNAIL_TOKENS} tokens, not "
                               f"{self.keep_thumbnails}", settings=("keep_thumbnails",))
+        if not 0 <= self.look_matches <= MAX_LOOK_MATCHES:
+            raise ConfigError(f"look_matches must be from 0 (off) to {MAX_LOOK_MATCHES}, "
+                              f"not {self.look_matches}", settings=("look_matches",))
         if self.frame_tokens is not None and self.frame_tokens < 1:
             raise ConfigError(f"frame_tokens must be at least 1, not {self.frame_tokens}",
                               settings=("frame_tokens",))
@@ -169,6 +176,7 @@ class SettingsChange:
     frame_tokens: Changed[int | None] = KEEP
     stop: Changed[tuple[str, ...]] = KEEP
     merge: Changed[Merge | None] = KEEP
+    look_matches: Changed[int] = KEEP
 
     def value_or(self, name: str, default: object) -> object:
         """The change's value for a field, or `default` where it leaves the setting."""

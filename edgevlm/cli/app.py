@@ -473,7 +473,7 @@ def chat(
     no_cache: opt.NoCache = False, rpc: opt.Rpc = None, tensor_split: opt.TensorSplit = None,
     split_mode: opt.SplitMode = "layer", main_gpu: opt.MainGpu = 0, mmproj_device: opt.MmprojDevice = None,
     verbose: opt.Verbose = False, debug: opt.Debug = False, merge: opt.Merge = None,
-    keep_thumbnails: opt.KeepThumbnails = 0,
+    keep_thumbnails: opt.KeepThumbnails = 0, look_matches: opt.LookMatches = 0,
 ) -> None:
     """Chat about images in the terminal (see CHAT_HELP)."""
     from edgevlm.chat.settings import ChatSettings, Merge, SummaryMode
@@ -491,7 +491,7 @@ def chat(
             max_tokens=max_tokens, sampling=_sampling(temperature, seed), max_tiles=max_tiles,
             summary=SummaryMode(summary), keep_images=keep_images, system=system, pool=pool_factor,
             detail=task, frame_tokens=frame_tokens, merge=Merge.parse(merge) if merge else None,
-            keep_thumbnails=keep_thumbnails)
+            keep_thumbnails=keep_thumbnails, look_matches=look_matches)
         max_pixels()  # a bad EDGEVLM_MAX_PIXELS is refused before anything loads
         if stats_json is not None:
             check_writable(stats_json, "--stats-json")
@@ -523,6 +523,7 @@ def serve(
     split_mode: opt.SplitMode = "layer", main_gpu: opt.MainGpu = 0, mmproj_device: opt.MmprojDevice = None,
     verbose: opt.Verbose = False,
     debug: opt.Debug = False, merge: opt.Merge = None, keep_thumbnails: opt.KeepThumbnails = 0,
+    look_matches: opt.LookMatches = 0,
 ) -> None:
     """The OpenAI- and Ollama-compatible API (see SERVE_HELP)."""
     from edgevlm.chat.settings import ChatSettings, Merge, SummaryMode
@@ -540,7 +541,8 @@ def serve(
                             pool=_pool_option(ctx, pool),
                             sampling=Sampling(temperature=temperature), summary=SummaryMode(summary),
                             detail=_parsed(ctx, "detail", detail, opt.parse_detail),
-                            merge=Merge.parse(merge) if merge else None, keep_thumbnails=keep_thumbnails)
+                            merge=Merge.parse(merge) if merge else None, keep_thumbnails=keep_thumbnails,
+                            look_matches=look_matches)
         settings = ServeSettings(chat=chat, host=host, port=port, api_key=api_key, media_dir=media_dir,
                                  max_queue=max_queue, max_body_mb=max_body_mb, cache=not no_cache)
         n_seq = _parallel_option(ctx, parallel)

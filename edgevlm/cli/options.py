@@ -222,6 +222,11 @@ KeepThumbnails = Annotated[int, typer.Option(
     help="Keep each answered image beside its summary as a thumbnail of at most TOKENS visual tokens "
          "(its own rows merged, as --merge does), so a later question can compare it without showing it "
          "again; 0 (default): the summary alone. The oldest thumbnails go first when the context is short.")]
+LookMatches = Annotated[int, typer.Option(
+    metavar="N", min=0, max=4,
+    help="Show again, for a question that names no earlier image, the N (at most) whose summaries share "
+         "the most words with it (two at least), from the projector-row cache. 0 (default): only images "
+         "a question names (\"image 2\", \"the first photo\", a file name) or /look come back.")]
 System = Annotated[str | None, typer.Option(metavar="TEXT", help="A system prompt instead of the default.")]
 Session = Annotated[Path | None, typer.Option(
     metavar="FILE", help="Append the transcript here (JSONL). Default: a new file in the user data "

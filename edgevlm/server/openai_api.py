@@ -16,7 +16,7 @@ from sse_starlette import EventSourceResponse
 
 from edgevlm.chat.records import to_plain
 from edgevlm.chat.resent import ChatTurn, grouped
-from edgevlm.chat.settings import KEEP, SettingsChange
+from edgevlm.chat.settings import KEEP, MAX_LOOK_MATCHES, SettingsChange
 from edgevlm.chat.structured import OutputFormat
 from edgevlm.chat.tools import ToolCall
 from edgevlm.server import fields as opt
@@ -133,7 +133,7 @@ def parse_request(body: dict[str, object], state: ServerState) -> tuple[ChatTurn
     extra = body.get("edgevlm") or {}
     if not isinstance(extra, dict):
         raise bad_request("expected an object of edgevlm's own options (pool, detail, find, progress, fps, "
-                          "frame_tokens, look, merge)", "edgevlm")
+                          "frame_tokens, look, look_matches, merge)", "edgevlm")
     frames = state.video_frames  # a video's frames: the family's rate, or the request's own
     if extra.get("fps") is not None:
         frames = replace(frames, fps=opt.number(extra["fps"], "edgevlm.fps", low=0.01, high=30.0))
@@ -154,6 +154,8 @@ def parse_request(body: dict[str, object], state: ServerState) -> tuple[ChatTurn
         max_tiles=0 if detail == "low" and state.layout.cuts_tiles else KEEP,
         pool=opt.pool(extra.get("pool"), "edgevlm.pool"),
         merge=opt.merge(extra.get("merge"), "edgevlm.merge"),
+        look_matches=KEEP if extra.get("look_matches") is None else opt.whole(
+            extra["look_matches"], "edgevlm.look_matches", low=0, high=MAX_LOOK_MATCHES),
         detail=opt.detail(extra.get("detail"), "edgevlm.detail") or (
             Detail.GROUNDING if find is not None else opt.OPENAI_DETAIL.get(detail, state.chat.detail)),
         frame_tokens=None if extra.get("frame_tokens") is None else opt.whole(

@@ -89,6 +89,7 @@ class EdgevlmOptions(_Open):
     fps: float | None = Field(None, ge=0.01, le=30)
     frame_tokens: int | None = Field(None, ge=16, le=16384)
     merge: Annotated[float, Field(gt=0, le=1)] | Annotated[str, Field(max_length=80)] | None = None
+    look_matches: int | None = Field(None, ge=0, le=4)
 
 
 class ChatCompletionRequest(_Open):

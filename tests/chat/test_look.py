@@ -57,3 +57,26 @@ def test_names_only_ever_add_the_images_they_name(question: str) -> None:
     named = referenced_images(question, 4, NAMES)
     assert set(plain) <= set(named) and all(1 <= n <= 4 for n in named)
     assert set(named) - set(plain) <= set(named_files(question, NAMES))
+
+
+def test_summaries_that_share_words_with_a_question_come_back_when_asked_for() -> None:
+    from edgevlm.chat.look import matching_summaries
+
+    summaries = {1: "A red bicycle leans on a bakery window; a sign reads OPEN.",
+                 2: "A harbour at dusk with three fishing boats and a lighthouse.",
+                 3: "A red car parked by the bakery, next to a bicycle rack."}
+    # two shared words at least; the most shared first, a tie going to the newer
+    assert matching_summaries("what colour was the bicycle by the bakery?", summaries, 2) == [3, 1]
+    assert matching_summaries("how many boats were in the harbour?", summaries, 2) == [2]
+    assert matching_summaries("was it red?", summaries, 2) == []  # one word is no match
+    assert matching_summaries("what colour was the bicycle by the bakery?", summaries, 0) == []
+    assert matching_summaries("tell me about the image again", summaries, 4) == []  # fillers only
+
+
+@given(st.text(max_size=80), st.integers(0, 4))
+def test_matches_are_earlier_images_each_once_and_at_most_asked(question: str, most: int) -> None:
+    from edgevlm.chat.look import matching_summaries
+
+    summaries = {1: "red bicycle bakery", 2: "harbour boats lighthouse", 3: "red car bakery bicycle"}
+    found = matching_summaries(question, summaries, most)
+    assert len(found) == len(set(found)) <= most and set(found) <= set(summaries)

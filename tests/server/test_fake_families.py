@@ -134,3 +134,28 @@ def test_edgevlm_look_shows_the_images_it_names_and_refuses_ones_not_in_the_hist
         client.chat.completions.create(model=state.model.id, messages=history,
                                        extra_body={"edgevlm": {"look": [2]}})
     assert refused.value.body["param"] == "edgevlm.look" and "no image 2" in refused.value.body["message"]
+
+
+def test_look_matches_shows_again_the_photo_whose_summary_a_question_matches(
+        served: tuple[OpenAI, ServerState, str]) -> None:
+    """edgevlm.look_matches: a question naming no photo, sharing words with image 1's summary,
+    gets image 1 back (no encode); one sharing none, or without the setting, gets none."""
+    client, state, family = served
+    first = image_message("What is in this photo?", seed=41)
+    answer = client.chat.completions.create(model=state.model.id, messages=[first], temperature=0)
+    shown = answer.model_extra["edgevlm"]["visual_tokens"]
+    state.scheduler.drain()
+    summary = state.scheduler.session.conversation.records[-1].shown[0].summary
+    assert summary  # the fake's caption: "<digest>: a scripted answer after N positions."
+    history = [first, {"role": "assistant", "content": answer.choices[0].message.content}]
+    matching = [*history, {"role": "user", "content": "Was that the scripted answer with positions?"}]
+    unmatched = [*history, {"role": "user", "content": "Was the sky blue?"}]
+    plain = client.chat.completions.create(model=state.model.id, messages=matching, temperature=0)
+    assert plain.model_extra["edgevlm"]["visual_tokens"] == 0  # off by default
+    state.scheduler.drain()
+    for messages, expected in ((unmatched, 0), (matching, shown)):
+        reply = client.chat.completions.create(model=state.model.id, messages=messages, temperature=0,
+                                               extra_body={"edgevlm": {"look_matches": 1}})
+        assert reply.model_extra["edgevlm"]["visual_tokens"] == expected, family
+        assert reply.model_extra["edgevlm"]["clip_encodes"] == 0
+        state.scheduler.drain()
