@@ -54,7 +54,9 @@ PARITY_VENV := .venv-parity
 TORCH_VERSION := 2.13.0
 TRANSFORMERS_VERSION := 5.25.0
 GGUF_VERSION := 0.19.0
-PARITY_STAMP := $(PARITY_VENV)/.edgevlm-parity-$(TORCH_VERSION)-$(TRANSFORMERS_VERSION)-$(GGUF_VERSION)
+# SmolVLM's processor spells frame times out in words with it (stage 2 of parity imports it)
+NUM2WORDS_VERSION := 0.5.14
+PARITY_STAMP := $(PARITY_VENV)/.edgevlm-parity-$(TORCH_VERSION)-$(TRANSFORMERS_VERSION)-$(GGUF_VERSION)-$(NUM2WORDS_VERSION)
 
 .PHONY: help setup models demo test test-fast test-models parity-env lint bench peers rpc-server clean
 help:
@@ -117,7 +119,8 @@ parity-env: $(PARITY_STAMP)
 $(PARITY_STAMP):
 	@test -x $(PARITY_VENV)/bin/python || $(PYTHON) -m venv $(PARITY_VENV)
 	$(PARITY_VENV)/bin/python -m pip install -q --disable-pip-version-check \
-	  torch==$(TORCH_VERSION) transformers==$(TRANSFORMERS_VERSION) gguf==$(GGUF_VERSION) pillow numpy
+	  torch==$(TORCH_VERSION) transformers==$(TRANSFORMERS_VERSION) gguf==$(GGUF_VERSION) \
+	  num2words==$(NUM2WORDS_VERSION) pillow numpy
 	@rm -f $(PARITY_VENV)/.edgevlm-* && touch $@
 
 test-fast: setup test-models

@@ -556,9 +556,13 @@ class Conversation:
         """Tokenize the text of a turn and count what it needs beside its image views."""
         tok = self.sequence.tokenize
         has_system = bool(self.fmt.system(self.system))
-        head = tok(self.fmt.head(first=self.ledger.only_system, has_system=has_system))
+        head_text = self.fmt.head(first=self.ledger.only_system, has_system=has_system, image=images > 0)
         suffix = tok(self.fmt.assistant_suffix)
-        tail = tok(_tail_text(question, self.fmt, with_image=images > 0))
+        tail_text = _tail_text(question, self.fmt, with_image=images > 0)
+        if images:  # the image block between them: each side ends or starts at a marker
+            head, tail = tok(head_text), tok(tail_text)
+        else:  # one string, as a template renders it: "User: " then "And" is two tokens, " And" one
+            head, tail = [], tok(head_text + tail_text)
         # The caption is asked for at the end of the cache, after any follow-up that comes first;
         # a turn's images are captioned one at a time, each rolled back, so one reserve serves all.
         caption = self.swap.caption_reserve(max(images, 1)) if images or self.swap.due() else 0
@@ -638,7 +642,7 @@ class Conversation:
                 tiles, image_tokens = self._write_images(parts, views, on_progress)
                 self._block_end = (len(self.ledger), plan)
                 self.ledger.mark()  # a hybrid model's --ask goes back here, not to before the image
-            else:
+            elif parts.head:
                 self.ledger.append(Segment("user", parts.turn, parts.head))
             if with_question:
                 self.ledger.append(Segment("user", parts.turn, parts.tail))

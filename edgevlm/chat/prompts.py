@@ -21,6 +21,9 @@ class PromptFormat:
     system_opens_turn: bool = False
     after_image: str = "\n"  # between an image and the question after it
     system_optional: bool = False  # no system text: no system block at all (templates)
+    # What opens a user turn that begins with an image, where the template opens it otherwise than
+    # a text turn (SmolVLM's "User:" before an image part, "User: " before text); None: user_prefix
+    image_prefix: str | None = None
 
     def system(self, text: str | None = None) -> str:
         """The rendered system block (empty when the format has none)."""
@@ -29,9 +32,12 @@ class PromptFormat:
             return ""
         return f"{self.system_prefix}{body}{self.system_suffix}"
 
-    def head(self, *, first: bool, has_system: bool) -> str:
-        """What opens a user turn: nothing for the first one where the system block opened it."""
-        return "" if first and has_system and self.system_opens_turn else self.user_prefix
+    def head(self, *, first: bool, has_system: bool, image: bool = False) -> str:
+        """What opens a user turn (one that begins with an image where `image`): nothing for the
+        first one where the system block opened it."""
+        if first and has_system and self.system_opens_turn:
+            return ""
+        return self.image_prefix if image and self.image_prefix is not None else self.user_prefix
 
 
 VICUNA = PromptFormat(

@@ -80,7 +80,7 @@ def _cut(render: Render, *, bos: str, name: str) -> PromptFormat | None:
                        user_prefix=user_prefix, user_suffix=user_suffix, assistant_suffix=assistant_suffix,
                        default_system=_default_system(render, system_prefix, system_suffix, opens_turn),
                        add_bos=add_bos, system_opens_turn=opens_turn, after_image=_after_image(render),
-                       system_optional=True)
+                       system_optional=True, image_prefix=_image_opening(render, user_prefix))
     return fmt if _adds_up(fmt, render, bos) else None
 
 
@@ -104,6 +104,33 @@ def _after_image(render: Render) -> str:
     start = text.find(MEDIA)
     end = text.find(USER_1)
     return text[start + len(MEDIA):end] if 0 <= start < end else ""
+
+
+def _image_opening(render: Render, user_prefix: str) -> str | None:
+    """What opens a user turn whose content begins with an image part, the image's own rendering
+    left out, where that differs from a text turn's opening; None where it does not, or where
+    the template cannot say. SmolVLM's template writes "User:" before an image and "User: "
+    before text: with the image as llama-server puts it (mtmd's marker in a text part) the model
+    saw a space before every image that it was never trained with (stage 2 of parity). Found by
+    rendering one image part and two: the second is one more copy of the image's rendering."""
+    def turn(*content: dict[str, str]) -> str:
+        return render([{"role": "user", "content": list(content)}], True)
+
+    image, question = {"type": "image"}, {"type": "text", "text": USER_1}
+    try:
+        text = render(_conversation(None, USER_1), True)
+        one, two = turn(image, question), turn(image, image, question)
+    except Exception:  # noqa: BLE001 - a template that takes only string content
+        return None
+    extra = len(two) - len(one)
+    start = text.find(USER_1) - len(user_prefix)
+    if extra <= 0 or start < 0 or not text.startswith(user_prefix, start) or one[:start] != text[:start]:
+        return None
+    at = next((i for i in range(start, len(one) + 1) if two == one[:i] + two[i:i + extra] + one[i:]), None)
+    if at is None or USER_1 not in one[at:]:
+        return None
+    opening = one[start:at]
+    return None if opening == user_prefix else opening
 
 
 def _adds_up(fmt: PromptFormat, render: Render, bos: str) -> bool:

@@ -43,7 +43,10 @@ Stages (the request's "stage"):
   expanded to its image's tokens. Answer: {"results": [{"text": …, "input_ids": [...]}, ...]}.
   "prompt" of "gemma4": the same with Gemma 4's processor, its published image processor at
   {"max_soft_tokens", "patch_size", "merge"} (no checkpoint), each <|image|> expanded to
-  <|image>, the image's soft tokens and <image|>.
+  <|image>, the image's soft tokens and <image|>. "prompt" of "smolvlm": SmolVLM's processor at
+  {"longest", "tile", "image_seq_len"}, each <image> expanded to its tiles (row and column
+  markers) and its global view. Every answer names {"image_token_id"}, the id an image's
+  tokens have in its ids.
 - "anyres": LLaVA-NeXT (1.6). Request: {"family": "llava-next", "pinpoints": [[a, b], ...] as
   the checkpoint's config lists them, "tile": 336, "side": 24, "cases": [[w, h], ...],
   "images": N}. Answer: {"canvases": [[w, h], ...]}, the canvas transformers picks
@@ -57,6 +60,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -356,7 +360,7 @@ def _prompt(request: dict[str, Any]) -> Answer:
                                              add_generation_prompt=conversation.get("generation", True))
         ids = processor(text=[text], images=images or None)["input_ids"][0]
         results.append({"text": text, "input_ids": [int(i) for i in ids]})
-    return {"results": results}
+    return {"results": results, "image_token_id": int(processor.image_token_id)}
 
 
 def _qwen_vl_processor(request: dict[str, Any]) -> Any:
@@ -387,8 +391,29 @@ def _gemma4_processor(request: dict[str, Any]) -> Any:
                            image_seq_length=int(request["max_soft_tokens"]))
 
 
+def _smolvlm_processor(request: dict[str, Any]) -> Any:
+    """SmolVLM's processor with its image processor at {"longest"} (size.longest_edge) and
+    {"tile"} (max_image_size.longest_edge), {"image_seq_len"} tokens a tile, and SmolVLM's
+    markers (<image> added past the test vocabulary, which has none: the image's rows are what
+    stand there, and the answer names its id)."""
+    from transformers import SmolVLMProcessor
+    from transformers.models.smolvlm.image_processing_pil_smolvlm import SmolVLMImageProcessorPil
+
+    images = SmolVLMImageProcessorPil(size={"longest_edge": int(request["longest"])},
+                                      max_image_size={"longest_edge": int(request["tile"])})
+    tokenizer = _gguf_tokenizer(request["gguf"], image_token="<image>", global_image_token="<global-img>",
+                                fake_image_token="<fake_token_around_image>",
+                                end_of_utterance_token="<end_of_utterance>")
+    processor = SmolVLMProcessor(image_processor=images, tokenizer=tokenizer, video_processor=None,
+                                 image_seq_len=int(request["image_seq_len"]),
+                                 chat_template=request["template"])
+    # its chat template step asks the (absent) video processor for its frame defaults
+    processor.video_processor = types.SimpleNamespace(num_frames=None, fps=None)
+    return processor
+
+
 _PROMPT_PROCESSORS: dict[str, Callable[[dict[str, Any]], Any]] = {
-    "qwen-vl": _qwen_vl_processor, "gemma4": _gemma4_processor}
+    "qwen-vl": _qwen_vl_processor, "gemma4": _gemma4_processor, "smolvlm": _smolvlm_processor}
 
 
 def _checkpoint(request: dict[str, Any]) -> Answer:
@@ -427,6 +452,7 @@ STAGES: dict[tuple[str, str], Callable[[dict[str, Any]], Answer]] = {
     ("logits", "qwen-vl"): _logits,
     ("prompt", "qwen-vl"): _prompt,
     ("prompt", "gemma4"): _prompt,
+    ("prompt", "smolvlm"): _prompt,
     ("logits", "llava-next"): _logits,
     ("rows", "llava-next"): _llava_next_rows,
     ("checkpoint", "qwen-vl"): _checkpoint,
