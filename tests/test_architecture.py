@@ -15,7 +15,7 @@ TOP_LEVEL = {"__init__.py", "__main__.py", "errors.py", "paths.py", "network.py"
 PURE = ["edgevlm.vision.tiling", "edgevlm.vision.layout", "edgevlm.families", "edgevlm.families.llava15",
         "edgevlm.families.llava_next", "edgevlm.families.mtmd", "edgevlm.families.qwen_vl",
         "edgevlm.models.memory_kinds", "edgevlm.values.sampling", "edgevlm.values.embedding",
-        "edgevlm.values.stats", "edgevlm.planning.values", "edgevlm.planning.arithmetic",
+        "edgevlm.values.stats", "edgevlm.values.merging", "edgevlm.planning.values", "edgevlm.planning.arithmetic",
         "edgevlm.planning.media_costs", "edgevlm.planning.planner", "edgevlm.planning.verify",
         "edgevlm.planning.split", "edgevlm.planning.devices", "edgevlm.models.catalog",
         "edgevlm.models.gguf", "edgevlm.llama.types", "edgevlm.store.caches", "edgevlm.chat.resent",
