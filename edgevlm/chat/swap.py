@@ -1,5 +1,6 @@
-"""The summary swap: an answered image's block replaced in place by a short text summary,
-made in idle time (or when a turn cannot go on without it)."""
+"""The summary swap: an answered image's block replaced in place by a short text summary (and,
+with --keep-thumbnails, a few merged rows of itself), made in idle time (or when a turn cannot go
+on without it)."""
 
 from __future__ import annotations
 
@@ -155,7 +156,7 @@ class SummarySwap:
 
     def _swap(self, live: LiveImage) -> None:
         """Replace one image's block (views and labels; a window's: all its frames') by its
-        summary, in place."""
+        summary, and with --keep-thumbnails a photo's by its summary and its thumbnail, in place."""
         block = [i for slot in range(live.slot, live.slot + live.span)
                  for i in self._ledger.turn_indices(live.turn, ("image", "label"), slot=slot)]
         if not block:
