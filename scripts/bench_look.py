@@ -9,7 +9,12 @@
 - the first and the last again with `--merge 0.25` (each image's visual tokens merged to a quarter
   after the projector);
 - thumbnails (`--keep-thumbnails 64`): every answered photo stays as its summary and 64 merged
-  tokens of itself, and the last question (naming no photo) sees all ten that way.
+  tokens of itself, and the last question (naming no photo) sees all ten that way;
+- llama-server itself (when `make peers` has built it), sent the same chat as a client sends it:
+  each request the whole history with every photo, the last one the question about photo 1.
+  Reported: the tokens it processed for the last request (its `timings.prompt_n`: what its cache
+  did not hold), its TTFT (`timings.prompt_ms`), its peak prompt, and the request where the
+  context ran out, if one did.
 
 Each runs `edgevlm chat` piped, on the test models (their words mean nothing; token counts,
 encodes and times are real), with the projector-row cache on in a fresh folder. Prints, for the
@@ -31,6 +36,7 @@ from pathlib import Path
 from PIL import Image, ImageDraw
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_serve's llama-server helpers
 MODELS = ROOT / "models" / "test"
 PAIRS = {"qwen": ("qwen2vl-test.gguf", "mmproj-qwen2.5vl-test.gguf"),
          "llava": ("SmolLM2-135M-Instruct.Q4_1.gguf", "mmproj-test-112.gguf")}
@@ -67,12 +73,58 @@ def run(pair: str, shown: list[Path], last: str, folder: Path, *extra: str) -> d
             "prefill_tokens_all_turns": sum(r["prefill_tokens"] for r in rows)}
 
 
+def llama_server_run(pair: str, shown: list[Path], last: str) -> dict[str, object]:
+    """The chat through llama-server: every request resends the history with every photo."""
+    import base64
+
+    from bench_serve import LLAMA_SERVER, free_port, start, stop
+    from openai import APIError, OpenAI
+
+    text, mmproj = PAIRS[pair]
+    port = free_port()
+    command = [str(LLAMA_SERVER), "-m", str(MODELS / text), "--mmproj", str(MODELS / mmproj), "-c", "8192",
+               "-np", "1", "-ngl", "0", "--host", "127.0.0.1", "--port", str(port)]
+    history: list[dict[str, object]] = []
+    out: dict[str, object] = {"ran_out_at": None, "peak_prompt": 0}
+    with tempfile.TemporaryDirectory() as logs:
+        process = start(command, port, dict(os.environ), Path(logs) / "llama-server.log")
+        try:
+            client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="bench", max_retries=0,
+                            timeout=900)
+            model = client.models.list().data[0].id
+            turns = [(p, "what is this?") for p in shown] + [(None, last)]
+            for number, (photo, question) in enumerate(turns, start=1):
+                content: list[dict[str, object]] = [{"type": "text", "text": question}]
+                if photo is not None:
+                    url = "data:image/jpeg;base64," + base64.b64encode(photo.read_bytes()).decode()
+                    content.insert(0, {"type": "image_url", "image_url": {"url": url}})
+                history.append({"role": "user", "content": content})
+                try:
+                    reply = client.chat.completions.create(model=model, messages=history, max_tokens=16,
+                                                           temperature=0)
+                except APIError as exc:
+                    out["ran_out_at"] = f"request {number}: {str(exc).splitlines()[0][:80]}"
+                    break
+                timings = (reply.model_extra or {}).get("timings") or {}
+                out.update(prompt_tokens=reply.usage.prompt_tokens, processed=timings.get("prompt_n"),
+                           ttft_s=timings.get("prompt_ms", 0.0) / 1000)
+                out["peak_prompt"] = max(int(out["peak_prompt"]), reply.usage.prompt_tokens)
+                history.append({"role": "assistant", "content": reply.choices[0].message.content or ""})
+        finally:
+            stop(process)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair", choices=sorted(PAIRS), default="qwen")
     parser.add_argument("--photos", type=int, default=10)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--llama-server-only", action="store_true", help="only the llama-server run")
     args = parser.parse_args()
+    if args.llama_server_only:
+        print_llama_server(args.pair, args.photos)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         shown = photos(folder, args.photos)
@@ -106,6 +158,21 @@ def main() -> None:
     if live["kv_tokens"]:
         print(f"ratios: KV at the end {look['kv_tokens'] / live['kv_tokens']:.2f}x every-photo-live's; "
               f"last TTFT {look['ttft_s'] / max(live['ttft_s'], 1e-9):.2f}x")
+    from bench_serve import LLAMA_SERVER
+
+    if not LLAMA_SERVER.exists():
+        print("llama-server: not built (`make peers`)")
+        return
+    print_llama_server(args.pair, args.photos)
+
+
+def print_llama_server(pair: str, n_photos: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        peer = llama_server_run(pair, photos(Path(tmp), n_photos), "What did the sign in image 1 say?")
+    ttft = float(peer.get("ttft_s") or 0)
+    print(f"llama-server, every photo resent each request: last request {peer.get('prompt_tokens')} prompt "
+          f"tokens, {peer.get('processed')} processed, TTFT {ttft:.3f} s; peak prompt "
+          f"{peer['peak_prompt']} of 8192; ran out of context: {peer['ran_out_at'] or 'no'}")
 
 
 if __name__ == "__main__":
