@@ -103,7 +103,7 @@ def llama_server_run(pair: str, shown: list[Path], last: str) -> dict[str, objec
                     reply = client.chat.completions.create(model=model, messages=history, max_tokens=16,
                                                            temperature=0)
                 except APIError as exc:
-                    out["ran_out_at"] = f"request {number}: {str(exc).splitlines()[0][:80]}"
+                    out["ran_out_at"] = f"request {number}: {str(exc).splitlines()[0][:160]}"
                     break
                 timings = (reply.model_extra or {}).get("timings") or {}
                 out.update(prompt_tokens=reply.usage.prompt_tokens, processed=timings.get("prompt_n"),
@@ -172,7 +172,8 @@ def print_llama_server(pair: str, n_photos: int) -> None:
     ttft = float(peer.get("ttft_s") or 0)
     print(f"llama-server, every photo resent each request: last request {peer.get('prompt_tokens')} prompt "
           f"tokens, {peer.get('processed')} processed, TTFT {ttft:.3f} s; peak prompt "
-          f"{peer['peak_prompt']} of 8192; ran out of context: {peer['ran_out_at'] or 'no'}")
+          f"{peer['peak_prompt']} (-c 8192 asked; llama-server caps a slot at the model's trained context); "
+          f"ran out of context: {peer['ran_out_at'] or 'no'}")
 
 
 if __name__ == "__main__":
