@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # edgevlm loads inside the functions, after the cache folder 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_serve import LLAMA_SERVER, MMPROJ, TEXT, free_port, start, stop  # noqa: E402
+from bench_serve import LLAMA_SERVER, MMPROJ, TEXT, llama_server  # noqa: E402
 
 N_CTX, MAX_TOKENS, VIEW_TOKENS = 4096, 16, 576
 QUESTION = "What is the total on page 7?"
@@ -129,34 +129,24 @@ def page_urls(pdf: Path) -> list[str]:
 
 def one_message_runs(pdf: Path, counts: list[int]) -> list[tuple[int, str]]:
     """llama-server sent the first k pages in one message, for each k; (k, outcome)."""
-    from openai import APIError, OpenAI
+    from openai import APIError
 
     urls = page_urls(pdf)
-    port = free_port()
-    command = [str(LLAMA_SERVER), "-m", str(TEXT), "--mmproj", str(MMPROJ), "-c", str(N_CTX), "-np", "1",
-               "-ngl", "0", "--host", "127.0.0.1", "--port", str(port)]
-    with tempfile.TemporaryDirectory() as logs:
-        process = start(command, port, dict(os.environ), Path(logs) / "llama-server.log")
-        try:
-            client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="bench", max_retries=0,
-                            timeout=900)
-            model = client.models.list().data[0].id
-            outcomes = []
-            for k in counts:
-                content = [*({"type": "image_url", "image_url": {"url": u}} for u in urls[:k]),
-                           {"type": "text", "text": QUESTION}]
-                started = time.perf_counter()
-                try:
-                    reply = client.chat.completions.create(model=model, max_tokens=MAX_TOKENS, temperature=0,
-                                                           messages=[{"role": "user", "content": content}])
-                except APIError as exc:
-                    outcomes.append((k, f"refused: {str(exc).splitlines()[0][:90]}"))
-                    break
-                timings = (reply.model_extra or {}).get("timings") or {}
-                ttft = timings.get("prompt_ms", (time.perf_counter() - started) * 1000) / 1000
-                outcomes.append((k, f"{reply.usage.prompt_tokens} prompt tokens, TTFT {ttft:.2f} s"))
-        finally:
-            stop(process)
+    outcomes = []
+    with llama_server(TEXT, MMPROJ, N_CTX) as (client, model):
+        for k in counts:
+            content = [*({"type": "image_url", "image_url": {"url": u}} for u in urls[:k]),
+                       {"type": "text", "text": QUESTION}]
+            started = time.perf_counter()
+            try:
+                reply = client.chat.completions.create(model=model, max_tokens=MAX_TOKENS, temperature=0,
+                                                       messages=[{"role": "user", "content": content}])
+            except APIError as exc:
+                outcomes.append((k, f"refused: {str(exc).splitlines()[0][:90]}"))
+                break
+            timings = (reply.model_extra or {}).get("timings") or {}
+            ttft = timings.get("prompt_ms", (time.perf_counter() - started) * 1000) / 1000
+            outcomes.append((k, f"{reply.usage.prompt_tokens} prompt tokens, TTFT {ttft:.2f} s"))
     return outcomes
 
 

@@ -77,41 +77,31 @@ def llama_server_run(pair: str, shown: list[Path], last: str) -> dict[str, objec
     """The chat through llama-server: every request resends the history with every photo."""
     import base64
 
-    from bench_serve import LLAMA_SERVER, free_port, start, stop
-    from openai import APIError, OpenAI
+    from bench_serve import llama_server
+    from openai import APIError
 
     text, mmproj = PAIRS[pair]
-    port = free_port()
-    command = [str(LLAMA_SERVER), "-m", str(MODELS / text), "--mmproj", str(MODELS / mmproj), "-c", "8192",
-               "-np", "1", "-ngl", "0", "--host", "127.0.0.1", "--port", str(port)]
     history: list[dict[str, object]] = []
     out: dict[str, object] = {"ran_out_at": None, "peak_prompt": 0}
-    with tempfile.TemporaryDirectory() as logs:
-        process = start(command, port, dict(os.environ), Path(logs) / "llama-server.log")
-        try:
-            client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="bench", max_retries=0,
-                            timeout=900)
-            model = client.models.list().data[0].id
-            turns = [(p, "what is this?") for p in shown] + [(None, last)]
-            for number, (photo, question) in enumerate(turns, start=1):
-                content: list[dict[str, object]] = [{"type": "text", "text": question}]
-                if photo is not None:
-                    url = "data:image/jpeg;base64," + base64.b64encode(photo.read_bytes()).decode()
-                    content.insert(0, {"type": "image_url", "image_url": {"url": url}})
-                history.append({"role": "user", "content": content})
-                try:
-                    reply = client.chat.completions.create(model=model, messages=history, max_tokens=16,
-                                                           temperature=0)
-                except APIError as exc:
-                    out["ran_out_at"] = f"request {number}: {str(exc).splitlines()[0][:160]}"
-                    break
-                timings = (reply.model_extra or {}).get("timings") or {}
-                out.update(prompt_tokens=reply.usage.prompt_tokens, processed=timings.get("prompt_n"),
-                           ttft_s=timings.get("prompt_ms", 0.0) / 1000)
-                out["peak_prompt"] = max(int(out["peak_prompt"]), reply.usage.prompt_tokens)
-                history.append({"role": "assistant", "content": reply.choices[0].message.content or ""})
-        finally:
-            stop(process)
+    with llama_server(MODELS / text, MODELS / mmproj, 8192) as (client, model):
+        turns = [(p, "what is this?") for p in shown] + [(None, last)]
+        for number, (photo, question) in enumerate(turns, start=1):
+            content: list[dict[str, object]] = [{"type": "text", "text": question}]
+            if photo is not None:
+                url = "data:image/jpeg;base64," + base64.b64encode(photo.read_bytes()).decode()
+                content.insert(0, {"type": "image_url", "image_url": {"url": url}})
+            history.append({"role": "user", "content": content})
+            try:
+                reply = client.chat.completions.create(model=model, messages=history, max_tokens=16,
+                                                       temperature=0)
+            except APIError as exc:
+                out["ran_out_at"] = f"request {number}: {str(exc).splitlines()[0][:160]}"
+                break
+            timings = (reply.model_extra or {}).get("timings") or {}
+            out.update(prompt_tokens=reply.usage.prompt_tokens, processed=timings.get("prompt_n"),
+                       ttft_s=timings.get("prompt_ms", 0.0) / 1000)
+            out["peak_prompt"] = max(int(out["peak_prompt"]), reply.usage.prompt_tokens)
+            history.append({"role": "assistant", "content": reply.choices[0].message.content or ""})
     return out
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import io
 import os
 import signal
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,6 +89,24 @@ def start(command: list[str], port: int, env: dict[str, str], log: Path) -> subp
         time.sleep(0.3)
     process.kill()
     raise RuntimeError(f"{command[0]} did not start in time: see {log}")
+
+
+@contextlib.contextmanager
+def llama_server(text: Path, mmproj: Path, n_ctx: int, *extra: str,
+                 timeout_s: float = 900) -> Iterator[tuple[OpenAI, str]]:
+    """llama-server (peers/bin, `make peers`) on this pair, one slot, on the CPU: an OpenAI client
+    on it and its model's id; stopped after the block."""
+    port = free_port()
+    command = [str(LLAMA_SERVER), "-m", str(text), "--mmproj", str(mmproj), "-c", str(n_ctx), "-np", "1",
+               "-ngl", "0", *extra, "--host", "127.0.0.1", "--port", str(port)]
+    with tempfile.TemporaryDirectory() as logs:
+        process = start(command, port, dict(os.environ), Path(logs) / "llama-server.log")
+        try:
+            client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="bench", max_retries=0,
+                            timeout=timeout_s)
+            yield client, client.models.list().data[0].id
+        finally:
+            stop(process)
 
 
 def stop(process: subprocess.Popen) -> None:

@@ -84,6 +84,14 @@ def _words(text: str) -> set[str]:
     return {w for w in words if len(w) >= 3 and w not in _FILLER}
 
 
+def images_to_show(question: str, seen: int, names: Mapping[int, str], summaries: Mapping[int, str],
+                   look_matches: int) -> list[int]:
+    """The earlier images a question brings back: those it names (referenced_images), else, with
+    --look-matches, those whose summaries match it (matching_summaries)."""
+    named = referenced_images(question, seen, names)
+    return named or matching_summaries(question, summaries, look_matches)
+
+
 def matching_summaries(question: str, summaries: Mapping[int, str], most: int) -> list[int]:
     """The numbers of the earlier images whose summaries share the most words with a question
     that names none (at least MIN_SHARED_WORDS, and half the question's own words when it has

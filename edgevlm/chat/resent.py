@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from edgevlm.chat.conversation import Conversation
-from edgevlm.chat.look import matching_summaries, referenced_images
+from edgevlm.chat.look import images_to_show
 from edgevlm.chat.records import (
     PrefillProgress,
     ReadAhead,
@@ -211,12 +211,10 @@ class ResentChat:
         if turn.look is None and turn.images:
             return []  # a message's own images are numbered within it: "image 2" may be one of them
         names = {number: images[0].image.path.name for number, (_, images) in enumerate(uploads, start=1)}
-        named = turn.look if turn.look is not None else referenced_images(turn.question, len(uploads), names)
         held = {image.index: image for record in self.conversation.records for image in record.shown}
-        most = self.conversation.settings.look_matches
-        if turn.look is None and not named and most:  # --look-matches: summaries that match it
-            summaries = {n: image.summary for n, image in held.items() if image.summary and n <= len(uploads)}
-            named = matching_summaries(turn.question, summaries, most)
+        summaries = {n: image.summary for n, image in held.items() if image.summary and n <= len(uploads)}
+        named = turn.look if turn.look is not None else images_to_show(
+            turn.question, len(uploads), names, summaries, self.conversation.settings.look_matches)
         found = []
         for number in named:
             _group, images = uploads[number - 1]

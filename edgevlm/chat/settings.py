@@ -68,8 +68,10 @@ class Merge:
             raise ConfigError("merge names no task", settings=("merge",))
 
     @classmethod
-    def parse(cls, text: str) -> Merge | None:
-        """`0.25`, `0.25:chat,ocr`, or `off` (None); ConfigError naming what is wrong."""
+    def parse(cls, text: str | None) -> Merge | None:
+        """`0.25`, `0.25:chat,ocr`, or `off` or no flag at all (None); ConfigError naming what is wrong."""
+        if text is None:
+            return None
         share, _, tasks = text.strip().partition(":")
         if share.lower() in ("off", "none", "1", "1.0"):
             return None

@@ -175,17 +175,16 @@ class SummarySwap:
         grid's, give the first view alone."""
         block = [self._ledger[i] for i in range(first, end)]
         views = [i for i, s in enumerate(block) if s.embedding is not None]
-        if not views:
-            return ()
         embeddings = [e for e in (s.embedding for s in block) if e is not None]
+        if not embeddings:
+            return ()
         whole = embeddings[0]
         if len(embeddings) > 1 and all(e.positions is None for e in embeddings):
             whole = ImageEmbedding(np.concatenate([e.rows for e in embeddings]),
                                    non_causal=any(e.non_causal for e in embeddings))
         small = whole.merged(self.thumbnail_tokens / whole.n_tokens)
         opening = [Segment("thumbnail", live.turn, s.tokens, slot=live.slot) for s in block[:views[0]]]
-        closing = [Segment("thumbnail", live.turn, s.tokens, slot=live.slot) for s in block[views[-1] + 1:]
-                   if s.embedding is None]
+        closing = [Segment("thumbnail", live.turn, s.tokens, slot=live.slot) for s in block[views[-1] + 1:]]
         return (*opening, Segment("thumbnail", live.turn, embedding=small, slot=live.slot), *closing)
 
     def caption_reserve(self, n_images: int = 1) -> int:

@@ -213,7 +213,7 @@ def _describe_settings(max_tokens: int, sampling: tuple[float, int | None], max_
     from edgevlm.chat.settings import ChatSettings, Merge
 
     return ChatSettings(max_tokens, _sampling(*sampling), max_tiles, pool, detail=task,
-                        frame_tokens=frame_tokens, merge=Merge.parse(merge) if merge else None)
+                        frame_tokens=frame_tokens, merge=Merge.parse(merge))
 
 
 @dataclass(frozen=True)
@@ -490,7 +490,7 @@ def chat(
         settings = ChatSettings(
             max_tokens=max_tokens, sampling=_sampling(temperature, seed), max_tiles=max_tiles,
             summary=SummaryMode(summary), keep_images=keep_images, system=system, pool=pool_factor,
-            detail=task, frame_tokens=frame_tokens, merge=Merge.parse(merge) if merge else None,
+            detail=task, frame_tokens=frame_tokens, merge=Merge.parse(merge),
             keep_thumbnails=keep_thumbnails, look_matches=look_matches)
         max_pixels()  # a bad EDGEVLM_MAX_PIXELS is refused before anything loads
         if stats_json is not None:
@@ -541,7 +541,7 @@ def serve(
                             pool=_pool_option(ctx, pool),
                             sampling=Sampling(temperature=temperature), summary=SummaryMode(summary),
                             detail=_parsed(ctx, "detail", detail, opt.parse_detail),
-                            merge=Merge.parse(merge) if merge else None, keep_thumbnails=keep_thumbnails,
+                            merge=Merge.parse(merge), keep_thumbnails=keep_thumbnails,
                             look_matches=look_matches)
         settings = ServeSettings(chat=chat, host=host, port=port, api_key=api_key, media_dir=media_dir,
                                  max_queue=max_queue, max_body_mb=max_body_mb, cache=not no_cache)

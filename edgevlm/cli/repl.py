@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 from rich.console import Console
 
 from edgevlm.chat.conversation import DEFAULT_QUESTION, Conversation
-from edgevlm.chat.look import matching_summaries, referenced_images
+from edgevlm.chat.look import images_to_show
 from edgevlm.chat.records import PrefillProgress, ReadAhead, ShownImage, TurnRecord, TurnStats, to_plain
 from edgevlm.chat.settings import Merge, SettingsChange
 from edgevlm.chat.worker import SequenceWorker
@@ -357,11 +357,9 @@ class ChatRepl:
         """The earlier images a question names; with --look-matches, else those whose summaries
         match it (chat/look.py)."""
         shown = [image for record in self.conversation.records for image in record.shown]
-        named = referenced_images(question, self.conversation.images_seen, {s.index: s.image for s in shown})
-        if named or not self.conversation.settings.look_matches:
-            return named
-        summaries = {s.index: s.summary for s in shown if s.summary}
-        return matching_summaries(question, summaries, self.conversation.settings.look_matches)
+        return images_to_show(question, self.conversation.images_seen, {s.index: s.image for s in shown},
+                              {s.index: s.summary for s in shown if s.summary},
+                              self.conversation.settings.look_matches)
 
     def _look(self, question: str, numbers: Sequence[int], *, asked: bool = False) -> None:
         """A question about earlier images: each one named that is a summary by now is shown again
