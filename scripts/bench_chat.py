@@ -100,10 +100,11 @@ def run_edgevlm(turns: int, max_tokens: int, n_ctx: int, threads: int, *,
         latency = time.perf_counter() - started
         swap_s = chat.summarise_pending()  # what a REPL does while the user reads the answer
         chat.check()
-        rows.append({"turn": turn, "prefill_tokens": stats.prefill_tokens, "kv_tokens": chat.kv_tokens,
-                     "visual_tokens": stats.visual_tokens, "latency_s": round(latency, 3),
+        rows.append({"turn": turn, "prefill_tokens": stats.request.prefill_tokens,
+                     "kv_tokens": chat.kv_tokens,
+                     "visual_tokens": stats.request.visual_tokens, "latency_s": round(latency, 3),
                      "swap_s": round(swap_s, 3), "latency_with_swap_s": round(latency + swap_s, 3),
-                     "ttft_s": round(stats.ttft_s, 3)})
+                     "ttft_s": round(stats.request.ttft_s, 3)})
     engine.close()
     return rows
 

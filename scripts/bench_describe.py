@@ -69,11 +69,12 @@ def run_edgevlm(describer: Describer, photo: Path, max_tokens: int) -> Run:
     result = describer.describe(image, PROMPT, started=started)
     total = time.perf_counter() - started
     # Only the tokens decoded in this request: the cached system prompt cost nothing here.
-    return Run(result.ttft_s, result.prompt_tokens - result.cached_tokens, result.completion_tokens, total,
-               {"grid": result.grid, "visual_tokens": result.visual_tokens,
-                "preprocess_s": result.preprocess_s, "clip_encode_s": result.clip_encode_s,
-                "prefill_s": result.prefill_s, "prefill_tok_s": result.prefill_tok_s,
-                "decode_tok_s": result.decode_tok_s, "n_tiles": result.n_tiles})
+    return Run(result.request.ttft_s, result.prompt_tokens - result.cache.cached_tokens,
+               result.completion_tokens, total,
+               {"grid": result.shown.grid, "visual_tokens": result.request.visual_tokens,
+                "preprocess_s": result.request.preprocess_s, "clip_encode_s": result.request.clip_encode_s,
+                "prefill_s": result.request.prefill_s, "prefill_tok_s": result.request.prefill_tok_s,
+                "decode_tok_s": result.request.decode_tok_s, "n_tiles": result.shown.n_tiles})
 
 
 def run_stock(llm: object, data_uri: str, max_tokens: int) -> Run:

@@ -105,11 +105,12 @@ def edgevlm_run(pdf: Path) -> dict[str, object]:
     loaded.engine.close()
     return {
         "pages": len(read), "read_s": read_s,
-        "page_prefill": [e.result.prompt_tokens - e.result.cached_tokens for e in read],
-        "page_ttft_s": [e.result.ttft_s for e in read],
+        "page_prefill": [e.result.prompt_tokens - e.result.cache.cached_tokens for e in read],
+        "page_ttft_s": [e.result.request.ttft_s for e in read],
         "peak_cells": max(cells), "cells_page2": cells[1], "cells_last_page": cells[len(read) - 1],
-        "answer_prefill": answer.prompt_tokens - answer.cached_tokens, "answer_ttft_s": answer.ttft_s,
-        "answer_visual": answer.visual_tokens, "shown_again": answer.images,
+        "answer_prefill": answer.prompt_tokens - answer.cache.cached_tokens,
+        "answer_ttft_s": answer.request.ttft_s,
+        "answer_visual": answer.request.visual_tokens, "shown_again": answer.images,
         "encodes_for_answer": encoder.stats().misses - misses_before,
     }
 

@@ -85,11 +85,11 @@ def edgevlm_run(clip: Path, seconds: int) -> dict[str, object]:
     parts = [ReadPage(event.path, event.result.text) for event in read]
     answer = ask_document(describer, parts, question, page_room=room, on_event=lambda _e: None)
     loaded.engine.close()
-    prefill = [e.result.prompt_tokens - e.result.cached_tokens for e in read]
+    prefill = [e.result.prompt_tokens - e.result.cache.cached_tokens for e in read]
     return {"windows": len(read), "read_s": read_s, "prefill": (min(prefill), max(prefill)),
             "cells": (cells[0], cells[-1], max(cells)), "rss_rise_mib": rss_rise_mib,
-            "question": question, "answer_prefill": answer.prompt_tokens - answer.cached_tokens,
-            "answer_ttft_s": answer.ttft_s, "answer_encodes": encoder.stats().misses - misses}
+            "question": question, "answer_prefill": answer.prompt_tokens - answer.cache.cached_tokens,
+            "answer_ttft_s": answer.request.ttft_s, "answer_encodes": encoder.stats().misses - misses}
 
 
 def llama_server_runs(clips: dict[int, Path]) -> dict[int, str]:

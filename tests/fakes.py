@@ -166,7 +166,7 @@ class FakeSequence:
 
     def eval_text(self, tokens: list[int]) -> None:
         self._decode(tokens, list(range(self._n_past, self._n_past + len(tokens))), len(tokens))
-        self._meter.prompt_tokens += len(tokens)
+        self._meter.prefill_tokens += len(tokens)
 
     def eval_embedding(self, embedding: ImageEmbedding) -> int:
         if embedding.rows.shape[1] != N_EMBD:
@@ -175,7 +175,7 @@ class FakeSequence:
         at = (positions[:, 0].tolist() if positions is not None
               else list(range(self._n_past, self._n_past + embedding.n_tokens)))
         self._decode([IMAGE] * embedding.n_tokens, at, embedding.n_positions)
-        self._meter.prompt_tokens += embedding.n_tokens
+        self._meter.prefill_tokens += embedding.n_tokens
         self._meter.visual_tokens += embedding.n_tokens
         return embedding.n_tokens
 
@@ -321,7 +321,7 @@ class FakeSequence:
         try:
             yield
         finally:
-            kept.aside_tokens += self._meter.prompt_tokens
+            kept.aside_prefill_tokens += self._meter.prefill_tokens
             self._meter = kept
             kept.started += time.perf_counter() - began
 

@@ -88,7 +88,7 @@ def test_generation_stops_at_max_tokens_and_at_the_context(test_models: dict[str
             list(sequence.generate(100))
             assert sequence.n_past <= sequence.n_ctx
             stats = sequence.stats()
-            assert stats.prompt_tokens >= 20 and stats.completion_tokens > 0
+            assert stats.prefill_tokens >= 20 and stats.completion_tokens > 0
             sequence.truncate(0)
 
 

@@ -29,11 +29,13 @@ from edgevlm.chat.ledger import KvLedger, LedgerSequence
 from edgevlm.chat.prefix import ImagePrefixes, PrefixSequence
 from edgevlm.chat.prompts import PromptFormat
 from edgevlm.chat.records import (
+    CacheFigures,
     LiveImage,
     PrefillProgress,
     PreparedImage,
     ReadAhead,
     Segment,
+    ShownFigures,
     ShownImage,
     TurnParts,
     TurnRecord,
@@ -408,7 +410,7 @@ class Conversation:
         self.ledger.mark()
         stats = self._turn_stats(parts.turn, done, generated, completion_tokens=len(answer_tokens),
                                  prompt_tokens=prompt_tokens)
-        stats = replace(stats, shown_again=tuple(earlier.index for earlier in again if earlier))
+        stats = replace(stats, shown=replace(stats.shown, shown_again=tuple(e.index for e in again if e)))
         self._keep_turn(stats, question, answer, loaded, interrupted=interrupted, transcribed=transcribed,
                         again=again)
         if on_answered is not None:
@@ -439,7 +441,7 @@ class Conversation:
         parts = replace(parts, fixed=parts.fixed + reserve)  # the views leave room for the question
         done = self._prefill_turn(parts, loaded, prepared, on_progress, with_question=False)
         decoded = self.sequence.stats()
-        read = ReadAhead(len(loaded), sum(done.image_tokens), decoded.prompt_tokens, decoded.clip_encodes,
+        read = ReadAhead(len(loaded), sum(done.image_tokens), decoded.prefill_tokens, decoded.clip_encodes,
                          time.perf_counter() - began, done.prefix)
         self._read = _PendingRead(tuple(loaded), len(self.ledger), parts.head, parts.labels,
                                   replace(done, read_s=read.read_s, read_tokens=read.prefill_tokens), read)
@@ -739,27 +741,21 @@ class Conversation:
     def _turn_stats(self, turn: int, done: _Prefilled, generated: RequestStats, *,
                     completion_tokens: int, prompt_tokens: int) -> TurnStats:
         plan, tiles = done.plan, done.tiles
-        return TurnStats(
-            turn=turn, prefill_tokens=generated.prompt_tokens, kv_tokens=self.kv_tokens,
-            visual_tokens_live=self.visual_tokens_live, clip_encodes=generated.clip_encodes,
-            ttft_s=generated.ttft_s, decode_tok_s=generated.decode_tok_s, summary_wait_s=done.wait_s,
-            completion_tokens=completion_tokens, visual_tokens=generated.visual_tokens,
-            prompt_tokens=prompt_tokens, grid=plan.grid if plan else (0, 0),
-            n_tiles=plan.n_tiles if plan else 0, dropped_turns=done.dropped,
-            preprocess_s=generated.preprocess_s, clip_encode_s=generated.clip_encode_s,
-            prefill_s=generated.prefill_s, decode_s=generated.decode_s,
-            prefill_tok_s=generated.prefill_tok_s, pool=plan.pool if plan else 1,
-            merge=self._settings.merge_share if plan else None,
+        shown = ShownFigures(
+            grid=plan.grid if plan else (0, 0), n_tiles=plan.n_tiles if plan else 0,
+            pool=plan.pool if plan else 1, merge=self._settings.merge_share if plan else None,
             tile_tokens=tiles.tile_tokens, tile_prefill_s=tiles.tile_prefill_s,
-            itl_p50_s=generated.itl_p50_s, itl_p90_s=generated.itl_p90_s,
-            layout=plan.layout if plan else "",
-            cached_tokens=max(prompt_tokens - generated.prompt_tokens, 0),
+            layout=plan.layout if plan else "", canvas_size=plan.canvas_size if plan else (0, 0),
+            image_box=plan.image_box if plan else (0, 0, 0, 0), image_tokens=done.image_tokens,
+            canvas_sizes=done.canvases)
+        cache = CacheFigures(
+            kv_tokens=self.kv_tokens, visual_tokens_live=self.visual_tokens_live,
             summary_tokens_live=self.summary_tokens_live, thumbnail_tokens_live=self.thumbnail_tokens_live,
-            canvas_size=plan.canvas_size if plan else (0, 0),
-            image_box=plan.image_box if plan else (0, 0, 0, 0),
-            prefix_cache=done.prefix, restore_s=generated.restore_s,
-            aside_prefill_tokens=generated.aside_tokens, image_tokens=done.image_tokens,
-            canvas_sizes=done.canvases, read_ahead_s=done.read_s, read_ahead_tokens=done.read_tokens)
+            cached_tokens=max(prompt_tokens - generated.prefill_tokens, 0), dropped_turns=done.dropped,
+            prefix_cache=done.prefix, summary_wait_s=done.wait_s, read_ahead_s=done.read_s,
+            read_ahead_tokens=done.read_tokens)
+        return TurnStats(turn=turn, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                         request=generated, shown=shown, cache=cache)
 
 
 @dataclass(frozen=True)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from PIL import Image
 
 from edgevlm.store.prefix_cache import PrefixTier
 from edgevlm.values.embedding import ImageEmbedding
+from edgevlm.values.stats import PART, RequestStats, figures
 from edgevlm.vision.images import LoadedImage, clock
 from edgevlm.vision.layout import Detail, ImagePlan
 
@@ -70,49 +71,53 @@ class PreparedImage:
 
 
 @dataclass(frozen=True)
-class TurnStats:
-    """What one turn cost and what it left in the cache (an earlier image's summary is made in
-    idle time, apart; a turn that had to wait for one says so in summary_wait_s)."""
+class ShownFigures:
+    """How a turn's images were shown: the first image's grid, tiles and layout, and each
+    image's visual tokens and canvas."""
 
-    turn: int
-    prefill_tokens: int
-    kv_tokens: int
-    visual_tokens_live: int
-    clip_encodes: int
-    ttft_s: float
-    decode_tok_s: float
-    completion_tokens: int
-    visual_tokens: int
-    prompt_tokens: int
     grid: tuple[int, int] = (0, 0)
     n_tiles: int = 0
-    dropped_turns: int = 0
-    preprocess_s: float = 0.0
-    clip_encode_s: float = 0.0
-    prefill_s: float = 0.0
-    decode_s: float = 0.0
-    prefill_tok_s: float = 0.0
     pool: int = 1
     merge: float | None = None  # the share of each view's visual tokens kept by --merge (None: all)
     tile_tokens: int = 0  # visual tokens of the local tiles (the global view excluded)
     tile_prefill_s: float = 0.0  # decoding the local tiles' rows, labels excluded
-    itl_p50_s: float = 0.0
-    itl_p90_s: float = 0.0
-    summary_wait_s: float = 0.0  # waited for an earlier image's summary before this turn (not in TTFT)
     layout: str = ""  # how the image was shown (llava-1.5-tiles, llava-next); "" without one
-    cached_tokens: int = 0  # prompt positions reused from the cache rather than decoded
-    summary_tokens_live: int = 0  # positions held by summaries of earlier images
-    thumbnail_tokens_live: int = 0  # visual positions of earlier images' thumbnails (in visual_tokens_live)
     canvas_size: tuple[int, int] = (0, 0)  # the tiles' canvas, (0, 0) for the global view alone
     image_box: tuple[int, int, int, int] = (0, 0, 0, 0)  # where the image sits on that canvas
-    aside_prefill_tokens: int = 0  # decoded for an earlier image's summary swap before this turn
-    prefix_cache: PrefixTier = PrefixTier.NONE  # where the image block came from (RAM, disk, none)
-    restore_s: float = 0.0  # restoring it (part of TTFT; prefill_s is what was decoded)
     image_tokens: tuple[int, ...] = ()  # each of the turn's images' visual tokens, in order
     canvas_sizes: tuple[tuple[int, int], ...] = ()  # … and each one's canvas (canvas_size for all)
     shown_again: tuple[int, ...] = ()  # the numbers of earlier images shown again (chat/look.py)
+
+
+@dataclass(frozen=True)
+class CacheFigures:
+    """What a turn found in the cache and left there (an earlier image's summary is made in idle
+    time, apart; a turn that had to wait for one says so in summary_wait_s)."""
+
+    kv_tokens: int = 0
+    visual_tokens_live: int = 0
+    summary_tokens_live: int = 0  # positions held by summaries of earlier images
+    thumbnail_tokens_live: int = 0  # visual positions of earlier images' thumbnails (in visual_tokens_live)
+    cached_tokens: int = 0  # prompt positions reused from the cache rather than decoded
+    dropped_turns: int = 0
+    prefix_cache: PrefixTier = PrefixTier.NONE  # where the image block came from (RAM, disk, none)
+    summary_wait_s: float = 0.0  # waited for an earlier image's summary before this turn (not in TTFT)
     read_ahead_s: float = 0.0  # its images were read before the question came, in this long (not in TTFT)
     read_ahead_tokens: int = 0  # … and these positions prefilled then (prefill_tokens is the question's)
+
+
+@dataclass(frozen=True)
+class TurnStats:
+    """What one turn cost and what it left in the cache, as parts: what the engine measured
+    (request), how the images were shown (shown), what the cache held (cache). `figures`
+    (values/stats.py) flattens it for --json, the transcript and the API."""
+
+    turn: int
+    prompt_tokens: int  # the prompt's positions, those reused from the cache included
+    completion_tokens: int  # the answer's tokens as kept
+    request: RequestStats = field(metadata=PART)
+    shown: ShownFigures = field(default=ShownFigures(), metadata=PART)
+    cache: CacheFigures = field(default=CacheFigures(), metadata=PART)
 
 
 @dataclass(frozen=True)
@@ -322,9 +327,10 @@ class LiveImage:
 
 
 def to_plain(record: object) -> dict[str, Any]:
-    """Any stats record (a dataclass) as JSON's plain values, the one way: tuples as lists, and
-    floats rounded to 4 places for reading (--json, --stats-json, the transcript, bench)."""
-    return plain_value(asdict(record))  # type: ignore[call-overload]  # any dataclass instance
+    """Any stats record (a dataclass) as JSON's plain values, the one way: its parts' figures
+    lifted to the top (values/stats.py:figures), tuples as lists, and floats rounded to 4 places
+    for reading (--json, --stats-json, the transcript, bench)."""
+    return plain_value(figures(record))
 
 
 def plain_value(value: Any) -> Any:

@@ -159,7 +159,7 @@ class ResentChat:
         try:
             records = self._records(turn.past[dropped:], images_before=sum(
                 len(grouped(p.images)) for p in turn.past[:dropped]))
-            side_work = conversation.sequence.stats().prompt_tokens  # summaries made, rolled back
+            side_work = conversation.sequence.stats().prefill_tokens  # summaries made, rolled back
             conversation.replay(records)
         except (Interrupted, KeyboardInterrupt):
             # Stopped mid-history (the client left): a turn may be half in the cache, so the
@@ -333,9 +333,9 @@ def _record(number: int, past: PastTurn, first_image: int,
 def _reused(stats: TurnStats, side_work: int, dropped: int) -> TurnStats:
     """Cached tokens exactly (prompt positions minus those decoded for this prompt), and the
     turns dropped: the history's oldest, before the work, and any the cache shifted out."""
-    decoded = stats.prefill_tokens - side_work
-    return replace(stats, cached_tokens=max(stats.prompt_tokens - decoded, 0),
-                   dropped_turns=stats.dropped_turns + dropped)
+    decoded = stats.request.prefill_tokens - side_work
+    return replace(stats, cache=replace(stats.cache, cached_tokens=max(stats.prompt_tokens - decoded, 0),
+                                        dropped_turns=stats.cache.dropped_turns + dropped))
 
 
 def _frame_labels(scaffold: FrameScaffold, images: tuple[ChatImage, ...]) -> list[str | None]:

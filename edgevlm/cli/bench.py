@@ -280,17 +280,18 @@ def _median_run(label: str, samples: list[DescribeResult]) -> DescribeRun:
         return statistics.median(get(r) for r in samples)
 
     first = samples[0]
-    views = 1 + first.n_tiles
+    views = 1 + first.shown.n_tiles
     return DescribeRun(
-        label=label, pool=first.pool, grid=first.grid, n_tiles=first.n_tiles,
-        visual_tokens=first.visual_tokens, tile_tokens=first.tile_tokens,
-        prefill_tokens=first.prompt_tokens - first.cached_tokens,
-        decode_image_s=med(lambda r: r.read_s), preprocess_s=med(lambda r: r.preprocess_s),
-        clip_encode_s=med(lambda r: r.clip_encode_s),
-        clip_per_view_s=med(lambda r: r.clip_encode_s / views), prefill_s=med(lambda r: r.prefill_s),
-        prefill_tok_s=med(lambda r: r.prefill_tok_s), tile_prefill_s=med(lambda r: r.tile_prefill_s),
-        ttft_s=med(lambda r: r.ttft_s), decode_tok_s=med(lambda r: r.decode_tok_s),
-        itl_p50_s=med(lambda r: r.itl_p50_s), itl_p90_s=med(lambda r: r.itl_p90_s),
+        label=label, pool=first.shown.pool, grid=first.shown.grid, n_tiles=first.shown.n_tiles,
+        visual_tokens=first.request.visual_tokens, tile_tokens=first.shown.tile_tokens,
+        prefill_tokens=first.prompt_tokens - first.cache.cached_tokens,
+        decode_image_s=med(lambda r: r.read_s), preprocess_s=med(lambda r: r.request.preprocess_s),
+        clip_encode_s=med(lambda r: r.request.clip_encode_s),
+        clip_per_view_s=med(lambda r: r.request.clip_encode_s / views),
+        prefill_s=med(lambda r: r.request.prefill_s), prefill_tok_s=med(lambda r: r.request.prefill_tok_s),
+        tile_prefill_s=med(lambda r: r.shown.tile_prefill_s),
+        ttft_s=med(lambda r: r.request.ttft_s), decode_tok_s=med(lambda r: r.request.decode_tok_s),
+        itl_p50_s=med(lambda r: r.request.itl_p50_s), itl_p90_s=med(lambda r: r.request.itl_p90_s),
         completion_tokens=first.completion_tokens)
 
 
@@ -307,9 +308,10 @@ def _chat_scenario(loaded: Loaded, image_path: Path, *, turns: int,
         question = BENCH_PROMPT if with_image else FOLLOW_UPS[(turn // 2 - 1) % len(FOLLOW_UPS)]
         _, stats = conversation.ask(question, image=image, started=started)
         summary_s = conversation.summarise_pending()  # as while the user reads and types
-        out.append(BenchChatTurn(turn=turn, image=with_image, prefill_tokens=stats.prefill_tokens,
-                            ttft_s=stats.ttft_s, summary_s=summary_s, kv_tokens=conversation.kv_tokens,
-                            visual_tokens_live=conversation.visual_tokens_live))
+        out.append(BenchChatTurn(turn=turn, image=with_image, prefill_tokens=stats.request.prefill_tokens,
+                                 ttft_s=stats.request.ttft_s, summary_s=summary_s,
+                                 kv_tokens=conversation.kv_tokens,
+                                 visual_tokens_live=conversation.visual_tokens_live))
     conversation.reset()
     return tuple(out)
 

@@ -19,13 +19,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 
 if TYPE_CHECKING:  # imported lazily at run time: `edgevlm --help` must not load llama.cpp
-    from edgevlm.chat.records import PrefillProgress
+    from edgevlm.chat.records import CacheFigures, PrefillProgress, ShownFigures
     from edgevlm.cli.bench import BenchReport
     from edgevlm.describe.describer import DescribeResult
     from edgevlm.describe.folders import BatchEvent, BatchSummary
     from edgevlm.planning.values import Plan
     from edgevlm.planning.verify import Check
     from edgevlm.runtime.loading import Loaded, ModelFlags
+    from edgevlm.values.stats import RequestStats
     from edgevlm.vision.boxes import FoundBox
     from edgevlm.vision.sources import Source
 
@@ -38,21 +39,41 @@ def write_stdout(text: str) -> None:
     sys.stdout.flush()
 
 
+def shown_text(shown: ShownFigures, visual_tokens: int) -> str:
+    """How a turn's (first) image was shown: its grid and tiles, its family's layout, or text only."""
+    if not visual_tokens and not shown.n_tiles:  # a follow-up, or a question over transcripts alone
+        return "text only"
+    if shown.layout.startswith("mtmd-"):  # laid out by mtmd for its family: no tiles of edgevlm's own
+        return f"{shown.layout} layout"
+    if not shown.n_tiles:
+        return "global view only"
+    pooled = f", pooled {shown.pool}x{shown.pool}" if shown.pool > 1 else ""
+    return f"{shown.grid[0]}x{shown.grid[1]} grid ({shown.n_tiles} tiles{pooled})"
+
+
+def cost_line(seen: str, done: RequestStats, cache: CacheFigures, *, prompt_tokens: int,
+              completion_tokens: int) -> str:
+    """What a turn cost, as describe and chat both print it: how the image was shown, the time
+    to first token with what made it (the prefill, CLIP, an image prefix restored instead of
+    prefilled), and the decode apart."""
+    visual = f", {done.visual_tokens} visual tokens" if done.visual_tokens else ""
+    reused = {"ram": f", image prefix from RAM in {done.restore_s:.2f} s",
+              "disk": f", image prefix from disk in {done.restore_s:.2f} s",
+              "context": ", image block reused"}.get(cache.prefix_cache, "")
+    prefilled = prompt_tokens - cache.cached_tokens
+    return (f"{seen}{visual} | TTFT {done.ttft_s:.2f} s (prefill {prefilled} tok at "
+            f"{done.prefill_tok_s:.0f} tok/s, CLIP {done.clip_encode_s:.2f} s{reused}) | "
+            f"decode {done.decode_tok_s:.1f} tok/s, {completion_tokens} tokens")
+
+
 def stats_line(r: DescribeResult) -> str:
-    """One image's grid, tokens, time to first token (with prefill) and decode speed."""
+    """One image's stats line: its name (a page, a clip's stretch, the images shown together)
+    and what it cost (cost_line)."""
     from edgevlm.vision.images import clock
 
-    pooled = f", pooled {r.pool}x{r.pool}" if r.pool > 1 else ""
-    grid = f"{r.grid[0]}x{r.grid[1]} grid ({r.n_tiles} tiles{pooled})" if r.n_tiles else "global view only"
-    if r.layout.startswith("mtmd-"):  # laid out by mtmd for its family: no tiles of edgevlm's own
-        grid = f"{r.layout} layout"
-    reused = {"ram": f", image prefix from RAM in {r.restore_s:.2f} s",
-              "disk": f", image prefix from disk in {r.restore_s:.2f} s",
-              "context": ", image block reused"}.get(r.prefix_cache, "")
+    seen = shown_text(r.shown, r.request.visual_tokens)
     if len(r.images) > 1:  # --together: the first image's grid, and what each image took
-        grid = f"{len(r.images)} images ({' + '.join(map(str, r.image_tokens))} tokens), first: {grid}"
-    if not r.visual_tokens and not r.n_tiles:  # a question over a document's transcripts alone
-        grid = "text only"
+        seen = f"{len(r.images)} images ({' + '.join(map(str, r.shown.image_tokens))} tokens), first: {seen}"
     page = f", page {r.page}" if r.page else ""
     names = " + ".join(Path(name).name.replace("#page=", ", page ") for name in r.images)
     names = names or Path(r.image).name + page
@@ -60,14 +81,13 @@ def stats_line(r: DescribeResult) -> str:
         dropped = f", {r.skipped_frames} dropped as duplicates" if r.skipped_frames else ""
         dropped += f", {r.left_out_frames} left out to fit" if r.left_out_frames else ""
         names = f"{Path(r.image).name}, {clock(r.window[0])}–{clock(r.window[1])}"
-        blocks = len(r.image_tokens)
+        blocks = len(r.shown.image_tokens)
         merged = f" in {blocks} blocks" if 0 < blocks != len(r.frame_times_s) else ""  # Qwen's pairs
-        tokens = " + ".join(map(str, r.image_tokens))
-        grid = f"{len(r.frame_times_s)} frames{merged} ({tokens} tokens{dropped})"
-    return (f"[dim]{escape(names)}: {grid}, {r.visual_tokens} visual tokens | "
-            f"TTFT {r.ttft_s:.2f} s (prefill {r.prompt_tokens - r.cached_tokens} tok at "
-            f"{r.prefill_tok_s:.0f} tok/s, CLIP {r.clip_encode_s:.2f} s{reused}) | "
-            f"decode {r.decode_tok_s:.1f} tok/s, {r.completion_tokens} tokens[/]")
+        tokens = " + ".join(map(str, r.shown.image_tokens))
+        seen = f"{len(r.frame_times_s)} frames{merged} ({tokens} tokens{dropped})"
+    costs = cost_line(seen, r.request, r.cache, prompt_tokens=r.prompt_tokens,
+                      completion_tokens=r.completion_tokens)
+    return f"[dim]{escape(names)}: {escape(costs)}[/]"
 
 
 @contextlib.contextmanager

@@ -21,7 +21,7 @@ from edgevlm.chat.records import PrefillProgress, ReadAhead, ShownImage, TurnRec
 from edgevlm.chat.settings import Merge, SettingsChange
 from edgevlm.chat.worker import SequenceWorker
 from edgevlm.cli.options import flag_word, parse_detail, parse_pool, parse_tiles
-from edgevlm.cli.render import PrefillDisplay
+from edgevlm.cli.render import PrefillDisplay, cost_line, shown_text
 from edgevlm.cli.repl_help import HELP
 from edgevlm.describe.describer import DOCUMENT_PROMPT, VIDEO_PROMPT
 from edgevlm.errors import ConfigError, EdgeVLMError, EngineError, Interrupted, UserError, in_words, one_line
@@ -525,9 +525,10 @@ class ChatRepl:
                        highlight=False)
         last = self.last_stats
         if last is not None:
-            wait = f" · waited {last.summary_wait_s:.2f} s for a summary" if last.summary_wait_s else ""
-            self.err.print(f"last turn: TTFT {last.ttft_s:.2f} s (prefill {last.prefill_tokens} tokens in "
-                           f"{last.prefill_s:.2f} s) · decode {last.decode_tok_s:.1f} tok/s{wait}",
+            done, waited = last.request, last.cache.summary_wait_s
+            wait = f" · waited {waited:.2f} s for a summary" if waited else ""
+            self.err.print(f"last turn: TTFT {done.ttft_s:.2f} s (prefill {done.prefill_tokens} tokens in "
+                           f"{done.prefill_s:.2f} s) · decode {done.decode_tok_s:.1f} tok/s{wait}",
                            highlight=False, markup=False)
         self.err.print("every number of every turn: --stats-json FILE", style="dim", highlight=False)
 
@@ -643,27 +644,23 @@ def _split_path(text: str) -> tuple[str, str]:
 
 
 def _brief(stats: TurnStats, n_ctx: int) -> str:
-    parts = [f"TTFT {stats.ttft_s:.2f} s", f"{stats.decode_tok_s:.1f} tok/s",
-             f"KV {stats.kv_tokens}/{n_ctx}"]
-    if stats.visual_tokens:
-        parts.insert(0, f"{stats.visual_tokens} visual tokens"
-                     + (f" ({stats.grid[0]}x{stats.grid[1]} tiles"
-                        + (f", pooled {stats.pool}x{stats.pool})" if stats.pool > 1 else ")")
-                        if stats.n_tiles else ""))
-    if stats.prefix_cache in ("ram", "disk"):
-        tier = "RAM" if stats.prefix_cache == "ram" else "disk"
-        parts.append(f"photo's prefix from {tier} in {stats.restore_s:.2f} s")
-    if stats.shown_again:
-        numbers = ", ".join(map(str, stats.shown_again))
-        parts.append(f"image{'s' if len(stats.shown_again) > 1 else ''} {numbers} shown again "
-                     f"({stats.clip_encodes} encodes)")
-    if stats.read_ahead_s:
-        parts.append(f"read ahead in {stats.read_ahead_s:.2f} s ({stats.read_ahead_tokens} tokens)")
-    if stats.summary_wait_s:
-        parts.append(f"waited {stats.summary_wait_s:.2f} s for the earlier photo's summary")
-    if stats.dropped_turns:
-        parts.append(f"{stats.dropped_turns} old turn(s) dropped")
-    return " · ".join(parts)
+    """The turn's stats line: what it cost as describe says it (render.cost_line), then what a
+    chat adds: the cache it left, images shown again, a read ahead, waits and dropped turns."""
+    done, shown, cache = stats.request, stats.shown, stats.cache
+    costs = cost_line(shown_text(shown, done.visual_tokens), done, cache, prompt_tokens=stats.prompt_tokens,
+                      completion_tokens=stats.completion_tokens)
+    parts = [f"KV {cache.kv_tokens}/{n_ctx}"]
+    if shown.shown_again:
+        numbers = ", ".join(map(str, shown.shown_again))
+        parts.append(f"image{'s' if len(shown.shown_again) > 1 else ''} {numbers} shown again "
+                     f"({done.clip_encodes} encodes)")
+    if cache.read_ahead_s:
+        parts.append(f"read ahead in {cache.read_ahead_s:.2f} s ({cache.read_ahead_tokens} tokens)")
+    if cache.summary_wait_s:
+        parts.append(f"waited {cache.summary_wait_s:.2f} s for the earlier photo's summary")
+    if cache.dropped_turns:
+        parts.append(f"{cache.dropped_turns} old turn(s) dropped")
+    return _escape(costs) + " | " + " · ".join(parts)
 
 
 def _escape(text: str) -> str:

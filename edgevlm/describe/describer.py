@@ -14,17 +14,27 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from edgevlm.chat.conversation import DEFAULT_QUESTION, Conversation
-from edgevlm.chat.records import PrefillProgress, PreparedImage, ShownImage, TurnRecord, TurnStats, to_plain
+from edgevlm.chat.records import (
+    CacheFigures,
+    PrefillProgress,
+    PreparedImage,
+    ShownFigures,
+    ShownImage,
+    TurnRecord,
+    TurnStats,
+    to_plain,
+)
 from edgevlm.chat.settings import ChatSettings, SettingsChange
 from edgevlm.chat.structured import TEXT, OutputFormat, answer_tokens_needed
 from edgevlm.chat.worker import SequenceWorker
 from edgevlm.errors import ImageError, Interrupted
 from edgevlm.store.prefix_cache import PrefixCache
+from edgevlm.values.stats import PART, RequestStats
 from edgevlm.vision.boxes import BoxGeometry, FoundBox, Grounding, found_boxes
 from edgevlm.vision.documents import DocumentPage
 from edgevlm.vision.images import LoadedImage, clock
@@ -56,42 +66,26 @@ Question = tuple[str, OutputFormat | None]
 
 @dataclass(frozen=True)
 class DescribeResult:
-    """One image's description and what it cost."""
+    """One image's description and what it cost: the turn's figures as its parts (what the
+    engine measured, the first image charged the system prompt; how the image was shown; the
+    cache) and what describe adds of its own."""
 
     image: str
     text: str
-    grid: tuple[int, int]
-    n_tiles: int
-    visual_tokens: int
     prompt_tokens: int
-    cached_tokens: int
     completion_tokens: int
-    preprocess_s: float
-    clip_encode_s: float
-    prefill_s: float
-    ttft_s: float
-    decode_s: float
-    prefill_tok_s: float
-    decode_tok_s: float
     n_ctx: int
     n_gpu_layers: int
+    request: RequestStats = field(metadata=PART)
+    shown: ShownFigures = field(default=ShownFigures(), metadata=PART)
+    cache: CacheFigures = field(default=CacheFigures(), metadata=PART)
     note: str = ""
-    pool: int = 1
-    merge: float | None = None
-    tile_tokens: int = 0
-    tile_prefill_s: float = 0.0
-    itl_p50_s: float = 0.0
-    itl_p90_s: float = 0.0
     read_s: float = 0.0  # reading the file (decode, orientation); part of preprocess_s
     image_size: tuple[int, int] = (0, 0)  # upright, full resolution (the grid is laid over this)
-    layout: str = ""  # llava-1.5-tiles (labelled tiles) or llava-next (the model's own packing)
-    prefix_cache: str = "none"  # the image block restored from the prefix cache: ram | disk | none
-    restore_s: float = 0.0  # restoring it (part of TTFT)
     question: str = ""  # what was asked
     data: object = None  # the parsed answer, with --format json, --schema or --tags
     memory: str = "attention"  # the model's memory kind: attention, sliding-window, hybrid, recurrent
     images: tuple[str, ...] = ()  # with --together, every image shown, in order (image is the first)
-    image_tokens: tuple[int, ...] = ()  # each image's visual tokens, in order
     page: int = 0  # for a document's page, its number (from 1); `image` is then the PDF
     window: tuple[float, float] = (0.0, 0.0)  # for a stretch of a video, its start and end (s)
     frame_times_s: tuple[float, ...] = ()  # … the times of the frames shown, in order
@@ -394,33 +388,28 @@ class Describer:
                 stats: TurnStats, *, system_s: float | None, read_s: float) -> DescribeResult:
         """The turn's numbers as describe reports them (the first image is charged the system prompt)."""
         system = self.shared_prefix_len() if system_s is not None else 0
-        prefill_s = stats.prefill_s + (system_s or 0.0)
+        charged = replace(stats.request, prefill_tokens=stats.request.prefill_tokens + system,
+                          prefill_s=stats.request.prefill_s + (system_s or 0.0),
+                          ttft_s=stats.request.ttft_s + (system_s or 0.0),
+                          preprocess_s=stats.request.preprocess_s + read_s)
         loaded = image.image if isinstance(image, PreparedImage) else image
         data, note = self._parsed(text)
         return DescribeResult(
-            image=str(loaded.path) if loaded else "", text=text, grid=stats.grid, n_tiles=stats.n_tiles,
-            visual_tokens=stats.visual_tokens, prompt_tokens=stats.prompt_tokens,
-            cached_tokens=stats.cached_tokens - system, completion_tokens=stats.completion_tokens,
-            preprocess_s=stats.preprocess_s + read_s, clip_encode_s=stats.clip_encode_s,
-            prefill_s=prefill_s, ttft_s=stats.ttft_s + (system_s or 0.0), decode_s=stats.decode_s,
-            prefill_tok_s=(stats.prefill_tokens + system) / prefill_s if prefill_s else 0.0,
-            decode_tok_s=stats.decode_tok_s, n_ctx=self.n_ctx,
-            n_gpu_layers=self.n_gpu_layers, note=note or (loaded.note if loaded else ""), pool=stats.pool,
-            merge=stats.merge, tile_tokens=stats.tile_tokens, tile_prefill_s=stats.tile_prefill_s,
-            itl_p50_s=stats.itl_p50_s, itl_p90_s=stats.itl_p90_s, read_s=read_s,
-            image_size=loaded.size if loaded else (0, 0), layout=stats.layout,
-            prefix_cache=stats.prefix_cache,
-            restore_s=stats.restore_s, question=question, data=data,
-            memory=self._conversation.sequence.memory_kind, image_tokens=stats.image_tokens,
-            page=loaded.page if loaded else 0, boxes=self._boxes(text, stats, loaded),
-            shown_size=stats.canvas_size)
+            image=str(loaded.path) if loaded else "", text=text, prompt_tokens=stats.prompt_tokens,
+            completion_tokens=stats.completion_tokens, n_ctx=self.n_ctx, n_gpu_layers=self.n_gpu_layers,
+            request=charged, shown=stats.shown,
+            cache=replace(stats.cache, cached_tokens=stats.cache.cached_tokens - system),
+            note=note or (loaded.note if loaded else ""), read_s=read_s,
+            image_size=loaded.size if loaded else (0, 0), question=question, data=data,
+            memory=self._conversation.sequence.memory_kind, page=loaded.page if loaded else 0,
+            boxes=self._boxes(text, stats, loaded), shown_size=stats.shown.canvas_size)
 
     def _boxes(self, text: str, stats: TurnStats, image: LoadedImage | None) -> tuple[FoundBox, ...]:
         """The answer's boxes on the upright photo, where the describer is finding things: the
         model's frame is its processor's resize of the size the image was handed to mtmd at."""
         if self.grounding is None or image is None:
             return ()
-        model = self.grounding.model_size(stats.canvas_size)
+        model = self.grounding.model_size(stats.shown.canvas_size)
         return found_boxes(text, BoxGeometry(self.grounding.frame, model, image.size))
 
     def _parsed(self, text: str) -> tuple[object, str]:

@@ -13,7 +13,7 @@ class RequestMeter:
     """Counts and seconds as they accrue; `started` is where TTFT counts from (perf_counter)."""
 
     started: float = field(default_factory=time.perf_counter)
-    prompt_tokens: int = 0
+    prefill_tokens: int = 0  # decoded for the request
     visual_tokens: int = 0
     completion_tokens: int = 0
     clip_encodes: int = 0
@@ -21,7 +21,7 @@ class RequestMeter:
     clip_encode_s: float = 0.0
     prefill_s: float = 0.0
     restore_s: float = 0.0  # restoring a cached image prefix instead of prefilling it
-    aside_tokens: int = 0  # decoded apart from the request (an earlier image's summary swap)
+    aside_prefill_tokens: int = 0  # decoded apart from the request (an earlier image's summary swap)
     ttft_s: float = 0.0
     decode_s: float = 0.0
     token_gaps_s: list[float] = field(default_factory=list)
@@ -31,11 +31,11 @@ class RequestMeter:
     def snapshot(self) -> RequestStats:
         """The numbers so far, frozen."""
         return RequestStats(
-            prompt_tokens=self.prompt_tokens, visual_tokens=self.visual_tokens,
+            prefill_tokens=self.prefill_tokens, visual_tokens=self.visual_tokens,
             completion_tokens=self.completion_tokens, clip_encodes=self.clip_encodes,
             preprocess_s=self.preprocess_s, clip_encode_s=self.clip_encode_s, prefill_s=self.prefill_s,
             restore_s=self.restore_s, ttft_s=self.ttft_s, decode_s=self.decode_s,
-            aside_tokens=self.aside_tokens,
+            aside_prefill_tokens=self.aside_prefill_tokens,
             token_gaps_s=tuple(self.token_gaps_s))
 
     def token_shown(self) -> None:

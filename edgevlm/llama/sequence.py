@@ -242,7 +242,7 @@ class EngineSequence:
         try:
             yield
         finally:
-            kept.aside_tokens += self._meter.prompt_tokens
+            kept.aside_prefill_tokens += self._meter.prefill_tokens
             self._meter = kept
             kept.started += time.perf_counter() - began
 
@@ -282,7 +282,7 @@ class EngineSequence:
         self._host.decode(self, tokens, None)
         self._logits_ready = True
         self._meter.prefill_s += time.perf_counter() - started
-        self._meter.prompt_tokens += len(tokens)
+        self._meter.prefill_tokens += len(tokens)
 
     # -- images ---------------------------------------------------------------------------
 
@@ -324,7 +324,7 @@ class EngineSequence:
         self._logits_ready = False
         m = self._meter
         m.prefill_s += time.perf_counter() - started
-        m.prompt_tokens += n_tokens
+        m.prefill_tokens += n_tokens
         m.visual_tokens += n_tokens
         return n_tokens
 

@@ -330,13 +330,14 @@ class OllamaReply:
         return last
 
     def counts(self, answered: Answered) -> dict[str, object]:
-        s = answered.stats
+        s, done = answered.stats, answered.stats.request
         # ttft_s excludes the wait for a slot; Ollama's total counts it, as its own server does.
         return {"done_reason": finish_reason(s, self.max_tokens),
-                "total_duration": int((answered.queue_s + s.ttft_s + s.decode_s) * NS), "load_duration": 0,
-                "prompt_eval_count": s.prompt_tokens - s.cached_tokens,
-                "prompt_eval_duration": int(s.ttft_s * NS),
-                "eval_count": s.completion_tokens, "eval_duration": int(s.decode_s * NS)}
+                "total_duration": int((answered.queue_s + done.ttft_s + done.decode_s) * NS),
+                "load_duration": 0,
+                "prompt_eval_count": s.prompt_tokens - s.cache.cached_tokens,
+                "prompt_eval_duration": int(done.ttft_s * NS),
+                "eval_count": s.completion_tokens, "eval_duration": int(done.decode_s * NS)}
 
     async def stream(self, request: Request, job: TurnJob, first: JobEvent) -> AsyncIterator[str]:
         """NDJSON lines: each piece (or the tool call), then a last line with done and the counts."""

@@ -308,7 +308,7 @@ class OpenAIReply:
         the answer's boxes on the photo."""
         found = {"boxes": self.boxes(text, answered)} if self.boxes is not None else {}
         if self.timeline is not None:
-            found["video"] = self.timeline.blocks(answered.stats.image_tokens)
+            found["video"] = self.timeline.blocks(answered.stats.shown.image_tokens)
         return {**edgevlm_numbers(answered, self.n_ctx), "summaries": self.summaries(), **found}
 
     def _head(self, kind: str) -> dict[str, object]:
@@ -318,7 +318,7 @@ class OpenAIReply:
         s = answered.stats
         return {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
                 "total_tokens": s.prompt_tokens + s.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": s.cached_tokens}}
+                "prompt_tokens_details": {"cached_tokens": s.cache.cached_tokens}}
 
     def _cut(self, answered: Answered) -> bool:
         return finish_reason(answered.stats, self.max_tokens) == "length"

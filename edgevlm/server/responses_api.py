@@ -139,7 +139,7 @@ class ResponseReply:
                    incomplete_details={"reason": "max_output_tokens"} if cut else None,
                    usage={"input_tokens": s.prompt_tokens, "output_tokens": s.completion_tokens,
                           "total_tokens": s.prompt_tokens + s.completion_tokens,
-                          "input_tokens_details": {"cached_tokens": s.cached_tokens},
+                          "input_tokens_details": {"cached_tokens": s.cache.cached_tokens},
                           "output_tokens_details": {"reasoning_tokens": 0}},
                    edgevlm=edgevlm_numbers(answered, self.n_ctx))
         return out

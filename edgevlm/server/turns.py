@@ -221,20 +221,21 @@ def finish_reason(stats: TurnStats, max_tokens: int) -> str:
     return "length" if stats.completion_tokens >= max_tokens else "stop"
 
 
+# The edgevlm block's figures, by the names the turn's flat record gives them (to_plain), and
+# those the block publishes under a name of its own.
+_BLOCK_FIGURES = ("prefill_tokens", "cached_tokens", "visual_tokens", "visual_tokens_live", "clip_encodes",
+                  "grid", "n_tiles", "pool", "merge", "image_box", "layout", "prefix_cache", "restore_s",
+                  "dropped_turns", "summary_wait_s", "ttft_s", "decode_tok_s", "image_tokens", "shown_again")
+_BLOCK_NAMES = {"canvas_size": "canvas"}
+
+
 def edgevlm_numbers(answered: Answered, n_ctx: int) -> dict[str, object]:
     """What the turn cost, in edgevlm's own words: prefill, CLIP, the two speeds, how the image
     was shown (grid, pooling, where it sat on the tiles' canvas) and the cache it left."""
-    s = answered.stats
-    return {"prefill_tokens": s.prefill_tokens, "cached_tokens": s.cached_tokens,
-            "visual_tokens": s.visual_tokens, "visual_tokens_live": s.visual_tokens_live,
-            "clip_encodes": s.clip_encodes, "grid": list(s.grid), "n_tiles": s.n_tiles,
-            "pool": s.pool, "merge": s.merge, "canvas": list(s.canvas_size), "image_box": list(s.image_box),
-            "layout": s.layout, "prefix_cache": s.prefix_cache, "restore_s": round(s.restore_s, 4),
-            "dropped_turns": s.dropped_turns, "queue_s": round(answered.queue_s, 4),
-            "summary_wait_s": round(s.summary_wait_s, 4), "ttft_s": round(s.ttft_s, 4),
-            "decode_tok_s": round(s.decode_tok_s, 2), "image_tokens": list(s.image_tokens),
-            "shown_again": list(s.shown_again),
-            "kv": _kv_split(s, n_ctx)}
+    flat = to_plain(answered.stats)
+    return ({name: flat[name] for name in _BLOCK_FIGURES}
+            | {ours: flat[name] for name, ours in _BLOCK_NAMES.items()}
+            | {"queue_s": round(answered.queue_s, 4), "kv": _kv_split(answered.stats, n_ctx)})
 
 
 BoxReader = Callable[[str, Answered], list[dict[str, object]]]  # an answer's boxes on the photo
@@ -269,7 +270,7 @@ def box_reader(turn: ChatTurn, state: ServerState) -> BoxReader | None:
 
     def read(text: str, answered: Answered) -> list[dict[str, object]]:
         stats = answered.stats
-        shown = stats.canvas_sizes[0] if stats.canvas_sizes else stats.canvas_size
+        shown = stats.shown.canvas_sizes[0] if stats.shown.canvas_sizes else stats.shown.canvas_size
         geometry = BoxGeometry(grounding.frame, grounding.model_size(shown), photo.size)
         return [to_plain(box) for box in found_boxes(text, geometry)]
     return read
@@ -277,9 +278,9 @@ def box_reader(turn: ChatTurn, state: ServerState) -> BoxReader | None:
 
 def _kv_split(stats: TurnStats, n_ctx: int) -> dict[str, int]:
     """The cache when the answer ended, by what holds it."""
-    images, summaries = stats.visual_tokens_live, stats.summary_tokens_live
-    return {"n_ctx": n_ctx, "text": stats.kv_tokens - images - summaries, "summaries": summaries,
-            "images": images, "thumbnails": stats.thumbnail_tokens_live}
+    images, summaries = stats.cache.visual_tokens_live, stats.cache.summary_tokens_live
+    return {"n_ctx": n_ctx, "text": stats.cache.kv_tokens - images - summaries, "summaries": summaries,
+            "images": images, "thumbnails": stats.cache.thumbnail_tokens_live}
 
 
 def past_summaries(turn: ChatTurn, store: SummaryStore | None) -> list[dict[str, object]]:
@@ -297,7 +298,7 @@ def past_summaries(turn: ChatTurn, store: SummaryStore | None) -> list[dict[str,
 
 def note_for_log(request: Request, answered: Answered) -> None:
     """Put the turn's numbers where the request log line finds them."""
-    s = answered.stats
+    s, done = answered.stats, answered.stats.request
     request.scope.setdefault("state", {})["log_note"] = (
-        f"prompt={s.prompt_tokens} cached={s.cached_tokens} completion={s.completion_tokens} "
-        f"clip={s.clip_encodes} ttft={s.ttft_s:.2f}s decode={s.decode_tok_s:.1f}tok/s")
+        f"prompt={s.prompt_tokens} cached={s.cache.cached_tokens} completion={s.completion_tokens} "
+        f"clip={done.clip_encodes} ttft={done.ttft_s:.2f}s decode={done.decode_tok_s:.1f}tok/s")

@@ -46,11 +46,12 @@ def test_eight_image_turns_never_pile_up(sequence_4k: FakeSequence) -> None:
         _, stats = chat.ask(f"What is in picture {turn}?", image=_image(turn))
         chat.check()
         # Only this turn's image is live; the one before was summarised before it was read.
-        assert stats.visual_tokens_live == per_image == chat.visual_tokens_live
-        assert stats.clip_encodes == 1 and stats.visual_tokens == per_image
-        assert stats.kv_tokens < 2 * per_image + 1200  # one image, summaries and text
-        assert (stats.summary_wait_s > 0) == (turn > 1)
-        assert stats.ttft_s >= stats.prefill_s + stats.clip_encode_s  # the wait is not in the TTFT
+        assert stats.cache.visual_tokens_live == per_image == chat.visual_tokens_live
+        assert stats.request.clip_encodes == 1 and stats.request.visual_tokens == per_image
+        assert stats.cache.kv_tokens < 2 * per_image + 1200  # one image, summaries and text
+        assert (stats.cache.summary_wait_s > 0) == (turn > 1)
+        done = stats.request
+        assert done.ttft_s >= done.prefill_s + done.clip_encode_s  # the wait is not in the TTFT
     chat.summarise_pending()
     chat.check()
     kinds = [s.kind for s in chat.segments]
@@ -66,17 +67,17 @@ def test_a_follow_up_runs_beside_the_live_image_and_does_not_wait(sequence_4k: F
     assert chat.pending_summaries == 1 and chat.records[0].summary is None
     _, follow = chat.ask("And the colours?")
     chat.check()
-    assert follow.summary_wait_s == 0 and follow.visual_tokens_live == per_image
-    assert follow.clip_encodes == 0 and follow.ttft_s >= follow.prefill_s
+    assert follow.cache.summary_wait_s == 0 and follow.cache.visual_tokens_live == per_image
+    assert follow.request.clip_encodes == 0 and follow.request.ttft_s >= follow.request.prefill_s
     # The second follow-up may not keep the image live: it waits, and says so apart from its TTFT.
     question = "Anything else?"
     _, second = chat.ask(question)
     chat.check()
-    assert second.summary_wait_s > 0 and second.visual_tokens_live == 0 == chat.pending_summaries
+    assert second.cache.summary_wait_s > 0 and second.cache.visual_tokens_live == 0 == chat.pending_summaries
     own = len(sequence_4k.tokenize(CHATML.user_prefix)) + len(
         sequence_4k.tokenize(f"{question}{CHATML.user_suffix}"))
-    assert second.prefill_tokens == own  # the summary's decodes are not the turn's
-    assert second.ttft_s >= second.prefill_s
+    assert second.request.prefill_tokens == own  # the summary's decodes are not the turn's
+    assert second.request.ttft_s >= second.request.prefill_s
     assert chat.records[0].summary is not None and [s.kind for s in chat.segments].count("summary") == 1
 
 
@@ -89,7 +90,7 @@ def test_idle_summary_then_no_wait(sequence_4k: FakeSequence) -> None:
     chat.check()
     assert made == [chat.records[0].summary] and made[0] and chat.visual_tokens_live == 0
     _, follow = chat.ask("And the colours?")
-    assert follow.summary_wait_s == 0 and follow.visual_tokens_live == 0
+    assert follow.cache.summary_wait_s == 0 and follow.cache.visual_tokens_live == 0
 
 
 def test_an_interrupted_summary_keeps_the_image_live_and_its_tokens(sequence_4k: FakeSequence,
@@ -127,14 +128,14 @@ def test_text_follow_up_costs_only_its_own_tokens(sequence_4k: FakeSequence) -> 
     question = "And what colour was it?"
     _, stats = chat.ask(question)
     chat.check()
-    assert stats.clip_encodes == 0 and stats.visual_tokens == 0
+    assert stats.request.clip_encodes == 0 and stats.request.visual_tokens == 0
     own = len(sequence_4k.tokenize(CHATML.user_prefix)) + len(
         sequence_4k.tokenize(f"{question}{CHATML.user_suffix}"))
-    assert stats.prefill_tokens == own  # nothing before it was decoded again
+    assert stats.request.prefill_tokens == own  # nothing before it was decoded again
     end = len(sequence_4k.tokenize(CHATML.assistant_suffix))  # decoded after the answer
     assert chat.kv_tokens == before + own + stats.completion_tokens + end
-    assert stats.cached_tokens == stats.prompt_tokens - own
-    assert stats.ttft_s >= stats.prefill_s
+    assert stats.cache.cached_tokens == stats.prompt_tokens - own
+    assert stats.request.ttft_s >= stats.request.prefill_s
 
 
 def test_swap_keeps_the_rest_of_the_turn_token_for_token(sequence_4k: FakeSequence) -> None:
@@ -154,16 +155,16 @@ def test_keep_images_keeps_the_last_one_live(sequence_4k: FakeSequence) -> None:
     chat = _chat(sequence_4k, keep_images=1)
     per_image = sequence_4k.image_tokens()
     _, first = chat.ask("One?", image=_image(3))
-    assert first.visual_tokens_live == per_image and chat.pending_summaries == 0
+    assert first.cache.visual_tokens_live == per_image and chat.pending_summaries == 0
     _, second = chat.ask("Two?", image=_image(4))
-    assert second.clip_encodes == 1 and chat.pending_summaries == 1
+    assert second.request.clip_encodes == 1 and chat.pending_summaries == 1
     sequence_4k.begin_request()
     chat.summarise_pending()  # image 1 swapped; image 2 re-decoded from its rows, not re-encoded
     chat.check()
     assert chat.visual_tokens_live == per_image and sequence_4k.stats().clip_encodes == 0
     _, third = chat.ask("And the first one?")
     chat.check()
-    assert third.clip_encodes == 0 and third.visual_tokens_live == per_image
+    assert third.request.clip_encodes == 0 and third.cache.visual_tokens_live == per_image
 
 
 def test_reset_and_rewind(sequence_4k: FakeSequence) -> None:
@@ -226,8 +227,8 @@ def test_context_pressure_drops_old_turns() -> None:
         image = _image(turn, (300, 200)) if turn % 3 == 0 else None
         _, stats = chat.ask(f"Turn {turn}: " + "tell me more about it. " * 10, image=image)
         chat.check()
-        assert stats.kv_tokens <= sequence.n_ctx
-        dropped += stats.dropped_turns
+        assert stats.cache.kv_tokens <= sequence.n_ctx
+        dropped += stats.cache.dropped_turns
     assert dropped > 0  # the context was full, and it went on
     assert chat.segments[0].kind == "system"
 
@@ -260,9 +261,9 @@ def test_restore_rebuilds_text_without_clip(sequence_4k: FakeSequence) -> None:
 def test_pooled_tiles_cost_144_tokens_each_in_row_major_order(sequence_4k: FakeSequence) -> None:
     chat = _chat(sequence_4k, max_tiles=4, pool=2)
     _, stats = chat.ask("What is in the corners?", image=_image(3, (3840, 2160)))
-    assert stats.grid == (2, 2) and stats.pool == 2
-    assert stats.tile_tokens == 4 * 144 and stats.visual_tokens == 576 + 4 * 144
-    assert stats.tile_prefill_s > 0
+    assert stats.shown.grid == (2, 2) and stats.shown.pool == 2
+    assert stats.shown.tile_tokens == 4 * 144 and stats.request.visual_tokens == 576 + 4 * 144
+    assert stats.shown.tile_prefill_s > 0
     chat.check()
     # The answered image stays live until its summary is made: the block in the ledger.
     views = [s.n_tokens for s in chat.segments if s.kind == "image"]
@@ -271,7 +272,7 @@ def test_pooled_tiles_cost_144_tokens_each_in_row_major_order(sequence_4k: FakeS
     order = [label.split("Tile row ")[1][:10] for label in labels if "Tile row" in label]
     assert order == ["1, col 1 o", "1, col 2 o", "2, col 1 o", "2, col 2 o"]
     _, follow = chat.ask("What colour dominates?")  # the pooled rows are still live
-    assert follow.visual_tokens_live == 576 + 4 * 144
+    assert follow.cache.visual_tokens_live == 576 + 4 * 144
     chat.summarise_pending()
     chat.check()
     assert chat.records[0].summary and chat.visual_tokens_live == 0
@@ -289,7 +290,7 @@ def test_thumbnails_keep_each_answered_image_small_and_the_kv_flat() -> None:
         sequence.begin_request()
         chat.summarise_pending()
         chat.check()
-        work.append(stats.prefill_tokens + sequence.stats().prompt_tokens)
+        work.append(stats.request.prefill_tokens + sequence.stats().prefill_tokens)
         assert chat.thumbnail_tokens_live == chat.visual_tokens_live <= 64 * turn
     kinds = [s.kind for s in chat.segments]
     assert "image" not in kinds and kinds.count("summary") == 10
@@ -300,7 +301,7 @@ def test_thumbnails_keep_each_answered_image_small_and_the_kv_flat() -> None:
         own = [s.kind for s in chat.segments if s.turn == turn and s.kind in ("summary", "thumbnail")]
         assert own[0] == "summary" and own.count("thumbnail") >= 2
     assert work[9] <= 1.5 * work[1], work
-    assert stats.thumbnail_tokens_live == chat.thumbnail_tokens_live - thumbnails[-1].n_tokens
+    assert stats.cache.thumbnail_tokens_live == chat.thumbnail_tokens_live - thumbnails[-1].n_tokens
 
 
 def test_the_oldest_thumbnails_go_before_any_turn() -> None:
@@ -313,13 +314,13 @@ def test_the_oldest_thumbnails_go_before_any_turn() -> None:
         question = f"What is in picture {turn}? " + "tell me all. " * 5
         _, stats = chat.ask(question, image=_image(turn, (300, 200)))
         chat.check()
-        assert stats.kv_tokens <= sequence.n_ctx
+        assert stats.cache.kv_tokens <= sequence.n_ctx
         thumbs = sorted({s.turn for s in chat.segments if s.kind == "thumbnail"})
         summaries = sorted({s.turn for s in chat.segments if s.kind == "summary"})
         assert thumbs == summaries[len(summaries) - len(thumbs):]  # the newest keep theirs
         if len(thumbs) < len(summaries) and first_thumbnail_lost is None:
             first_thumbnail_lost = turn
-        if stats.dropped_turns and first_turn_dropped is None:
+        if stats.cache.dropped_turns and first_turn_dropped is None:
             first_turn_dropped = turn
     assert first_thumbnail_lost is not None and first_turn_dropped is not None  # both happened
     assert first_thumbnail_lost < first_turn_dropped

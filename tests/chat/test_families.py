@@ -83,13 +83,13 @@ def test_describe_at_four_sizes_reports_mtmds_tokens_and_fits(qwen_engine: Engin
         # the size handed to mtmd: transformers' (whole 28 px tokens, each side rounded to the
         # nearest or smaller to fit), which mtmd keeps; a photo under mtmd's least of 8 tokens
         # is enlarged by mtmd's rule instead
-        shown = stats.canvas_size
+        shown = stats.shown.canvas_size
         assert all(side % 28 == 0 for side in shown)
         near = all(side <= own + 14 for side, own in zip(shown, size, strict=True))
-        assert near or stats.visual_tokens <= 12
+        assert near or stats.request.visual_tokens <= 12
         expected = sequence.count_block(Image.new("RGB", shown)).visual_tokens
-        assert stats.visual_tokens == expected == stats.visual_tokens_live
-        assert stats.kv_tokens <= sequence.n_ctx
+        assert stats.request.visual_tokens == expected == stats.cache.visual_tokens_live
+        assert stats.cache.kv_tokens <= sequence.n_ctx
         image = next(s for s in chat.segments if s.kind == "image")
         assert image.n_positions < image.n_tokens or image.n_tokens <= 4  # positions follow the grid
 
@@ -102,8 +102,8 @@ def test_eight_image_turns_swap_to_summaries_and_the_ledger_holds(qwen_engine: E
     for turn in range(1, 9):
         _, stats = chat.ask(f"What is in picture {turn}?", image=_image(turn, (448, 336)))
         chat.check()
-        live.append(stats.visual_tokens_live)
-        assert stats.visual_tokens_live == stats.visual_tokens  # only this turn's image is live
+        live.append(stats.cache.visual_tokens_live)
+        assert stats.cache.visual_tokens_live == stats.request.visual_tokens  # only this turn's image is live
     chat.summarise_pending()
     chat.check()
     assert "image" not in [s.kind for s in chat.segments]
@@ -196,7 +196,7 @@ def test_gemma_chat_passes_its_window_and_the_swap_equals_a_fresh_prefill(
     for turn in range(1, 11):
         _, stats = chat.ask(f"What is in picture {turn}?", image=_image(turn, (300, 200)))
         chat.check()
-        assert stats.visual_tokens == stats.visual_tokens_live == 16
+        assert stats.request.visual_tokens == stats.cache.visual_tokens_live == 16
     chat.summarise_pending()
     chat.check()
     assert chat.kv_positions > 4 * 64 and "image" not in [s.kind for s in chat.segments]
@@ -247,9 +247,9 @@ def test_every_family_describes_four_sizes_with_mtmds_count(family_engine: tuple
         chat.rewind()
         _, stats = chat.ask("What is it?", image=_image(seed, size))
         chat.check()
-        block = engine.sequence().count_block(Image.new("RGB", stats.canvas_size))
-        assert stats.visual_tokens == block.visual_tokens == stats.visual_tokens_live > 0
-        assert stats.layout == f"mtmd-{read_projector(test_models[f'{family}_mmproj']).projector_type}"
+        block = engine.sequence().count_block(Image.new("RGB", stats.shown.canvas_size))
+        assert stats.request.visual_tokens == block.visual_tokens == stats.cache.visual_tokens_live > 0
+        assert stats.shown.layout == f"mtmd-{read_projector(test_models[f'{family}_mmproj']).projector_type}"
 
 
 @pytest.mark.slow
@@ -260,7 +260,7 @@ def test_every_family_chats_over_eight_images_with_the_swap(family_engine: tuple
     for turn in range(1, 9):
         _, stats = chat.ask(f"What is in picture {turn}?", image=_image(turn, (300, 200)))
         chat.check()
-        assert stats.visual_tokens_live == stats.visual_tokens > 0  # only this turn's image
+        assert stats.cache.visual_tokens_live == stats.request.visual_tokens > 0  # only this turn's image
     chat.summarise_pending()
     chat.check()
     assert "image" not in [s.kind for s in chat.segments]
@@ -283,11 +283,11 @@ def test_an_mtmd_block_seen_before_skips_the_encoder_from_ram_and_disk(
     first, stats = chat.ask("What is it?", image=_image(7, (448, 336)))
     chat.rewind()
     again, cached = chat.ask("What is it?", image=_image(7, (448, 336)))
-    assert stats.clip_encodes == 1 and cached.clip_encodes == 0 and cache.stats().hits == 1
-    assert again == first and cached.visual_tokens == stats.visual_tokens == 192
+    assert stats.request.clip_encodes == 1 and cached.request.clip_encodes == 0 and cache.stats().hits == 1
+    assert again == first and cached.request.visual_tokens == stats.request.visual_tokens == 192
     reopened = EmbeddingCache(sequence.encode_image, "qwen-pair", folder=tmp_path,
                               encode_block=sequence.encode_block)  # a new process: empty RAM
     chat = chat_with(reopened)
     from_disk, restored = chat.ask("What is it?", image=_image(7, (448, 336)))
     chat.check()
-    assert restored.clip_encodes == 0 and reopened.stats().hits == 1 and from_disk == first
+    assert restored.request.clip_encodes == 0 and reopened.stats().hits == 1 and from_disk == first

@@ -97,7 +97,7 @@ def test_ten_image_turns_equal_a_fresh_prefill_after_every_turn(pair: tuple[str,
         chat.sequence.begin_request()  # count the swap's own decodes
         chat.summarise_pending()  # as in idle time: this turn's image becomes its summary
         chat.check()
-        work.append(stats.prefill_tokens + chat.sequence.stats().prompt_tokens)
+        work.append(stats.request.prefill_tokens + chat.sequence.stats().prefill_tokens)
         ours = _probed(chat, probe)  # the probe never happened: the one way back
         reference = _next_logits(fresh.sequence(), chat.segments, probe)
         chat.check()
@@ -321,8 +321,8 @@ def test_a_further_question_reads_the_image_once_on_every_memory_kind(
     answer, again = chat.ask_again("And its colours?")
     chat.check()
     question = len(chat._parts(chat.turn, "And its colours?", images=1).tail)
-    assert again.prefill_tokens == question  # only the question: the image block stayed
-    assert again.visual_tokens == first.visual_tokens
+    assert again.request.prefill_tokens == question  # only the question: the image block stayed
+    assert again.request.visual_tokens == first.request.visual_tokens
     probe = chat.sequence.tokenize(" More?")
     ours = _probed(chat, probe)
     assert np.abs(ours - _next_logits(fresh.sequence(), chat.segments, probe)).max() < 1e-3
@@ -348,15 +348,16 @@ def test_images_read_ahead_answer_as_a_turn_asked_at_once_on_every_memory_kind(
     _, at_once, whole, _ = picture_two(ahead=False)
     chat, ahead, stats, read = picture_two(ahead=True)
     np.testing.assert_allclose(ahead, at_once, atol=1e-5)
-    assert read is not None and read.visual_tokens == stats.visual_tokens == whole.visual_tokens > 0
-    assert stats.clip_encodes == 0 and stats.read_ahead_tokens == read.prefill_tokens
-    assert stats.prefill_tokens + stats.read_ahead_tokens == whole.prefill_tokens
-    assert stats.prefill_tokens < 24
+    assert read is not None
+    assert read.visual_tokens == stats.request.visual_tokens == whole.request.visual_tokens > 0
+    assert stats.request.clip_encodes == 0 and stats.cache.read_ahead_tokens == read.prefill_tokens
+    assert stats.request.prefill_tokens + stats.cache.read_ahead_tokens == whole.request.prefill_tokens
+    assert stats.request.prefill_tokens < 24
     chat.summarise_pending()
     kv = chat.kv_tokens
     chat.read_ahead([_image(33)])
     _, text = chat.ask("Never mind the photo: say hello.")  # the read is let go
-    assert text.visual_tokens == 0 and chat.visual_tokens_live == 0 and chat.kv_tokens > kv
+    assert text.request.visual_tokens == 0 and chat.visual_tokens_live == 0 and chat.kv_tokens > kv
     chat.check()
     probe = chat.sequence.tokenize(" And now?")
     ours = _probed(chat, probe)

@@ -73,13 +73,14 @@ def test_a_restored_prefix_answers_as_a_fresh_prefill(small_sequence: EngineSequ
     again, from_ram = _ask(chat)
     cache.flush()
     later, from_disk = _ask(_chat(small_sequence, PrefixCache("test model", folder=tmp_path)))
-    assert (missed.prefix_cache, from_ram.prefix_cache, from_disk.prefix_cache) == ("none", "ram", "disk")
+    tiers = (missed.cache.prefix_cache, from_ram.cache.prefix_cache, from_disk.cache.prefix_cache)
+    assert tiers == ("none", "ram", "disk")
     tail = len(small_sequence.tokenize(f"\n{QUESTION}{CHATML.user_suffix}"))
     for restored in (from_ram, from_disk):
-        assert restored.prefill_tokens == tail  # only the question: no image, no system prompt
-        assert restored.cached_tokens == restored.prompt_tokens - tail
-        assert restored.visual_tokens == missed.visual_tokens > 0
-        assert restored.clip_encodes == 0
+        assert restored.request.prefill_tokens == tail  # only the question: no image, no system prompt
+        assert restored.cache.cached_tokens == restored.prompt_tokens - tail
+        assert restored.request.visual_tokens == missed.request.visual_tokens > 0
+        assert restored.request.clip_encodes == 0
     for logits in first_logits[1:]:
         np.testing.assert_allclose(logits, first_logits[0], atol=1e-3)
     assert reference == first == again == later
@@ -97,10 +98,10 @@ def test_a_damaged_disk_entry_is_prefilled_and_written_again(small_sequence: Eng
     fresh = PrefixCache("test model", folder=tmp_path)
     _, stats = _ask(_chat(small_sequence, fresh))
     fresh.flush()
-    assert stats.prefix_cache == "none" and stats.visual_tokens > 0
+    assert stats.cache.prefix_cache == "none" and stats.request.visual_tokens > 0
     np.testing.assert_allclose(first_logits[1], first_logits[0], atol=1e-3)
     _, restored = _ask(_chat(small_sequence, PrefixCache("test model", folder=tmp_path)))
-    assert restored.prefix_cache == "disk"  # the entry was written again, whole
+    assert restored.cache.prefix_cache == "disk"  # the entry was written again, whole
 
 
 def test_only_an_opening_image_is_restored(small_sequence: EngineSequence, tmp_path: Path) -> None:
@@ -110,7 +111,7 @@ def test_only_an_opening_image_is_restored(small_sequence: EngineSequence, tmp_p
     chat.ask("And the colours?")
     _, later_image = chat.ask(QUESTION, image=_photo())  # the same photo, but after other turns
     chat.check()
-    assert later_image.prefix_cache == "none" and later_image.visual_tokens > 0
+    assert later_image.cache.prefix_cache == "none" and later_image.request.visual_tokens > 0
 
 
 def test_ask_again_answers_as_its_own_question(small_sequence: EngineSequence) -> None:
@@ -119,7 +120,7 @@ def test_ask_again_answers_as_its_own_question(small_sequence: EngineSequence) -
     answer, stats = chat.ask_again("Which colours?")
     chat.check()
     tail = len(small_sequence.tokenize(f"\nWhich colours?{CHATML.user_suffix}"))
-    assert stats.prefill_tokens == tail and stats.prefix_cache == "context"
+    assert stats.request.prefill_tokens == tail and stats.cache.prefix_cache == "context"
     chat.reset()
     alone, _ = chat.ask("Which colours?", image=_photo())
     assert answer == alone
@@ -144,5 +145,6 @@ def test_a_restore_expected_to_lose_is_skipped(small_sequence: EngineSequence, t
     cache.clock.restore_s_per_byte["ram"] = 1.0
     again, stats = _ask(chat)
     cache.flush()
-    assert stats.prefix_cache == "none" and stats.visual_tokens > 0 and cache.stats().skipped == 1
+    assert stats.cache.prefix_cache == "none" and stats.request.visual_tokens > 0
+    assert cache.stats().skipped == 1
     assert again == first and path.stat().st_mtime_ns == written  # prefilled; the entry left as it was

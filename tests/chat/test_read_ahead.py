@@ -57,11 +57,13 @@ def test_the_question_after_a_read_decodes_only_itself_into_the_same_cache() -> 
     expected, whole = at_once.ask("What is it?", images=[photo])
     ahead.check()
     assert answer == expected and _cache(ahead) == _cache(at_once)  # the same positions, token for token
-    assert stats.prefill_tokens == _question_tokens(sequence, "What is it?") < whole.prefill_tokens
-    assert stats.clip_encodes == 0 and whole.clip_encodes == 1
-    assert stats.read_ahead_s == read.read_s > 0 and stats.read_ahead_tokens == read.prefill_tokens
-    assert stats.read_ahead_tokens + stats.prefill_tokens == whole.prefill_tokens  # the numbers add up
-    assert stats.visual_tokens == whole.visual_tokens and stats.image_tokens == whole.image_tokens
+    done, once = stats.request, whole.request
+    assert done.prefill_tokens == _question_tokens(sequence, "What is it?") < once.prefill_tokens
+    assert done.clip_encodes == 0 and once.clip_encodes == 1
+    assert stats.cache.read_ahead_s == read.read_s > 0
+    assert stats.cache.read_ahead_tokens == read.prefill_tokens
+    assert stats.cache.read_ahead_tokens + done.prefill_tokens == once.prefill_tokens  # the numbers add up
+    assert done.visual_tokens == once.visual_tokens and stats.shown.image_tokens == whole.shown.image_tokens
     assert ahead.read_ahead_pending is None and ahead.records[-1].image == "img1.jpg"
     assert ahead.pending_summaries == 1  # answered: swapped for its summary in idle time, as ever
 
@@ -77,7 +79,8 @@ def test_the_earlier_photo_is_summarised_before_the_read_not_under_it() -> None:
     assert chat.summarise_pending() == 0.0  # idle time leaves the block read ahead alone
     _, stats = chat.ask("And this one?", images=[second])
     chat.check()
-    assert stats.summary_wait_s > 0 and stats.clip_encodes == 0 and stats.visual_tokens_live == 576
+    assert stats.cache.summary_wait_s > 0 and stats.request.clip_encodes == 0
+    assert stats.cache.visual_tokens_live == 576
 
 
 def test_a_question_longer_than_the_room_kept_uses_the_read_where_it_fits_and_reads_again_where_not() -> None:
@@ -89,7 +92,7 @@ def test_a_question_longer_than_the_room_kept_uses_the_read_where_it_fits_and_re
     assert _question_tokens(sequence, question) > READ_AHEAD_QUESTION_TOKENS
     answer, stats = ahead.ask(question, images=[photo])
     expected, _ = at_once.ask(question, images=[photo])
-    assert answer == expected and _cache(ahead) == _cache(at_once) and stats.read_ahead_s > 0  # it fits
+    assert answer == expected and _cache(ahead) == _cache(at_once) and stats.cache.read_ahead_s > 0  # it fits
     for turn in range(8):  # a history that fills the context: the read makes room for 256 tokens only
         for chat in (ahead, at_once):
             chat.ask(f"Turn {turn}: " + "go on and on about it. " * 30)
@@ -98,7 +101,8 @@ def test_a_question_longer_than_the_room_kept_uses_the_read_where_it_fits_and_re
     expected, _ = at_once.ask(question * 2, images=[photo])
     ahead.check()
     assert answer == expected and _cache(ahead) == _cache(at_once)  # older turns dropped for it, as at once
-    assert stats.read_ahead_s == 0 and stats.prefill_tokens > _question_tokens(sequence, question * 2)
+    assert stats.cache.read_ahead_s == 0
+    assert stats.request.prefill_tokens > _question_tokens(sequence, question * 2)
 
 
 def test_another_turn_a_reset_or_new_settings_forget_the_read() -> None:
@@ -109,7 +113,8 @@ def test_another_turn_a_reset_or_new_settings_forget_the_read() -> None:
     assert chat.kv_tokens > kv
     _, stats = chat.ask("Something else entirely.")  # not about the images read: they go
     chat.check()
-    assert stats.visual_tokens == 0 and chat.visual_tokens_live == 0 and chat.read_ahead_pending is None
+    assert stats.request.visual_tokens == 0 and chat.visual_tokens_live == 0
+    assert chat.read_ahead_pending is None
     chat.read_ahead([_image(5)])
     chat.configure(chat.settings)  # unchanged: kept
     assert chat.read_ahead_pending is not None

@@ -61,8 +61,8 @@ def test_two_llava_images_are_labelled_counted_and_each_summarised(llava: Engine
     pair = [_image(1, (500, 400)), _image(2, (640, 480))]
     _, stats = chat.ask("What changed between these two?", images=pair)
     chat.check()
-    assert stats.image_tokens == (per_image, per_image) and stats.visual_tokens == 2 * per_image
-    assert stats.visual_tokens_live == 2 * per_image == chat.visual_tokens_live
+    assert stats.shown.image_tokens == (per_image, per_image) and stats.request.visual_tokens == 2 * per_image
+    assert stats.cache.visual_tokens_live == 2 * per_image == chat.visual_tokens_live
     words = [t for s in chat.segments if s.turn == 1 and not s.visual for t in s.tokens]
     text = llava.sequence().detokenize(words)
     assert text.index("Image 1: ") < text.index("\nImage 2: ")  # LLaVA has no markers: labels say which
@@ -105,11 +105,11 @@ def test_four_photos_share_one_budget_and_the_answer_keeps_its_room(qwen: Engine
     sizes = [(3000, 2000), (2000, 3000), (1600, 1600), (120, 90)]
     _, stats = chat.ask("Which one is sharpest?", images=[_image(i, size) for i, size in enumerate(sizes)])
     chat.check()
-    assert len(stats.image_tokens) == 4 and all(tokens > 0 for tokens in stats.image_tokens)
-    assert sum(stats.image_tokens) == stats.visual_tokens == stats.visual_tokens_live
+    assert len(stats.shown.image_tokens) == 4 and all(tokens > 0 for tokens in stats.shown.image_tokens)
+    assert sum(stats.shown.image_tokens) == stats.request.visual_tokens == stats.cache.visual_tokens_live
     assert stats.prompt_tokens + 64 <= qwen.n_ctx  # every image has a view and the answer its room
     # The small photo needs little; what it leaves goes to the large ones, which fill the room.
-    assert stats.image_tokens[3] < min(stats.image_tokens[:3])
+    assert stats.shown.image_tokens[3] < min(stats.shown.image_tokens[:3])
     assert qwen.n_ctx - stats.prompt_tokens - 64 < 0.25 * qwen.n_ctx
     # Positions run on image after image (M-RoPE): each block moves the position by its grid.
     visual = [s for s in chat.segments if s.visual]
@@ -122,7 +122,7 @@ def test_qwen_images_of_one_turn_are_swapped_each_for_its_summary(qwen: Engine,
     chat = _qwen_chat(qwen, test_models)
     _, stats = chat.ask("Compare them.", images=[_image(5, (448, 336)), _image(6, (336, 448))])
     chat.check()
-    assert stats.image_tokens == (192, 192)  # 448x336 and 336x448: 16x12 and 12x16 merged patches
+    assert stats.shown.image_tokens == (192, 192)  # 448x336 and 336x448: 16x12 and 12x16 merged patches
     chat.ask("Which is taller?")
     chat.ask("Why?")
     chat.summarise_pending()
@@ -159,9 +159,10 @@ def test_one_two_and_four_photos_count_as_mtmd_counts_and_never_overflow(
             images = [_image(count * 10 + k, SIZES[k]) for k in range(count)]
             _, stats = chat.ask("What differs between them?", images=images)
             chat.check()
-            assert len(stats.image_tokens) == count and sum(stats.image_tokens) == stats.visual_tokens
+            assert len(stats.shown.image_tokens) == count
+            assert sum(stats.shown.image_tokens) == stats.request.visual_tokens
             assert stats.prompt_tokens + 64 <= n_ctx
-            for tokens, canvas in zip(stats.image_tokens, stats.canvas_sizes, strict=True):
+            for tokens, canvas in zip(stats.shown.image_tokens, stats.shown.canvas_sizes, strict=True):
                 if family == "llava-next":  # its packed map: counted by the layout's own tests
                     assert tokens >= 64
                     continue

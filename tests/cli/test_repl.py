@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pexpect
@@ -554,15 +555,19 @@ def test_an_earlier_image_named_by_a_question_is_shown_again_without_an_encode(
 
 
 def test_the_stats_line_says_which_images_came_back_and_what_they_cost() -> None:
-    from edgevlm.chat.records import TurnStats
+    from edgevlm.chat.records import CacheFigures, ShownFigures, TurnStats
     from edgevlm.cli.repl import _brief
+    from edgevlm.values.stats import RequestStats
 
-    stats = TurnStats(turn=4, prefill_tokens=80, kv_tokens=300, visual_tokens_live=64, clip_encodes=0,
-                      ttft_s=0.2, decode_tok_s=30.0, completion_tokens=8, visual_tokens=64, prompt_tokens=90,
-                      shown_again=(1, 3))
+    request = RequestStats(prefill_tokens=80, visual_tokens=64, completion_tokens=8, clip_encodes=0,
+                           preprocess_s=0.0, clip_encode_s=0.0, prefill_s=0.1, ttft_s=0.2, decode_s=0.25)
+    stats = TurnStats(turn=4, prompt_tokens=90, completion_tokens=8, request=request,
+                      shown=ShownFigures(shown_again=(1, 3)),
+                      cache=CacheFigures(kv_tokens=300, visual_tokens_live=64))
     line = _brief(stats, 2048)
     assert "images 1, 3 shown again (0 encodes)" in line and "64 visual tokens" in line
-    assert "shown again" not in _brief(TurnStats(**{**stats.__dict__, "shown_again": ()}), 2048)
+    assert "TTFT 0.20 s" in line and "28.0 tok/s" in line  # 7 decode steps in 0.25 s
+    assert "shown again" not in _brief(replace(stats, shown=ShownFigures()), 2048)
 
 
 @pytest.mark.usefixtures("fake_engines")

@@ -40,8 +40,8 @@ def test_prompt_plus_answer_fits_and_counts_views(small_sequence: FakeSequence,
     describer = _describer(small_sequence, max_tokens=32)
     result = describer.describe(_image(size))
     assert result.prompt_tokens + describer.max_tokens <= small_sequence.n_ctx
-    assert result.visual_tokens == (1 + result.n_tiles) * 64
-    assert result.n_tiles == result.grid[0] * result.grid[1]
+    assert result.request.visual_tokens == (1 + result.shown.n_tiles) * 64
+    assert result.shown.n_tiles == result.shown.grid[0] * result.shown.grid[1]
     assert small_sequence.n_past == small_sequence.kv_cells()
     # The answer and the turn's closing tokens follow the prompt in the cache.
     suffix = len(small_sequence.tokenize(CHATML.assistant_suffix))
@@ -51,32 +51,32 @@ def test_prompt_plus_answer_fits_and_counts_views(small_sequence: FakeSequence,
 def test_budget_shrinks_the_grid_to_fit() -> None:
     describer = _describer(FakeSequence(n_ctx=512, view_tokens=64), max_tokens=100)
     result = describer.describe(_image((3840, 2160)))
-    assert 0 < result.n_tiles < 12
+    assert 0 < result.shown.n_tiles < 12
     assert result.prompt_tokens + 100 <= 512
 
 
 def test_tiles_zero_is_global_view_only(small_sequence: FakeSequence) -> None:
     result = _describer(small_sequence, max_tiles=0).describe(_image((3840, 2160)))
-    assert result.grid == (0, 0) and result.visual_tokens == 64
+    assert result.shown.grid == (0, 0) and result.request.visual_tokens == 64
 
 
 def test_explicit_tile_cap(small_sequence: FakeSequence) -> None:
     result = _describer(small_sequence, max_tiles=2).describe(_image((3840, 2160)))
-    assert result.n_tiles == 2 and result.grid == (2, 1)
+    assert result.shown.n_tiles == 2 and result.shown.grid == (2, 1)
 
 
 def test_system_prompt_is_decoded_once(small_sequence: FakeSequence) -> None:
     describer = _describer(small_sequence)
     first = describer.describe(_image((800, 600), "a.jpg"))
-    assert first.cached_tokens == 0  # the first image pays for the system prompt
+    assert first.cache.cached_tokens == 0  # the first image pays for the system prompt
     prefix = describer.shared_prefix_len()
     assert prefix > 0
     second = describer.describe(_image((640, 480), "b.jpg"))
-    assert second.cached_tokens == prefix
+    assert second.cache.cached_tokens == prefix
     # The second request decoded only its own tokens (and the turn's closing tokens after the
     # answer), not the system prompt again.
     suffix = len(small_sequence.tokenize(CHATML.assistant_suffix))
-    assert small_sequence.stats().prompt_tokens == second.prompt_tokens - prefix + suffix
+    assert small_sequence.stats().prefill_tokens == second.prompt_tokens - prefix + suffix
 
 
 def test_a_context_too_small_for_one_image_says_what_to_do() -> None:
@@ -104,10 +104,11 @@ def test_pool_auto_buys_a_larger_grid_when_full_tiles_do_not_fit(small_sequence:
     photo = _image((3840, 2160))
     full = _describer(small_sequence, pool=1).describe(photo)
     auto = _describer(small_sequence, pool=None).describe(photo)
-    assert full.pool == 1 and auto.pool == 2
-    assert auto.n_tiles > full.n_tiles
-    assert auto.tile_tokens == auto.n_tiles * 16 and full.tile_tokens == full.n_tiles * 64
-    assert auto.visual_tokens == 64 + auto.tile_tokens
+    assert full.shown.pool == 1 and auto.shown.pool == 2
+    assert auto.shown.n_tiles > full.shown.n_tiles
+    assert auto.shown.tile_tokens == auto.shown.n_tiles * 16
+    assert full.shown.tile_tokens == full.shown.n_tiles * 64
+    assert auto.request.visual_tokens == 64 + auto.shown.tile_tokens
     assert auto.to_json()["pool"] == 2
 
 
@@ -152,7 +153,7 @@ def test_describe_images_reports_each_step_in_order(small_sequence: FakeSequence
     progress = [e.progress for e in events if isinstance(e, ImageProgress)]
     done = next(e for e in events if isinstance(e, ImageDone))
     assert progress[0].views_done == 0 and progress[-1].views_done == progress[-1].views_total
-    assert progress[-1].views_total == 1 + done.result.n_tiles
+    assert progress[-1].views_total == 1 + done.result.shown.n_tiles
     steps = zip(progress, progress[1:], strict=False)
     assert all(a.tokens_done <= b.tokens_done <= b.tokens_total for a, b in steps)
     first_text = kinds.index("TextPiece") if "TextPiece" in kinds else kinds.index("ImageDone")
@@ -168,13 +169,13 @@ def test_the_first_image_pays_for_the_system_prompt_in_tokens_and_time(
     describer = _describer(small_sequence, max_tiles=0)
     first = describer.describe(_image((800, 600), "a.jpg"))
     second = describer.describe(_image((800, 600), "b.jpg"))
-    assert second.prompt_tokens == first.prompt_tokens and second.cached_tokens > 0
+    assert second.prompt_tokens == first.prompt_tokens and second.cache.cached_tokens > 0
     # The first image's speed counts the system prompt's tokens and its time alike: every
     # token it decoded is in the rate, none rides free (no timed comparison: CI is shared).
-    assert first.cached_tokens == 0
+    assert first.cache.cached_tokens == 0
     for result in (first, second):
-        decoded = result.prompt_tokens - result.cached_tokens
-        assert result.prefill_tok_s == pytest.approx(decoded / result.prefill_s)
+        decoded = result.prompt_tokens - result.cache.cached_tokens
+        assert result.request.prefill_tok_s == pytest.approx(decoded / result.request.prefill_s)
 
 
 def test_ask_after_tags_keeps_the_users_max_tokens(small_sequence: FakeSequence) -> None:

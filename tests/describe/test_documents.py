@@ -137,7 +137,7 @@ def test_twenty_pages_are_read_with_the_cache_flat_then_a_question_shows_one_aga
 
     assert describe_images(describer, pages, DOCUMENT_PROMPT, on_event=on_event) == 20
     assert list(read) == list(range(1, 21)) and {e.result.image for e in read.values()} == {str(pdf)}
-    assert all(0 < e.result.visual_tokens <= room for e in read.values())  # within half the room
+    assert all(0 < e.result.request.visual_tokens <= room for e in read.values())  # within half the room
     assert max(cells[1:]) <= 1.1 * max(cells[:3])  # no page's KV is left behind for the next
     encoded = cache.stats().misses
     assert encoded == 20
@@ -148,7 +148,8 @@ def test_twenty_pages_are_read_with_the_cache_flat_then_a_question_shows_one_aga
     describer.check()
     assert cache.stats().misses == encoded  # page 7's views came from the projector-row cache
     assert answer.images == (f"{pdf}#page=7",) and answer.image == str(pdf) and answer.page == 0
-    assert answer.visual_tokens == read[7].result.visual_tokens  # the one page shown, as it was read
+    # the one page shown, as it was read
+    assert answer.request.visual_tokens == read[7].result.request.visual_tokens
     texts = sum(describer.transcript_costs([(p.page.name, p.transcript) for p in transcripts]))
-    assert answer.prompt_tokens <= describer.shared_prefix_len() + texts + answer.visual_tokens + 64
+    assert answer.prompt_tokens <= describer.shared_prefix_len() + texts + answer.request.visual_tokens + 64
     assert isinstance(events[-1], ImageDone) and events[-1].further

@@ -143,7 +143,7 @@ def test_each_image_starts_from_the_shared_prefix(small_sequence: FakeSequence, 
     assert len(set(kv_after)) == 1  # each image replaced the last one: nothing piles up
     assert len({r.prompt_tokens for r in results}) == 1  # identical images, identical prompts
     assert len({r.text for r in results}) == 1  # nothing leaked from one image into the next
-    assert results[1].cached_tokens == results[2].cached_tokens == describer.shared_prefix_len()
+    assert results[1].cache.cached_tokens == results[2].cache.cached_tokens == describer.shared_prefix_len()
 
 
 def test_torn_jsonl_line_is_cut_and_writes_are_atomic(tmp_path: Path) -> None:

@@ -62,12 +62,12 @@ def test_a_ten_minute_clip_is_read_window_by_window_with_the_cache_flat(
     assert first.frame_times_s == (0.5, 1.5, 2.5, 3.5, 4.5, 5.5, 6.5, 7.5) and first.skipped_frames == 0
     # Qwen-VL: two frames to a block (one temporal patch), so 8 frames are 4 blocks, each of
     # one frame's tokens, as mtmd counts a merged pair of that size
-    assert len(first.image_tokens) == 4 and sum(first.image_tokens) == first.visual_tokens
+    assert len(first.shown.image_tokens) == 4 and sum(first.shown.image_tokens) == first.request.visual_tokens
     frame = Image.new("RGB", (64, 48))
     pair = qwen.sequence().count_block(frame, merged_with=frame)
     assert len([p for p in pair.pieces if not isinstance(p, tuple)]) == 1
     one = qwen.sequence().count_block(frame).visual_tokens
-    assert set(first.image_tokens) == {pair.visual_tokens} == {one}
+    assert set(first.shown.image_tokens) == {pair.visual_tokens} == {one}
     assert first.question.startswith("These are 8 frames of a video, from 0:00 to 0:08 of its 10:00")
     assert str(started[1].path).endswith("ten.mp4, 0:08–0:16")
 
@@ -130,7 +130,7 @@ def test_smolvlm_is_shown_a_window_in_its_own_words(test_models: dict[str, Path]
     result = done[0].result
     assert result.question.startswith("\n\nThese are 6 frames of a video, from 0:00 to 0:06 of its 0:06")
     assert "You are provided the following series of 6 frames from a 0:00:06 [H:MM:SS] video.\n" in cache_text
-    assert "\nFrame from 00:05:" in cache_text and len(result.image_tokens) == 6
+    assert "\nFrame from 00:05:" in cache_text and len(result.shown.image_tokens) == 6
 
 
 def test_frame_tokens_below_what_gemma_4_can_show_is_refused_in_one_line(test_models: dict[str, Path],

@@ -112,8 +112,9 @@ def test_packing_on_real_llama_cpp(test_models: dict[str, Path]) -> None:
         chat.check()
         rows = next(s for s in chat.segments if s.visual).embedding.rows
         plan = fit_next_grid((900, 400), facts.grid_pinpoints, room=10**6, tile_size=112, view_tokens=64)
-        assert (stats.layout, stats.grid, stats.visual_tokens) == (LLAVA_NEXT, plan.grid, plan.tokens(64))
-        assert stats.pool == 1  # pooling stays off unless asked for
+        shown = (stats.shown.layout, stats.shown.grid, stats.request.visual_tokens)
+        assert shown == (LLAVA_NEXT, plan.grid, plan.tokens(64))
+        assert stats.shown.pool == 1  # pooling stays off unless asked for
         overview = sequence.encode_image(next_views(image.image, plan)[0]).rows
         np.testing.assert_allclose(rows[:64], overview, rtol=1e-5)  # the overview comes first
         height, width = plan.map_shape

@@ -104,7 +104,7 @@ def test_stats_split_prefill_and_decode(sequence: EngineSequence) -> None:
     _answer(sequence, Sampling())
     stats = sequence.stats()
     assert stats.visual_tokens == 576 and stats.clip_encodes == 1
-    assert stats.prompt_tokens == sequence.n_past - stats.completion_tokens
+    assert stats.prefill_tokens == sequence.n_past - stats.completion_tokens
     assert 0 < stats.clip_encode_s and 0 < stats.prefill_s < stats.ttft_s
     assert stats.prefill_tok_s > 0
 
