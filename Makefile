@@ -114,7 +114,9 @@ $(CLIENTS_STAMP):
 	  llama-index-llms-openai-like==$(LLAMA_INDEX_VERSION)
 	@rm -f $(CLIENTS_VENV)/.edgevlm-* && touch $@
 
-parity-env: $(PARITY_STAMP)
+# … and the pinned llama.cpp's sources, whose own converter (convert_hf_to_gguf.py) turns the tiny
+# Gemma 3 checkpoint into its GGUF pair (tests/parity/test_forward.py)
+parity-env: $(PARITY_STAMP) | $(PEER_SRC)
 
 $(PARITY_STAMP):
 	@test -x $(PARITY_VENV)/bin/python || $(PYTHON) -m venv $(PARITY_VENV)

@@ -2,16 +2,17 @@
 pair edgevlm loads: run in the reference venv (`make parity-env`), which has torch, transformers
 and gguf-py. Nothing is downloaded.
 
-    .venv-parity/bin/python scripts/make_parity_models.py [OUT_DIR]
+    .venv-parity/bin/python scripts/make_parity_models.py [OUT_DIR [CONVERTER]]
 
-For each family (Qwen2.5-VL, LLaVA-1.6 so far) OUT_DIR/<family>/ gets the transformers checkpoint
-(save_pretrained: config.json, model.safetensors, preprocessor_config.json) with fixed-seed
-random weights, and text.gguf + mmproj.gguf written from the same state dict at f32. The
-tensors are renamed and split as llama.cpp's converter does for the family (convert_hf_to_gguf.py:
-the vision qkv split into q, k and v; the 3D patch kernel into its two frames); the converter itself
-does not take a tiny checkpoint unaided (docs/parity.md), so this writes the pair with gguf-py, as
-make_test_models.py does. The vocabulary is the test models' (SmolLM2's with Qwen's image
-markers), so token ids mean the same on both sides.
+For Qwen2.5-VL and LLaVA-1.6, OUT_DIR/<family>/ gets the transformers checkpoint (save_pretrained:
+config.json, model.safetensors, preprocessor_config.json) with fixed-seed random weights, and
+text.gguf + mmproj.gguf written from the same state dict at f32, the tensors renamed and split as
+llama.cpp's converter does for the family (the vision qkv split into q, k and v; the 3D patch
+kernel into its two frames; LLaVA's legacy mmproj layout), with gguf-py as make_test_models.py
+does. For Gemma 3 (given CONVERTER, llama.cpp's own convert_hf_to_gguf.py from the pinned
+sources) the checkpoint is saved as the published ones are laid out and converted by llama.cpp's
+converter itself, text and --mmproj. The vocabulary is the test models' (SmolLM2's with each
+family's image markers), so token ids mean the same on both sides.
 """
 
 from __future__ import annotations
@@ -256,6 +257,84 @@ def _write_clip_mmproj(path: Path, state: dict[str, np.ndarray]) -> None:
     tm._finish(writer, path.with_suffix(".part"), path)
 
 
+# Gemma 3: 2 text layers of width 64 (head 16, its query scaled by the head's width as llama.cpp
+# reads it for every size but 27B), both sliding-window layers as llama.cpp's default pattern of
+# 6 makes them in a 2-layer model (the window, 128, longer than any prompt here, so that the
+# window itself is not what is compared); a SigLIP tower of 64 px images in 8 px patches pooled
+# 2x2 into 16 tokens, as the test pair's.
+GEMMA3_TEXT = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+               "num_key_value_heads": 2, "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 128,
+               "layer_types": ["sliding_attention", "sliding_attention"], "rms_norm_eps": 1e-6,
+               "max_position_embeddings": 4096, "initializer_range": 0.2,
+               # an output matrix of its own: tied, the input embedding (scaled by 8 here) outweighs
+               # two layers and every greedy token repeats the last one
+               "tie_word_embeddings": False}
+GEMMA3_VISION = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+                 "image_size": 64, "patch_size": 8, "layer_norm_eps": 1e-6}
+GEMMA3_MARKERS = ("<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>",
+                  "<image_soft_token>")
+GEMMA3_TAG = "edgevlm parity checkpoint gemma3 v2"
+
+
+def build_gemma3(folder: Path, vocab_source: Path, converter: Path) -> Path:
+    """A tiny Gemma 3 saved as the published checkpoints are laid out, and converted to its GGUF
+    pair by llama.cpp's own converter (convert_hf_to_gguf.py, text and --mmproj, at f32)."""
+    stamp = folder / "built.json"
+    if stamp.exists() and json.loads(stamp.read_text()).get("tag") == GEMMA3_TAG:
+        return folder
+    import subprocess
+
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+    from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from edgevlm.parity.reference import _gguf_tokenizer
+
+    tokenizer = _gguf_tokenizer(str(vocab_source))
+    tokenizer.add_special_tokens({"additional_special_tokens": list(GEMMA3_MARKERS)})
+    marker = {name: tokenizer.convert_tokens_to_ids(name) for name in GEMMA3_MARKERS}
+    torch.manual_seed(SEED)
+    config = Gemma3Config(text_config={**GEMMA3_TEXT, "vocab_size": len(tokenizer)},
+                          vision_config=GEMMA3_VISION, mm_tokens_per_image=16,
+                          image_token_index=marker["<image_soft_token>"],
+                          boi_token_index=marker["<start_of_image>"],
+                          eoi_token_index=marker["<end_of_image>"],
+                          bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                          pad_token_id=tokenizer.pad_token_id, initializer_range=0.2,
+                          tie_word_embeddings=False)
+    model = Gemma3ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, weights in model.named_parameters():
+            if name.endswith("mm_input_projection_weight"):
+                weights.normal_(0.0, 0.2)  # transformers starts the projection at zero: no rows at all
+            elif "norm" in name and weights.dim() == 1 and "vision_tower" not in name:
+                weights.normal_(0.0, 0.1)  # Gemma's norms scale by 1 + w: at 0 a missed shift would hide
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    # transformers 5 saves the tower as vision_tower.*; the published checkpoints (and llama.cpp's
+    # converter) have it as vision_tower.vision_model.*, which transformers loads the same
+    weights = load_file(folder / "model.safetensors")
+    save_file({name.replace("vision_tower.", "vision_tower.vision_model.", 1)
+               if not name.startswith("vision_tower.vision_model.") else name: array
+               for name, array in weights.items()}, folder / "model.safetensors", metadata={"format": "pt"})
+    tokenizer.save_pretrained(folder)
+    side = GEMMA3_VISION["image_size"]
+    Gemma3ImageProcessorPil(size={"height": side, "width": side}, image_mean=[0.5] * 3,
+                            image_std=[0.5] * 3).save_pretrained(folder)
+    settings = json.loads((folder / "preprocessor_config.json").read_text())
+    settings["image_seq_length"] = 16  # the converter reads the pooling from it
+    (folder / "preprocessor_config.json").write_text(json.dumps(settings, indent=2))
+    for out, extra in (("text.gguf", []), ("mmproj.gguf", ["--mmproj"])):
+        done = subprocess.run([sys.executable, str(converter), str(folder), "--outtype", "f32", *extra,
+                               "--outfile", str(folder / out)], capture_output=True, text=True)
+        if done.returncode:
+            raise SystemExit(f"{converter.name} failed on {folder}:\n{done.stderr[-2000:]}")
+    stamp.write_text(json.dumps({"tag": GEMMA3_TAG, "seed": SEED, "converter": converter.parent.parent.name}))
+    return folder
+
+
 def main() -> int:
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else OUT
     vocab_source = Path(__file__).resolve().parents[1] / "models" / "test" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -264,6 +343,12 @@ def main() -> int:
         return 2
     print(build_qwen25vl(out / "qwen2.5-vl", vocab_source))
     print(build_llava_next(out / "llava-next", vocab_source))
+    # llama.cpp's own converter, where its sources are unpacked (make parity-env does it)
+    converter = Path(sys.argv[2]) if len(sys.argv) > 2 else None
+    if converter is not None and converter.is_file():
+        print(build_gemma3(out / "gemma3", vocab_source, converter))
+    elif converter is not None:
+        print(f"{converter}: missing; make parity-env unpacks it (Gemma 3 not built)", file=sys.stderr)
     return 0
 
 

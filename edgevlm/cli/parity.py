@@ -91,7 +91,7 @@ def run_parity(mmproj: Path, model: Path | None, reference: Path, images: list[P
 
 # The families whose checkpoints stage 3 runs (transformers' tower, the reference's "rows"); not
 # Qwen3-VL yet, whose rows carry its deepstack layers' features too.
-ROWS_FAMILIES = ("qwen2-vl", "llava-next")
+ROWS_FAMILIES = ("qwen2-vl", "llava-next", "gemma3")
 
 
 def _rows_stage(python: Path, text: TextModelFacts, projector: ProjectorFacts, folder: Path,
@@ -108,8 +108,8 @@ def _rows_stage(python: Path, text: TextModelFacts, projector: ProjectorFacts, f
         paths = []
         for index, ((_name, image), shown) in enumerate(zip(photos, views, strict=True)):
             path = Path(scratch) / f"{index}.png"
-            # Qwen-VL: the view edgevlm hands mtmd, which the processor keeps; LLaVA-1.6: the photo,
-            # which the processor cuts into its own views
+            # Qwen-VL: the view edgevlm hands mtmd, which the processor keeps; LLaVA-1.6 and Gemma 3:
+            # the photo, which the processor cuts into its own views or stretches to its square
             (shown[0] if kind == "qwen-vl" else image).save(path)
             paths.append(str(path))
         request = {"stage": "rows", "family": kind, "dir": str(folder.resolve()), "images": paths}
@@ -122,7 +122,7 @@ def _rows_stage(python: Path, text: TextModelFacts, projector: ProjectorFacts, f
     rows = []
     for (name, _image), shown, own, other in zip(photos, views, theirs, shifted, strict=True):
         ours = [next(encoded) for _view in shown]
-        mine = ours[0] if kind == "qwen-vl" else np.stack(ours)
+        mine = np.stack(ours) if kind == "llava-next" else ours[0]  # LLaVA-1.6: a row block a view
         rows.append(rows_rows(name, mine, decode_rows(own), decode_rows(other) if other else None))
     return rows, f16_warnings([name for name, _ in photos], [result["peak"] for result in theirs])
 

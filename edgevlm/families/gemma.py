@@ -8,13 +8,32 @@ Pure: nothing here imports llama_cpp.
 
 from __future__ import annotations
 
+from PIL import Image
+
 from edgevlm.families.family import BlockCounter
-from edgevlm.families.mtmd import FIXED_MARKERS, MtmdFamily, dyn_size_grid
+from edgevlm.families.mtmd import FIXED_MARKERS, MtmdFamily, ResizeRule, dyn_size_grid
 from edgevlm.models.gguf import ProjectorFacts, TextModelFacts
+
+
+def gemma3_square(projector: ProjectorFacts) -> ResizeRule:
+    """Gemma 3's processor stretches every image to its square (896 px; pan and scan off by
+    default), with PIL's bilinear filter. mtmd letterboxes it instead: the image shrunk whole into
+    the square and the rest padded black (llama.cpp #13077 lists Gemma 3 among its "resize to a
+    fixed square and pad" families), so a 4:3 photo reaches the model in 75% of its pixels with
+    black bars the model never saw in training. edgevlm hands mtmd the processor's square, which
+    mtmd takes as it is (tests/parity/test_forward.py: the rows of a 3:2 photo then equal
+    transformers', where mtmd's letterbox gave a least cosine of -0.2 on the tiny checkpoint)."""
+    side = projector.image_size
+
+    def rule(_size: tuple[int, int], _floor: int, _ceiling: int | None) -> tuple[int, int]:
+        return (side, side)
+    return rule
+
 
 # clip.cpp pools Gemma 3's patches 4x4 where the GGUF does not say (hparams.n_merge = 4).
 GEMMA3 = MtmdFamily("gemma3", frozenset({"gemma3"}), text_archs=frozenset({"gemma3"}), default_merge=4,
-                    both_ways_rule=lambda _projector, _text: True)
+                    both_ways_rule=lambda _projector, _text: True, processor_rule=gemma3_square,
+                    resample=Image.Resampling.BILINEAR)
 GEMMA3N = MtmdFamily("gemma3n", frozenset({"gemma3nv"}), text_archs=frozenset({"gemma3n"}))
 
 # Gemma 4 in clip.cpp: patches pooled 3x3 where the GGUF does not say, an image sized by mtmd's

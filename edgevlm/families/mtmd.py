@@ -88,10 +88,12 @@ class NativeLayout:
 
     def __init__(self, projector_type: str, count: BlockCounter, *, frames: FrameScaffold = TIMED_FRAMES,
                  budgets: Mapping[Detail, TaskBudget] | None = None,
-                 resize: ResizeRule | None = None) -> None:
+                 resize: ResizeRule | None = None,
+                 resample: Image.Resampling = Image.Resampling.BICUBIC) -> None:
         self.name = f"mtmd-{projector_type}"
         self._count = count
         self._resize = resize
+        self._resample = resample
         self.frames = frames
         self.budgets: Mapping[Detail, TaskBudget] = budgets or {}
 
@@ -188,7 +190,7 @@ class NativeLayout:
         size = _native(plan).size
         if image.size == size:
             return [image]
-        return [image.resize(size, Image.Resampling.BICUBIC)]
+        return [image.resize(size, self._resample)]
 
     def write(self, plan: ImagePlan, views: Sequence[Image.Image], pen: BlockPen) -> None:
         """mtmd's whole block for the view, or for a merged pair of frames (both in one block)."""
@@ -315,8 +317,10 @@ class MtmdFamily:
     warmup_tokens_per_side: int = 0  # clip.cpp's warmup size for a dynamic-resolution projector
     frames: FrameScaffold = TIMED_FRAMES
     grid_rule: GridRule | None = field(default=None, compare=False)  # plan-time count; None: mtmd's
-    # transformers' resize rule, where edgevlm follows it rather than mtmd's (docs/parity.md)
+    # transformers' resize rule, where edgevlm follows it rather than mtmd's (docs/parity.md),
+    # and the filter its processor resizes with
     processor_rule: ProcessorRule | None = field(default=None, compare=False)
+    resample: Image.Resampling = Image.Resampling.BICUBIC
     deepstack: bool = False
     mrope: bool = False  # rows positioned by their grid (mtmd_decode_use_mrope): Qwen-VL
     # Budgets by task, for a family whose tokens follow the image's size: the most visual tokens a
@@ -347,7 +351,8 @@ class MtmdFamily:
         """mtmd's layout, the image's size chosen to fit (see block_counter) within each task's budget."""
         resize = self.processor_rule(projector) if self.processor_rule is not None else None
         return NativeLayout(projector.projector_type, self.block_counter(projector, measure),
-                            frames=self.frames, budgets=self.budgets(projector), resize=resize)
+                            frames=self.frames, budgets=self.budgets(projector), resize=resize,
+                            resample=self.resample)
 
     def budgets(self, projector: ProjectorFacts) -> dict[Detail, TaskBudget]:
         """Each task's floor and ceiling of visual tokens for this projector."""

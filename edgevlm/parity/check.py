@@ -71,11 +71,12 @@ class ParityRow:
 
 def reference_kind(projector: ProjectorFacts) -> str:
     """Which of reference.py's checkpoint readers answers for this projector's family."""
-    kinds = {"qwen2-vl": "qwen-vl", "qwen3-vl": "qwen-vl", "llava-next": "llava-next", "smolvlm": "smolvlm"}
+    kinds = {"qwen2-vl": "qwen-vl", "qwen3-vl": "qwen-vl", "llava-next": "llava-next", "smolvlm": "smolvlm",
+             "gemma3": "gemma3"}
     kind = kinds.get(family_for(projector).name)
     if kind is None:
-        raise ConfigError(f"{projector.path}: edgevlm parity compares Qwen-VL, LLaVA-1.6 and SmolVLM "
-                          f"checkpoints so far, not {family_for(projector).name}")
+        raise ConfigError(f"{projector.path}: edgevlm parity compares Qwen-VL, LLaVA-1.6, SmolVLM and "
+                          f"Gemma 3 checkpoints so far, not {family_for(projector).name}")
     return kind
 
 

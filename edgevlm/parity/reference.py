@@ -18,23 +18,26 @@ Stages (the request's "stage"):
   "tile": its max_image_size.longest_edge}. Answer: {"views": [...]}.
 - "checkpoint": a checkpoint's own image processor, read from its folder ({"dir": …}) with
   AutoImageProcessor, on a synthetic image of each [w, h]. Answer: {"kind": "size", "results":
-  [[w, h] or null, ...]} for Qwen-VL (null: refused), {"kind": "views", ...} for SmolVLM,
+  [[w, h] or null, ...]} for Qwen-VL (null: refused) and Gemma 3 (its pixel_values' size),
+  {"kind": "views", ...} for SmolVLM,
   {"kind": "canvas", "results": [{"canvas": [w, h], "tie": bool}, ...]} for LLaVA-NeXT.
 - "pixels": the pixels a processor hands the encoder, before rescaling and normalising (0..255),
   for each image file of {"images": [path, ...]}: "qwen-vl" at {"patch_size", "merge", "min_pixels",
   "max_pixels"}, un-patchified to the resized image; "llava" (LLaVA-1.5: padded to a square in the
   mean colour, then resized) at {"size": 336}. Answer: {"results": [{"shape": [h, w, 3],
   "pixels": base64 of the uint8 array}, ...]}.
-- "rows" of "qwen-vl": the rows the vision tower and merger of the checkpoint in {"dir"} give each
-  image file of {"images"} (its own processor, its own forward, float32). Answer: {"results":
+- "rows" of "qwen-vl" or "gemma3": the rows the vision tower and projector (Qwen's merger,
+  Gemma's pooling, norm and projection) of the checkpoint in {"dir"} give each image file of
+  {"images"} (its own processor, its own forward, float32). Answer: {"results":
   [{"shape": [tokens, width], "rows": base64 of the float32 array}, ...]}.
 - "rows" of "llava-next": each view's rows (the processor's overview and tiles, before packing)
   of each image file, at the checkpoint's feature layer; with {"class_token": "last"}, as
   llama.cpp's llava graph lays its tower's input out (the class token after the patches, positions
   in that order, the rows from the second on: llama.cpp #25814). Answer: {"results": [{"shape":
   [views, tokens, width], "rows": …}, ...]}.
-- "logits" of "qwen-vl" or "llava-next": the checkpoint in {"dir"} run on {"input_ids": [...]} with the image
-  files of {"images"} in their image-token runs (none: a text prompt): the next-token logits
+- "logits" of "qwen-vl", "llava-next" or "gemma3": the checkpoint in {"dir"} run on
+  {"input_ids": [...]} with the image files of {"images"} in their image-token runs (none: a
+  text prompt): the next-token logits
   and {"steps"} greedy tokens. Answer: {"logits": base64 float32, "greedy": [ids]}.
 - "prompt" of "qwen-vl": stage 2, the ids transformers' Qwen2.5-VL processor makes of each of
   {"conversations": [{"messages": [...], "images": [path, ...]}, ...]} with the chat template
@@ -235,10 +238,12 @@ def _rows(request: dict[str, Any]) -> Answer:
     model = _saved_model(request)
     processor = _saved_processor(request)
     results = []
+    tower = model.model.visual if request["family"] == "qwen-vl" else model.model.vision_tower
     for path in request["images"]:
         out = processor(images=[Image.open(path).convert("RGB")], return_tensors="pt")
-        with torch.no_grad(), _peak_activation(model.model.visual) as peak:
-            rows = model.model.get_image_features(out["pixel_values"], out["image_grid_thw"]).pooler_output[0]
+        grid = [out["image_grid_thw"]] if "image_grid_thw" in out else []  # Qwen-VL's: its size in patches
+        with torch.no_grad(), _peak_activation(tower) as peak:
+            rows = model.model.get_image_features(out["pixel_values"], *grid).pooler_output[0]
         array = rows.float().numpy()
         results.append(_rows_answer(array, peak[0]))
     return {"results": results}
@@ -283,13 +288,19 @@ def _logits(request: dict[str, Any]) -> Answer:
     if request.get("images"):
         processor = _saved_processor(request)
         images = [Image.open(path).convert("RGB") for path in request["images"]]
-        inputs |= dict(processor(images=images, return_tensors="pt"))
+        # num_crops: Gemma 3's pan-and-scan count, which its forward does not take
+        inputs |= {key: value for key, value in processor(images=images, return_tensors="pt").items()
+                   if key != "num_crops"}
     inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
     if request["family"] == "qwen-vl":
         # which tokens are an image's: transformers 5 places their M-RoPE positions by the grid
         # only where told (its processor returns this beside the ids; without it all are text)
         image_token = model.config.image_token_id
         inputs["mm_token_type_ids"] = (inputs["input_ids"] == image_token).to(torch.int32)
+    if request["family"] == "gemma3":
+        # which tokens are an image's: Gemma 3 attends each image's run both ways (its mask is
+        # built from these at the prefill, as its processor returns them), the rest causally
+        inputs["token_type_ids"] = (inputs["input_ids"] == model.config.image_token_index).to(torch.int64)
     with torch.no_grad():
         logits = model(**inputs).logits[0, -1].float().numpy()
         steps = int(request.get("steps", 0))
@@ -425,6 +436,10 @@ def _checkpoint(request: dict[str, Any]) -> Answer:
     for width, height in request["cases"]:
         if family == "smolvlm":
             results.append(processor.get_number_of_image_patches(height, width, {})[0] or 1)
+        elif family == "gemma3":  # the size its processor hands the tower
+            pixels = processor(images=[Image.new("RGB", (width, height), (120, 80, 40))],
+                               return_tensors="np")["pixel_values"]
+            results.append([int(pixels.shape[-1]), int(pixels.shape[-2])])
         elif family == "llava-next":
             pinpoints = processor.image_grid_pinpoints
             canvas_h, canvas_w = select_best_resolution((height, width), pinpoints)
@@ -454,10 +469,13 @@ STAGES: dict[tuple[str, str], Callable[[dict[str, Any]], Answer]] = {
     ("prompt", "gemma4"): _prompt,
     ("prompt", "smolvlm"): _prompt,
     ("logits", "llava-next"): _logits,
+    ("rows", "gemma3"): _rows,
+    ("logits", "gemma3"): _logits,
     ("rows", "llava-next"): _llava_next_rows,
     ("checkpoint", "qwen-vl"): _checkpoint,
     ("checkpoint", "smolvlm"): _checkpoint,
     ("checkpoint", "llava-next"): _checkpoint,
+    ("checkpoint", "gemma3"): _checkpoint,
 }
 
 

@@ -23,8 +23,9 @@ def test_describe_and_chat_print_the_same_cost_line() -> None:
                             n_ctx=4096, n_gpu_layers=0, request=DONE, shown=SHOWN, cache=CACHE)
     turn = TurnStats(turn=1, prompt_tokens=640, completion_tokens=11, request=DONE, shown=SHOWN, cache=CACHE)
     costs = cost_line(shown_text(SHOWN, 576), DONE, CACHE, prompt_tokens=640, completion_tokens=11)
-    assert costs == ("2x2 grid (4 tiles, pooled 2x2), 576 visual tokens | TTFT 2.50 s (prefill 600 tok at "
-                     "300 tok/s, CLIP 0.40 s, image prefix from RAM in 0.00 s) | decode 20.0 tok/s, 11 tokens")
+    assert costs == ("2x2 grid (4 tiles, pooled 2x2), 576 visual tokens | TTFT 2.50 s (prefill 600 tok "
+                     "at 300 tok/s, CLIP 0.40 s, image prefix from RAM in 0.00 s) | decode 20.0 tok/s, "
+                     "11 tokens")
     assert stats_line(result) == f"[dim]bus.jpg: {costs}[/]"
     assert _brief(turn, 4096) == f"{costs} | KV 700/4096"
 

@@ -163,3 +163,30 @@ def test_stage_3_compares_the_rows_and_names_a_perturbed_checkpoint(reference: P
     assert known.returncode == 0, known.stderr
     rows = [row for row in _rows(known.stdout)["rows"] if row["stage"] == "3 image rows"]
     assert rows and all(row["verdict"] == "known difference" and "#25814" in row["why"] for row in rows)
+
+
+def test_a_gemma3_checkpoint_is_shown_its_processors_square(reference: Path) -> None:
+    """Gemma 3, converted by llama.cpp's own converter: every photo is shown at the processor's
+    square (stage 1, nine shapes), and its rows through mtmd are the checkpoint's own (stage 3)."""
+    import os
+    import subprocess
+
+    from .test_forward import ROOT, converter
+
+    parity = ROOT / "models" / "test" / "parity"
+    subprocess.run([str(reference), str(ROOT / "scripts" / "make_parity_models.py"), str(parity),
+                    str(converter())], check=True, capture_output=True)
+    gemma3 = parity / "gemma3"
+    if not (gemma3 / "mmproj.gguf").exists():
+        reason = f"needs llama.cpp's converter at {converter()} (make parity-env unpacks it)"
+        if os.environ.get("EDGEVLM_REQUIRE_PARITY"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    done = invoke_cli("parity", "--model", str(gemma3 / "text.gguf"), "--mmproj", str(gemma3 / "mmproj.gguf"),
+                      "--reference", str(gemma3), "--json")
+    assert done.returncode == 0, done.stderr
+    rows = _rows(done.stdout)["rows"]
+    sizes = [row for row in rows if row["stage"] == "1 preprocess"]
+    assert len(sizes) == 9 and {(row["edgevlm"], row["reference"]) for row in sizes} == {("64x64", "64x64")}
+    stage3 = [row for row in rows if row["stage"] == "3 image rows"]
+    assert len(stage3) == 3 and {row["verdict"] for row in stage3} == {"same"}
