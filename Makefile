@@ -47,7 +47,8 @@ LLAMA_INDEX_VERSION := 0.8.1
 CLIENTS_STAMP := $(CLIENTS_VENV)/.edgevlm-llama-index-$(LLAMA_INDEX_VERSION)
 # transformers, the reference implementation tests/parity/ compares each family with, in a venv of
 # its own (edgevlm/parity/reference.py runs there; torch and transformers never load into .venv),
-# with gguf-py for scripts/make_parity_models.py, which writes its tiny checkpoints as GGUF pairs.
+# with gguf-py for scripts/make_parity_models.py and llama.cpp's converter, which turn its tiny
+# checkpoints into GGUF pairs.
 # torch==2.13.0 is the CPU build on this workplace's index (about 1.2 GB with transformers); where
 # the index only has the CUDA wheels, set PIP_EXTRA_INDEX_URL to PyTorch's CPU index.
 PARITY_VENV := .venv-parity
@@ -56,7 +57,10 @@ TRANSFORMERS_VERSION := 5.25.0
 GGUF_VERSION := 0.19.0
 # SmolVLM's processor spells frame times out in words with it (stage 2 of parity imports it)
 NUM2WORDS_VERSION := 0.5.14
-PARITY_STAMP := $(PARITY_VENV)/.edgevlm-parity-$(TORCH_VERSION)-$(TRANSFORMERS_VERSION)-$(GGUF_VERSION)-$(NUM2WORDS_VERSION)
+# llama.cpp's converter imports it for Qwen-VL's vocabulary before it finds there is no
+# tokenizer.model (it then reads tokenizer.json)
+SENTENCEPIECE_VERSION := 0.2.3
+PARITY_STAMP := $(PARITY_VENV)/.edgevlm-parity-$(TORCH_VERSION)-$(TRANSFORMERS_VERSION)-$(GGUF_VERSION)-$(NUM2WORDS_VERSION)-$(SENTENCEPIECE_VERSION)
 
 .PHONY: help setup models demo test test-fast test-models parity-env lint bench peers rpc-server clean
 help:
@@ -122,7 +126,7 @@ $(PARITY_STAMP):
 	@test -x $(PARITY_VENV)/bin/python || $(PYTHON) -m venv $(PARITY_VENV)
 	$(PARITY_VENV)/bin/python -m pip install -q --disable-pip-version-check \
 	  torch==$(TORCH_VERSION) transformers==$(TRANSFORMERS_VERSION) gguf==$(GGUF_VERSION) \
-	  num2words==$(NUM2WORDS_VERSION) pillow numpy
+	  num2words==$(NUM2WORDS_VERSION) sentencepiece==$(SENTENCEPIECE_VERSION) pillow numpy
 	@rm -f $(PARITY_VENV)/.edgevlm-* && touch $@
 
 test-fast: setup test-models

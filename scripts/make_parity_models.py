@@ -2,17 +2,18 @@
 pair edgevlm loads: run in the reference venv (`make parity-env`), which has torch, transformers
 and gguf-py. Nothing is downloaded.
 
-    .venv-parity/bin/python scripts/make_parity_models.py [OUT_DIR [CONVERTER]]
+    .venv-parity/bin/python scripts/make_parity_models.py OUT_DIR CONVERTER
 
-For Qwen2.5-VL and LLaVA-1.6, OUT_DIR/<family>/ gets the transformers checkpoint (save_pretrained:
-config.json, model.safetensors, preprocessor_config.json) with fixed-seed random weights, and
-text.gguf + mmproj.gguf written from the same state dict at f32, the tensors renamed and split as
-llama.cpp's converter does for the family (the vision qkv split into q, k and v; the 3D patch
-kernel into its two frames; LLaVA's legacy mmproj layout), with gguf-py as make_test_models.py
-does. For Gemma 3 (given CONVERTER, llama.cpp's own convert_hf_to_gguf.py from the pinned
-sources) the checkpoint is saved as the published ones are laid out and converted by llama.cpp's
-converter itself, text and --mmproj. The vocabulary is the test models' (SmolLM2's with each
-family's image markers), so token ids mean the same on both sides.
+OUT_DIR/<family>/ gets each transformers checkpoint (save_pretrained: config.json,
+model.safetensors, preprocessor_config.json, tokenizer.json) with fixed-seed random weights, and
+its GGUF pair at f32: text.gguf and mmproj.gguf. For Qwen2.5-VL and Gemma 3 the pair is made by
+CONVERTER, llama.cpp's own convert_hf_to_gguf.py from the pinned sources (make parity-env unpacks
+them), from the checkpoint as saved (Gemma 3's tower renamed to the published layout first).
+LLaVA-1.6's needs llama.cpp's legacy scripts (convert_hf_to_gguf.py has no LLaVA-NeXT), which
+take a LLaVA repository's own checkpoint: it is written with gguf-py in their layout, as
+make_test_models.py writes its pairs.
+The vocabulary is the test models' (SmolLM2's with each family's image markers), so token ids
+mean the same on both sides.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -27,10 +29,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_test_models as tm  # noqa: E402  (the test models' vocabulary and GGUF headers)
 
 OUT = Path(__file__).resolve().parents[1] / "models" / "test" / "parity"
-BUILD_TAG = "edgevlm parity checkpoint v3"
+BUILD_TAG = "edgevlm parity checkpoint v4"
 SEED = 11
-# The tiny sizes: 2 text and 2 vision layers; the published patch, merge, temporal patch and
-# window (112 px) of Qwen2.5-VL, its full-attention blocks every other block (n_wa_pattern 2).
+# The tiny sizes: 2 text layers and 4 vision blocks (llama.cpp's converter names the merger's
+# layers by block number, so a tower of 2 blocks has no name for its mlp.2); the published patch,
+# merge, temporal patch and window (112 px) of Qwen2.5-VL, its full-attention blocks every other
+# block (n_wa_pattern 2).
 TEXT = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
         "max_position_embeddings": 4096, "tie_word_embeddings": True,
@@ -40,13 +44,14 @@ TEXT = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "nu
         # transformers' M-RoPE split of a 16-wide head (8 pairs): temporal, height, width, as
         # make_test_models.py's header writes it for llama.cpp ([2, 2, 4, 0])
         "rope_scaling": {"type": "mrope", "mrope_section": [2, 2, 4]}}
-VISION = {"depth": 2, "hidden_size": 32, "num_heads": 2, "intermediate_size": 64, "out_hidden_size": 64,
+VISION = {"depth": 4, "hidden_size": 32, "num_heads": 2, "intermediate_size": 64, "out_hidden_size": 64,
           "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 112,
-          "fullatt_block_indexes": [1], "hidden_act": "silu"}
+          "fullatt_block_indexes": [1, 3], "hidden_act": "silu"}
 
 
-def build_qwen25vl(folder: Path, vocab_source: Path) -> Path:
-    """The transformers checkpoint and its GGUF pair, unless they are already current."""
+def build_qwen25vl(folder: Path, vocab_source: Path, converter: Path) -> Path:
+    """The transformers checkpoint, converted to its GGUF pair by llama.cpp's own converter,
+    unless they are already current."""
     stamp = folder / "built.json"
     if stamp.exists() and json.loads(stamp.read_text()).get("tag") == BUILD_TAG:
         return folder
@@ -54,88 +59,52 @@ def build_qwen25vl(folder: Path, vocab_source: Path) -> Path:
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    tokens, types, merges, ids = tm._qwen_vocab(vocab_source)
-    marker = {name: tokens.index(name) for name in tm.VISION_TOKENS}
+    tokenizer, marker = _tokenizer(vocab_source, tm.VISION_TOKENS)
     torch.manual_seed(SEED)
-    config = Qwen2_5_VLConfig(text_config={**TEXT, "vocab_size": len(tokens)}, vision_config=VISION,
+    config = Qwen2_5_VLConfig(text_config={**TEXT, "vocab_size": len(tokenizer)}, vision_config=VISION,
                               image_token_id=marker["<|image_pad|>"], video_token_id=marker["<|image_pad|>"],
                               vision_start_token_id=marker["<|vision_start|>"],
                               vision_end_token_id=marker["<|vision_end|>"], tie_word_embeddings=True,
-                              bos_token_id=ids["bos_token_id"], eos_token_id=ids["eos_token_id"])
+                              bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
     model = Qwen2_5_VLForConditionalGeneration(config).eval()
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
     processor = Qwen2VLImageProcessorPil(size={"shortest_edge": 56 * 56, "longest_edge": 12_845_056},
                                          patch_size=14, merge_size=2, image_mean=tm.CLIP_MEAN,
                                          image_std=tm.CLIP_STD)
     processor.save_pretrained(folder)
-    state = {name: tensor.detach().float().numpy() for name, tensor in model.state_dict().items()}
-    _write_text(folder / "text.gguf", state, (tokens, types, merges, ids))
-    _write_mmproj(folder / "mmproj.gguf", state)
-    stamp.write_text(json.dumps({"tag": BUILD_TAG, "seed": SEED}))
+    _convert(folder, converter)
+    stamp.write_text(json.dumps({"tag": BUILD_TAG, "seed": SEED, "converter": converter.parent.parent.name}))
     return folder
 
 
-def _write_text(path: Path, state: dict[str, np.ndarray], vocab: tuple) -> None:
-    import gguf
+def _tokenizer(vocab_source: Path, markers: tuple[str, ...]) -> tuple[Any, dict[str, int]]:
+    """The test models' vocabulary (SmolLM2's byte-level BPE) as a transformers tokenizer, with a
+    family's markers added as special tokens after it, and each marker's id."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from edgevlm.parity.reference import _gguf_tokenizer
 
-    writer = gguf.GGUFWriter(str(path.with_suffix(".part")), "qwen2vl")
-    tm._text_header(writer, "edgevlm-parity-qwen2.5-vl", vocab, tm.QWEN_TEMPLATE, n_embd=TEXT["hidden_size"],
-                    n_layer=TEXT["num_hidden_layers"], n_ff=TEXT["intermediate_size"],
-                    n_head=TEXT["num_attention_heads"], n_head_kv=TEXT["num_key_value_heads"], add_bos=False,
-                    rope_sections=TEXT["hidden_size"] // TEXT["num_attention_heads"] // 2)
-    text = "model.language_model."
-    writer.add_tensor("token_embd.weight", state[f"{text}embed_tokens.weight"])
-    writer.add_tensor("output_norm.weight", state[f"{text}norm.weight"])
-    names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-             "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-             "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
-             "post_attention_layernorm": "ffn_norm"}
-    for layer in range(TEXT["num_hidden_layers"]):
-        for theirs, ours in names.items():
-            for kind in ("weight", "bias"):
-                key = f"{text}layers.{layer}.{theirs}.{kind}"
-                if key in state:
-                    writer.add_tensor(f"blk.{layer}.{ours}.{kind}", state[key])
-    tm._finish(writer, path.with_suffix(".part"), path)
+    tokenizer = _gguf_tokenizer(str(vocab_source))
+    tokenizer.add_special_tokens({"additional_special_tokens": list(markers)})
+    return tokenizer, {name: tokenizer.convert_tokens_to_ids(name) for name in markers}
 
 
-def _write_mmproj(path: Path, state: dict[str, np.ndarray]) -> None:
-    import gguf
+def _convert(folder: Path, converter: Path) -> None:
+    """llama.cpp's convert_hf_to_gguf.py on the checkpoint: text.gguf and mmproj.gguf, at f32."""
+    import subprocess
 
-    width = VISION["hidden_size"]
-    writer = gguf.GGUFWriter(str(path.with_suffix(".part")), "clip")
-    tm._clip_header(writer, "edgevlm-parity-qwen2.5-vl-mmproj", "qwen2.5vl_merger", {"use_silu": True},
-                    eps=1e-6, image_size=560, patch_size=VISION["patch_size"], embedding_length=width,
-                    feed_forward_length=VISION["intermediate_size"], projection_dim=VISION["out_hidden_size"],
-                    head_count=VISION["num_heads"], block_count=VISION["depth"])
-    writer.add_uint32("clip.vision.n_wa_pattern", 2)
-    writer.add_uint32("clip.vision.spatial_merge_size", VISION["spatial_merge_size"])
-    vision = "model.visual."
-    kernel = state[f"{vision}patch_embed.proj.weight"]  # (width, 3, temporal 2, patch, patch)
-    writer.add_tensor("v.patch_embd.weight", np.ascontiguousarray(kernel[:, :, 0]))
-    writer.add_tensor("v.patch_embd.weight.1", np.ascontiguousarray(kernel[:, :, 1]))
-    for block in range(VISION["depth"]):
-        theirs, ours = f"{vision}blocks.{block}.", f"v.blk.{block}."
-        for kind in ("weight", "bias"):
-            q, k, v = np.split(state[f"{theirs}attn.qkv.{kind}"], 3, axis=0)
-            for name, part in (("attn_q", q), ("attn_k", k), ("attn_v", v)):
-                writer.add_tensor(f"{ours}{name}.{kind}", np.ascontiguousarray(part))
-            writer.add_tensor(f"{ours}attn_out.{kind}", state[f"{theirs}attn.proj.{kind}"])
-            for name in ("gate", "up", "down"):
-                writer.add_tensor(f"{ours}ffn_{name}.{kind}", state[f"{theirs}mlp.{name}_proj.{kind}"])
-        writer.add_tensor(f"{ours}ln1.weight", state[f"{theirs}norm1.weight"])
-        writer.add_tensor(f"{ours}ln2.weight", state[f"{theirs}norm2.weight"])
-    writer.add_tensor("v.post_ln.weight", state[f"{vision}merger.ln_q.weight"])
-    for index in (0, 2):
-        for kind in ("weight", "bias"):
-            writer.add_tensor(f"mm.{index}.{kind}", state[f"{vision}merger.mlp.{index}.{kind}"])
-    tm._finish(writer, path.with_suffix(".part"), path)
+    for out, extra in (("text.gguf", []), ("mmproj.gguf", ["--mmproj"])):
+        done = subprocess.run([sys.executable, str(converter), str(folder), "--outtype", "f32", *extra,
+                               "--outfile", str(folder / out)], capture_output=True, text=True)
+        if done.returncode:
+            raise SystemExit(f"{converter.name} failed on {folder}:\n{done.stderr[-2000:]}")
 
 
 # LLaVA-1.6 (LLaVA-NeXT), tiny: a CLIP tower of 112 px views (14 px patches: 8x8 features a view),
 # its second-to-last layer's features (vision_feature_layer -2, the class token dropped), a GELU MLP
 # projector, the learned newline, and a llama text model; the published pinpoints scaled to 112.
+# Written with gguf-py in the legacy converter's layout (convert_image_encoder_to_gguf.py).
 NEXT_VISION = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
                "image_size": 112, "patch_size": 14, "hidden_act": "quick_gelu", "layer_norm_eps": 1e-5}
 NEXT_TEXT = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -282,19 +251,12 @@ def build_gemma3(folder: Path, vocab_source: Path, converter: Path) -> Path:
     stamp = folder / "built.json"
     if stamp.exists() and json.loads(stamp.read_text()).get("tag") == GEMMA3_TAG:
         return folder
-    import subprocess
-
     import torch
     from safetensors.torch import load_file, save_file
     from transformers import Gemma3Config, Gemma3ForConditionalGeneration
     from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from edgevlm.parity.reference import _gguf_tokenizer
-
-    tokenizer = _gguf_tokenizer(str(vocab_source))
-    tokenizer.add_special_tokens({"additional_special_tokens": list(GEMMA3_MARKERS)})
-    marker = {name: tokenizer.convert_tokens_to_ids(name) for name in GEMMA3_MARKERS}
+    tokenizer, marker = _tokenizer(vocab_source, GEMMA3_MARKERS)
     torch.manual_seed(SEED)
     config = Gemma3Config(text_config={**GEMMA3_TEXT, "vocab_size": len(tokenizer)},
                           vision_config=GEMMA3_VISION, mm_tokens_per_image=16,
@@ -326,29 +288,27 @@ def build_gemma3(folder: Path, vocab_source: Path, converter: Path) -> Path:
     settings = json.loads((folder / "preprocessor_config.json").read_text())
     settings["image_seq_length"] = 16  # the converter reads the pooling from it
     (folder / "preprocessor_config.json").write_text(json.dumps(settings, indent=2))
-    for out, extra in (("text.gguf", []), ("mmproj.gguf", ["--mmproj"])):
-        done = subprocess.run([sys.executable, str(converter), str(folder), "--outtype", "f32", *extra,
-                               "--outfile", str(folder / out)], capture_output=True, text=True)
-        if done.returncode:
-            raise SystemExit(f"{converter.name} failed on {folder}:\n{done.stderr[-2000:]}")
+    _convert(folder, converter)
     stamp.write_text(json.dumps({"tag": GEMMA3_TAG, "seed": SEED, "converter": converter.parent.parent.name}))
     return folder
 
 
 def main() -> int:
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else OUT
-    vocab_source = Path(__file__).resolve().parents[1] / "models" / "test" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    root = Path(__file__).resolve().parents[1]
+    vocab_source = root / "models" / "test" / "SmolLM2-135M-Instruct.Q4_1.gguf"
     if not vocab_source.exists():
         print(f"{vocab_source}: missing; run make test-models first", file=sys.stderr)
         return 2
-    print(build_qwen25vl(out / "qwen2.5-vl", vocab_source))
-    print(build_llava_next(out / "llava-next", vocab_source))
-    # llama.cpp's own converter, where its sources are unpacked (make parity-env does it)
+    # llama.cpp's own converter, from the pinned sources (make parity-env unpacks them)
     converter = Path(sys.argv[2]) if len(sys.argv) > 2 else None
-    if converter is not None and converter.is_file():
-        print(build_gemma3(out / "gemma3", vocab_source, converter))
-    elif converter is not None:
-        print(f"{converter}: missing; make parity-env unpacks it (Gemma 3 not built)", file=sys.stderr)
+    if converter is None or not converter.is_file():
+        print(f"{converter or 'CONVERTER'}: missing; make parity-env unpacks llama.cpp's sources",
+              file=sys.stderr)
+        return 2
+    print(build_qwen25vl(out / "qwen2.5-vl", vocab_source, converter))
+    print(build_llava_next(out / "llava-next", vocab_source))
+    print(build_gemma3(out / "gemma3", vocab_source, converter))
     return 0
 
 
