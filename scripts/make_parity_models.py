@@ -6,9 +6,10 @@ and gguf-py. Nothing is downloaded.
 
 OUT_DIR/<family>/ gets each transformers checkpoint (save_pretrained: config.json,
 model.safetensors, preprocessor_config.json, tokenizer.json) with fixed-seed random weights, and
-its GGUF pair at f32: text.gguf and mmproj.gguf. For Qwen2.5-VL and Gemma 3 the pair is made by
-CONVERTER, llama.cpp's own convert_hf_to_gguf.py from the pinned sources (make parity-env unpacks
-them), from the checkpoint as saved (Gemma 3's tower renamed to the published layout first).
+its GGUF pair at f32: text.gguf and mmproj.gguf. For Qwen2.5-VL, Qwen3-VL and Gemma 3 the pair
+is made by CONVERTER, llama.cpp's own convert_hf_to_gguf.py from the pinned sources (make
+parity-env unpacks them), from the checkpoint as saved (Gemma 3's tower renamed to the published
+layout first).
 LLaVA-1.6's needs llama.cpp's legacy scripts (convert_hf_to_gguf.py has no LLaVA-NeXT), which
 take a LLaVA repository's own checkpoint: it is written with gguf-py in their layout, as
 make_test_models.py writes its pairs.
@@ -73,6 +74,51 @@ def build_qwen25vl(folder: Path, vocab_source: Path, converter: Path) -> Path:
     processor = Qwen2VLImageProcessorPil(size={"shortest_edge": 56 * 56, "longest_edge": 12_845_056},
                                          patch_size=14, merge_size=2, image_mean=tm.CLIP_MEAN,
                                          image_std=tm.CLIP_STD)
+    processor.save_pretrained(folder)
+    _convert(folder, converter)
+    stamp.write_text(json.dumps({"tag": BUILD_TAG, "seed": SEED, "converter": converter.parent.parent.name}))
+    return folder
+
+
+# Qwen3-VL: Qwen3's attention (q and k normed; head 16, its M-RoPE interleaved over sections of
+# 2, 3 and 3 pairs) in 4 text layers, and a tower of 4 blocks in 16 px patches with a learned 8x8
+# position grid and deepstack features from blocks 1 and 2, added to text layers 0 and 1; the
+# published processor's patch, merge and normalisation. (With as many deepstack layers as text
+# layers, llama.cpp asserts on the first token, ggml_can_repeat: real models have 3 of 36.)
+QWEN3_TEXT = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6, "max_position_embeddings": 4096,
+              "initializer_range": 0.2, "tie_word_embeddings": True,
+              "rope_parameters": {"rope_theta": 5000000.0, "rope_type": "default", "mrope_section": [2, 3, 3],
+                                  "mrope_interleaved": True}}
+QWEN3_VISION = {"depth": 4, "hidden_size": 32, "num_heads": 2, "intermediate_size": 64, "out_hidden_size": 64,
+                "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
+                "num_position_embeddings": 64, "deepstack_visual_indexes": [1, 2],
+                "hidden_act": "gelu_pytorch_tanh", "initializer_range": 0.2}
+
+
+def build_qwen3vl(folder: Path, vocab_source: Path, converter: Path) -> Path:
+    """The tiny Qwen3-VL, converted by llama.cpp's own converter, unless already current."""
+    stamp = folder / "built.json"
+    if stamp.exists() and json.loads(stamp.read_text()).get("tag") == BUILD_TAG:
+        return folder
+    import torch
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    tokenizer, marker = _tokenizer(vocab_source, tm.VISION_TOKENS)
+    torch.manual_seed(SEED)
+    config = Qwen3VLConfig(text_config={**QWEN3_TEXT, "vocab_size": len(tokenizer)},
+                           vision_config=QWEN3_VISION, image_token_id=marker["<|image_pad|>"],
+                           video_token_id=marker["<|image_pad|>"],
+                           vision_start_token_id=marker["<|vision_start|>"],
+                           vision_end_token_id=marker["<|vision_end|>"], tie_word_embeddings=True)
+    model = Qwen3VLForConditionalGeneration(config).eval()
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    processor = Qwen2VLImageProcessorPil(size={"shortest_edge": 64 * 64, "longest_edge": 16_777_216},
+                                         patch_size=16, merge_size=2, image_mean=[0.5] * 3,
+                                         image_std=[0.5] * 3)
     processor.save_pretrained(folder)
     _convert(folder, converter)
     stamp.write_text(json.dumps({"tag": BUILD_TAG, "seed": SEED, "converter": converter.parent.parent.name}))
@@ -307,6 +353,7 @@ def main() -> int:
               file=sys.stderr)
         return 2
     print(build_qwen25vl(out / "qwen2.5-vl", vocab_source, converter))
+    print(build_qwen3vl(out / "qwen3-vl", vocab_source, converter))
     print(build_llava_next(out / "llava-next", vocab_source))
     print(build_gemma3(out / "gemma3", vocab_source, converter))
     return 0

@@ -90,7 +90,9 @@ def run_parity(mmproj: Path, model: Path | None, reference: Path, images: list[P
 
 
 # The families whose checkpoints stage 3 runs (transformers' tower, the reference's "rows"); not
-# Qwen3-VL yet, whose rows carry its deepstack layers' features too.
+# Qwen3-VL yet: the projector-only path here hands back its merger's rows without the deepstack
+# layers' features that the reference now returns beside them (tests/parity/test_forward.py
+# compares all of them through a loaded pair).
 ROWS_FAMILIES = ("qwen2-vl", "llava-next", "gemma3")
 
 

@@ -243,8 +243,11 @@ def _rows(request: dict[str, Any]) -> Answer:
         out = processor(images=[Image.open(path).convert("RGB")], return_tensors="pt")
         grid = [out["image_grid_thw"]] if "image_grid_thw" in out else []  # Qwen-VL's: its size in patches
         with torch.no_grad(), _peak_activation(tower) as peak:
-            rows = model.model.get_image_features(out["pixel_values"], *grid).pooler_output[0]
-        array = rows.float().numpy()
+            features = model.model.get_image_features(out["pixel_values"], *grid)
+        # Qwen3-VL: its deepstack layers' rows beside the merger's, as mtmd hands them over
+        deepstack = [layer[0] if isinstance(layer, (tuple, list)) else layer
+                     for layer in getattr(features, "deepstack_features", None) or ()]
+        array = torch.cat([features.pooler_output[0], *deepstack], dim=-1).float().numpy()
         results.append(_rows_answer(array, peak[0]))
     return {"results": results}
 

@@ -111,31 +111,57 @@ def _floats(data: str, shape: list[int] | None = None) -> np.ndarray:
     return array.reshape(shape) if shape else array
 
 
-def test_projector_rows_are_transformers_token_by_token(reference: Path, checkpoint: Path, engine: Any,
+# Qwen2.5-VL's tokens are 28 px (14 px patches merged 2x2), Qwen3-VL's 32 px; sizes in whole
+# tokens, which mtmd and transformers both keep: windows of 8x8 patches (Qwen2.5-VL's 112 px):
+# one, several, and a corner; and for the prompt, one photo each way.
+QWEN_SIZES = {"qwen2.5-vl": [(224, 168), (448, 336), (112, 112)],
+              "qwen3-vl": [(224, 160), (448, 320), (128, 128)]}
+QWEN_PROMPT_SIZES = {"qwen2.5-vl": [(224, 168), (168, 224)], "qwen3-vl": [(224, 160), (160, 224)]}
+
+
+@pytest.fixture(scope="module", params=["qwen2.5-vl", "qwen3-vl"])
+def qwen(request: pytest.FixtureRequest, checkpoint: Path) -> Iterator[tuple[Path, Any]]:
+    """Each Qwen-VL checkpoint (Qwen3-VL: learned positions, interleaved M-RoPE and deepstack
+    rows two layers deep) and an engine on its converted pair."""
+    from edgevlm.llama.engine import Engine
+    from edgevlm.llama.types import EngineConfig
+
+    folder = checkpoint.parent / request.param
+    with Engine(EngineConfig(folder / "text.gguf", folder / "mmproj.gguf", n_ctx=2048, n_gpu_layers=0,
+                             **F32_CACHE)) as loaded:
+        yield folder, loaded
+
+
+def test_projector_rows_are_transformers_token_by_token(reference: Path, qwen: tuple[Path, Any],
                                                         tmp_path: Path) -> None:
-    sizes = [(224, 168), (448, 336), (112, 112)]  # windows of 8x8 patches: one, several, and a corner
+    """Each image's rows, Qwen3-VL's deepstack slices beside its merger's (three times as wide)."""
+    folder, engine = qwen
+    sizes = QWEN_SIZES[folder.name]
     paths = [_photo(tmp_path / f"{w}x{h}.png", (w, h), seed) for seed, (w, h) in enumerate(sizes)]
-    answer = ask_reference(reference, {"stage": "rows", "family": "qwen-vl", "dir": str(checkpoint),
+    answer = ask_reference(reference, {"stage": "rows", "family": "qwen-vl", "dir": str(folder),
                                        "images": [str(path) for path in paths]})
     sequence = engine.sequence()
+    unit = 32 if folder.name == "qwen3-vl" else 28
+    width = 64 * 3 if folder.name == "qwen3-vl" else 64
     for path, size, result in zip(paths, sizes, answer["results"], strict=True):
         block = sequence.encode_block(Image.open(path).convert("RGB"))
         rows = [np.asarray(piece.rows, np.float32) for piece in block.pieces if not isinstance(piece, tuple)]
         ours = np.concatenate(rows)
         theirs = _floats(result["rows"], result["shape"])
-        assert ours.shape == theirs.shape == (size[0] // 28 * (size[1] // 28), 64)
+        assert ours.shape == theirs.shape == (size[0] // unit * (size[1] // unit), width)
         cosine = (ours * theirs).sum(1) / (np.linalg.norm(ours, axis=1) * np.linalg.norm(theirs, axis=1))
         assert cosine.min() >= ROWS_COSINE, size
         assert np.abs(ours - theirs).max() <= ROWS_RELATIVE * np.abs(theirs).max(), size
 
 
 @pytest.mark.parametrize("images", [1, 2])
-def test_first_token_logits_and_greedy_tokens_are_transformers(reference: Path, checkpoint: Path, engine: Any,
+def test_first_token_logits_and_greedy_tokens_are_transformers(reference: Path, qwen: tuple[Path, Any],
                                                                tmp_path: Path, images: int) -> None:
     """The prompt edgevlm decodes (ChatML, mtmd's block with its markers and M-RoPE positions) and
     transformers' forward on the same ids, each image's rows in its <|image_pad|> run."""
+    folder, engine = qwen
     paths = [_photo(tmp_path / f"{index}.png", size, index)
-             for index, size in enumerate([(224, 168), (168, 224)][:images])]
+             for index, size in enumerate(QWEN_PROMPT_SIZES[folder.name][:images])]
     sequence = engine.sequence()
     sequence.truncate(0)  # a fresh prefill: the module's engine may have decoded before
     pad = sequence.tokenize("<|image_pad|>")
@@ -164,7 +190,7 @@ def test_first_token_logits_and_greedy_tokens_are_transformers(reference: Path, 
         token = int(np.argmax(sequence._current_logits()))
         greedy.append(token)
         sequence.eval_text([token])
-    answer = ask_reference(reference, {"stage": "logits", "family": "qwen-vl", "dir": str(checkpoint),
+    answer = ask_reference(reference, {"stage": "logits", "family": "qwen-vl", "dir": str(folder),
                                        "input_ids": ids, "images": [str(path) for path in paths], "steps": 8})
     theirs = _floats(answer["logits"])
     assert np.abs(ours - theirs).max() <= LOGITS_SPREAD * theirs.std()
