@@ -2,8 +2,9 @@
 
 A turn's record is composed of parts (what the engine measured, how its images were shown,
 what the cache held); `figures` lifts every part's fields and derived figures to one flat
-mapping, the keys --json, the transcript and the API publish. A new figure is a field of the
-part that owns it and the line that measures it: it reaches every output through `figures`.
+mapping, the keys --json, --stats-json and the transcript publish (the API's edgevlm block picks
+its published keys from it: server/turns.py). A new figure is a field of the part that owns it
+and the line that measures it: it reaches those outputs through `figures`, with no other change.
 """
 
 from __future__ import annotations
