@@ -135,13 +135,9 @@ def test_stage_3_compares_the_rows_and_names_a_perturbed_checkpoint(reference: P
     pass half of f16's range; LLaVA-1.6's rows are llama.cpp #25814's known difference."""
     import subprocess
 
-    from .test_forward import ROOT, converter
+    from .test_forward import built_checkpoints
 
-    if not converter().is_file():
-        pytest.skip(f"needs llama.cpp's converter at {converter()} (make parity-env unpacks it)")
-    parity = ROOT / "models" / "test" / "parity"
-    subprocess.run([str(reference), str(ROOT / "scripts" / "make_parity_models.py"), str(parity),
-                    str(converter())], check=True, capture_output=True)
+    parity = built_checkpoints(reference)
     qwen = parity / "qwen2.5-vl"
     args = ["parity", "--model", str(qwen / "text.gguf"), "--mmproj", str(qwen / "mmproj.gguf"), "--json"]
     same = invoke_cli(*args, "--reference", str(qwen))
@@ -170,16 +166,9 @@ def test_stage_3_compares_the_rows_and_names_a_perturbed_checkpoint(reference: P
 def test_a_gemma3_checkpoint_is_shown_its_processors_square(reference: Path) -> None:
     """Gemma 3, converted by llama.cpp's own converter: every photo is shown at the processor's
     square (stage 1, nine shapes), and its rows through mtmd are the checkpoint's own (stage 3)."""
-    import subprocess
+    from .test_forward import built_checkpoints
 
-    from .test_forward import ROOT, converter
-
-    if not converter().is_file():
-        pytest.skip(f"needs llama.cpp's converter at {converter()} (make parity-env unpacks it)")
-    parity = ROOT / "models" / "test" / "parity"
-    subprocess.run([str(reference), str(ROOT / "scripts" / "make_parity_models.py"), str(parity),
-                    str(converter())], check=True, capture_output=True)
-    gemma3 = parity / "gemma3"
+    gemma3 = built_checkpoints(reference) / "gemma3"
     done = invoke_cli("parity", "--model", str(gemma3 / "text.gguf"), "--mmproj", str(gemma3 / "mmproj.gguf"),
                       "--reference", str(gemma3), "--json")
     assert done.returncode == 0, done.stderr

@@ -45,12 +45,19 @@ SWAP_SPREAD = 1e-3  # text alone after the swap: measured 1.5e-4
 
 @pytest.fixture(scope="module")
 def checkpoint(reference: Path, test_models: dict[str, Path]) -> Path:
-    """The tiny Qwen2.5-VL: its transformers checkpoint and GGUF pair, built once (a lock keeps
-    parallel workers from building it twice), with the tiny LLaVA-1.6 and Gemma 3 beside it."""
+    """The tiny Qwen2.5-VL: its transformers checkpoint and GGUF pair, with the other tiny
+    checkpoints beside it."""
+    return built_checkpoints(reference) / "qwen2.5-vl"
+
+
+def built_checkpoints(reference: Path) -> Path:
+    """The folder of the tiny checkpoints and their GGUF pairs, built once (a lock keeps parallel
+    workers from building them twice); skipped with the reason without llama.cpp's converter, or
+    failed where EDGEVLM_REQUIRE_PARITY is set (CI unpacks it)."""
     if not converter().is_file():
         reason = f"needs llama.cpp's converter at {converter()} (make parity-env unpacks it)"
         if os.environ.get("EDGEVLM_REQUIRE_PARITY"):
-            pytest.fail(reason)  # CI unpacks it: a missing converter must not pass quietly
+            pytest.fail(reason)
         pytest.skip(reason)
     out = ROOT / "models" / "test" / "parity"
     out.mkdir(parents=True, exist_ok=True)
@@ -58,7 +65,7 @@ def checkpoint(reference: Path, test_models: dict[str, Path]) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         subprocess.run([str(reference), str(ROOT / "scripts" / "make_parity_models.py"), str(out),
                         str(converter())], check=True, capture_output=True, text=True)
-    return out / "qwen2.5-vl"
+    return out
 
 
 def converter() -> Path:
@@ -162,9 +169,21 @@ def test_first_token_logits_and_greedy_tokens_are_transformers(reference: Path, 
     folder, engine = qwen
     paths = [_photo(tmp_path / f"{index}.png", size, index)
              for index, size in enumerate(QWEN_PROMPT_SIZES[folder.name][:images])]
-    sequence = engine.sequence()
+    views = [Image.open(path).convert("RGB") for path in paths]
+    ids, ours, greedy = _prompted(engine.sequence(), "<|im_start|>user\n", views, "<|image_pad|>",
+                                  "What is in the picture?<|im_end|>\n<|im_start|>assistant\n")
+    answer = ask_reference(reference, {"stage": "logits", "family": "qwen-vl", "dir": str(folder),
+                                       "input_ids": ids, "images": [str(path) for path in paths], "steps": 8})
+    _assert_same_answer(ours, greedy, answer, LOGITS_SPREAD)
+
+
+def _prompted(sequence: Any, opening: str, views: list[Image.Image], image_token: str,
+              closing: str) -> tuple[list[int], np.ndarray, list[int]]:
+    """A fresh prefill as edgevlm decodes it: the opening, each view's block (mtmd's markers and
+    rows; "and then " between views) and the closing. The ids transformers is given (each row an
+    image token), the next-token logits and eight greedy tokens."""
     sequence.truncate(0)  # a fresh prefill: the module's engine may have decoded before
-    pad = sequence.tokenize("<|image_pad|>")
+    pad = sequence.tokenize(image_token)
     ids: list[int] = []
 
     def text(words: str) -> None:
@@ -172,28 +191,31 @@ def test_first_token_logits_and_greedy_tokens_are_transformers(reference: Path, 
         sequence.eval_text(tokens)
         ids.extend(tokens)
 
-    text("<|im_start|>user\n")
-    for index, path in enumerate(paths):
+    text(opening)
+    for index, view in enumerate(views):
         if index:
             text("and then ")
-        for piece in sequence.encode_block(Image.open(path).convert("RGB")).pieces:
+        for piece in sequence.encode_block(view).pieces:
             if isinstance(piece, tuple):
                 sequence.eval_text(list(piece))
                 ids.extend(piece)
             else:
                 sequence.eval_embedding(piece)
                 ids.extend(pad * piece.n_tokens)
-    text("What is in the picture?<|im_end|>\n<|im_start|>assistant\n")
-    ours = sequence._current_logits().copy()
+    text(closing)
+    logits = sequence._current_logits().copy()
     greedy = []
     for _ in range(8):
-        token = int(np.argmax(sequence._current_logits()))
-        greedy.append(token)
-        sequence.eval_text([token])
-    answer = ask_reference(reference, {"stage": "logits", "family": "qwen-vl", "dir": str(folder),
-                                       "input_ids": ids, "images": [str(path) for path in paths], "steps": 8})
+        greedy.append(int(np.argmax(sequence._current_logits())))
+        sequence.eval_text([greedy[-1]])
+    return ids, logits, greedy
+
+
+def _assert_same_answer(ours: np.ndarray, greedy: list[int], answer: dict[str, Any], spread: float) -> None:
+    """The logits within `spread` of their standard deviation, the same most likely token, and
+    the same eight greedy tokens (eight of more than four kinds: a real sequence)."""
     theirs = _floats(answer["logits"])
-    assert np.abs(ours - theirs).max() <= LOGITS_SPREAD * theirs.std()
+    assert np.abs(ours - theirs).max() <= spread * theirs.std()
     assert len(set(greedy)) > 4  # a real sequence, not one token repeated
     assert int(np.argmax(ours)) == int(np.argmax(theirs))
     assert greedy == answer["greedy"]
@@ -404,38 +426,10 @@ def test_gemma3_logits_and_greedy_tokens_are_transformers(reference: Path, gemma
     image runs attended both ways too."""
     paths = [_photo(tmp_path / f"{index}.png", size, index)
              for index, size in enumerate(GEMMA3_SIZES[:images])]
-    sequence = gemma3_engine.sequence()
-    sequence.truncate(0)
-    soft = sequence.tokenize("<image_soft_token>")
-    ids: list[int] = []
-
-    def text(words: str) -> None:
-        tokens = list(sequence.tokenize(words))
-        sequence.eval_text(tokens)
-        ids.extend(tokens)
-
-    text("<start_of_turn>user\n")
-    for index, view in enumerate(_gemma3_views(gemma3, paths)):
-        if index:
-            text("and then ")
-        for piece in sequence.encode_block(view).pieces:
-            if isinstance(piece, tuple):
-                sequence.eval_text(list(piece))
-                ids.extend(piece)
-            else:
-                sequence.eval_embedding(piece)
-                ids.extend(soft * piece.n_tokens)
-    text("What is in the picture?<end_of_turn>\n<start_of_turn>model\n")
-    ours = sequence._current_logits().copy()
-    greedy = []
-    for _ in range(8):
-        token = int(np.argmax(sequence._current_logits()))
-        greedy.append(token)
-        sequence.eval_text([token])
+    views = _gemma3_views(gemma3, paths)
+    ids, ours, greedy = _prompted(gemma3_engine.sequence(), "<start_of_turn>user\n", views,
+                                  "<image_soft_token>",
+                                  "What is in the picture?<end_of_turn>\n<start_of_turn>model\n")
     answer = ask_reference(reference, {"stage": "logits", "family": "gemma3", "dir": str(gemma3),
                                        "input_ids": ids, "images": [str(path) for path in paths], "steps": 8})
-    theirs = _floats(answer["logits"])
-    assert np.abs(ours - theirs).max() <= GEMMA3_SPREAD * theirs.std()
-    assert len(set(greedy)) > 4
-    assert int(np.argmax(ours)) == int(np.argmax(theirs))
-    assert greedy == answer["greedy"]
+    _assert_same_answer(ours, greedy, answer, GEMMA3_SPREAD)
