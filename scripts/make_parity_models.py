@@ -6,8 +6,8 @@ and gguf-py. Nothing is downloaded.
 
 OUT_DIR/<family>/ gets each transformers checkpoint (save_pretrained: config.json,
 model.safetensors, preprocessor_config.json, tokenizer.json) with fixed-seed random weights, and
-its GGUF pair at f32: text.gguf and mmproj.gguf. For Qwen2.5-VL, Qwen3-VL and Gemma 3 the pair
-is made by CONVERTER, llama.cpp's own convert_hf_to_gguf.py from the pinned sources (make
+its GGUF pair at f32: text.gguf and mmproj.gguf. For Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Gemma 3
+the pair is made by CONVERTER, llama.cpp's own convert_hf_to_gguf.py from the pinned sources (make
 parity-env unpacks them), from the checkpoint as saved (Gemma 3's tower renamed to the published
 layout first).
 LLaVA-1.6's needs llama.cpp's legacy scripts (convert_hf_to_gguf.py has no LLaVA-NeXT), which
@@ -50,24 +50,47 @@ VISION = {"depth": 4, "hidden_size": 32, "num_heads": 2, "intermediate_size": 64
           "fullatt_block_indexes": [1, 3], "hidden_act": "silu"}
 
 
+# Qwen2-VL: the same text; its tower of LayerNorm blocks with a quick-GELU MLP, no windows, 4
+# blocks of width 32 (embed_dim; hidden_size is the width the merger hands the text model).
+QWEN2_VISION = {"depth": 4, "embed_dim": 32, "hidden_size": 64, "num_heads": 2, "mlp_ratio": 2,
+                "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2,
+                "hidden_act": "quick_gelu"}
+
+
 def build_qwen25vl(folder: Path, vocab_source: Path, converter: Path) -> Path:
-    """The transformers checkpoint, converted to its GGUF pair by llama.cpp's own converter,
-    unless they are already current."""
+    """The tiny Qwen2.5-VL (see _build_qwen)."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    return _build_qwen(folder, vocab_source, converter, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration,
+                       VISION)
+
+
+def build_qwen2vl(folder: Path, vocab_source: Path, converter: Path) -> Path:
+    """The tiny Qwen2-VL (see _build_qwen)."""
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    return _build_qwen(folder, vocab_source, converter, Qwen2VLConfig, Qwen2VLForConditionalGeneration,
+                       QWEN2_VISION)
+
+
+def _build_qwen(folder: Path, vocab_source: Path, converter: Path, config_class: Any, model_class: Any,
+                vision: dict[str, Any]) -> Path:
+    """A Qwen2/2.5-VL transformers checkpoint, converted to its GGUF pair by llama.cpp's own
+    converter, unless they are already current."""
     stamp = folder / "built.json"
     if stamp.exists() and json.loads(stamp.read_text()).get("tag") == BUILD_TAG:
         return folder
     import torch
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     tokenizer, marker = _tokenizer(vocab_source, tm.VISION_TOKENS)
     torch.manual_seed(SEED)
-    config = Qwen2_5_VLConfig(text_config={**TEXT, "vocab_size": len(tokenizer)}, vision_config=VISION,
-                              image_token_id=marker["<|image_pad|>"], video_token_id=marker["<|image_pad|>"],
-                              vision_start_token_id=marker["<|vision_start|>"],
-                              vision_end_token_id=marker["<|vision_end|>"], tie_word_embeddings=True,
-                              bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
-    model = Qwen2_5_VLForConditionalGeneration(config).eval()
+    config = config_class(text_config={**TEXT, "vocab_size": len(tokenizer)}, vision_config=vision,
+                          image_token_id=marker["<|image_pad|>"], video_token_id=marker["<|image_pad|>"],
+                          vision_start_token_id=marker["<|vision_start|>"],
+                          vision_end_token_id=marker["<|vision_end|>"], tie_word_embeddings=True,
+                          bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    model = model_class(config).eval()
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -353,6 +376,7 @@ def main() -> int:
               file=sys.stderr)
         return 2
     print(build_qwen25vl(out / "qwen2.5-vl", vocab_source, converter))
+    print(build_qwen2vl(out / "qwen2-vl", vocab_source, converter))
     print(build_qwen3vl(out / "qwen3-vl", vocab_source, converter))
     print(build_llava_next(out / "llava-next", vocab_source))
     print(build_gemma3(out / "gemma3", vocab_source, converter))

@@ -3,8 +3,8 @@ config with fixed-seed weights (scripts/make_parity_models.py, in the reference 
 llama.cpp's own converter turns into the GGUF pairs edgevlm loads (LLaVA-1.6's, which it does not
 convert, written in its legacy scripts' layout): the projector rows that reach the language model,
 token by token, and the first answer token's logits and eight greedy tokens, against transformers'
-own forward on the same pixels and token ids. Qwen2.5-VL and Gemma 3 with one image and two;
-LLaVA-1.6, whose block edgevlm packs itself, at three aspect ratios.
+own forward on the same pixels and token ids. Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Gemma 3 with one
+image and two; LLaVA-1.6, whose block edgevlm packs itself, at three aspect ratios.
 
 Everything runs at f32 (weights, KV cache, no flash attention), so what is left is the kernels,
 bounded here by what was measured (docs/parity.md): rows within a cosine of 0.99999 and 1e-3 of
@@ -118,15 +118,17 @@ def _floats(data: str, shape: list[int] | None = None) -> np.ndarray:
     return array.reshape(shape) if shape else array
 
 
-# Qwen2.5-VL's tokens are 28 px (14 px patches merged 2x2), Qwen3-VL's 32 px; sizes in whole
+# Qwen2/2.5-VL's tokens are 28 px (14 px patches merged 2x2), Qwen3-VL's 32 px; sizes in whole
 # tokens, which mtmd and transformers both keep: windows of 8x8 patches (Qwen2.5-VL's 112 px):
 # one, several, and a corner; and for the prompt, one photo each way.
-QWEN_SIZES = {"qwen2.5-vl": [(224, 168), (448, 336), (112, 112)],
+QWEN_SIZES = {"qwen2-vl": [(224, 168), (448, 336), (112, 112)],
+              "qwen2.5-vl": [(224, 168), (448, 336), (112, 112)],
               "qwen3-vl": [(224, 160), (448, 320), (128, 128)]}
-QWEN_PROMPT_SIZES = {"qwen2.5-vl": [(224, 168), (168, 224)], "qwen3-vl": [(224, 160), (160, 224)]}
+QWEN_PROMPT_SIZES = {"qwen2-vl": [(224, 168), (168, 224)], "qwen2.5-vl": [(224, 168), (168, 224)],
+                     "qwen3-vl": [(224, 160), (160, 224)]}
 
 
-@pytest.fixture(scope="module", params=["qwen2.5-vl", "qwen3-vl"])
+@pytest.fixture(scope="module", params=["qwen2-vl", "qwen2.5-vl", "qwen3-vl"])
 def qwen(request: pytest.FixtureRequest, checkpoint: Path) -> Iterator[tuple[Path, Any]]:
     """Each Qwen-VL checkpoint (Qwen3-VL: learned positions, interleaved M-RoPE and deepstack
     rows two layers deep) and an engine on its converted pair."""
