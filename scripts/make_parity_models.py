@@ -6,8 +6,8 @@ and gguf-py. Nothing is downloaded.
 
 OUT_DIR/<family>/ gets each transformers checkpoint (save_pretrained: config.json,
 model.safetensors, preprocessor_config.json, tokenizer.json) with fixed-seed random weights, and
-its GGUF pair at f32: text.gguf and mmproj.gguf. For Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Gemma 3
-the pair is made by CONVERTER, llama.cpp's own convert_hf_to_gguf.py from the pinned sources (make
+its GGUF pair at f32: text.gguf and mmproj.gguf. For Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Gemma 3 and
+SmolVLM2 the pair is made by CONVERTER, llama.cpp's own convert_hf_to_gguf.py from the pinned sources (make
 parity-env unpacks them), from the checkpoint as saved (Gemma 3's tower renamed to the published
 layout first).
 LLaVA-1.6's needs llama.cpp's legacy scripts (convert_hf_to_gguf.py has no LLaVA-NeXT), which
@@ -362,6 +362,46 @@ def build_gemma3(folder: Path, vocab_source: Path, converter: Path) -> Path:
     return folder
 
 
+# SmolVLM2: a SigLIP tower of 64 px images in 8 px patches, pixel-shuffled 2x2 into 16 tokens a
+# view, on a 2-layer llama; its processor at the 256M/500M models' setting, where the longest edge
+# is one tile (512 there, 64 here).
+SMOLVLM_TEXT = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "max_position_embeddings": 4096,
+                "initializer_range": 0.2, "tie_word_embeddings": False, "rope_theta": 100000.0,
+                # the converter takes the text model's architecture from here (SmolVLM2's says its own)
+                "architectures": ["LlamaForCausalLM"]}
+SMOLVLM_VISION = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                  "num_attention_heads": 2, "image_size": 64, "patch_size": 8}
+SMOLVLM_MARKERS = ("<fake_token_around_image>", "<image>", "<global-img>", "<end_of_utterance>")
+
+
+def build_smolvlm(folder: Path, vocab_source: Path, converter: Path) -> Path:
+    """The tiny SmolVLM2, converted by llama.cpp's own converter, unless already current."""
+    stamp = folder / "built.json"
+    if stamp.exists() and json.loads(stamp.read_text()).get("tag") == BUILD_TAG:
+        return folder
+    import torch
+    from transformers import SmolVLMConfig, SmolVLMForConditionalGeneration
+    from transformers.models.smolvlm.image_processing_pil_smolvlm import SmolVLMImageProcessorPil
+
+    tokenizer, marker = _tokenizer(vocab_source, SMOLVLM_MARKERS)
+    torch.manual_seed(SEED)
+    config = SmolVLMConfig(text_config={**SMOLVLM_TEXT, "vocab_size": len(tokenizer)},
+                           vision_config=SMOLVLM_VISION, image_token_id=marker["<image>"], scale_factor=2,
+                           tie_word_embeddings=False)
+    model = SmolVLMForConditionalGeneration(config).eval()
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    side = SMOLVLM_VISION["image_size"]
+    SmolVLMImageProcessorPil(size={"longest_edge": side}, max_image_size={"longest_edge": side},
+                             do_image_splitting=True, image_mean=[0.5] * 3,
+                             image_std=[0.5] * 3).save_pretrained(folder)
+    _convert(folder, converter)
+    stamp.write_text(json.dumps({"tag": BUILD_TAG, "seed": SEED, "converter": converter.parent.parent.name}))
+    return folder
+
+
 def main() -> int:
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else OUT
     root = Path(__file__).resolve().parents[1]
@@ -380,6 +420,7 @@ def main() -> int:
     print(build_qwen3vl(out / "qwen3-vl", vocab_source, converter))
     print(build_llava_next(out / "llava-next", vocab_source))
     print(build_gemma3(out / "gemma3", vocab_source, converter))
+    print(build_smolvlm(out / "smolvlm", vocab_source, converter))
     return 0
 
 

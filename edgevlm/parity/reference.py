@@ -238,16 +238,21 @@ def _rows(request: dict[str, Any]) -> Answer:
     model = _saved_model(request)
     processor = _saved_processor(request)
     results = []
-    tower = model.model.visual if request["family"] == "qwen-vl" else model.model.vision_tower
+    tower = {"qwen-vl": lambda: model.model.visual, "smolvlm": lambda: model.model.vision_model}.get(
+        request["family"], lambda: model.model.vision_tower)()
     for path in request["images"]:
         out = processor(images=[Image.open(path).convert("RGB")], return_tensors="pt")
-        grid = [out["image_grid_thw"]] if "image_grid_thw" in out else []  # Qwen-VL's: its size in patches
+        # Qwen-VL's size in patches; SmolVLM's mask of the pixels each view holds
+        grid = [out[key] for key in ("image_grid_thw", "pixel_attention_mask") if key in out]
         with torch.no_grad(), _peak_activation(tower) as peak:
             features = model.model.get_image_features(out["pixel_values"], *grid)
         # Qwen3-VL: its deepstack layers' rows beside the merger's, as mtmd hands them over
         deepstack = [layer[0] if isinstance(layer, (tuple, list)) else layer
                      for layer in getattr(features, "deepstack_features", None) or ()]
-        array = torch.cat([features.pooler_output[0], *deepstack], dim=-1).float().numpy()
+        pooled = features.pooler_output
+        # a list of each image's (SmolVLM: each view's) rows, or one batch of them
+        main = torch.cat(list(pooled)) if isinstance(pooled, (list, tuple)) else pooled[0]
+        array = torch.cat([main, *deepstack], dim=-1).float().numpy()
         results.append(_rows_answer(array, peak[0]))
     return {"results": results}
 
@@ -473,6 +478,7 @@ STAGES: dict[tuple[str, str], Callable[[dict[str, Any]], Answer]] = {
     ("prompt", "smolvlm"): _prompt,
     ("logits", "llava-next"): _logits,
     ("rows", "gemma3"): _rows,
+    ("rows", "smolvlm"): _rows,
     ("logits", "gemma3"): _logits,
     ("rows", "llava-next"): _llava_next_rows,
     ("checkpoint", "qwen-vl"): _checkpoint,

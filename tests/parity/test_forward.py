@@ -435,3 +435,39 @@ def test_gemma3_logits_and_greedy_tokens_are_transformers(reference: Path, gemma
     answer = ask_reference(reference, {"stage": "logits", "family": "gemma3", "dir": str(gemma3),
                                        "input_ids": ids, "images": [str(path) for path in paths], "steps": 8})
     _assert_same_answer(ours, greedy, answer, GEMMA3_SPREAD)
+
+
+# -- SmolVLM2, converted by llama.cpp's own converter ------------------------------------------------
+
+SMOLVLM_SIZES = [(64, 64), (128, 96), (96, 128)]
+
+
+def test_smolvlm_rows_are_transformers_but_mtmd_shows_a_one_tile_image_twice(
+        reference: Path, checkpoint: Path, tmp_path: Path) -> None:
+    """Each view's rows through mtmd are transformers' (SigLIP, the pixel shuffle and the
+    projection). But where the processor's longest edge is one tile (SmolVLM2-256M's and 500M's
+    published 512 px, 64 px here), transformers shows every image as one view and mtmd as that tile
+    plus an overview of the same pixels: twice the tokens, and a <row_1_col_1> view the model was
+    not trained on. Recorded, so that a llama.cpp that stops doing it fails here."""
+    from edgevlm.llama.engine import Engine
+    from edgevlm.llama.types import EngineConfig
+
+    folder = checkpoint.parent / "smolvlm"
+    paths = [_photo(tmp_path / f"{w}x{h}.png", (w, h), seed)
+             for seed, (w, h) in enumerate(SMOLVLM_SIZES)]
+    answer = ask_reference(reference, {"stage": "rows", "family": "smolvlm", "dir": str(folder),
+                                       "images": [str(path) for path in paths]})
+    with Engine(EngineConfig(folder / "text.gguf", folder / "mmproj.gguf", n_ctx=1024, n_gpu_layers=0,
+                             **F32_CACHE)) as engine:
+        sequence = engine.sequence()
+        for path, size, result in zip(paths, SMOLVLM_SIZES, answer["results"], strict=True):
+            theirs = _floats(result["rows"], result["shape"])
+            assert theirs.shape == (16, 64)  # one view
+            block = sequence.encode_block(Image.open(path).convert("RGB"))
+            views = [np.asarray(piece.rows, np.float32) for piece in block.pieces
+                     if not isinstance(piece, tuple)]
+            assert len(views) == 2, size  # the tile and the overview: llama.cpp's, not transformers'
+            for ours in views:
+                norms = np.linalg.norm(ours, axis=1) * np.linalg.norm(theirs, axis=1)
+                assert ((ours * theirs).sum(1) / norms).min() >= ROWS_COSINE, size
+                assert np.abs(ours - theirs).max() <= ROWS_RELATIVE * np.abs(theirs).max(), size
