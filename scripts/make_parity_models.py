@@ -77,8 +77,7 @@ def _build_qwen(folder: Path, vocab_source: Path, converter: Path, config_class:
                 vision: dict[str, Any]) -> Path:
     """A Qwen2/2.5-VL transformers checkpoint, converted to its GGUF pair by llama.cpp's own
     converter, unless they are already current."""
-    stamp = folder / "built.json"
-    if stamp.exists() and json.loads(stamp.read_text()).get("tag") == BUILD_TAG:
+    if _is_current(folder, BUILD_TAG):
         return folder
     import torch
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
@@ -98,9 +97,7 @@ def _build_qwen(folder: Path, vocab_source: Path, converter: Path, config_class:
                                          patch_size=14, merge_size=2, image_mean=tm.CLIP_MEAN,
                                          image_std=tm.CLIP_STD)
     processor.save_pretrained(folder)
-    _convert(folder, converter)
-    stamp.write_text(json.dumps({"tag": BUILD_TAG, "seed": SEED, "converter": converter.parent.parent.name}))
-    return folder
+    return _converted(folder, converter, BUILD_TAG)
 
 
 # Qwen3-VL: Qwen3's attention (q and k normed; head 16, its M-RoPE interleaved over sections of
@@ -121,8 +118,7 @@ QWEN3_VISION = {"depth": 4, "hidden_size": 32, "num_heads": 2, "intermediate_siz
 
 def build_qwen3vl(folder: Path, vocab_source: Path, converter: Path) -> Path:
     """The tiny Qwen3-VL, converted by llama.cpp's own converter, unless already current."""
-    stamp = folder / "built.json"
-    if stamp.exists() and json.loads(stamp.read_text()).get("tag") == BUILD_TAG:
+    if _is_current(folder, BUILD_TAG):
         return folder
     import torch
     from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
@@ -143,9 +139,7 @@ def build_qwen3vl(folder: Path, vocab_source: Path, converter: Path) -> Path:
                                          patch_size=16, merge_size=2, image_mean=[0.5] * 3,
                                          image_std=[0.5] * 3)
     processor.save_pretrained(folder)
-    _convert(folder, converter)
-    stamp.write_text(json.dumps({"tag": BUILD_TAG, "seed": SEED, "converter": converter.parent.parent.name}))
-    return folder
+    return _converted(folder, converter, BUILD_TAG)
 
 
 def _tokenizer(vocab_source: Path, markers: tuple[str, ...]) -> tuple[Any, dict[str, int]]:
@@ -157,6 +151,20 @@ def _tokenizer(vocab_source: Path, markers: tuple[str, ...]) -> tuple[Any, dict[
     tokenizer = _gguf_tokenizer(str(vocab_source))
     tokenizer.add_special_tokens({"additional_special_tokens": list(markers)})
     return tokenizer, {name: tokenizer.convert_tokens_to_ids(name) for name in markers}
+
+
+def _is_current(folder: Path, tag: str) -> bool:
+    """Whether the folder holds a checkpoint built by this version of its builder (its tag)."""
+    stamp = folder / "built.json"
+    return stamp.exists() and json.loads(stamp.read_text()).get("tag") == tag
+
+
+def _converted(folder: Path, converter: Path, tag: str) -> Path:
+    """The saved checkpoint converted (_convert), and stamped with its builder's tag."""
+    _convert(folder, converter)
+    (folder / "built.json").write_text(json.dumps({"tag": tag, "seed": SEED,
+                                                   "converter": converter.parent.parent.name}))
+    return folder
 
 
 def _convert(folder: Path, converter: Path) -> None:
@@ -186,8 +194,7 @@ IMAGE_TOKEN = "<image>"
 def build_llava_next(folder: Path, vocab_source: Path) -> Path:
     """The LLaVA-NeXT checkpoint and its GGUF pair (a llama text model, a CLIP mmproj with the
     pinpoints, spatial_unpad and the newline), unless they are already current."""
-    stamp = folder / "built.json"
-    if stamp.exists() and json.loads(stamp.read_text()).get("tag") == BUILD_TAG:
+    if _is_current(folder, BUILD_TAG):
         return folder
     import torch
     from transformers import CLIPVisionConfig, LlamaConfig, LlavaNextConfig, LlavaNextForConditionalGeneration
@@ -218,7 +225,7 @@ def build_llava_next(folder: Path, vocab_source: Path) -> Path:
     state = {name: array.astype(np.float32) for name, array in saved.items()}
     _write_llama_text(folder / "text.gguf", state, (tokens, types, merges, ids))
     _write_clip_mmproj(folder / "mmproj.gguf", state)
-    stamp.write_text(json.dumps({"tag": BUILD_TAG, "seed": SEED}))
+    (folder / "built.json").write_text(json.dumps({"tag": BUILD_TAG, "seed": SEED}))
     return folder
 
 
@@ -317,8 +324,7 @@ GEMMA3_TAG = "edgevlm parity checkpoint gemma3 v2"
 def build_gemma3(folder: Path, vocab_source: Path, converter: Path) -> Path:
     """A tiny Gemma 3 saved as the published checkpoints are laid out, and converted to its GGUF
     pair by llama.cpp's own converter (convert_hf_to_gguf.py, text and --mmproj, at f32)."""
-    stamp = folder / "built.json"
-    if stamp.exists() and json.loads(stamp.read_text()).get("tag") == GEMMA3_TAG:
+    if _is_current(folder, GEMMA3_TAG):
         return folder
     import torch
     from safetensors.torch import load_file, save_file
@@ -357,9 +363,7 @@ def build_gemma3(folder: Path, vocab_source: Path, converter: Path) -> Path:
     settings = json.loads((folder / "preprocessor_config.json").read_text())
     settings["image_seq_length"] = 16  # the converter reads the pooling from it
     (folder / "preprocessor_config.json").write_text(json.dumps(settings, indent=2))
-    _convert(folder, converter)
-    stamp.write_text(json.dumps({"tag": GEMMA3_TAG, "seed": SEED, "converter": converter.parent.parent.name}))
-    return folder
+    return _converted(folder, converter, GEMMA3_TAG)
 
 
 # SmolVLM2: a SigLIP tower of 64 px images in 8 px patches, pixel-shuffled 2x2 into 16 tokens a
@@ -377,8 +381,7 @@ SMOLVLM_MARKERS = ("<fake_token_around_image>", "<image>", "<global-img>", "<end
 
 def build_smolvlm(folder: Path, vocab_source: Path, converter: Path) -> Path:
     """The tiny SmolVLM2, converted by llama.cpp's own converter, unless already current."""
-    stamp = folder / "built.json"
-    if stamp.exists() and json.loads(stamp.read_text()).get("tag") == BUILD_TAG:
+    if _is_current(folder, BUILD_TAG):
         return folder
     import torch
     from transformers import SmolVLMConfig, SmolVLMForConditionalGeneration
@@ -397,9 +400,7 @@ def build_smolvlm(folder: Path, vocab_source: Path, converter: Path) -> Path:
     SmolVLMImageProcessorPil(size={"longest_edge": side}, max_image_size={"longest_edge": side},
                              do_image_splitting=True, image_mean=[0.5] * 3,
                              image_std=[0.5] * 3).save_pretrained(folder)
-    _convert(folder, converter)
-    stamp.write_text(json.dumps({"tag": BUILD_TAG, "seed": SEED, "converter": converter.parent.parent.name}))
-    return folder
+    return _converted(folder, converter, BUILD_TAG)
 
 
 def main() -> int:
