@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # edgevlm.parity.reference's tokenizer
 import make_test_models as tm  # noqa: E402  (the test models' vocabulary and GGUF headers)
 
 OUT = Path(__file__).resolve().parents[1] / "models" / "test" / "parity"
@@ -145,7 +146,6 @@ def build_qwen3vl(folder: Path, vocab_source: Path, converter: Path) -> Path:
 def _tokenizer(vocab_source: Path, markers: tuple[str, ...]) -> tuple[Any, dict[str, int]]:
     """The test models' vocabulary (SmolLM2's byte-level BPE) as a transformers tokenizer, with a
     family's markers added as special tokens after it, and each marker's id."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from edgevlm.parity.reference import _gguf_tokenizer
 
     tokenizer = _gguf_tokenizer(str(vocab_source))

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from edgevlm.chat.conversation import DEFAULT_QUESTION, Conversation
 from edgevlm.chat.records import (
@@ -92,7 +92,13 @@ class DescribeResult:
     skipped_frames: int = 0  # … how many sampled frames were dropped as duplicates
     left_out_frames: int = 0  # … and how many more than the room holds were left out
     boxes: tuple[FoundBox, ...] = ()  # with --find: what the model found, on the upright photo
-    shown_size: tuple[int, int] = (0, 0)  # the size the image was handed to the model at (mtmd's families)
+
+    DERIVED: ClassVar[tuple[str, ...]] = ("shown_size",)
+
+    @property
+    def shown_size(self) -> tuple[int, int]:
+        """The size the image was handed to the model at (mtmd's families): its canvas."""
+        return self.shown.canvas_size
 
     def to_json(self) -> dict[str, Any]:
         """A plain dict for --json (floats rounded for reading; the parsed answer as it is)."""
@@ -402,7 +408,7 @@ class Describer:
             note=note or (loaded.note if loaded else ""), read_s=read_s,
             image_size=loaded.size if loaded else (0, 0), question=question, data=data,
             memory=self._conversation.sequence.memory_kind, page=loaded.page if loaded else 0,
-            boxes=self._boxes(text, stats, loaded), shown_size=stats.shown.canvas_size)
+            boxes=self._boxes(text, stats, loaded))
 
     def _boxes(self, text: str, stats: TurnStats, image: LoadedImage | None) -> tuple[FoundBox, ...]:
         """The answer's boxes on the upright photo, where the describer is finding things: the

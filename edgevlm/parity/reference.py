@@ -238,8 +238,9 @@ def _rows(request: dict[str, Any]) -> Answer:
     model = _saved_model(request)
     processor = _saved_processor(request)
     results = []
-    tower = {"qwen-vl": lambda: model.model.visual, "smolvlm": lambda: model.model.vision_model}.get(
-        request["family"], lambda: model.model.vision_tower)()
+    # the vision tower, by the name each family's model gives it
+    tower = next(getattr(model.model, name) for name in ("visual", "vision_model", "vision_tower")
+                 if hasattr(model.model, name))
     for path in request["images"]:
         out = processor(images=[Image.open(path).convert("RGB")], return_tensors="pt")
         # Qwen-VL's size in patches; SmolVLM's mask of the pixels each view holds
