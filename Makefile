@@ -6,6 +6,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 LLAMA_CPP_VERSION := 0.3.36
+# The pinned llama-cpp-python's sources, llama.cpp's own tools and converter among them. Defined
+# here, before any rule names it: make expands a rule's prerequisites as it reads the rule, so a
+# later definition leaves them empty (on a clean clone `make parity-env` then never unpacked it).
+PEERS := peers
+PEER_SRC := $(PEERS)/src/llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp
 
 # The backend: CUDA where an NVIDIA GPU answers (or GPU=cuda), else CPU.
 GPU ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
@@ -158,9 +163,8 @@ bench: setup test-models
 	$(PY) scripts/bench_read_ahead.py
 
 # llama.cpp's own multimodal CLI, built from the llama.cpp vendored in the pinned
-# llama-cpp-python sdist: the same code edgevlm runs, so the benchmarks compare like with like.
-PEERS := peers
-PEER_SRC := $(PEERS)/src/llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp
+# llama-cpp-python sdist (PEER_SRC, above): the same code edgevlm runs, so the benchmarks compare
+# like with like.
 PEER_CMAKE_ARGS := -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_OPENSSL=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF \
   -DLLAMA_BUILD_TOOLS=ON $(LLAMA_CMAKE_ARGS)
