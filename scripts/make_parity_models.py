@@ -403,6 +403,64 @@ def build_smolvlm(folder: Path, vocab_source: Path, converter: Path) -> Path:
     return _converted(folder, converter, BUILD_TAG)
 
 
+# Gemma 4: a tiny tower of 16 px patches pooled 3x3 (48 px a token) on a 2-layer text model (a
+# window layer with 16-wide heads, then a global one with 32-wide heads and proportional RoPE on a
+# quarter of them, as published), its images attended both ways (the 26B/31B models' setting;
+# mtmd does so beside every text width but E2B's and E4B's), the published logit soft-cap, no
+# per-layer inputs. The vocabulary is Gemma 4's own (llama.cpp ships it as a vocab-only GGUF for
+# its tokenizer tests; the converter takes only an SPM-style BPE for Gemma 4), so its markers are
+# at the config's published ids.
+GEMMA4_TEXT = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+               "num_key_value_heads": 2, "head_dim": 16, "global_head_dim": 32,
+               "layer_types": ["sliding_attention", "full_attention"], "hidden_size_per_layer_input": 0,
+               "num_kv_shared_layers": 0, "final_logit_softcapping": 30.0,
+               "use_bidirectional_attention": "vision", "initializer_range": 0.2,
+               "max_position_embeddings": 4096}
+GEMMA4_VISION = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+                 "num_key_value_heads": 2, "head_dim": 16, "patch_size": 16, "pooling_kernel_size": 3,
+                 "position_embedding_size": 1024}
+GEMMA4_TAG = "edgevlm parity checkpoint gemma4 v1"
+
+
+def build_gemma4(folder: Path, converter: Path) -> Path:
+    """The tiny Gemma 4, converted by llama.cpp's own converter, unless already current."""
+    if _is_current(folder, GEMMA4_TAG):
+        return folder
+    import torch
+    from transformers import Gemma4Config, Gemma4ForConditionalGeneration
+    from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
+
+    from edgevlm.parity.reference import _gguf_tokenizer
+
+    tokenizer = _gguf_tokenizer(str(converter.parent / "models" / "ggml-vocab-gemma-4.gguf"))
+    # its control tokens (<|image>, <|image|>, <|turn>, ...) named special, as the published
+    # tokenizer names them: the converter marks a token CONTROL only then, and llama.cpp (mtmd's
+    # markers among them) parses only CONTROL tokens as one token
+    tokenizer.add_special_tokens({"additional_special_tokens": sorted(
+        str(token) for token in tokenizer.added_tokens_decoder.values()
+        if token.special and str(token) not in tokenizer.all_special_tokens)})
+    torch.manual_seed(SEED)
+    config = Gemma4Config(text_config={**GEMMA4_TEXT, "vocab_size": len(tokenizer),
+                                       "vocab_size_per_layer_input": len(tokenizer)},
+                          vision_config=GEMMA4_VISION, audio_config=None, initializer_range=0.2)
+    model = Gemma4ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, weights in model.named_parameters():
+            if "norm" in name and weights.dim() == 1:
+                weights.normal_(1.0, 0.2)  # transformers starts them at 1: a missed one would hide
+            elif name.endswith("embed_tokens.weight"):
+                # tied (the converter's --mmproj has no name for an lm_head) and scaled by
+                # sqrt(64) on the way in: drawn at 0.2 or 0.05, the greedy tokens after an image
+                # settled on one token by the third; at 0.02 eight are eight
+                weights.normal_(0.0, 0.02)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    Gemma4ImageProcessorPil(max_soft_tokens=280, patch_size=GEMMA4_VISION["patch_size"],
+                            pooling_kernel_size=GEMMA4_VISION["pooling_kernel_size"]).save_pretrained(folder)
+    return _converted(folder, converter, GEMMA4_TAG)
+
+
 def main() -> int:
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else OUT
     root = Path(__file__).resolve().parents[1]
@@ -422,6 +480,7 @@ def main() -> int:
     print(build_llava_next(out / "llava-next", vocab_source))
     print(build_gemma3(out / "gemma3", vocab_source, converter))
     print(build_smolvlm(out / "smolvlm", vocab_source, converter))
+    print(build_gemma4(out / "gemma4", converter))
     return 0
 
 

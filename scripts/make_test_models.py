@@ -58,14 +58,15 @@ def copy_text_model(out_dir: Path) -> Path:
 
 
 def _clip_header(writer: object, name: str, projector_type: str, flags: dict[str, bool], *,
-                 eps: float, **sizes: int) -> None:
-    """An mmproj's header: names, the projector type, its flags, the vision tower's sizes
+                 eps: float, type_key: str = "clip.projector_type", **sizes: int) -> None:
+    """An mmproj's header: names, the projector type (under type_key: a file with more than one
+    encoder names each one's, clip.vision.projector_type), its flags, the vision tower's sizes
     (image_size, patch_size, embedding_length, …, head_count, block_count) and CLIP's mean and std."""
     w = writer
     w.add_string("general.name", name)
     w.add_string("general.description", GENERATOR_TAG)
     w.add_uint32("general.file_type", 1)
-    w.add_string("clip.projector_type", projector_type)
+    w.add_string(type_key, projector_type)
     w.add_bool("clip.has_vision_encoder", True)
     for flag, value in flags.items():
         w.add_bool(f"clip.{flag}", value)
@@ -746,11 +747,12 @@ def write_gemma4_text(path: Path, vocab_source: Path, *, n_embd: int = 64, n_hea
 
 def write_gemma4_projector(path: Path, *, text_width: int = 64, width: int = 32, blocks: int = 2,
                            heads: int = 2, ff: int = 64, patch: int = 16, positions: int = 2048,
-                           seed: int = 8) -> Path:
+                           seed: int = 8, as_converted: bool = False) -> Path:
     """A random-weight Gemma 4 vision tower (`gemma4v`): 16 px patches without a bias, learned x and
     y position tables and 2D RoPE, RMS-normed blocks with q/k norms and post-norms, a gated
     FFN, patches average-pooled 3x3 (clip.cpp's default, left out of the file as real ones do) and
-    one projection. mtmd sizes an image to 70..1120 tokens of 48 px."""
+    one projection. mtmd sizes an image to 70..1120 tokens of 48 px. as_converted: its header as
+    llama.cpp's converter writes Gemma 4's (clip.vision.projector_type, no clip.use_gelu)."""
     import gguf
 
     if _is_current(path):
@@ -762,7 +764,8 @@ def write_gemma4_projector(path: Path, *, text_width: int = 64, width: int = 32,
 
     tmp = path.with_suffix(".part")
     writer = gguf.GGUFWriter(str(tmp), "clip")
-    _clip_header(writer, "edgevlm-test-gemma4-mmproj", "gemma4v", {"use_gelu": True}, eps=1e-6,
+    _clip_header(writer, "edgevlm-test-gemma4-mmproj", "gemma4v", {} if as_converted else {"use_gelu": True},
+                 eps=1e-6, type_key="clip.vision.projector_type" if as_converted else "clip.projector_type",
                  image_size=224, patch_size=patch, embedding_length=width,
                  feed_forward_length=ff, projection_dim=text_width, head_count=heads, block_count=blocks)
     kernel = rng.standard_normal((width, 3, patch, patch)) * 0.02

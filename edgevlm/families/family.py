@@ -91,6 +91,12 @@ class Family(Protocol):
         """How the family is asked for boxes and writes them (None: it has no box format)."""
         ...
 
+    def unset_flags(self, projector: ProjectorFacts) -> tuple[str, ...]:
+        """The boolean GGUF keys this projector lacks and its model needs set (a converter's
+        omission that makes clip.cpp run something else than the model was trained with): edgevlm
+        loads a copy with them set. Empty for a file that says all it needs."""
+        ...
+
     def non_causal_rows(self, projector: ProjectorFacts, text: TextModelFacts) -> int:
         """The most rows of one image that attend to each other both ways beside this text model
         (mtmd_decode_use_non_causal), which must then be decoded in one ubatch; 0: causal."""

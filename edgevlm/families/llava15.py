@@ -168,6 +168,10 @@ class Llava15:
         """LLaVA writes no boxes edgevlm can place."""
         return None
 
+    def unset_flags(self, projector: ProjectorFacts) -> tuple[str, ...]:
+        """None: LLaVA's projectors say their activation (the legacy scripts write it)."""
+        return ()
+
     def non_causal_rows(self, projector: ProjectorFacts, text: TextModelFacts) -> int:
         """None: LLaVA's image rows are decoded causally, like text."""
         return 0

@@ -22,7 +22,7 @@ import numpy as np
 from PIL import Image
 
 from edgevlm.families.family import BlockCounter
-from edgevlm.models.gguf import ProjectorFacts, TextModelFacts
+from edgevlm.models.gguf import ACTIVATION_KEYS, ProjectorFacts, TextModelFacts
 from edgevlm.vision.boxes import Grounding
 from edgevlm.vision.layout import (
     TIMED_FRAMES,
@@ -340,6 +340,9 @@ class MtmdFamily:
     both_ways_rule: BothWaysRule | None = field(default=None, compare=False)
     max_image_tokens: int | None = None
     image_kept: bool = False  # its vision graph keeps the input image alive through attention
+    # The vision MLP's activation by projector type, where llama.cpp's converter writes none and
+    # clip.cpp's default (GELU-quick) is not the model's: such a file is loaded as a copy naming it
+    trained_activation: Mapping[str, str] = field(default_factory=dict, compare=False)
     counts_by_mtmd = True  # mtmd lays its images out, and can count a block at plan time
     own_template = True
 
@@ -378,6 +381,12 @@ class MtmdFamily:
     def grounding(self, projector: ProjectorFacts) -> Grounding | None:
         """The family's box format for this projector, if it has one."""
         return self.grounding_rule(projector) if self.grounding_rule is not None else None
+
+    def unset_flags(self, projector: ProjectorFacts) -> tuple[str, ...]:
+        """clip.use_gelu (or use_silu) where the file names no activation and the model has one
+        other than clip.cpp's default."""
+        trained = self.trained_activation.get(projector.projector_type, "")
+        return (ACTIVATION_KEYS[trained],) if trained and not projector.activation else ()
 
     def non_causal_rows(self, projector: ProjectorFacts, text: TextModelFacts) -> int:
         """The most rows of one image that attend to each other both ways beside this text model,

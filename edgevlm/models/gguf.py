@@ -19,6 +19,9 @@ if TYPE_CHECKING:  # gguf and numpy are imported when a file is read, not at sta
     from gguf import GGUFReader
 
 GGUF_MAGIC = b"GGUF"
+GGUF_BOOL = 7  # gguf_type's GGUF_TYPE_BOOL
+# clip.cpp's flags for the vision MLP's activation (neither set: GELU-quick)
+ACTIVATION_KEYS = {"gelu": "clip.use_gelu", "silu": "clip.use_silu"}
 PROJECTOR_ARCH = "clip"
 # Decoder architectures edgevlm has prompt formats and memory rules for.
 SUPPORTED_TEXT_ARCHS = frozenset({"llama", "mistral", "qwen2", "gemma", "phi3", "granite",
@@ -35,7 +38,7 @@ RECURRENT_ARCHS = frozenset({"mamba", "mamba2", "rwkv6", "rwkv7", "arwkv7", "rwk
 SWA_PATTERN_DEFAULT: dict[str, int | None] = {"gemma3": 6, "gemma4": None}
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.")
 # Bump when the facts' fields change, so stale cache entries are ignored.
-_CACHE_VERSION = 10
+_CACHE_VERSION = 11
 IMAGE_NEWLINE_TENSOR = "model.image_newline"
 _Facts = TypeVar("_Facts", "TextModelFacts", "ProjectorFacts")
 
@@ -141,6 +144,9 @@ class ProjectorFacts:
     # The longest side an image is resized to before it is cut into tiles (SmolVLM's
     # clip.vision.preproc_image_size, transformers' size.longest_edge); 0 where the GGUF has none.
     preproc_size: int = 0
+    # The vision MLP's activation as the file names it (clip.use_gelu, clip.use_silu); "" where it
+    # names none, and clip.cpp then runs GELU-quick (x * sigmoid(1.702 x))
+    activation: str = ""
 
     @property
     def tokens_per_image(self) -> int:
@@ -314,7 +320,10 @@ def _read_projector(path: Path) -> ProjectorFacts:
         raise ModelError(f"{path}: projector lacks the key {exc.args[0]}") from None
     return ProjectorFacts(
         path=path,
-        projector_type=str(fields.get("clip.projector_type", "mlp")),
+        # a file with vision and audio encoders names each one's type (clip.vision.projector_type:
+        # Gemma 4's, as llama.cpp's converter writes it), as clip.cpp reads them
+        projector_type=str(fields.get("clip.projector_type") or fields.get("clip.vision.projector_type")
+                           or "mlp"),
         image_size=image_size,
         patch_size=patch_size,
         vision_width=int(fields.get("clip.vision.embedding_length", 0)),
@@ -330,7 +339,33 @@ def _read_projector(path: Path) -> ProjectorFacts:
         merge=_merge(fields),
         window_attention=int(fields.get("clip.vision.n_wa_pattern", 0)) > 0,
         preproc_size=int(fields.get("clip.vision.preproc_image_size", 0)),
+        activation=next((name for name, key in ACTIVATION_KEYS.items() if fields.get(key)), ""),
     )
+
+
+def with_flags(source: Path, keys: tuple[str, ...], dest: Path) -> None:
+    """A copy of a GGUF with each boolean key of `keys` added, set true: keys more in its header,
+    its tensor table and data as they were (the data section keeps its alignment, so the tensors'
+    offsets, which count from it, hold). The data is streamed from the file's map, never read
+    whole."""
+    import struct
+
+    reader = _open(source, role="--mmproj")
+    if set(keys) & set(reader.fields):
+        raise ModelError(f"{source}: already has {', '.join(sorted(set(keys) & set(reader.fields)))}")
+    data = reader.data
+    # the header: magic, version, tensor count (8 bytes), key count (8 bytes), then the keys
+    keys_end = int(reader.tensors[0].field.offset) if reader.tensors else int(reader.data_offset)
+    last = reader.tensors[-1].field if reader.tensors else None
+    table_end = (int(last.offset) + sum(part.nbytes for part in last.parts)) if last else keys_end
+    (n_kv,) = struct.unpack_from("<Q", bytes(data[16:24]))
+    added = b"".join(struct.pack("<Q", len(key.encode())) + key.encode() + struct.pack("<IB", GGUF_BOOL, 1)
+                     for key in keys)
+    head = bytes(data[:16]) + struct.pack("<Q", n_kv + len(keys)) + bytes(data[24:keys_end]) + added
+    table = bytes(data[keys_end:table_end])
+    padding = b"\0" * (-(len(head) + len(table)) % int(reader.alignment))
+    write_atomically(dest, [head, table, padding, data[int(reader.data_offset):].data],  # a view of the map
+                     durable=False, mode=0o644)
 
 
 def _merge(fields: dict[str, Any]) -> int:

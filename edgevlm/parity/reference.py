@@ -26,18 +26,19 @@ Stages (the request's "stage"):
   "max_pixels"}, un-patchified to the resized image; "llava" (LLaVA-1.5: padded to a square in the
   mean colour, then resized) at {"size": 336}. Answer: {"results": [{"shape": [h, w, 3],
   "pixels": base64 of the uint8 array}, ...]}.
-- "rows" of "qwen-vl" or "gemma3": the rows the vision tower and projector (Qwen's merger,
-  Gemma's pooling, norm and projection) of the checkpoint in {"dir"} give each image file of
-  {"images"} (its own processor, its own forward, float32). Answer: {"results":
-  [{"shape": [tokens, width], "rows": base64 of the float32 array}, ...]}.
+- "rows" of "qwen-vl", "gemma3", "gemma4" or "smolvlm": the rows the vision tower and projector
+  (Qwen's merger, Gemma's pooling, norm and projection) of the checkpoint in {"dir"} give each
+  image file of {"images"} (its own processor, its own forward, float32), the processor called
+  with {"processor": {...}} where given (Gemma 4's "max_soft_tokens").
+  Answer: {"results": [{"shape": [tokens, width], "rows": base64 of the float32 array}, ...]}.
 - "rows" of "llava-next": each view's rows (the processor's overview and tiles, before packing)
   of each image file, at the checkpoint's feature layer; with {"class_token": "last"}, as
   llama.cpp's llava graph lays its tower's input out (the class token after the patches, positions
   in that order, the rows from the second on: llama.cpp #25814). Answer: {"results": [{"shape":
   [views, tokens, width], "rows": …}, ...]}.
-- "logits" of "qwen-vl", "llava-next" or "gemma3": the checkpoint in {"dir"} run on
+- "logits" of "qwen-vl", "llava-next", "gemma3" or "gemma4": the checkpoint in {"dir"} run on
   {"input_ids": [...]} with the image files of {"images"} in their image-token runs (none: a
-  text prompt): the next-token logits
+  text prompt), processed with {"processor"} where given: the next-token logits
   and {"steps"} greedy tokens. Answer: {"logits": base64 float32, "greedy": [ids]}.
 - "prompt" of "qwen-vl": stage 2, the ids transformers' Qwen2.5-VL processor makes of each of
   {"conversations": [{"messages": [...], "images": [path, ...]}, ...]} with the chat template
@@ -242,9 +243,12 @@ def _rows(request: dict[str, Any]) -> Answer:
     tower = next(getattr(model.model, name) for name in ("visual", "vision_model", "vision_tower")
                  if hasattr(model.model, name))
     for path in request["images"]:
-        out = processor(images=[Image.open(path).convert("RGB")], return_tensors="pt")
-        # Qwen-VL's size in patches; SmolVLM's mask of the pixels each view holds
-        grid = [out[key] for key in ("image_grid_thw", "pixel_attention_mask") if key in out]
+        out = processor(images=[Image.open(path).convert("RGB")], return_tensors="pt",
+                        **request.get("processor", {}))
+        # Qwen-VL's size in patches; SmolVLM's mask of the pixels each view holds; Gemma 4's
+        # patches' places
+        grid = [out[key] for key in ("image_grid_thw", "pixel_attention_mask", "image_position_ids")
+                if key in out]
         with torch.no_grad(), _peak_activation(tower) as peak:
             features = model.model.get_image_features(out["pixel_values"], *grid)
         # Qwen3-VL: its deepstack layers' rows beside the merger's, as mtmd hands them over
@@ -298,12 +302,15 @@ def _logits(request: dict[str, Any]) -> Answer:
         processor = _saved_processor(request)
         images = [Image.open(path).convert("RGB") for path in request["images"]]
         # num_crops: Gemma 3's pan-and-scan count, which its forward does not take
-        inputs |= {key: value for key, value in processor(images=images, return_tensors="pt").items()
-                   if key != "num_crops"}
+        processed = processor(images=images, return_tensors="pt", **request.get("processor", {}))
+        # num_soft_tokens_per_image: Gemma 4's count, which its forward does not take either
+        inputs |= {key: value for key, value in processed.items()
+                   if key not in ("num_crops", "num_soft_tokens_per_image")}
     inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
-    if request["family"] == "qwen-vl":
-        # which tokens are an image's: transformers 5 places their M-RoPE positions by the grid
-        # only where told (its processor returns this beside the ids; without it all are text)
+    if request["family"] in ("qwen-vl", "gemma4"):
+        # which tokens are an image's: transformers 5 places Qwen's M-RoPE positions by the grid,
+        # and attends Gemma 4's image runs both ways (its 26B/31B setting), only where told (its
+        # processor returns this beside the ids; without it all are text)
         image_token = model.config.image_token_id
         inputs["mm_token_type_ids"] = (inputs["input_ids"] == image_token).to(torch.int32)
     if request["family"] == "gemma3":
@@ -321,11 +328,13 @@ def _logits(request: dict[str, Any]) -> Answer:
 
 
 def _gguf_tokenizer(path: str, **extra_special: str) -> Any:
-    """The tokenizer a GGUF's vocabulary describes, in transformers: its byte-level BPE (tokens and
-    merges as written), SmolLM's pre-tokenizer (each digit alone, then GPT-2's split: llama.cpp's
-    "smollm"), and its control tokens as special tokens (never split, as llama.cpp parses them)."""
+    """The tokenizer a GGUF's vocabulary describes, in transformers, with its control tokens as
+    special tokens (never split, as llama.cpp parses them): SmolLM's byte-level BPE (tokens and
+    merges as written, each digit alone, then GPT-2's split: llama.cpp's "smollm"), or Gemma 4's
+    SentencePiece-style BPE (llama.cpp's "gemma4": spaces written as U+2581, merges over each
+    line's raw UTF-8, bytes it has no token for as <0xXX>)."""
     from gguf import GGUFReader
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     reader = GGUFReader(path)
@@ -341,16 +350,24 @@ def _gguf_tokenizer(path: str, **extra_special: str) -> Any:
     tokens, merges = strings("tokenizer.ggml.tokens"), strings("tokenizer.ggml.merges")
     field = reader.fields["tokenizer.ggml.token_type"]
     types = [int(field.parts[i][0]) for i in field.data]
-    if strings("tokenizer.ggml.model") != ["gpt2"] or strings("tokenizer.ggml.pre") != ["smollm"]:
-        raise ValueError(f"{path}: only SmolLM's byte-level BPE is read here")
-    bpe = models.BPE({token: i for i, token in enumerate(tokens)},
-                     [(left, right) for left, right in (merge.split(" ", 1) for merge in merges)],
-                     fuse_unk=False)
-    tokenizer = Tokenizer(bpe)
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
-    tokenizer.decoder = decoders.ByteLevel()
+    vocab = {token: i for i, token in enumerate(tokens)}
+    pairs = [(left, right) for left, right in (merge.split(" ", 1) for merge in merges)]
+    kind = strings("tokenizer.ggml.model")
+    if kind == ["gemma4"]:
+        tokenizer = Tokenizer(models.BPE(vocab, pairs, fuse_unk=False, byte_fallback=True,
+                                         unk_token=tokens[number("tokenizer.ggml.unknown_token_id")]))
+        tokenizer.normalizer = normalizers.Replace(" ", "\u2581")
+        tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("[^\n]+|\n+"), "isolated")
+        tokenizer.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                               decoders.Fuse()])
+    elif kind == ["gpt2"] and strings("tokenizer.ggml.pre") == ["smollm"]:
+        tokenizer = Tokenizer(models.BPE(vocab, pairs, fuse_unk=False))
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+        tokenizer.decoder = decoders.ByteLevel()
+    else:
+        raise ValueError(f"{path}: only SmolLM's byte-level BPE and Gemma 4's BPE are read here")
     control = 3  # llama_token_type CONTROL
     tokenizer.add_special_tokens([AddedToken(token, special=True, normalized=False)
                                   for token, kind in zip(tokens, types, strict=True) if kind == control])
@@ -481,6 +498,8 @@ STAGES: dict[tuple[str, str], Callable[[dict[str, Any]], Answer]] = {
     ("rows", "gemma3"): _rows,
     ("rows", "smolvlm"): _rows,
     ("logits", "gemma3"): _logits,
+    ("rows", "gemma4"): _rows,
+    ("logits", "gemma4"): _logits,
     ("rows", "llava-next"): _llava_next_rows,
     ("checkpoint", "qwen-vl"): _checkpoint,
     ("checkpoint", "smolvlm"): _checkpoint,

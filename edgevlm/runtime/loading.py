@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import logging
 import os
 import sys
@@ -219,7 +220,32 @@ def inspect(flags: ModelFlags, *, catalog_if_missing: bool = False
     text = read_text_model(choice.model_path)
     projector = read_projector(choice.mmproj_path)
     check_pair(text, projector)
+    if projector.path.exists():  # a catalog preset's stand-in facts have no file to copy
+        projector = as_trained(projector)
+        choice = replace(choice, mmproj_path=projector.path)
     return choice, text, projector
+
+
+def as_trained(projector: ProjectorFacts) -> ProjectorFacts:
+    """The projector as its model was trained to run: where the file lacks a flag its family says
+    the converter left out (Gemma 4's activation), a copy with it set, made once in the cache
+    (keyed by the file's path, size and time) and loaded in its place; otherwise the file itself."""
+    flags = family_for(projector).unset_flags(projector)
+    if not flags:
+        return projector
+    from edgevlm.models.gguf import with_flags
+    from edgevlm.paths import cache_dir
+
+    source = projector.path.resolve()
+    stat = source.stat()
+    key = hashlib.sha256(f"{source}|{stat.st_size}|{stat.st_mtime_ns}|{flags}".encode()).hexdigest()[:16]
+    copy = cache_dir() / "projectors" / f"{source.stem}.{key}.gguf"
+    if not copy.exists():
+        log.warning("%s names no %s, which its model needs (llama.cpp's converter leaves it out, and "
+                    "clip.cpp would run another activation): loading a copy with it set, %s",
+                    source.name, " or ".join(flags), copy)
+        with_flags(source, flags, copy)
+    return read_projector(copy)
 
 
 def _missing_preset(flags: ModelFlags) -> Preset | None:

@@ -97,3 +97,37 @@ def test_a_mismatched_pair_is_one_line_before_loading(test_models: dict[str, Pat
                      "--mmproj", str(test_models["gemma_mmproj"]), "--max-tokens", "2")
     assert result.returncode == 2 and "not a pair" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+def test_a_converter_made_gemma4_projector_is_read_and_loaded_with_its_activation(
+        test_models: dict[str, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """llama.cpp's converter writes Gemma 4's projector type as clip.vision.projector_type (its
+    files hold a vision and an audio encoder) and no clip.use_gelu: clip.cpp then runs GELU-quick
+    where transformers runs GELU (tanh). The type is read where clip.cpp reads it, and the file is
+    loaded as a copy that names its activation, made once, its tensors as they were."""
+    import numpy as np
+    from gguf import GGUFReader
+
+    from edgevlm.families.gemma import GEMMA4
+    from edgevlm.runtime.loading import ModelFlags, as_trained, inspect
+
+    writers = load_script("make_test_models")
+    converted = writers.write_gemma4_projector(tmp_path / "mmproj-gemma4.gguf", as_converted=True)
+    facts = read_projector(converted)
+    assert (facts.projector_type, facts.activation) == ("gemma4v", "")
+    assert GEMMA4.unset_flags(facts) == ("clip.use_gelu",)
+    assert GEMMA4.unset_flags(read_projector(test_models["gemma4_mmproj"])) == ()  # it names gelu
+    with caplog.at_level("WARNING", logger="edgevlm"):
+        flags = ModelFlags(model=str(test_models["gemma4_text"]), mmproj=str(converted))
+        choice, _, projector = inspect(flags)
+    assert "names no clip.use_gelu" in caplog.text and choice.mmproj_path == projector.path != converted
+    assert (projector.projector_type, projector.activation) == ("gemma4v", "gelu")
+    assert dataclasses.replace(projector, path=facts.path, activation="",
+                               file_bytes=facts.file_bytes) == facts  # the same but the flag
+    source, copy = GGUFReader(converted), GGUFReader(projector.path)
+    assert [t.name for t in copy.tensors] == [t.name for t in source.tensors]
+    assert all(np.array_equal(a.data, b.data) for a, b in zip(source.tensors, copy.tensors, strict=True))
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="edgevlm"):
+        assert as_trained(facts).path == projector.path  # made once
+    assert caplog.text == ""

@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from edgevlm.families import read_projector
 from edgevlm.parity.check import synthetic_photo
 from edgevlm.parity.client import ask_reference
 
@@ -471,3 +472,85 @@ def test_smolvlm_rows_are_transformers_but_mtmd_shows_a_one_tile_image_twice(
                 norms = np.linalg.norm(ours, axis=1) * np.linalg.norm(theirs, axis=1)
                 assert ((ours * theirs).sum(1) / norms).min() >= ROWS_COSINE, size
                 assert np.abs(ours - theirs).max() <= ROWS_RELATIVE * np.abs(theirs).max(), size
+
+
+# -- Gemma 4, converted by llama.cpp's own converter (its own vocabulary) -------------------------
+
+# Sizes in whole 48 px tokens on Google's ladder (transformers takes a budget of 70, 140, 280, 560
+# or 1120 tokens and scales every image to fill it; stage 1 records where mtmd does not): 14x10 and
+# 10x14 tokens at 140, 10x7 at 70. Both sides then show each photo at its own size.
+GEMMA4_SIZES = {140: [(672, 480), (480, 672)], 70: [(480, 336)]}
+# measured 0.10% and 0.11% with the activation named; 2.3% and 3.3% without it
+GEMMA4_SPREAD = 0.005
+
+
+@pytest.fixture(scope="module")
+def gemma4(checkpoint: Path) -> Path:
+    return checkpoint.parent / "gemma4"
+
+
+@pytest.fixture(scope="module")
+def gemma4_engine(gemma4: Path) -> Iterator[Any]:
+    """The converted pair as edgevlm loads it: the projector as a copy naming its activation."""
+    from edgevlm.llama.engine import Engine
+    from edgevlm.llama.types import EngineConfig
+    from edgevlm.runtime.loading import as_trained
+
+    projector = as_trained(read_projector(gemma4 / "mmproj.gguf"))
+    with Engine(EngineConfig(gemma4 / "text.gguf", projector.path, n_ctx=2048, n_gpu_layers=0,
+                             **F32_CACHE)) as loaded:
+        yield loaded
+
+
+def test_gemma4_rows_are_transformers_once_the_converters_missing_activation_is_named(
+        reference: Path, gemma4: Path, gemma4_engine: Any, tmp_path: Path) -> None:
+    """llama.cpp's converter writes no clip.use_gelu for Gemma 4, and clip.cpp runs the tower's
+    MLP with GELU-quick where transformers runs GELU (tanh): rows 3.8e-3 of the largest value
+    off (every row alike, cosine 0.99999), against 7.5e-5 in the copy edgevlm loads. The file as
+    converted is measured too, so that a converter that names it makes this fail."""
+    from edgevlm.families.gemma import GEMMA4
+    from edgevlm.llama.engine import Engine
+    from edgevlm.llama.types import EngineConfig
+
+    converted = read_projector(gemma4 / "mmproj.gguf")
+    assert (converted.projector_type, converted.activation) == ("gemma4v", "")
+    assert GEMMA4.unset_flags(converted) == ("clip.use_gelu",)
+    cases = [(budget, _photo(tmp_path / f"{w}x{h}.png", (w, h), seed))
+             for budget, sizes in GEMMA4_SIZES.items() for seed, (w, h) in enumerate(sizes)]
+    theirs = []
+    for budget in GEMMA4_SIZES:
+        answer = ask_reference(reference, {"stage": "rows", "family": "gemma4", "dir": str(gemma4),
+                                           "images": [str(path) for b, path in cases if b == budget],
+                                           "processor": {"max_soft_tokens": budget}})
+        theirs += [_floats(result["rows"], result["shape"]) for result in answer["results"]]
+    with Engine(EngineConfig(gemma4 / "text.gguf", converted.path, n_ctx=2048, n_gpu_layers=0,
+                             **F32_CACHE)) as as_converted:
+        quick = [_block_rows(as_converted.sequence(), Image.open(path).convert("RGB")) for _, path in cases]
+    for (_, path), rows, quick_rows in zip(cases, theirs, quick, strict=True):
+        image = Image.open(path).convert("RGB")
+        ours = _block_rows(gemma4_engine.sequence(), image)
+        assert ours.shape == rows.shape == ((image.width // 48) * (image.height // 48), 64)
+        norms = np.linalg.norm(ours, axis=1) * np.linalg.norm(rows, axis=1)
+        assert ((ours * rows).sum(1) / norms).min() >= ROWS_COSINE, path.name
+        assert np.abs(ours - rows).max() <= ROWS_RELATIVE * np.abs(rows).max(), path.name
+        # GELU-quick: off on every row, past the bound (measured 3.8e-3)
+        assert np.abs(quick_rows - rows).max() > 2 * ROWS_RELATIVE * np.abs(rows).max(), path.name
+
+
+@pytest.mark.parametrize("images", [1, 2])
+def test_gemma4_logits_and_greedy_tokens_are_transformers(reference: Path, gemma4: Path,
+                                                          gemma4_engine: Any, tmp_path: Path,
+                                                          images: int) -> None:
+    """The converted pair (its activation named), prompted as edgevlm prompts Gemma 4 (mtmd's
+    block: <|image>, the rows attended both ways, <image|>), against transformers on the same ids
+    with its image runs attended both ways (the 26B/31B models' setting). With the file as
+    converted the third greedy token already differed."""
+    sizes = GEMMA4_SIZES[140][:images]
+    paths = [_photo(tmp_path / f"{index}.png", size, index) for index, size in enumerate(sizes)]
+    views = [Image.open(path).convert("RGB") for path in paths]
+    ids, ours, greedy = _prompted(gemma4_engine.sequence(), "<|turn>user\n", views, "<|image|>",
+                                  "What is in the picture?<turn|>\n<|turn>model\n")
+    answer = ask_reference(reference, {"stage": "logits", "family": "gemma4", "dir": str(gemma4),
+                                       "input_ids": ids, "images": [str(path) for path in paths],
+                                       "processor": {"max_soft_tokens": 140}, "steps": 8})
+    _assert_same_answer(ours, greedy, answer, GEMMA4_SPREAD)
