@@ -767,8 +767,9 @@ def cache(clear: Annotated[bool, typer.Option("--clear", help="Delete every cach
     """Show the disk caches under the user's cache directory, or clear them.
 
     Image prefixes (the KV of [system, question opening, image]) let a photo seen before skip
-    its prefill; projector rows let it skip CLIP; summaries replace answered images in chats.
-    Every entry can be rebuilt, so clearing costs only time. --no-cache (or EDGEVLM_NO_CACHE=1)
+    its prefill; projector rows let it skip CLIP; summaries replace answered images in chats;
+    projectors holds copies of mmproj files with a setting their converter left out (Gemma 4's
+    activation). Every entry can be rebuilt, so clearing costs only time. --no-cache (or EDGEVLM_NO_CACHE=1)
     on describe, chat and serve neither reads nor writes them.
     """
     from edgevlm.paths import cache_dir

@@ -44,8 +44,8 @@ from edgevlm.planning.values import (
 from edgevlm.planning.verify import Check, compare
 from edgevlm.rpc import endpoints as rpc
 from edgevlm.store.caches import CacheView, EmbeddingCache, for_files, pair_identity
+from edgevlm.store.prefix_cache import PROJECTOR_COPIES, PrefixCache
 from edgevlm.store.prefix_cache import RAM_BYTES as PREFIX_RAM_BYTES
-from edgevlm.store.prefix_cache import PrefixCache
 from edgevlm.vision.boxes import Grounding
 from edgevlm.vision.layout import ImageLayout
 from edgevlm.vision.tiling import TurnCosts
@@ -239,7 +239,7 @@ def as_trained(projector: ProjectorFacts) -> ProjectorFacts:
     source = projector.path.resolve()
     stat = source.stat()
     key = hashlib.sha256(f"{source}|{stat.st_size}|{stat.st_mtime_ns}|{flags}".encode()).hexdigest()[:16]
-    copy = cache_dir() / "projectors" / f"{source.stem}.{key}.gguf"
+    copy = cache_dir() / PROJECTOR_COPIES / f"{source.stem}.{key}.gguf"  # `edgevlm cache` shows it
     if not copy.exists():
         log.warning("%s names no %s, which its model needs (llama.cpp's converter leaves it out, and "
                     "clip.cpp would run another activation): loading a copy with it set, %s",

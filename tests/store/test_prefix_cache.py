@@ -143,9 +143,11 @@ def test_cache_folders_are_listed_and_cleared(tmp_path: Path) -> None:
     (tmp_path / "rpc").mkdir()  # the worker's tensors, as ggml-rpc names them (issue 39.16)
     (tmp_path / "rpc" / "00ab12cd34ef5678").write_bytes(b"w" * 7)
     (tmp_path / "rpc" / "notes.txt").write_text("not the worker's")
+    (tmp_path / "projectors").mkdir()  # a Gemma 4 projector with its activation named
+    (tmp_path / "projectors" / "mmproj-gemma4.0123456789abcdef.gguf").write_bytes(b"g" * 3)
     sizes = folder_sizes(tmp_path)
     assert sizes["prefixes"] > 0 and sizes["summaries"] == 10 and sizes["embeddings"] == 0
-    assert sizes["rpc"] == 7
-    assert clear_folders(tmp_path) == sizes["prefixes"] + sizes["summaries"] + 7
-    assert folder_sizes(tmp_path) == {"prefixes": 0, "embeddings": 0, "summaries": 0, "rpc": 0}
+    assert sizes["rpc"] == 7 and sizes["projectors"] == 3
+    assert clear_folders(tmp_path) == sizes["prefixes"] + sizes["summaries"] + 7 + 3
+    assert set(folder_sizes(tmp_path).values()) == {0}
     assert (tmp_path / "rpc" / "notes.txt").exists()
