@@ -89,11 +89,9 @@ def run_parity(mmproj: Path, model: Path | None, reference: Path, images: list[P
     return 0
 
 
-# The families whose checkpoints stage 3 runs (transformers' tower, the reference's "rows"); not
-# Qwen3-VL yet: the projector-only path here hands back its merger's rows without the deepstack
-# layers' features that the reference now returns beside them (tests/parity/test_forward.py
-# compares all of them through a loaded pair).
-ROWS_FAMILIES = ("qwen2-vl", "llava-next", "gemma3")
+# The families whose checkpoints stage 3 runs (transformers' tower, the reference's "rows"; Qwen3-VL's
+# with its deepstack layers' features beside the merger's, as mtmd hands them to the model).
+ROWS_FAMILIES = ("qwen2-vl", "qwen3-vl", "llava-next", "gemma3")
 
 
 def _rows_stage(python: Path, text: TextModelFacts, projector: ProjectorFacts, folder: Path,

@@ -38,7 +38,7 @@ RECURRENT_ARCHS = frozenset({"mamba", "mamba2", "rwkv6", "rwkv7", "arwkv7", "rwk
 SWA_PATTERN_DEFAULT: dict[str, int | None] = {"gemma3": 6, "gemma4": None}
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.")
 # Bump when the facts' fields change, so stale cache entries are ignored.
-_CACHE_VERSION = 11
+_CACHE_VERSION = 12
 IMAGE_NEWLINE_TENSOR = "model.image_newline"
 _Facts = TypeVar("_Facts", "TextModelFacts", "ProjectorFacts")
 
@@ -147,6 +147,9 @@ class ProjectorFacts:
     # The vision MLP's activation as the file names it (clip.use_gelu, clip.use_silu); "" where it
     # names none, and clip.cpp then runs GELU-quick (x * sigmoid(1.702 x))
     activation: str = ""
+    # Blocks whose features also feed the text model's deepstack layers (Qwen3-VL): each image row
+    # then holds the merger's and theirs, (1 + this) times the projection wide
+    deepstack_layers: int = 0
 
     @property
     def tokens_per_image(self) -> int:
@@ -340,6 +343,7 @@ def _read_projector(path: Path) -> ProjectorFacts:
         window_attention=int(fields.get("clip.vision.n_wa_pattern", 0)) > 0,
         preproc_size=int(fields.get("clip.vision.preproc_image_size", 0)),
         activation=next((name for name, key in ACTIVATION_KEYS.items() if fields.get(key)), ""),
+        deepstack_layers=sum(1 for flag in fields.get("clip.vision.is_deepstack_layers") or () if flag),
     )
 
 

@@ -324,7 +324,9 @@ def projector_rows(text: TextModelFacts, projector: ProjectorFacts,
     from edgevlm.llama.vision import vocab_projector
 
     rows = []
-    with vocab_projector(str(text.path), str(projector.path), row_width=projector.projection_dim) as vision:
+    # Qwen3-VL's rows carry its deepstack layers' features beside the merger's
+    width = projector.projection_dim * (1 + projector.deepstack_layers)
+    with vocab_projector(str(text.path), str(projector.path), row_width=width) as vision:
         for image in images:
             block = vision.encode_block(image, RequestMeter())
             rows.append(np.concatenate([np.asarray(piece.rows, np.float32) for piece in block.pieces

@@ -177,3 +177,26 @@ def test_a_gemma3_checkpoint_is_shown_its_processors_square(reference: Path) -> 
     assert len(sizes) == 9 and {(row["edgevlm"], row["reference"]) for row in sizes} == {("64x64", "64x64")}
     stage3 = [row for row in rows if row["stage"] == "3 image rows"]
     assert len(stage3) == 3 and {row["verdict"] for row in stage3} == {"same"}
+
+
+def test_a_qwen3_vl_checkpoints_rows_carry_its_deepstack_features(reference: Path, tmp_path: Path) -> None:
+    """Qwen3-VL, converted by llama.cpp's own converter: mtmd hands the model each row with the
+    features of its two deepstack blocks beside the merger's (3 x 64 wide here), and stage 3
+    compares all of them with transformers'. Photos at sizes both sides keep (the tiny checkpoint's
+    processor has a smaller least size than the published one, which stage 1 would flag)."""
+    from edgevlm.families import read_projector
+    from edgevlm.parity.check import synthetic_photo
+
+    from .test_forward import built_checkpoints
+
+    qwen3 = built_checkpoints(reference) / "qwen3-vl"
+    assert read_projector(qwen3 / "mmproj.gguf").deepstack_layers == 2
+    photos = []
+    for seed, size in enumerate([(512, 512), (1280, 704)]):
+        photos += ["--image", str(tmp_path / f"{size[0]}x{size[1]}.png")]
+        synthetic_photo(size, seed).save(photos[-1])
+    done = invoke_cli("parity", "--model", str(qwen3 / "text.gguf"), "--mmproj", str(qwen3 / "mmproj.gguf"),
+                      "--reference", str(qwen3), "--json", *photos)
+    assert done.returncode == 0, done.stderr
+    stage3 = [row for row in _rows(done.stdout)["rows"] if row["stage"] == "3 image rows"]
+    assert len(stage3) == 2 and {row["verdict"] for row in stage3} == {"same"}
