@@ -161,6 +161,7 @@ bench: setup test-models
 	$(PY) scripts/bench_look.py
 	$(PY) scripts/bench_merge.py
 	$(PY) scripts/bench_read_ahead.py
+	$(PY) scripts/bench_encode_batch.py
 
 # llama.cpp's own multimodal CLI, built from the llama.cpp vendored in the pinned
 # llama-cpp-python sdist (PEER_SRC, above): the same code edgevlm runs, so the benchmarks compare

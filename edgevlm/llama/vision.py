@@ -6,7 +6,7 @@ import contextlib
 import ctypes
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 import llama_cpp
@@ -113,34 +113,100 @@ class Projector:
             mtmd_cpp.mtmd_free(self._mctx)
             self._mctx = None
 
+    def encode_blocks(self, images: Sequence[Image.Image | np.ndarray],
+                      meter: RequestMeter) -> list[ImageBlock]:
+        """encode_block for each image, the image chunks encoded together where the projector's
+        graph takes a batch (mtmd_batch_*: same-size chunks, up to mtmd's batch_max_tokens; in
+        the pinned llama.cpp Gemma 4's and InternVL's), else one by one as encode_block does. The
+        same rows either way (tests/llama/test_vision.py)."""
+        pixels = [_rgb_pixels(image) for image in images]
+        with self._lock, contextlib.ExitStack() as stack:
+            tokenized = [stack.enter_context(self._tokenized([shown], meter)) for shown in pixels]
+            every = [(chunk, shown.shape) for chunks, shown in zip(tokenized, pixels, strict=True)
+                     for chunk in _image_chunks_of(chunks)]
+            rows = self._encode_batched(every, meter)
+            return [self._block_of(chunks, meter, encode=True, encoded=rows) for chunks in tokenized]
+
     def _with_chunks(self, image: Image.Image | np.ndarray, meter: RequestMeter,
                      use: Callable[[ctypes.c_void_p], T], *,
                      merged_with: Image.Image | np.ndarray | None = None) -> T:
-        started = time.perf_counter()
         shown = [_rgb_pixels(image)] + ([_rgb_pixels(merged_with)] if merged_with is not None else [])
         if len(shown) > 1 and shown[0].shape != shown[1].shape:
             raise EngineError(f"frames merged in time must be one size, not {shown[0].shape} and "
                               f"{shown[1].shape}")
+        with self._lock, self._tokenized(shown, meter) as chunks:
+            return use(chunks)
+
+    @contextlib.contextmanager
+    def _tokenized(self, shown: list[np.ndarray], meter: RequestMeter) -> Iterator[ctypes.c_void_p]:
+        """mtmd's chunks of one marker per view (two: frames merged in time), freed after use;
+        the caller holds the lock."""
+        started = time.perf_counter()
         marker = self._marker * len(shown)  # adjacent markers: nothing between the frames
-        with self._lock:
-            bitmaps = [mtmd_cpp.mtmd_bitmap_init(
-                p.shape[1], p.shape[0], p.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))) for p in shown]
-            if len(bitmaps) > 1:  # mtmd merges a family's two frames only when both say they may be
-                for bitmap in bitmaps:
-                    mtmd_cpp.mtmd_bitmap_set_mergeable(bitmap, True)
-            chunks = mtmd_cpp.mtmd_input_chunks_init()
-            try:
-                text = mtmd_cpp.mtmd_input_text(marker, len(marker), False, True)
-                array = (mtmd_cpp.mtmd_bitmap_p_ctypes * len(bitmaps))(*bitmaps)
-                rc = mtmd_cpp.mtmd_tokenize(self._mctx, chunks, ctypes.byref(text), array, len(bitmaps))
+        bitmaps = [mtmd_cpp.mtmd_bitmap_init(
+            p.shape[1], p.shape[0], p.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))) for p in shown]
+        if len(bitmaps) > 1:  # mtmd merges a family's two frames only when both say they may be
+            for bitmap in bitmaps:
+                mtmd_cpp.mtmd_bitmap_set_mergeable(bitmap, True)
+        chunks = mtmd_cpp.mtmd_input_chunks_init()
+        try:
+            text = mtmd_cpp.mtmd_input_text(marker, len(marker), False, True)
+            array = (mtmd_cpp.mtmd_bitmap_p_ctypes * len(bitmaps))(*bitmaps)
+            rc = mtmd_cpp.mtmd_tokenize(self._mctx, chunks, ctypes.byref(text), array, len(bitmaps))
+            if rc != 0:
+                raise EngineError(f"mtmd could not preprocess the image (code {rc})")
+            meter.preprocess_s += time.perf_counter() - started
+            yield chunks
+        finally:
+            mtmd_cpp.mtmd_input_chunks_free(chunks)
+            for bitmap in bitmaps:
+                mtmd_cpp.mtmd_bitmap_free(bitmap)
+
+    def _encode_batched(self, chunks: list[tuple[ctypes.c_void_p, tuple[int, ...]]],
+                        meter: RequestMeter) -> dict[int, np.ndarray]:
+        """Each image chunk's rows, by its address: runs of chunks mtmd batches together (it says
+        which: 2, too many tokens or a graph without batches; 3, another size) encoded at once,
+        and only chunks of images of one size. mtmd compares Gemma 4's chunks by their token count
+        alone (its nx is the count, its ny 1), so it would batch a 10x7 image with a 7x10 one and
+        encode the second on the first's grid: rows 1.4 times their largest value off."""
+        rows: dict[int, np.ndarray] = {}
+        batch = mtmd_cpp.mtmd_batch_init(self._mctx)
+        if not batch:
+            raise EngineError("mtmd could not start a batch")
+        try:
+            run: list[ctypes.c_void_p] = []
+            size: tuple[int, ...] = ()
+            for chunk, source in chunks:
+                rc = 3 if run and source != size else mtmd_cpp.mtmd_batch_add_chunk(batch, chunk)
+                size = source
+                if rc in (2, 3):  # this chunk starts the next run
+                    rows |= self._encode_run(batch, run, meter)
+                    mtmd_cpp.mtmd_batch_free(batch)
+                    batch, run = mtmd_cpp.mtmd_batch_init(self._mctx), []
+                    rc = mtmd_cpp.mtmd_batch_add_chunk(batch, chunk)
                 if rc != 0:
-                    raise EngineError(f"mtmd could not preprocess the image (code {rc})")
-                meter.preprocess_s += time.perf_counter() - started
-                return use(chunks)
-            finally:
-                mtmd_cpp.mtmd_input_chunks_free(chunks)
-                for bitmap in bitmaps:
-                    mtmd_cpp.mtmd_bitmap_free(bitmap)
+                    raise EngineError(f"mtmd could not batch an image chunk (code {rc})")
+                run.append(chunk)
+            if run:
+                rows |= self._encode_run(batch, run, meter)
+        finally:
+            mtmd_cpp.mtmd_batch_free(batch)
+        return rows
+
+    def _encode_run(self, batch: int, run: list[ctypes.c_void_p],
+                    meter: RequestMeter) -> dict[int, np.ndarray]:
+        started = time.perf_counter()
+        if mtmd_cpp.mtmd_batch_encode(batch) != 0:
+            raise EngineError(f"llama.cpp failed to encode the images ({NATIVE_LOG.error_hint()})")
+        rows = {}
+        for chunk in run:
+            n_tokens = mtmd_cpp.mtmd_input_chunk_get_n_tokens(chunk)
+            out = mtmd_cpp.mtmd_batch_get_output_embd(batch, chunk)
+            rows[_address(chunk)] = np.ctypeslib.as_array(out, shape=(n_tokens * self._n_embd,)).reshape(
+                n_tokens, self._n_embd).copy()  # the batch owns its buffer
+        meter.clip_encode_s += time.perf_counter() - started
+        meter.clip_encodes += len(run)
+        return rows
 
     @staticmethod
     def _image_chunks(chunks: ctypes.c_void_p) -> list[ctypes.c_void_p]:
@@ -161,7 +227,10 @@ class Projector:
             raise EngineError("mtmd produced no image chunk")
         return found
 
-    def _block_of(self, chunks: ctypes.c_void_p, meter: RequestMeter | None, *, encode: bool) -> ImageBlock:
+    def _block_of(self, chunks: ctypes.c_void_p, meter: RequestMeter | None, *, encode: bool,
+                  encoded: dict[int, np.ndarray] | None = None) -> ImageBlock:
+        """The block's pieces in mtmd's order: marker tokens, and each image chunk's rows (encoded
+        here, or taken from `encoded` by the chunk's address; empty where encode is False)."""
         pieces: list[tuple[int, ...] | ImageEmbedding] = []
         for i in range(mtmd_cpp.mtmd_input_chunks_size(chunks)):
             chunk = mtmd_cpp.mtmd_input_chunks_get(chunks, i)
@@ -174,8 +243,12 @@ class Projector:
             if mtmd_cpp.mtmd_input_chunk_get_type(chunk) != mtmd_cpp.MTMD_INPUT_CHUNK_TYPE_IMAGE:
                 raise EngineError("mtmd made a chunk that is not an image of this bitmap")
             n_tokens = mtmd_cpp.mtmd_input_chunk_get_n_tokens(chunk)
-            rows = (self._encode_chunk(chunk, meter) if encode and meter is not None
-                    else np.zeros((n_tokens, 0), dtype=np.float32))
+            if encoded is not None:
+                rows = encoded[_address(chunk)]
+            elif encode and meter is not None:
+                rows = self._encode_chunk(chunk, meter)
+            else:
+                rows = np.zeros((n_tokens, 0), dtype=np.float32)
             both_ways = bool(mtmd_cpp.mtmd_decode_use_non_causal(self._mctx, chunk))
             pieces.append(ImageEmbedding(rows, positions=self._positions(chunk, n_tokens),
                                          n_pos=int(mtmd_cpp.mtmd_input_chunk_get_n_pos(chunk)),
@@ -213,6 +286,19 @@ class Projector:
         meter.clip_encode_s += time.perf_counter() - started
         meter.clip_encodes += 1
         return rows.reshape(n_tokens, self._n_embd).copy()  # mtmd reuses its buffer
+
+
+def _image_chunks_of(chunks: ctypes.c_void_p) -> list[ctypes.c_void_p]:
+    """The image chunks among mtmd's chunks of one bitmap, in order (its marker tokens left out)."""
+    count = mtmd_cpp.mtmd_input_chunks_size(chunks)
+    every = (mtmd_cpp.mtmd_input_chunks_get(chunks, i) for i in range(count))
+    image = mtmd_cpp.MTMD_INPUT_CHUNK_TYPE_IMAGE
+    return [chunk for chunk in every if mtmd_cpp.mtmd_input_chunk_get_type(chunk) == image]
+
+
+def _address(chunk: ctypes.c_void_p) -> int:
+    """A chunk's address: the key its rows are found by (ctypes hands back new wrappers)."""
+    return int(chunk if isinstance(chunk, int) else ctypes.cast(chunk, ctypes.c_void_p).value or 0)
 
 
 def _rgb_pixels(image: Image.Image | np.ndarray) -> np.ndarray:

@@ -38,7 +38,7 @@ RECURRENT_ARCHS = frozenset({"mamba", "mamba2", "rwkv6", "rwkv7", "arwkv7", "rwk
 SWA_PATTERN_DEFAULT: dict[str, int | None] = {"gemma3": 6, "gemma4": None}
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.")
 # Bump when the facts' fields change, so stale cache entries are ignored.
-_CACHE_VERSION = 12
+_CACHE_VERSION = 13
 IMAGE_NEWLINE_TENSOR = "model.image_newline"
 _Facts = TypeVar("_Facts", "TextModelFacts", "ProjectorFacts")
 
@@ -343,7 +343,8 @@ def _read_projector(path: Path) -> ProjectorFacts:
         window_attention=int(fields.get("clip.vision.n_wa_pattern", 0)) > 0,
         preproc_size=int(fields.get("clip.vision.preproc_image_size", 0)),
         activation=next((name for name, key in ACTIVATION_KEYS.items() if fields.get(key)), ""),
-        deepstack_layers=sum(1 for flag in fields.get("clip.vision.is_deepstack_layers") or () if flag),
+        # clip.cpp loads a deepstack merger for each block that has one (v.deepstack.N.*)
+        deepstack_layers=len({name.split(".")[2] for name in tensors if name.startswith("v.deepstack.")}),
     )
 
 
