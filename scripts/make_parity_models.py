@@ -379,9 +379,17 @@ SMOLVLM_VISION = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers
 SMOLVLM_MARKERS = ("<fake_token_around_image>", "<image>", "<global-img>", "<end_of_utterance>")
 
 
-def build_smolvlm(folder: Path, vocab_source: Path, converter: Path) -> Path:
-    """The tiny SmolVLM2, converted by llama.cpp's own converter, unless already current."""
-    if _is_current(folder, BUILD_TAG):
+# SmolVLM2-2.2B's setting, where the longest edge is several tiles (1536 px in 384 px tiles there,
+# 128 in 64 here): both sides cut an image into tiles and a global view, so stage 4 compares them
+SMOLVLM_SPLIT_LONGEST = 128
+SMOLVLM_SPLIT_TAG = "edgevlm parity checkpoint smolvlm-split v1"
+
+
+def build_smolvlm(folder: Path, vocab_source: Path, converter: Path, *, longest: int = 0) -> Path:
+    """The tiny SmolVLM2, converted by llama.cpp's own converter, unless already current; with
+    `longest`, its processor resizes to that longest edge before cutting tiles (the same weights)."""
+    tag = SMOLVLM_SPLIT_TAG if longest else BUILD_TAG
+    if _is_current(folder, tag):
         return folder
     import torch
     from transformers import SmolVLMConfig, SmolVLMForConditionalGeneration
@@ -397,10 +405,10 @@ def build_smolvlm(folder: Path, vocab_source: Path, converter: Path) -> Path:
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     side = SMOLVLM_VISION["image_size"]
-    SmolVLMImageProcessorPil(size={"longest_edge": side}, max_image_size={"longest_edge": side},
+    SmolVLMImageProcessorPil(size={"longest_edge": longest or side}, max_image_size={"longest_edge": side},
                              do_image_splitting=True, image_mean=[0.5] * 3,
                              image_std=[0.5] * 3).save_pretrained(folder)
-    return _converted(folder, converter, BUILD_TAG)
+    return _converted(folder, converter, tag)
 
 
 # Gemma 4: a tiny tower of 16 px patches pooled 3x3 (48 px a token) on a 2-layer text model (a
@@ -480,6 +488,7 @@ def main() -> int:
     print(build_llava_next(out / "llava-next", vocab_source))
     print(build_gemma3(out / "gemma3", vocab_source, converter))
     print(build_smolvlm(out / "smolvlm", vocab_source, converter))
+    print(build_smolvlm(out / "smolvlm-split", vocab_source, converter, longest=SMOLVLM_SPLIT_LONGEST))
     print(build_gemma4(out / "gemma4", converter))
     return 0
 

@@ -500,6 +500,7 @@ STAGES: dict[tuple[str, str], Callable[[dict[str, Any]], Answer]] = {
     ("logits", "gemma3"): _logits,
     ("rows", "gemma4"): _rows,
     ("logits", "gemma4"): _logits,
+    ("logits", "smolvlm"): _logits,
     ("rows", "llava-next"): _llava_next_rows,
     ("checkpoint", "qwen-vl"): _checkpoint,
     ("checkpoint", "smolvlm"): _checkpoint,

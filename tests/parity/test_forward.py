@@ -574,3 +574,35 @@ def test_gemma4_batched_encoding_is_one_by_one_encoding_at_f32(gemma4: Path) -> 
                                          if not isinstance(piece, tuple)]) for block in (one, other))
         assert ours.shape == batched.shape == (70, 64)
         assert np.abs(ours - batched).max() <= 1e-4 * np.abs(ours).max()
+
+
+# SmolVLM2 at SmolVLM2-2.2B's setting (the longest edge two tiles here): both sides cut a photo
+# into tiles and a global view; 128x96 into 2x2 tiles, 200x100 into 2x1 (measured 0.32%, 0.35%
+# and 0.42% of the logits' spread)
+SMOLVLM_VIEWS = {(128, 96): 5, (96, 128): 5, (200, 100): 3}  # tiles and the global view
+SMOLVLM_SPLIT_SIZES = [[(128, 96)], [(96, 128)], [(128, 96), (200, 100)]]
+SMOLVLM_SPREAD = 0.01
+
+
+@pytest.mark.parametrize("sizes", SMOLVLM_SPLIT_SIZES, ids=["wide", "tall", "two"])
+def test_smolvlm_logits_and_greedy_tokens_are_transformers_where_both_cut_tiles(
+        reference: Path, checkpoint: Path, tmp_path: Path, sizes: list[tuple[int, int]]) -> None:
+    """The same weights with the processor of a model whose longest edge is several tiles: mtmd's
+    block (each tile's <row_r_col_c> and rows, then <global-img> and the overview's) prompted as
+    edgevlm prompts SmolVLM2, against transformers on the same ids and photos."""
+    from edgevlm.llama.engine import Engine
+    from edgevlm.llama.types import EngineConfig
+
+    folder = checkpoint.parent / "smolvlm-split"
+    paths = [_photo(tmp_path / f"{index}.png", size, index) for index, size in enumerate(sizes)]
+    views = [Image.open(path).convert("RGB") for path in paths]
+    with Engine(EngineConfig(folder / "text.gguf", folder / "mmproj.gguf", n_ctx=1024, n_gpu_layers=0,
+                             **F32_CACHE)) as engine:
+        sequence = engine.sequence()
+        assert [sum(1 for piece in sequence.encode_block(view).pieces if not isinstance(piece, tuple))
+                for view in views] == [SMOLVLM_VIEWS[size] for size in sizes]
+        ids, ours, greedy = _prompted(sequence, "<|im_start|>User:", views, "<image>",
+                                      " What is in the picture?<end_of_utterance>\nAssistant:")
+    answer = ask_reference(reference, {"stage": "logits", "family": "smolvlm", "dir": str(folder),
+                                       "input_ids": ids, "images": [str(path) for path in paths], "steps": 8})
+    _assert_same_answer(ours, greedy, answer, SMOLVLM_SPREAD)
