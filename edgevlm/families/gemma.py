@@ -70,6 +70,7 @@ GEMMA4 = MtmdFamily("gemma4", frozenset({"gemma4v", "gemma4uv"}), text_archs=fro
                     caption_tokens=280, frame_tokens=70, reading_floor_tokens=560, image_kept=True,
                     # transformers' tower runs gelu_pytorch_tanh; the pinned converter writes no
                     # clip.use_gelu for it, and clip.cpp ran GELU-quick: on the tiny converted
-                    # checkpoint rows 3.8e-3 off and logits 2.8-4.5% of their spread, 7.5e-5 and
-                    # 0.15% once named (tests/parity/test_forward.py). gemma4uv's graph has no MLP.
+                    # checkpoint rows 3.8e-3 off and logits 2.3-3.3% of their spread, 7.7e-5 and
+                    # 0.10-0.11% once named (tests/parity/test_forward.py). gemma4uv's graph has
+                    # no MLP.
                     trained_activation={"gemma4v": "gelu"})
