@@ -12,8 +12,14 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from hypothesis import settings
 
 ROOT = Path(__file__).resolve().parent.parent
+# Property tests check what pure code returns, never how fast: hypothesis's 200 ms deadline is a
+# timed assertion, and on a loaded 2-core machine one case of a video plan (40,000 sampled times)
+# took 256 ms once and 112 ms when hypothesis ran it again, failing the suite as "flaky".
+settings.register_profile("edgevlm", deadline=None)
+settings.load_profile("edgevlm")
 TEST_MODELS = ROOT / "models" / "test"
 
 

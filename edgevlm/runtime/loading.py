@@ -244,7 +244,12 @@ def as_trained(projector: ProjectorFacts) -> ProjectorFacts:
         log.warning("%s names no %s, which its model needs (llama.cpp's converter leaves it out, and "
                     "clip.cpp would run another activation): loading a copy with it set, %s",
                     source.name, " or ".join(flags), copy)
-        with_flags(source, flags, copy)
+        try:
+            with_flags(source, flags, copy)
+        except OSError as exc:  # a full disk or a read-only cache: the file as it is still runs
+            log.warning("could not write %s (%s): loading %s as it is", copy, exc.strerror or exc,
+                        source.name)
+            return projector
     return read_projector(copy)
 
 

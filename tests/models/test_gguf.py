@@ -131,3 +131,19 @@ def test_a_converter_made_gemma4_projector_is_read_and_loaded_with_its_activatio
     with caplog.at_level("WARNING", logger="edgevlm"):
         assert as_trained(facts).path == projector.path  # made once
     assert caplog.text == ""
+
+
+def test_a_projector_copy_that_cannot_be_written_leaves_the_file_as_it_is(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A full disk or a read-only cache is a warning, not a failed load: the file as converted
+    still runs (with clip.cpp's default activation)."""
+    from edgevlm.runtime.loading import as_trained
+
+    writers = load_script("make_test_models")
+    written = writers.write_gemma4_projector(tmp_path / "mmproj-gemma4.gguf", as_converted=True)
+    converted = read_projector(written)
+    (tmp_path / "not-a-folder").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "not-a-folder"))
+    with caplog.at_level("WARNING", logger="edgevlm"):
+        assert as_trained(converted) == converted
+    assert "could not write" in caplog.text and "as it is" in caplog.text
