@@ -124,7 +124,8 @@ $(CLIENTS_STAMP):
 	@rm -f $(CLIENTS_VENV)/.edgevlm-* && touch $@
 
 # … and the pinned llama.cpp's sources, whose own converter (convert_hf_to_gguf.py) turns the tiny
-# Gemma 3 checkpoint into its GGUF pair (tests/parity/test_forward.py)
+# checkpoints into their GGUF pairs, and whose vocab-only Gemma 4 GGUF gives the tiny Gemma 4 its
+# vocabulary (tests/parity/test_forward.py)
 parity-env: $(PARITY_STAMP) | $(PEER_SRC)
 
 $(PARITY_STAMP):
