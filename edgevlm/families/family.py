@@ -11,14 +11,14 @@ Pure: nothing here imports llama_cpp.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Protocol
 
 from edgevlm.models.gguf import ProjectorFacts, TextModelFacts
+from edgevlm.values.embedding import BlockCounter
 from edgevlm.vision.boxes import Grounding
 from edgevlm.vision.layout import ImageLayout
 
-BlockCounter = Callable[[tuple[int, int]], tuple[int, int]]  # (w, h) -> (block tokens, visual tokens)
+__all__ = ["BlockCounter", "Family"]
 
 
 class Family(Protocol):

@@ -17,14 +17,13 @@ from PIL import Image
 from edgevlm.errors import EngineError, ModelError
 from edgevlm.llama.logs import NATIVE_LOG
 from edgevlm.llama.meter import RequestMeter
-from edgevlm.values.embedding import ImageBlock, ImageEmbedding
+from edgevlm.values.embedding import BlockCounter, ImageBlock, ImageEmbedding
 
 T = TypeVar("T")
-BlockCount = Callable[[tuple[int, int]], tuple[int, int]]  # (w, h) -> (block tokens, visual tokens)
 
 
 @contextlib.contextmanager
-def block_counter(model_path: str, mmproj_path: str) -> Iterator[BlockCount]:
+def block_counter(model_path: str, mmproj_path: str) -> Iterator[BlockCounter]:
     """mtmd's own count of an image's block by size, with no weights loaded: the text model's
     vocabulary only (for the family's marker tokens) and the projector's preprocessing. For plans
     made before a model loads; (block tokens, visual tokens) per (width, height)."""

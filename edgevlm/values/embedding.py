@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -108,6 +109,11 @@ class ImageBlock:
     def n_positions(self) -> int:
         """How far the block moves the next position (mtmd's n_pos, summed)."""
         return sum(p.n_positions if isinstance(p, ImageEmbedding) else len(p) for p in self.pieces)
+
+
+# mtmd's count of an image's block by size, before anything is encoded: (width, height) ->
+# (block tokens, visual tokens). Made in llama/ (Projector.count_size), asked by families/.
+BlockCounter = Callable[[tuple[int, int]], tuple[int, int]]
 
 
 class BlockEncoder(Protocol):
