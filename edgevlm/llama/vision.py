@@ -169,40 +169,47 @@ class Projector:
         alone (its nx is the count, its ny 1), so it would batch a 10x7 image with a 7x10 one and
         encode the second on the first's grid: rows 1.4 times their largest value off."""
         rows: dict[int, np.ndarray] = {}
+        done = 0
+        while done < len(chunks):
+            with self._batch() as batch:
+                run = self._fill(batch, chunks[done:])
+                rows |= self._encode_run(batch, run, meter)
+            done += len(run)
+        return rows
+
+    @contextlib.contextmanager
+    def _batch(self) -> Iterator[int]:
         batch = mtmd_cpp.mtmd_batch_init(self._mctx)
         if not batch:
             raise EngineError("mtmd could not start a batch")
         try:
-            run: list[ctypes.c_void_p] = []
-            size: tuple[int, ...] = ()
-            for chunk, source in chunks:
-                rc = 3 if run and source != size else mtmd_cpp.mtmd_batch_add_chunk(batch, chunk)
-                size = source
-                if rc in (2, 3):  # this chunk starts the next run
-                    rows |= self._encode_run(batch, run, meter)
-                    mtmd_cpp.mtmd_batch_free(batch)
-                    batch, run = mtmd_cpp.mtmd_batch_init(self._mctx), []
-                    rc = mtmd_cpp.mtmd_batch_add_chunk(batch, chunk)
-                if rc != 0:
-                    raise EngineError(f"mtmd could not batch an image chunk (code {rc})")
-                run.append(chunk)
-            if run:
-                rows |= self._encode_run(batch, run, meter)
+            yield batch
         finally:
             mtmd_cpp.mtmd_batch_free(batch)
-        return rows
+
+    @staticmethod
+    def _fill(batch: int, chunks: list[tuple[ctypes.c_void_p, tuple[int, ...]]]) -> list[ctypes.c_void_p]:
+        """The chunks from the front that go into one batch: of one image's size, while mtmd takes
+        them (at least the first)."""
+        run: list[ctypes.c_void_p] = []
+        for chunk, source in chunks:
+            if run and source != chunks[0][1]:
+                break
+            rc = mtmd_cpp.mtmd_batch_add_chunk(batch, chunk)
+            if rc in (2, 3) and run:  # this chunk starts the next run
+                break
+            if rc != 0:
+                raise EngineError(f"mtmd could not batch an image chunk (code {rc})")
+            run.append(chunk)
+        return run
 
     def _encode_run(self, batch: int, run: list[ctypes.c_void_p],
                     meter: RequestMeter) -> dict[int, np.ndarray]:
         started = time.perf_counter()
         if mtmd_cpp.mtmd_batch_encode(batch) != 0:
             raise EngineError(f"llama.cpp failed to encode the images ({NATIVE_LOG.error_hint()})")
-        rows = {}
-        for chunk in run:
-            n_tokens = mtmd_cpp.mtmd_input_chunk_get_n_tokens(chunk)
-            out = mtmd_cpp.mtmd_batch_get_output_embd(batch, chunk)
-            rows[_address(chunk)] = np.ctypeslib.as_array(out, shape=(n_tokens * self._n_embd,)).reshape(
-                n_tokens, self._n_embd).copy()  # the batch owns its buffer
+        rows = {_address(chunk): self._rows_at(mtmd_cpp.mtmd_batch_get_output_embd(batch, chunk), chunk)
+                for chunk in run}
         meter.clip_encode_s += time.perf_counter() - started
         meter.clip_encodes += len(run)
         return rows
@@ -276,15 +283,19 @@ class Projector:
         return ImageEmbedding(parts[0] if len(parts) == 1 else np.concatenate(parts))
 
     def _encode_chunk(self, chunk: ctypes.c_void_p, meter: RequestMeter) -> np.ndarray:
-        n_tokens = mtmd_cpp.mtmd_input_chunk_get_n_tokens(chunk)
         started = time.perf_counter()
         if mtmd_cpp.mtmd_encode_chunk(self._mctx, chunk) != 0:
             raise EngineError(f"llama.cpp failed to encode the image ({NATIVE_LOG.error_hint()})")
-        out = mtmd_cpp.mtmd_get_output_embd(self._mctx)
-        rows = np.ctypeslib.as_array(out, shape=(n_tokens * self._n_embd,))
+        rows = self._rows_at(mtmd_cpp.mtmd_get_output_embd(self._mctx), chunk)
         meter.clip_encode_s += time.perf_counter() - started
         meter.clip_encodes += 1
-        return rows.reshape(n_tokens, self._n_embd).copy()  # mtmd reuses its buffer
+        return rows
+
+    def _rows_at(self, out: object, chunk: ctypes.c_void_p) -> np.ndarray:
+        """A chunk's rows copied out of mtmd's output buffer (which it reuses, or the batch owns)."""
+        n_tokens = mtmd_cpp.mtmd_input_chunk_get_n_tokens(chunk)
+        rows = np.ctypeslib.as_array(out, shape=(n_tokens * self._n_embd,))
+        return rows.reshape(n_tokens, self._n_embd).copy()
 
 
 def _image_chunks_of(chunks: ctypes.c_void_p) -> list[ctypes.c_void_p]:

@@ -356,8 +356,9 @@ def with_flags(source: Path, keys: tuple[str, ...], dest: Path) -> None:
     import struct
 
     reader = _open(source, role="--mmproj")
-    if set(keys) & set(reader.fields):
-        raise ModelError(f"{source}: already has {', '.join(sorted(set(keys) & set(reader.fields)))}")
+    present = set(keys) & set(reader.fields)
+    if present:
+        raise ModelError(f"{source}: already has {', '.join(sorted(present))}")
     data = reader.data
     # the header: magic, version, tensor count (8 bytes), key count (8 bytes), then the keys
     keys_end = int(reader.tensors[0].field.offset) if reader.tensors else int(reader.data_offset)

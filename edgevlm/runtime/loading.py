@@ -43,7 +43,7 @@ from edgevlm.planning.values import (
 )
 from edgevlm.planning.verify import Check, compare
 from edgevlm.rpc import endpoints as rpc
-from edgevlm.store.caches import CacheView, EmbeddingCache, for_files, pair_identity
+from edgevlm.store.caches import CacheView, EmbeddingCache, file_identity, for_files, pair_identity
 from edgevlm.store.prefix_cache import PROJECTOR_COPIES, PrefixCache
 from edgevlm.store.prefix_cache import RAM_BYTES as PREFIX_RAM_BYTES
 from edgevlm.vision.boxes import Grounding
@@ -237,8 +237,7 @@ def as_trained(projector: ProjectorFacts) -> ProjectorFacts:
     from edgevlm.paths import cache_dir
 
     source = projector.path.resolve()
-    stat = source.stat()
-    key = hashlib.sha256(f"{source}|{stat.st_size}|{stat.st_mtime_ns}|{flags}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{source.parent}|{file_identity(source)}|{flags}".encode()).hexdigest()[:16]
     copy = cache_dir() / PROJECTOR_COPIES / f"{source.stem}.{key}.gguf"  # `edgevlm cache` shows it
     if not copy.exists():
         log.warning("%s names no %s, which its model needs (llama.cpp's converter leaves it out, and "

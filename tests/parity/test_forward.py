@@ -392,7 +392,11 @@ def _gemma3_views(gemma3: Path, paths: list[Path]) -> list[Image.Image]:
 
 
 def _block_rows(sequence: Any, image: Image.Image) -> np.ndarray:
-    block = sequence.encode_block(image)
+    return _rows_of(sequence.encode_block(image))
+
+
+def _rows_of(block: Any) -> np.ndarray:
+    """A block's rows, every image chunk's in order (its marker tokens left out)."""
     return np.concatenate([np.asarray(piece.rows, np.float32) for piece in block.pieces
                            if not isinstance(piece, tuple)])
 
@@ -570,8 +574,7 @@ def test_gemma4_batched_encoding_is_one_by_one_encoding_at_f32(gemma4: Path) -> 
         alone = [mtmd.encode_block(photo, RequestMeter()) for photo in photos]
         together = mtmd.encode_blocks(photos, RequestMeter())
     for one, other in zip(alone, together, strict=True):
-        ours, batched = (np.concatenate([np.asarray(piece.rows) for piece in block.pieces
-                                         if not isinstance(piece, tuple)]) for block in (one, other))
+        ours, batched = _rows_of(one), _rows_of(other)
         assert ours.shape == batched.shape == (70, 64)
         assert np.abs(ours - batched).max() <= 1e-4 * np.abs(ours).max()
 
