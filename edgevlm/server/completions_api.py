@@ -27,9 +27,8 @@ from edgevlm.server.turns import (
 )
 
 router = APIRouter(prefix="/v1", responses=sc.errors(sc.OpenAIError, 400, 401, 404, 408, 413, 503))
-# What a completion request shares with a chat one, passed on as it is.
-_SHARED = ("model", "stream", "max_tokens", "temperature", "top_p", "seed", "stop", "frequency_penalty",
-           "presence_penalty", "logprobs", "n", "logit_bias")
+# Chat fields a completion request may carry beyond its schema, passed on to be refused by name.
+_PASSED_ON = ("logprobs", "n", "logit_bias")
 
 
 @router.post("/completions", response_model=None, openapi_extra=sc.body(sc.CompletionRequest),
@@ -37,23 +36,24 @@ _SHARED = ("model", "stream", "max_tokens", "temperature", "top_p", "seed", "sto
 async def completions(request: Request) -> JSONResponse | EventSourceResponse:
     """A text completion of `prompt` (a string, or a list of one), streamed or not."""
     state = state_of(request)
-    body = await read_json(request, state.max_body_bytes)
-    sc.check_body(sc.CompletionRequest, body)
-    chat = {key: body[key] for key in _SHARED if key in body}
-    chat["messages"] = [{"role": "user", "content": _prompt(body.get("prompt"))}]
-    if body.get("echo") not in (None, False) or body.get("suffix") not in (None, ""):
-        raise bad_request("is not supported by edgevlm", "echo" if body.get("echo") else "suffix",
-                          code="unsupported_parameter")
-    return await answer_chat(request, state, chat,
+    body = sc.parse(sc.CompletionRequest, await read_json(request, state.max_body_bytes))
+    return await answer_chat(request, state, chat_request(body),
                              lambda turn, _: CompletionReply(state, turn.settings.max_tokens))
 
 
-def _prompt(prompt: object) -> str:
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if not isinstance(prompt, str) or not prompt.strip():
+def chat_request(body: sc.CompletionRequest) -> sc.ChatCompletionRequest:
+    """The completion request as the one-turn chat it means."""
+    extras = body.model_extra or {}
+    if extras.get("echo") not in (None, False) or extras.get("suffix") not in (None, ""):
+        raise bad_request("is not supported by edgevlm", "echo" if extras.get("echo") else "suffix",
+                          code="unsupported_parameter")
+    if isinstance(body.prompt, list) and len(body.prompt) != 1:
         raise bad_request("expected the prompt as a non-empty string (one prompt per request)", "prompt")
-    return prompt
+    prompt = body.prompt if isinstance(body.prompt, str) else body.prompt[0]
+    shared = body.model_dump(include=set(sc.CompletionRequest.model_fields) - {"prompt"}, exclude_none=True)
+    passed = {name: extras[name] for name in _PASSED_ON if name in extras}
+    return sc.ChatCompletionRequest.model_validate(
+        {**shared, **passed, "messages": [{"role": "user", "content": prompt}]})
 
 
 class CompletionReply:

@@ -17,7 +17,6 @@ from edgevlm.chat.tools import ToolUse
 from edgevlm.server.http import bad_request
 
 SYSTEM_ROLES = frozenset({"system", "developer"})
-ROLES = SYSTEM_ROLES | {"user", "assistant", "tool"}
 
 
 @dataclass(frozen=True)
@@ -36,15 +35,6 @@ class _Exchange:
     images: list[ChatImage] = field(default_factory=list)
     answer: list[str] = field(default_factory=list)
     where: str = ""
-
-
-def check_role(role: object, where: str) -> str:
-    """The message's role, or a 400 naming it."""
-    if not isinstance(role, str) or role not in ROLES:
-        shown = role if isinstance(role, str) else type(role).__name__
-        raise bad_request(f"role {shown!r} is not supported; use system, user, assistant or tool",
-                          f"{where}.role")
-    return role
 
 
 def chat_turn(messages: Sequence[Message], change: SettingsChange,

@@ -12,6 +12,7 @@ from urllib.parse import unquote, urlparse
 from edgevlm.chat.resent import ChatImage, named
 from edgevlm.errors import ImageError
 from edgevlm.server.http import ApiError, bad_request, shown
+from edgevlm.server.schemas import FileData, InputVideo, VideoUrl
 from edgevlm.store.uploads import UploadKind, UploadStore
 from edgevlm.vision.documents import count_pages
 from edgevlm.vision.layout import TIMED_FRAMES, FrameScaffold
@@ -29,10 +30,10 @@ def is_video_bytes(raw: bytes) -> bool:
     return raw[4:8] == b"ftyp" or raw[:4] == b"\x1a\x45\xdf\xa3" or avi
 
 
-def image_from_url(url: object, param: str, *, media_dir: Path | None,
+def image_from_url(url: str | None, param: str, *, media_dir: Path | None,
                    useful_pixels: int | None, max_file_bytes: int | None = None) -> ChatImage:
     """An OpenAI `image_url.url`: a data: URL, or a file:// path inside the media folder."""
-    if not isinstance(url, str) or not url:
+    if not url:
         raise bad_request("expected the image as a data: URL or a file:// URL", param)
     scheme = url.split(":", 1)[0].lower()
     if scheme == "data":
@@ -45,10 +46,10 @@ def image_from_url(url: object, param: str, *, media_dir: Path | None,
     raise bad_request(f"unsupported image URL scheme '{shown(scheme, 20)}'; use a data: URL", param)
 
 
-def image_from_base64(data: object, param: str, *, useful_pixels: int | None) -> ChatImage:
+def image_from_base64(data: str, param: str, *, useful_pixels: int | None) -> ChatImage:
     """An Ollama `images` entry: base64 (a data: URL is accepted too). A PDF is refused: the
     Ollama API has no documents."""
-    if not isinstance(data, str) or not data:
+    if not data:
         raise bad_request("expected a base64-encoded image", param)
     raw = _data_url_bytes(data, param) if data.startswith("data:") else _b64(data, param)
     if raw.startswith(PDF_MAGIC):
@@ -61,18 +62,18 @@ def image_from_base64(data: object, param: str, *, useful_pixels: int | None) ->
     return decode(raw, param, useful_pixels)
 
 
-def video_frames(part: object, param: str, *, media_dir: Path | None, useful_pixels: int | None,
-                 max_file_bytes: int | None = None, scaffold: FrameScaffold = TIMED_FRAMES
-                 ) -> tuple[ChatImage, ...]:
+def video_frames(part: VideoUrl | InputVideo | None, param: str, *, media_dir: Path | None,
+                 useful_pixels: int | None, max_file_bytes: int | None = None,
+                 scaffold: FrameScaffold = TIMED_FRAMES) -> tuple[ChatImage, ...]:
     """A video as frames of the message: OpenAI-style `video_url` ({"url": a data:video/…;base64
     URL or file:// inside --media-dir}) or llama-server's `input_video` ({"data": base64,
     "format": "mp4"}); at most one window's frames, spread over the clip, each after its time
     (at the family's rate and frames to a block, `scaffold`)."""
-    if not isinstance(part, dict):
+    if part is None:
         raise bad_request("expected an object with the video's url (or data)", param)
-    if "url" in part:
-        url, where = part.get("url"), f"{param}.url"
-        if not isinstance(url, str) or not url:
+    if isinstance(part, VideoUrl):
+        url, where = part.url, f"{param}.url"
+        if not url:
             raise bad_request("expected the video as a data:video/…;base64 URL or a file:// URL", where)
         scheme = url.split(":", 1)[0].lower()
         if scheme == "data":
@@ -85,7 +86,7 @@ def video_frames(part: object, param: str, *, media_dir: Path | None, useful_pix
                               "data:video/…;base64 URL", where, code="remote_url_refused")
     else:
         where = f"{param}.data"
-        raw, suffix = _b64(str(part.get("data") or ""), where), f".{part.get('format') or 'mp4'}"
+        raw, suffix = _b64(part.data, where), f".{part.format or 'mp4'}"
     try:
         return ChatImage.frames_of(raw, suffix=suffix, useful_pixels=useful_pixels, scaffold=scaffold)
     except ImageError as exc:
@@ -117,16 +118,16 @@ class PageRoom:
         return None if useful_pixels is None else max(useful_pixels // max(images, 1), 1)
 
 
-def document_pages(part: object, param: str, *, useful_pixels: int | None, room: PageRoom | None = None,
-                   before: int = 0) -> tuple[ChatImage, ...]:
+def document_pages(part: FileData | None, param: str, *, useful_pixels: int | None,
+                   room: PageRoom | None = None, before: int = 0) -> tuple[ChatImage, ...]:
     """An OpenAI `file` part's PDF (`file_data`, a data:application/pdf;base64 URL) as its pages,
     counted against the room (beside the `before` images of the message) before any is drawn,
     each drawn at its share of the pixels."""
-    if not isinstance(part, dict):
+    if part is None:
         raise bad_request("expected an object with file_data (and filename)", param)
-    url = part.get("file_data")
+    url = part.file_data
     where = f"{param}.file_data"
-    if not isinstance(url, str) or not url:
+    if not url:
         raise bad_request("expected the PDF as a data:application/pdf;base64 URL", where)
     header, sep, payload = url.partition(",")
     form: PageFormat = PDF  # what a file part holds unless its media type says otherwise
@@ -161,13 +162,13 @@ def _pages(raw: bytes, form: PageFormat, where: str, param: str, *, useful_pixel
         raise bad_request(reason, where, code="invalid_document") from None
 
 
-def uploaded(file_id: object, param: str, *, uploads: UploadStore | None, useful_pixels: int | None,
+def uploaded(file_id: str, param: str, *, uploads: UploadStore | None, useful_pixels: int | None,
              room: PageRoom | None = None, before: int = 0, scaffold: FrameScaffold = TIMED_FRAMES
              ) -> tuple[ChatImage, ...]:
     """What a `file_id` from `POST /v1/files` stands for: an image, a document's pages (counted
     against the room) or one window of a clip's frames; a 400 naming it when it is unknown,
     deleted or expired."""
-    if not isinstance(file_id, str) or not file_id:
+    if not file_id:
         raise bad_request("expected a file_id from POST /v1/files", param)
     stored = uploads.get(file_id) if uploads is not None else None
     data = uploads.read(file_id) if uploads is not None and stored is not None else None

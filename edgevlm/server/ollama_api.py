@@ -13,14 +13,14 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from edgevlm import __version__
-from edgevlm.chat.resent import ChatTurn
+from edgevlm.chat.resent import ChatImage, ChatTurn
 from edgevlm.chat.settings import SettingsChange
 from edgevlm.chat.structured import OutputFormat
 from edgevlm.chat.tools import ToolCall
 from edgevlm.server import fields as opt
 from edgevlm.server import schemas as sc
 from edgevlm.server.answer import AnswerShape, AnswerText
-from edgevlm.server.history import Message, chat_turn, check_role
+from edgevlm.server.history import Message, chat_turn
 from edgevlm.server.http import ApiError, bad_request, read_json
 from edgevlm.server.media import image_from_base64
 from edgevlm.server.pull import fetch_or_error, pull_preset, pull_progress
@@ -67,9 +67,8 @@ async def tags_head() -> None:
 async def show(request: Request) -> dict[str, object]:
     """The loaded model's details and capabilities (vision)."""
     state = state_of(request)
-    body = await read_json(request, state.max_body_bytes)
-    sc.check_body(sc.OllamaModelRequest, body)
-    _check_model(body.get("model", body.get("name")), state)
+    body = sc.parse(sc.OllamaModelRequest, await read_json(request, state.max_body_bytes))
+    _check_model(body.named, state)
     info = state.model
     # llm-ollama offers tools only to a model whose capabilities say so (issue 49.6).
     return {"modelfile": "", "parameters": "", "template": "", "details": _details(state),
@@ -109,10 +108,9 @@ def _no_embeddings(state: ServerState) -> NoReturn:
 async def pull(request: Request) -> JSONResponse | StreamingResponse:
     """Download a preset by name (resumable, verified), with progress as Ollama's NDJSON."""
     state = state_of(request)
-    body = await read_json(request, state.max_body_bytes)
-    sc.check_body(sc.OllamaModelRequest, body)
-    preset = pull_preset(body.get("model", body.get("name")))
-    if body.get("stream", True):
+    body = sc.parse(sc.OllamaModelRequest, await read_json(request, state.max_body_bytes))
+    preset = pull_preset(body.named)
+    if body.stream is not False:
         return StreamingResponse(pull_progress(preset), media_type="application/x-ndjson")
     await run_in_threadpool(fetch_or_error, preset, None)
     return JSONResponse({"status": "success"})
@@ -134,48 +132,51 @@ async def generate(request: Request) -> JSONResponse | StreamingResponse:
 
 async def _answer(request: Request, kind: str) -> JSONResponse | StreamingResponse:
     state = state_of(request)
-    body = await read_json(request, state.max_body_bytes)
-    sc.check_body(sc.OllamaChatRequest if kind == "chat" else sc.OllamaGenerateRequest, body)
+    raw = await read_json(request, state.max_body_bytes)
+    body = sc.parse(sc.OllamaChatRequest, raw) if kind == "chat" else sc.parse(sc.OllamaGenerateRequest, raw)
     reply = OllamaReply(kind, state.model.id, state.max_tokens, AnswerShape())
-    if _is_load_request(body, kind):
-        _check_model(body.get("model"), state)
-        return JSONResponse(reply.loaded("unload" if body.get("keep_alive") in (0, "0", "0s") else "load"))
-    turn, shape = await run_in_threadpool(parse_request, body, state, kind)
+    if _is_load_request(body):
+        _check_model(body.model, state)
+        return JSONResponse(reply.loaded("unload" if body.keep_alive in (0, "0", "0s") else "load"))
+    turn, shape = await run_in_threadpool(parse_request, body, state)
     job, first = await start(turn, state, request)
-    continues = (lambda answer: context_after(body, answer, state)) if kind == "generate" else None
+    continues = ((lambda answer: context_after(body, answer, state))
+                 if isinstance(body, sc.OllamaGenerateRequest) else None)
     reply = OllamaReply(kind, state.model.id, turn.settings.max_tokens, shape, context=continues)
-    if body.get("stream", True):
+    if body.stream is not False:
         return StreamingResponse(reply.stream(request, job, first), media_type="application/x-ndjson")
     text, answered = await collect(job, first, request)
     note_for_log(request, answered)
     return JSONResponse(reply.final(answered, text))
 
 
-def _is_load_request(body: dict[str, object], kind: str) -> bool:
+OllamaRequest = sc.OllamaChatRequest | sc.OllamaGenerateRequest
+
+
+def _is_load_request(body: OllamaRequest) -> bool:
     """Ollama's load and unload forms: no messages (chat), or no prompt and no images (generate)."""
-    if kind == "chat":
-        return body.get("messages") in (None, [])
-    return body.get("prompt") in (None, "") and not body.get("images")
+    if isinstance(body, sc.OllamaChatRequest):
+        return not body.messages
+    return not body.prompt and not body.images
 
 
-def parse_request(body: dict[str, object], state: ServerState, kind: str) -> tuple[ChatTurn, AnswerShape]:
+def parse_request(body: OllamaRequest, state: ServerState) -> tuple[ChatTurn, AnswerShape]:
     """An /api/chat or /api/generate body as a chat turn and the shape its answer must have, or a
     400 naming the field at fault."""
-    _check_model(body.get("model"), state)
-    messages = _chat_messages(body, state) if kind == "chat" else _generate_messages(body, state)
-    raw = body.get("options") or {}
-    if not isinstance(raw, dict):
-        raise bad_request("expected an object", "options")
-    limit = raw.get("num_predict")
-    output, answer = _output(body.get("format"))  # with tools: the answer when it is no call
-    tools = tool_use(body.get("tools"), None, answer_grammar=answer) if kind == "chat" else None
+    _check_model(body.model, state)
+    output, answer = _output(body.format)  # with tools: the answer when it is no call
+    if isinstance(body, sc.OllamaChatRequest):
+        messages, tools = _chat_messages(body, state), tool_use(body.tools, None, answer_grammar=answer)
+    else:
+        messages, tools = _generate_messages(body, state), None
+    options = body.options or sc.OllamaOptions()
+    limit = options.num_predict
     change = SettingsChange(
-        max_tokens=opt.max_tokens(None if limit in (-1, -2) else limit, "options.num_predict",
-                                  state.max_tokens),
-        stop=opt.stops(raw.get("stop"), "options.stop"),
-        sampling=opt.sampling(raw, fields=opt.OLLAMA_SAMPLING, where="options.",
-                              grammar=tools.grammar if tools else answer, base=state.chat.sampling),
-        pool=opt.pool(raw.get("pool"), "options.pool"), merge=opt.merge(raw.get("merge"), "options.merge"))
+        max_tokens=opt.max_tokens(None if limit in (-1, -2) else limit, state.max_tokens),
+        stop=opt.stops(options.stop),
+        sampling=opt.sampling(options, opt.OLLAMA_SAMPLING, grammar=tools.grammar if tools else answer,
+                              base=state.chat.sampling),
+        pool=opt.pool(options.pool), merge=opt.merge(options.merge, "options.merge"))
     turn = chat_turn(messages, change, lambda change: state.settings_for(change, OLLAMA_PARAMS), tools)
     return turn, AnswerShape(tools, output)
 
@@ -186,49 +187,37 @@ OLLAMA_PARAMS = {"max_tokens": "options.num_predict", "pool": "options.pool", "t
                  "stop": "options.stop"}
 
 
-def _check_model(name: object, state: ServerState) -> None:
+def _check_model(name: str | None, state: ServerState) -> None:
     if not state.model_matches(name):
         raise ApiError(404, f"model '{name}' not found; this server has '{state.model.id}'",
                        param="model", code="model_not_found")
 
 
-def _chat_messages(body: dict[str, object], state: ServerState) -> list[Message]:
-    raw = body.get("messages")
-    if not isinstance(raw, list) or not raw:
-        raise bad_request("expected a non-empty list of messages", "messages")
+def _chat_messages(body: sc.OllamaChatRequest, state: ServerState) -> list[Message]:
     messages = []
-    for i, item in enumerate(raw):
+    for i, item in enumerate(body.messages or ()):
         where = f"messages[{i}]"
-        if not isinstance(item, dict):
-            raise bad_request("expected an object with role and content", where)
-        role = check_role(item.get("role"), where)
-        content = item.get("content") or ""
-        if not isinstance(content, str):
-            raise bad_request("expected a string", f"{where}.content")
-        if role == "assistant" and item.get("tool_calls"):
-            called, _ = assistant_calls_text(item["tool_calls"], f"{where}.tool_calls")
+        role: str = item.role
+        content = item.content or ""
+        if role == "assistant" and item.tool_calls:
+            called, _ = assistant_calls_text(item.tool_calls, f"{where}.tool_calls")
             content = "\n".join(filter(None, (content, called)))
         elif role == "tool":
-            name = item.get("tool_name") or item.get("name")
-            role, content = "user", tool_result_text(name if isinstance(name, str) else None, content)
-        images = _images(item.get("images"), f"{where}.images", state)
+            role, content = "user", tool_result_text(item.tool_name or item.name, content)
+        images = _images(item.images, f"{where}.images", state)
         messages.append(Message(role, content, images, where))
     return messages
 
 
-def _generate_messages(body: dict[str, object], state: ServerState) -> list[Message]:
-    prompt, system = body.get("prompt") or "", body.get("system")
-    if not isinstance(prompt, str):
-        raise bad_request("expected a string", "prompt")
-    if system is not None and not isinstance(system, str):
-        raise bad_request("expected a string", "system")
-    user = Message("user", prompt, _images(body.get("images"), "images", state), "prompt")
-    earlier = [Message(role, text, (), "context") for pair in context_pairs(body.get("context"), state)
+def _generate_messages(body: sc.OllamaGenerateRequest, state: ServerState) -> list[Message]:
+    prompt, system = body.prompt or "", body.system
+    user = Message("user", prompt, _images(body.images, "images", state), "prompt")
+    earlier = [Message(role, text, (), "context") for pair in context_pairs(body.context, state)
                for role, text in zip(("user", "assistant"), pair, strict=True)]
     return [Message("system", system, (), "system"), *earlier, user] if system else [*earlier, user]
 
 
-def context_pairs(raw: object, state: ServerState) -> list[tuple[str, str]]:
+def context_pairs(raw: list[int] | None, state: ServerState) -> list[tuple[str, str]]:
     """The earlier exchanges a `context` from an earlier /api/generate answer carries.
 
     Ollama's context is token ids its client sends back to continue; edgevlm's are the ids of
@@ -238,8 +227,7 @@ def context_pairs(raw: object, state: ServerState) -> list[tuple[str, str]]:
         return []
     refused = bad_request("expected the context an earlier /api/generate answer of this server gave",
                           "context")
-    if state.tokens is None or not isinstance(raw, list) or not all(
-            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in raw):
+    if state.tokens is None or not all(t >= 0 for t in raw):
         raise refused
     try:
         pairs = json.loads(state.tokens.detokenize(raw))
@@ -251,24 +239,22 @@ def context_pairs(raw: object, state: ServerState) -> list[tuple[str, str]]:
     return [(user, answer) for user, answer in pairs]
 
 
-def context_after(body: dict[str, object], answer: str, state: ServerState) -> list[int]:
+def context_after(body: sc.OllamaGenerateRequest, answer: str, state: ServerState) -> list[int]:
     """The `context` that continues from this answer (see context_pairs)."""
     if state.tokens is None:
         return []
-    pairs = [*context_pairs(body.get("context"), state), (str(body.get("prompt") or ""), answer.strip())]
+    pairs = [*context_pairs(body.context, state), (body.prompt or "", answer.strip())]
     return state.tokens.tokenize(json.dumps(pairs, ensure_ascii=False))
 
 
-def _images(raw: object, where: str, state: ServerState) -> tuple:
+def _images(raw: list[str] | None, where: str, state: ServerState) -> tuple[ChatImage, ...]:
     if raw is None:
         return ()
-    if not isinstance(raw, list):
-        raise bad_request("expected a list of base64 images", where)
     return tuple(image_from_base64(data, f"{where}[{k}]", useful_pixels=state.useful_pixels)
                  for k, data in enumerate(raw))
 
 
-def _output(fmt: object) -> tuple[OutputFormat | None, str | None]:
+def _output(fmt: str | dict[str, object] | None) -> tuple[OutputFormat | None, str | None]:
     if fmt in (None, ""):
         return None, None
     if fmt == "json":

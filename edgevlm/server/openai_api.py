@@ -15,14 +15,14 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 
 from edgevlm.chat.records import to_plain
-from edgevlm.chat.resent import ChatTurn, grouped
-from edgevlm.chat.settings import KEEP, MAX_LOOK_MATCHES, SettingsChange
+from edgevlm.chat.resent import ChatImage, ChatTurn, grouped
+from edgevlm.chat.settings import KEEP, SettingsChange
 from edgevlm.chat.structured import OutputFormat
 from edgevlm.chat.tools import ToolCall
 from edgevlm.server import fields as opt
 from edgevlm.server import schemas as sc
 from edgevlm.server.answer import AnswerShape, AnswerText
-from edgevlm.server.history import Message, chat_turn, check_role
+from edgevlm.server.history import Message, chat_turn
 from edgevlm.server.http import ApiError, bad_request, read_json
 from edgevlm.server.media import PageRoom, document_pages, image_from_url, uploaded, video_frames
 from edgevlm.server.scheduler import Answered, Failed, JobEvent, Piece, Progress, TurnJob
@@ -80,22 +80,12 @@ def _model_entry(state: ServerState) -> dict[str, object]:
 async def chat_completions(request: Request) -> JSONResponse | EventSourceResponse:
     """A chat completion; earlier images stand as summaries, the latest is shown live."""
     state = state_of(request)
-    body = await read_json(request, state.max_body_bytes)
-    sc.check_body(sc.ChatCompletionRequest, body)
+    body = sc.parse(sc.ChatCompletionRequest, await read_json(request, state.max_body_bytes))
+    progress = bool(body.edgevlm and body.edgevlm.progress)  # the prefill's progress as empty deltas
     return await answer_chat(request, state, body, lambda turn, shape: OpenAIReply(
         state.model.id, turn.settings.max_tokens, state.model.n_ctx,
         lambda: past_summaries(turn, state.summaries), shape, boxes=box_reader(turn, state),
-        progress=_wants_progress(body), timeline=video_timeline(turn)))
-
-
-def _wants_progress(body: dict[str, object]) -> bool:
-    """`edgevlm.progress`: stream the prefill's progress as chunks with an empty delta (the page
-    asks for it; other clients see the standard stream)."""
-    extra = body.get("edgevlm")
-    wanted = extra.get("progress", False) if isinstance(extra, dict) else False
-    if not isinstance(wanted, bool):
-        raise bad_request("expected true or false", "edgevlm.progress")
-    return wanted
+        progress=progress, timeline=video_timeline(turn)))
 
 
 class OpenAIShape(Protocol):
@@ -106,14 +96,14 @@ class OpenAIShape(Protocol):
     def stream(self, request: Request, job: TurnJob, first: JobEvent) -> AsyncIterator[dict]: ...
 
 
-async def answer_chat(request: Request, state: ServerState, chat: dict[str, object],
+async def answer_chat(request: Request, state: ServerState, chat: sc.ChatCompletionRequest,
                       shape: Callable[[ChatTurn, AnswerShape], OpenAIShape]
                       ) -> JSONResponse | EventSourceResponse:
     """Answer a chat-completions body (or one a route translated into it) in a route's shape."""
     turn, answer = await run_in_threadpool(parse_request, chat, state)
-    reply = shape(turn, answer)  # before the job starts: a 400 here (edgevlm.progress) costs no work
+    reply = shape(turn, answer)
     job, first = await start(turn, state, request)
-    if chat.get("stream"):
+    if chat.stream:
         # sse-starlette would cut streams the moment the server stops: ours end themselves
         # (a finished answer, or an error line and [DONE]) within the running grace.
         return EventSourceResponse(reply.stream(request, job, first), ping=15,
@@ -123,45 +113,39 @@ async def answer_chat(request: Request, state: ServerState, chat: dict[str, obje
     return JSONResponse(reply.whole(text, answered))
 
 
-def parse_request(body: dict[str, object], state: ServerState) -> tuple[ChatTurn, AnswerShape]:
+def parse_request(body: sc.ChatCompletionRequest, state: ServerState) -> tuple[ChatTurn, AnswerShape]:
     """The request as a chat turn and the shape its answer must have (tools, a schema), or a 400
     naming the field at fault (images decoded here)."""
-    if not state.model_matches(body.get("model")):
-        raise ApiError(404, f"model '{body.get('model')}' is not loaded here; this server has "
+    if not state.model_matches(body.model):
+        raise ApiError(404, f"model '{body.model}' is not loaded here; this server has "
                        f"'{state.model.id}' (see GET /v1/models)", param="model", code="model_not_found")
-    _refuse_unsupported(body)
-    extra = body.get("edgevlm") or {}
-    if not isinstance(extra, dict):
-        raise bad_request("expected an object of edgevlm's own options (pool, detail, find, progress, fps, "
-                          "frame_tokens, look, look_matches, merge)", "edgevlm")
+    _refuse_unsupported(body.model_extra or {})
+    extra = body.edgevlm or sc.EdgevlmOptions()
     frames = state.video_frames  # a video's frames: the family's rate, or the request's own
-    if extra.get("fps") is not None:
-        frames = replace(frames, fps=opt.number(extra["fps"], "edgevlm.fps", low=0.01, high=30.0))
-    max_tokens = opt.max_tokens(body.get("max_completion_tokens", body.get("max_tokens")), "max_tokens",
-                                state.max_tokens)
+    if extra.fps is not None:
+        frames = replace(frames, fps=extra.fps)
+    max_tokens = opt.max_tokens(body.answer_tokens, state.max_tokens)
     room = PageRoom(state.model.n_ctx - max_tokens, state.image_floor)
-    messages, detail = _messages(body.get("messages"), state, frames, room)
-    find = _finding(extra.get("find"), body, state)
-    output, answer = (None, find.grammar) if find is not None else _output(body.get("response_format"))
-    tools = tool_use(body.get("tools"), body.get("tool_choice"), answer_grammar=answer)
+    messages, detail = _messages(body.messages, state, frames, room)
+    find = _finding(extra.find, body, state)
+    output, answer = (None, find.grammar) if find is not None else _output(body.response_format)
+    tools = tool_use(body.tools, body.tool_choice, answer_grammar=answer)
     grammar = tools.grammar if tools is not None else answer
     change = SettingsChange(
         max_tokens=max_tokens,
-        stop=opt.stops(body.get("stop"), "stop"),
-        sampling=opt.sampling(body, fields=opt.OPENAI_SAMPLING, grammar=grammar, base=state.chat.sampling),
+        stop=opt.stops(body.stop),
+        sampling=opt.sampling(body, opt.OPENAI_SAMPLING, grammar=grammar, base=state.chat.sampling),
         # OpenAI's `detail: low` as no tiles where edgevlm cuts them (a family mtmd lays out has no
         # tile cap: its caption budget, which low also asks for, applies)
         max_tiles=0 if detail == "low" and state.layout.cuts_tiles else KEEP,
-        pool=opt.pool(extra.get("pool"), "edgevlm.pool"),
-        merge=opt.merge(extra.get("merge"), "edgevlm.merge"),
-        look_matches=KEEP if extra.get("look_matches") is None else opt.whole(
-            extra["look_matches"], "edgevlm.look_matches", low=0, high=MAX_LOOK_MATCHES),
-        detail=opt.detail(extra.get("detail"), "edgevlm.detail") or (
+        pool=opt.pool(extra.pool),
+        merge=opt.merge(extra.merge, "edgevlm.merge"),
+        look_matches=KEEP if extra.look_matches is None else extra.look_matches,
+        detail=opt.detail(extra.detail, "edgevlm.detail") or (
             Detail.GROUNDING if find is not None else opt.OPENAI_DETAIL.get(detail, state.chat.detail)),
-        frame_tokens=None if extra.get("frame_tokens") is None else opt.whole(
-            extra["frame_tokens"], "edgevlm.frame_tokens", low=16, high=16384))
+        frame_tokens=extra.frame_tokens)
     turn = chat_turn(messages, change, lambda change: state.settings_for(change, OPENAI_PARAMS), tools)
-    looked = opt.look(extra.get("look"), "edgevlm.look", sum(len(grouped(p.images)) for p in turn.past))
+    looked = opt.look(extra.look, "edgevlm.look", sum(len(grouped(p.images)) for p in turn.past))
     turn = replace(turn, look=looked, question=find.question if find is not None else turn.question)
     return turn, AnswerShape(tools, output)
 
@@ -175,56 +159,52 @@ class _Find:
     grammar: str | None
 
 
-def _finding(value: object, body: dict[str, object], state: ServerState) -> _Find | None:
+def _finding(value: str | None, body: sc.ChatCompletionRequest, state: ServerState) -> _Find | None:
     """`edgevlm.find` checked: a family that writes boxes, no other answer shape, an image to look at."""
     if value is None:
         return None
-    if not isinstance(value, str) or not value.strip():
+    if not value.strip():
         raise bad_request("expected what to find, e.g. \"every street sign\"", "edgevlm.find")
     if state.grounding is None:
         raise ApiError(400, "this model's family writes no boxes edgevlm can place on a photo; grounding "
                        "works with Qwen2-VL, Qwen2.5-VL and Qwen3-VL", param="edgevlm.find",
                        code="grounding_unsupported")
-    if body.get("response_format") is not None or body.get("tools"):
+    if body.response_format is not None or body.tools:
         raise bad_request("edgevlm.find gives the answer's shape (boxes); drop response_format and tools",
                           "edgevlm.find")
-    asked = body.get("max_completion_tokens", body.get("max_tokens"))
-    most = boxes_within(opt.max_tokens(asked, "max_tokens", state.max_tokens))
+    most = boxes_within(opt.max_tokens(body.answer_tokens, state.max_tokens))
     grammar = opt.grammar_for(state.grounding.schema(most), "edgevlm.find") if state.grounding.json else None
     return _Find(state.grounding.question(value[:200]), grammar)
 
 
-# Fields edgevlm cannot honour: refused by name rather than ignored (value: what is accepted).
+# Fields edgevlm cannot honour (none in the schema: they arrive as extras), refused by name
+# rather than ignored (value: what is accepted).
 _UNSUPPORTED = {"logprobs": (None, False), "top_logprobs": (None, 0), "n": (None, 1),
                 "logit_bias": (None, {}), "functions": (None, []), "function_call": (None, "none"),
                 "audio": (None,), "prediction": (None,), "modalities": (None, ["text"])}
 
 
-def _refuse_unsupported(body: dict[str, object]) -> None:
+def _refuse_unsupported(extras: Mapping[str, object]) -> None:
     for name, accepted in _UNSUPPORTED.items():
-        if body.get(name) not in accepted:
+        if extras.get(name) not in accepted:
             hint = "; use tools" if name.startswith("function") else ""
             raise bad_request(f"is not supported by edgevlm{hint}", name, code="unsupported_parameter")
 
 
-def _messages(raw: object, state: ServerState, frames: FrameScaffold,
+def _messages(raw: list[sc.ChatMessage], state: ServerState, frames: FrameScaffold,
               room: PageRoom) -> tuple[list[Message], str]:
-    if not isinstance(raw, list) or not raw:
-        raise bad_request("expected a non-empty list of messages", "messages")
     messages, detail = [], "auto"
     calls: dict[str, str] = {}  # tool call id -> function name, from the assistant's calls
     for i, item in enumerate(raw):
         where = f"messages[{i}]"
-        if not isinstance(item, dict):
-            raise bad_request("expected an object with role and content", where)
-        role = check_role(item.get("role"), where)
-        text, images, detail = _content(item.get("content"), f"{where}.content", state, frames, room)
-        if role == "assistant" and item.get("tool_calls"):
-            called, names = assistant_calls_text(item["tool_calls"], f"{where}.tool_calls")
+        role: str = item.role
+        text, images, detail = _content(item.content, f"{where}.content", state, frames, room)
+        if role == "assistant" and item.tool_calls:
+            called, names = assistant_calls_text(item.tool_calls, f"{where}.tool_calls")
             text, calls = "\n".join(filter(None, (text, called))), {**calls, **names}
         elif role == "tool":
-            call_id = item.get("tool_call_id")
-            if not isinstance(call_id, str) or call_id not in calls:
+            call_id = item.tool_call_id
+            if call_id is None or call_id not in calls:
                 raise bad_request("a tool message answers a tool call: its tool_call_id must be the "
                                   "id of a call in an earlier assistant message", f"{where}.tool_call_id")
             role, text = "user", tool_result_text(calls[call_id], text)
@@ -232,39 +212,36 @@ def _messages(raw: object, state: ServerState, frames: FrameScaffold,
     return messages, detail
 
 
-def _content(content: object, where: str, state: ServerState, frames: FrameScaffold,
-             room: PageRoom) -> tuple[str, tuple, str]:
+def _content(content: str | list[sc.ContentPart] | None, where: str, state: ServerState,
+             frames: FrameScaffold, room: PageRoom) -> tuple[str, tuple[ChatImage, ...], str]:
     """A message's text and images; the detail asked for its (last) image."""
     if content is None or isinstance(content, str):
         return content or "", (), "auto"
-    if not isinstance(content, list):
-        raise bad_request("expected a string or a list of content parts", where)
-    texts, images, detail = [], [], "auto"
+    texts: list[str] = []
+    images: list[ChatImage] = []
+    detail = "auto"
     for j, part in enumerate(content):
         param = f"{where}[{j}]"
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "text" and isinstance(part.get("text"), str):
-            texts.append(part["text"])
-        elif kind == "image_url":
-            ref = part.get("image_url")
-            url = ref.get("url") if isinstance(ref, dict) else ref
-            detail = ref.get("detail", "auto") if isinstance(ref, dict) else "auto"
-            if detail not in ("low", "high", "auto"):
-                raise bad_request("detail must be low, high or auto", f"{param}.image_url.detail")
-            images.append(image_from_url(url, f"{param}.image_url.url", media_dir=state.media_dir,
-                                         useful_pixels=state.useful_pixels,
+        if part.type == "text" and part.text is not None:
+            texts.append(part.text)
+        elif part.type == "image_url":
+            ref = part.image_url
+            detail = (ref.detail if ref is not None else None) or "auto"
+            images.append(image_from_url(ref.url if ref is not None else None, f"{param}.image_url.url",
+                                         media_dir=state.media_dir, useful_pixels=state.useful_pixels,
                                          max_file_bytes=state.max_body_bytes))
-        elif kind in ("video_url", "input_video"):
-            images.extend(video_frames(part.get(kind), f"{param}.{kind}", media_dir=state.media_dir,
+        elif part.type in ("video_url", "input_video"):
+            video = part.video_url if part.type == "video_url" else part.input_video
+            images.extend(video_frames(video, f"{param}.{part.type}", media_dir=state.media_dir,
                                        useful_pixels=state.useful_pixels,
                                        max_file_bytes=state.max_body_bytes, scaffold=frames))
-        elif kind == "file" and isinstance(part.get("file"), dict) and part["file"].get("file_data") is None \
-                and part["file"].get("file_id") is not None:  # an upload (POST /v1/files): any medium
-            images.extend(uploaded(part["file"]["file_id"], f"{param}.file.file_id", uploads=state.uploads,
+        elif part.type == "file" and part.file is not None and part.file.file_data is None \
+                and part.file.file_id is not None:  # an upload (POST /v1/files): any medium
+            images.extend(uploaded(part.file.file_id, f"{param}.file.file_id", uploads=state.uploads,
                                    useful_pixels=state.useful_pixels, room=room, before=len(images),
                                    scaffold=frames))
-        elif kind == "file":
-            images.extend(document_pages(part.get("file"), f"{param}.file", useful_pixels=state.useful_pixels,
+        elif part.type == "file":
+            images.extend(document_pages(part.file, f"{param}.file", useful_pixels=state.useful_pixels,
                                          room=room, before=len(images)))
         else:
             raise bad_request("expected a part of type text (with text), image_url, video_url or "
@@ -272,16 +249,16 @@ def _content(content: object, where: str, state: ServerState, frames: FrameScaff
     return "\n".join(texts), tuple(images), detail
 
 
-def _output(response_format: object) -> tuple[OutputFormat | None, str | None]:
+def _output(response_format: dict[str, object] | None) -> tuple[OutputFormat | None, str | None]:
     """`response_format` as the answer's format and its grammar (None, None: text)."""
     if response_format is None:
         return None, None
-    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    kind = response_format.get("type")
     if kind == "text":
         return None, None
     if kind == "json_object":
         return opt.output_for(None, "response_format")
-    if kind == "json_schema" and isinstance(response_format, dict):
+    if kind == "json_schema":
         spec = response_format.get("json_schema")
         schema = spec.get("schema") if isinstance(spec, dict) else None
         if schema is None:

@@ -29,7 +29,6 @@ from edgevlm.server.turns import (
 )
 
 router = APIRouter(prefix="/v1", responses=sc.errors(sc.OpenAIError, 400, 401, 404, 408, 413, 503))
-_SHARED = ("model", "stream", "temperature", "top_p")
 _REFUSED = {"previous_response_id": "send the whole conversation as input",
             "tools": "use /v1/chat/completions for tools", "background": "", "conversation": ""}
 
@@ -39,79 +38,67 @@ _REFUSED = {"previous_response_id": "send the whole conversation as input",
 async def responses(request: Request) -> JSONResponse | EventSourceResponse:
     """A response to `input` (a string or a list of messages with input_text and input_image)."""
     state = state_of(request)
-    body = await read_json(request, state.max_body_bytes)
-    sc.check_body(sc.ResponseRequest, body)
-    return await answer_chat(request, state, chat_body(body),
+    body = sc.parse(sc.ResponseRequest, await read_json(request, state.max_body_bytes))
+    return await answer_chat(request, state, chat_request(body),
                              lambda turn, shape: ResponseReply(state, turn.settings.max_tokens, body, shape))
 
 
-def chat_body(body: dict[str, object]) -> dict[str, object]:
-    """The Responses request as the chat-completions body it means (a 400 names what cannot be)."""
+def chat_request(body: sc.ResponseRequest) -> sc.ChatCompletionRequest:
+    """The Responses request as the chat-completions request it means (a 400 names what cannot be)."""
+    extras = body.model_extra or {}
     for name, hint in _REFUSED.items():
-        if body.get(name) not in (None, [], False):
+        if extras.get(name) not in (None, [], False):
             raise bad_request(f"is not supported by edgevlm{'; ' + hint if hint else ''}", name,
                               code="unsupported_parameter")
-    chat: dict[str, object] = {key: body[key] for key in _SHARED if key in body}
-    if body.get("max_output_tokens") is not None:
-        chat["max_tokens"] = body["max_output_tokens"]
-    messages: list[dict[str, object]] = []
-    if isinstance(body.get("instructions"), str) and body["instructions"]:
-        messages.append({"role": "system", "content": body["instructions"]})
-    raw = body.get("input")
-    if isinstance(raw, str):
-        messages.append({"role": "user", "content": raw})
-    elif isinstance(raw, list) and raw:
-        messages += [_message(item, f"input[{i}]") for i, item in enumerate(raw)]
+    messages: list[sc.ChatMessage] = []
+    if body.instructions:
+        messages.append(sc.ChatMessage(role="system", content=body.instructions))
+    if isinstance(body.input, str):
+        messages.append(sc.ChatMessage(role="user", content=body.input))
     else:
-        raise bad_request("expected the input as a string or a non-empty list of messages", "input")
-    chat["messages"] = messages
-    text = body.get("text")
-    fmt = text.get("format") if isinstance(text, dict) else None
+        messages += [_message(item, f"input[{i}]") for i, item in enumerate(body.input)]
+    fmt = (body.text or {}).get("format")
+    response_format: dict[str, object] | None = None
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
-        chat["response_format"] = {"type": "json_schema", "json_schema": {"schema": fmt.get("schema")}}
+        response_format = {"type": "json_schema", "json_schema": {"schema": fmt.get("schema")}}
     elif isinstance(fmt, dict) and fmt.get("type") == "json_object":
-        chat["response_format"] = {"type": "json_object"}
+        response_format = {"type": "json_object"}
     elif fmt not in (None, {"type": "text"}):
         raise bad_request("format must be text, json_object or json_schema", "text.format")
-    return chat
+    return sc.ChatCompletionRequest(model=body.model, messages=messages, stream=body.stream,
+                                    max_tokens=body.max_output_tokens, temperature=body.temperature,
+                                    top_p=body.top_p, response_format=response_format)
 
 
-def _message(item: object, where: str) -> dict[str, object]:
-    if not isinstance(item, dict) or item.get("type", "message") != "message":
-        raise bad_request("expected a message ({\"role\": …, \"content\": …}); function call items "
-                          "are not supported here", where, code="unsupported_parameter")
-    content = item.get("content")
-    if isinstance(content, str) or content is None:
-        return {"role": item.get("role"), "content": content or ""}
-    if not isinstance(content, list):
-        raise bad_request("expected a string or a list of content parts", f"{where}.content")
-    parts = []
-    for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind in ("input_text", "output_text", "text") and isinstance(part.get("text"), str):
-            parts.append({"type": "text", "text": part["text"]})
-        elif kind == "input_image" and part.get("image_url") is None and part.get("file_id") is not None:
-            parts.append({"type": "file", "file": {"file_id": part["file_id"]}})  # an upload
-        elif kind == "input_image":
-            url = part.get("image_url")
-            if not isinstance(url, str):
-                raise bad_request("expected image_url as a data: URL, or file_id from POST /v1/files",
-                                  f"{where}.content[{j}].image_url")
-            detail = part.get("detail") or "auto"
-            parts.append({"type": "image_url", "image_url": {"url": url, "detail": detail}})
-        elif kind == "input_file":  # a PDF: the chat completions' file part, field for field
-            fields = {k: part.get(k) for k in ("file_data", "filename", "file_id")}
-            parts.append({"type": "file", "file": fields})
-        else:
-            raise bad_request("expected a part of type input_text, input_image or input_file",
-                              f"{where}.content[{j}]")
-    return {"role": item.get("role"), "content": parts}
+def _message(item: sc.ResponseInputMessage, where: str) -> sc.ChatMessage:
+    if item.content is None or isinstance(item.content, str):
+        return sc.ChatMessage(role=item.role, content=item.content or "")
+    return sc.ChatMessage(role=item.role, content=[_part(part, f"{where}.content[{j}]")
+                                                   for j, part in enumerate(item.content)])
+
+
+def _part(part: sc.ResponseInputPart, where: str) -> sc.ContentPart:
+    """A Responses content part as the chat completions' part it means."""
+    if part.type in ("input_text", "output_text", "text") and part.text is not None:
+        return sc.ContentPart(type="text", text=part.text)
+    if part.type == "input_image" and part.image_url is None and part.file_id is not None:
+        return sc.ContentPart(type="file", file=sc.FileData(file_id=part.file_id))  # an upload
+    if part.type == "input_image":
+        if part.image_url is None:
+            raise bad_request("expected image_url as a data: URL, or file_id from POST /v1/files",
+                              f"{where}.image_url")
+        return sc.ContentPart(type="image_url", image_url=sc.ImageUrl(url=part.image_url,
+                                                                      detail=part.detail or "auto"))
+    if part.type == "input_file":  # a PDF: the chat completions' file part, field for field
+        return sc.ContentPart(type="file", file=sc.FileData(file_data=part.file_data, filename=part.filename,
+                                                           file_id=part.file_id))
+    raise bad_request("expected a part of type input_text, input_image or input_file", where)
 
 
 class ResponseReply:
     """One answer as a Responses `response` object, and its stream of typed events."""
 
-    def __init__(self, state: ServerState, max_tokens: int, body: dict[str, object],
+    def __init__(self, state: ServerState, max_tokens: int, body: sc.ResponseRequest,
                  shape: AnswerShape = PLAIN) -> None:
         self.id, self.message_id = f"resp_{uuid.uuid4().hex}", f"msg_{uuid.uuid4().hex}"
         self.created, self.model, self.n_ctx = int(time.time()), state.model.id, state.model.n_ctx
@@ -128,10 +115,10 @@ class ResponseReply:
         out: dict[str, object] = {
             "id": self.id, "object": "response", "created_at": self.created, "model": self.model,
             "status": "in_progress", "output": [], "error": None, "incomplete_details": None,
-            "instructions": body.get("instructions"), "metadata": body.get("metadata") or {},
-            "max_output_tokens": body.get("max_output_tokens"), "parallel_tool_calls": False,
-            "temperature": body.get("temperature"), "top_p": body.get("top_p"), "tool_choice": "auto",
-            "tools": [], "text": body.get("text") or {"format": {"type": "text"}}, "usage": None}
+            "instructions": body.instructions, "metadata": body.metadata or {},
+            "max_output_tokens": body.max_output_tokens, "parallel_tool_calls": False,
+            "temperature": body.temperature, "top_p": body.top_p, "tool_choice": "auto",
+            "tools": [], "text": body.text or {"format": {"type": "text"}}, "usage": None}
         if answered is None or text is None:
             return out
         s, cut = answered.stats, finish_reason(answered.stats, self.max_tokens) == "length"

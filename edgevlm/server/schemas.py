@@ -1,18 +1,21 @@
-"""The request and response bodies as `/openapi.json` declares them, so the schema documents the
-API and a fuzzer can use it. Every body is checked against its published schema before a route
-reads it (check_body): what the schema forbids is a 400 naming the field, so the two never
-disagree (a fuzz run found `stream: {}`, `keep_alive: {}` and `edgevlm: false` accepted, issue
-49.9). The routes then read the fields themselves, with errors in each API's shape."""
+"""The request and response bodies as `/openapi.json` declares them: one description per body,
+which documents the API, feeds the fuzzer and parses every request (`parse`). A body is first
+checked against its published schema, so what the schema forbids is a 400 naming the field in
+JSON's words (a fuzz run found `stream: {}`, `keep_alive: {}` and `edgevlm: false` accepted,
+issue 49.9); the same model then parses it, and the routes read typed fields. Types and ranges
+live here only; a route checks what no schema can say (an image number past the history, a
+tool_call_id with no call, a schema no grammar can hold)."""
 
 from __future__ import annotations
 
 import functools
 import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import jsonschema
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from edgevlm.chat.settings import MAX_LOOK_MATCHES
 from edgevlm.server.http import bad_request
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
@@ -32,6 +35,7 @@ class ImageUrl(_Open):
 class FileData(_Open):
     file_data: str | None = Field(None, description="the PDF as a data:application/pdf;base64 URL")
     filename: str | None = None
+    file_id: str | None = Field(None, description="an upload's id from POST /v1/files (any medium)")
 
 
 class VideoUrl(_Open):
@@ -82,6 +86,15 @@ class ChatMessage(_Open):
     tool_call_id: str | None = None
 
 
+# The sampler's fields both APIs share, with their ranges (Ollama's options add their own).
+Temperature = Annotated[float, Field(ge=0, le=2)]
+Share = Annotated[float, Field(ge=0, le=1)]
+Penalty = Annotated[float, Field(ge=-2, le=2)]
+Seed = Annotated[int, Field(ge=-(2**63), le=2**64 - 1)]
+AnswerTokens = Annotated[int, Field(ge=1, le=1 << 20)]
+Stop = str | Annotated[list[str], Field(max_length=8)]
+
+
 class EdgevlmOptions(_Open):
     pool: Literal["auto", 1, 2] | None = None
     look: list[Annotated[int, Field(ge=1)]] | None = Field(None, max_length=16)
@@ -89,7 +102,11 @@ class EdgevlmOptions(_Open):
     fps: float | None = Field(None, ge=0.01, le=30)
     frame_tokens: int | None = Field(None, ge=16, le=16384)
     merge: Annotated[float, Field(gt=0, le=1)] | Annotated[str, Field(max_length=80)] | None = None
-    look_matches: int | None = Field(None, ge=0, le=4)
+    look_matches: int | None = Field(None, ge=0, le=MAX_LOOK_MATCHES)
+    detail: str | None = Field(None, description="the task the images are shown for: caption, chat, ocr, "
+                               "grounding, video-frame (a 400 names the choices)")
+    find: str | None = Field(None, description="what to find: the answer is its boxes on the photo "
+                             "(Qwen-VL families)")
 
 
 class ChatCompletionRequest(_Open):
@@ -98,18 +115,23 @@ class ChatCompletionRequest(_Open):
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
     stream: bool | None = None
-    max_tokens: int | None = Field(None, ge=1, le=1 << 20)
-    max_completion_tokens: int | None = Field(None, ge=1, le=1 << 20)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, ge=0, le=1)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
-    seed: int | None = None
-    stop: str | list[str] | None = None
+    max_tokens: AnswerTokens | None = None
+    max_completion_tokens: AnswerTokens | None = None
+    temperature: Temperature | None = None
+    top_p: Share | None = None
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    seed: Seed | None = None
+    stop: Stop | None = None
     response_format: dict[str, Any] | None = None
     tools: list[ToolDefinition] | None = None
     tool_choice: str | dict[str, Any] | None = None
     edgevlm: EdgevlmOptions | None = None
+
+    @property
+    def answer_tokens(self) -> int | None:
+        """The answer's length asked for: OpenAI's newer field, else the older one."""
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 
 class OllamaMessage(_Open):
@@ -118,6 +140,26 @@ class OllamaMessage(_Open):
     images: list[str] | None = Field(None, description="base64-encoded images")
     tool_calls: list[ToolCallEntry] | None = None
     tool_name: str | None = None
+    name: str | None = Field(None, description="the tool's name, as older clients send it")
+
+
+class OllamaOptions(_Open):
+    """Ollama's `options`: the sampler's (as Ollama names them), and edgevlm's own pool and merge."""
+
+    num_predict: Literal[-1, -2] | AnswerTokens | None = Field(
+        None, description="the answer's length; -1 or -2: the server's")
+    stop: Stop | None = None
+    temperature: Temperature | None = None
+    top_p: Share | None = None
+    min_p: Share | None = None
+    top_k: Annotated[int, Field(ge=1, le=1 << 20)] | None = None
+    seed: Seed | None = None
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    repeat_penalty: Annotated[float, Field(ge=0, le=10)] | None = None
+    repeat_last_n: Annotated[int, Field(ge=-1, le=1 << 20)] | None = None
+    pool: Literal["auto", 1, 2] | None = None
+    merge: Annotated[float, Field(gt=0, le=1)] | Annotated[str, Field(max_length=80)] | None = None
 
 
 class OllamaChatRequest(_Open):
@@ -127,7 +169,7 @@ class OllamaChatRequest(_Open):
     messages: list[OllamaMessage] | None = None
     stream: bool | None = None
     format: str | dict[str, Any] | None = None
-    options: dict[str, Any] | None = None
+    options: OllamaOptions | None = None
     tools: list[ToolDefinition] | None = None
     keep_alive: float | str | None = None
 
@@ -141,7 +183,7 @@ class OllamaGenerateRequest(_Open):
     images: list[str] | None = None
     stream: bool | None = None
     format: str | dict[str, Any] | None = None
-    options: dict[str, Any] | None = None
+    options: OllamaOptions | None = None
     keep_alive: float | str | None = None
     context: list[int] | None = Field(None, description="the context an earlier answer gave, to continue")
 
@@ -152,6 +194,11 @@ class OllamaModelRequest(_Open):
     model: str | None = None
     name: str | None = None
     stream: bool | None = None
+
+    @property
+    def named(self) -> str | None:
+        """The model it names: `model`, or `name` as older clients send it."""
+        return self.model if self.model is not None else self.name
 
 
 class OpenAIErrorDetail(BaseModel):
@@ -175,8 +222,13 @@ class CompletionRequest(_Open):
     model: str | None = None
     prompt: NonBlank | list[NonBlank] = Field(description="one prompt (a list of one is taken too)")
     stream: bool | None = None
-    max_tokens: int | None = Field(None, ge=1, le=1 << 20)
-    temperature: float | None = Field(None, ge=0, le=2)
+    max_tokens: AnswerTokens | None = None
+    temperature: Temperature | None = None
+    top_p: Share | None = None
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    seed: Seed | None = None
+    stop: Stop | None = None
 
 
 class ResponseInputPart(_Open):
@@ -185,23 +237,28 @@ class ResponseInputPart(_Open):
     image_url: str | None = None
     file_data: str | None = Field(None, description="input_file: a data:application/pdf;base64 URL")
     filename: str | None = None
+    file_id: str | None = Field(None, description="an upload's id from POST /v1/files")
     detail: Literal["auto", "low", "high"] | None = None
 
 
 class ResponseInputMessage(_Open):
+    type: Literal["message"] | None = Field(None, description="function call items are refused")
     role: Role
-    content: str | list[ResponseInputPart]
+    content: str | list[ResponseInputPart] | None = None
 
 
 class ResponseRequest(_Open):
     """`POST /v1/responses`."""
 
     model: str | None = None
-    input: NonBlank | list[ResponseInputMessage] = Field(min_length=1)
+    input: NonBlank | Annotated[list[ResponseInputMessage], Field(min_length=1)]
     instructions: str | None = None
     stream: bool | None = None
-    max_output_tokens: int | None = Field(None, ge=1, le=1 << 20)
-    temperature: float | None = Field(None, ge=0, le=2)
+    max_output_tokens: AnswerTokens | None = None
+    temperature: Temperature | None = None
+    top_p: Share | None = None
+    text: dict[str, Any] | None = Field(None, description="the answer's format: {\"format\": {\"type\": …}}")
+    metadata: dict[str, Any] | None = None
 
 
 BODIES = (ChatCompletionRequest, CompletionRequest, ResponseRequest, OllamaChatRequest,
@@ -255,6 +312,21 @@ def _components() -> dict[str, Any]:
 def _validator(name: str) -> jsonschema.protocols.Validator:
     schema = {"$ref": f"#/components/schemas/{name}", "components": {"schemas": _components()}}
     return jsonschema.Draft202012Validator(schema)
+
+
+Body = TypeVar("Body", bound=BaseModel)
+
+
+def parse(model: type[Body], body: dict[str, Any]) -> Body:
+    """The body as its model, or a 400 naming the field (in JSON's words) where it breaks the
+    schema `/openapi.json` publishes for it."""
+    check_body(model, body)
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:  # where pydantic is stricter than the schema it publishes
+        error = exc.errors()[0]
+        where = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in error["loc"])
+        raise bad_request(error["msg"], where.lstrip(".") or None) from None
 
 
 def check_body(model: type[BaseModel], body: dict[str, Any]) -> None:

@@ -3,21 +3,22 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from typing import Any
 
 from edgevlm.chat.tools import CHOICES, ToolSpec, ToolUse, call_text, result_text
 from edgevlm.errors import ConfigError
 from edgevlm.server.http import bad_request
+from edgevlm.server.schemas import ToolCallEntry, ToolDefinition
 
 
-def tool_use(tools: object, choice: object, *, where: str = "tools",
-             answer_grammar: str | None = None) -> ToolUse | None:
+def tool_use(tools: Sequence[ToolDefinition] | None, choice: str | dict[str, Any] | None, *,
+             where: str = "tools", answer_grammar: str | None = None) -> ToolUse | None:
     """The request's tools (None when none are offered, or `tool_choice` is none)."""
-    if tools is None or tools == []:
+    if not tools:
         if choice not in (None, "none", "auto"):
             raise bad_request("tool_choice needs tools", "tool_choice")
         return None
-    if not isinstance(tools, list):
-        raise bad_request("expected a list of tools", where)
     specs = tuple(_spec(item, f"{where}[{i}]") for i, item in enumerate(tools))
     chosen = _choice(choice)
     if chosen == "none":
@@ -31,23 +32,14 @@ def tool_use(tools: object, choice: object, *, where: str = "tools",
     return use
 
 
-def _spec(item: object, where: str) -> ToolSpec:
-    function = item.get("function") if isinstance(item, dict) else None
-    wrong_type = not isinstance(item, dict) or item.get("type", "function") != "function"
-    if wrong_type or not isinstance(function, dict):
-        raise bad_request('expected {"type": "function", "function": {"name": …, "parameters": …}}', where)
-    name, description = function.get("name"), function.get("description") or ""
-    parameters = function.get("parameters") or {}
-    if not isinstance(name, str) or not name.strip():
+def _spec(item: ToolDefinition, where: str) -> ToolSpec:
+    function = item.function
+    if not function.name.strip():
         raise bad_request("expected the function's name", f"{where}.function.name")
-    if not isinstance(description, str):
-        raise bad_request("expected a string", f"{where}.function.description")
-    if not isinstance(parameters, dict):
-        raise bad_request("expected a JSON Schema object", f"{where}.function.parameters")
-    return ToolSpec(name, description, parameters)
+    return ToolSpec(function.name, function.description or "", function.parameters or {})
 
 
-def _choice(choice: object) -> str:
+def _choice(choice: str | dict[str, Any] | None) -> str:
     """auto, none, required, or the name of the function the model must call."""
     if choice is None:
         return "auto"
@@ -60,29 +52,25 @@ def _choice(choice: object) -> str:
                       "tool_choice")
 
 
-def assistant_calls_text(calls: object, where: str) -> tuple[str, dict[str, str]]:
+def assistant_calls_text(calls: Sequence[ToolCallEntry], where: str) -> tuple[str, dict[str, str]]:
     """An assistant message's tool calls as the model wrote them, and their ids' function names."""
-    if not isinstance(calls, list):
-        raise bad_request("expected a list of tool calls", where)
     texts, names = [], {}
     for i, call in enumerate(calls):
-        function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise bad_request("expected a tool call with function.name", f"{where}[{i}]")
-        texts.append(call_text(function["name"], _arguments(function.get("arguments"), f"{where}[{i}]")))
-        if isinstance(call.get("id"), str):
-            names[call["id"]] = function["name"]
+        name = call.function.name
+        texts.append(call_text(name, _arguments(call.function.arguments, f"{where}[{i}]")))
+        if call.id is not None:
+            names[call.id] = name
     return "\n".join(texts), names
 
 
-def _arguments(raw: object, where: str) -> object:
+def _arguments(raw: str | dict[str, Any], where: str) -> object:
     """Arguments as OpenAI sends them (a JSON string) or as Ollama does (an object)."""
     if isinstance(raw, str):
         try:
             return json.loads(raw) if raw.strip() else {}
         except json.JSONDecodeError:
             raise bad_request("the arguments are not JSON", f"{where}.function.arguments") from None
-    return raw if raw is not None else {}
+    return raw
 
 
 def tool_result_text(name: str | None, content: str) -> str:

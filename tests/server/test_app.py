@@ -321,6 +321,35 @@ def test_bad_requests_get_openai_errors(server: tuple[str, ServerState], body: d
     assert error["message"] and "Traceback" not in error["message"] and error["code"] == code
 
 
+_HI = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/v1/responses", {"input": []}, "input"),
+    ("/v1/completions", {"prompt": ["one", "two"]}, "prompt"),
+    ("/v1/completions", {"prompt": "hi", "stop": 5}, "stop"),
+    ("/v1/chat/completions", {"messages": _HI, "seed": 2**64}, "seed"),
+    ("/v1/chat/completions", {"messages": _HI, "stop": ["."] * 9}, "stop"),
+    ("/v1/chat/completions", {"messages": _HI, "edgevlm": {"merge": "0.5:frob"}}, "edgevlm.merge"),
+    ("/v1/chat/completions", {"messages": _HI, "edgevlm": {"detail": "frob"}}, "edgevlm.detail"),
+    ("/api/chat", {"model": "", "messages": _HI, "options": {"num_predict": 0}}, "options.num_predict"),
+    ("/api/generate", {"model": "", "prompt": "hi", "options": {"pool": 3}}, "options.pool"),
+    ("/api/generate", {"model": "", "prompt": "hi", "options": {"temperature": "hot"}},
+     "options.temperature"),
+])
+def test_each_route_refuses_what_its_request_model_forbids_by_name(
+        server: tuple[str, ServerState], path: str, body: dict, param: str) -> None:
+    """Bodies are parsed by the models /openapi.json publishes (issue 50): a field they forbid is
+    a 400 naming it, in the route's API's shape, never a 500."""
+    reply = httpx.post(f"{server[0]}{path}", json=body, timeout=60)
+    assert reply.status_code == 400
+    error = reply.json()["error"]
+    if path.startswith("/api/"):  # Ollama's shape: the message names the field
+        assert isinstance(error, str) and error.startswith(f"{param}: ")
+    else:
+        assert error["param"] == param and "Traceback" not in error["message"]
+
+
 def test_limits_keys_and_pixels(server: tuple[str, ServerState], monkeypatch: pytest.MonkeyPatch) -> None:
     url, state = server
     body = {"messages": [image_message("hi", seed=6)]}
