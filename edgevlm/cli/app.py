@@ -11,7 +11,7 @@ import random
 import re
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, TypeVar
 
@@ -29,24 +29,14 @@ from edgevlm.models.catalog import DEFAULT_PRESET as DEFAULT_MODEL
 
 if TYPE_CHECKING:  # the heavy modules load inside the commands: `--help` stays instant
     from edgevlm.chat.settings import ChatSettings
-    from edgevlm.chat.structured import OutputFormat
-    from edgevlm.describe.describer import Describer, Question
-    from edgevlm.describe.folders import (
-        BatchEvent,
-        BatchSummary,
-        CaptionSettings,
-        Found,
-        JsonlLog,
-        Target,
-        XmpOutput,
-    )
+    from edgevlm.describe.folders import BatchSummary, Found
+    from edgevlm.describe.runs import PlannedRun
     from edgevlm.models.gguf import ProjectorFacts
     from edgevlm.runtime.loading import Loaded, ModelFlags, Placement
     from edgevlm.values.sampling import Sampling
     from edgevlm.vision.boxes import Grounding
     from edgevlm.vision.layout import Detail as ImageDetail
     from edgevlm.vision.layout import FrameScaffold
-    from edgevlm.vision.sources import Source
 
 T = TypeVar("T")
 app = typer.Typer(
@@ -173,290 +163,61 @@ def describe(
     find: opt.Find = None, draw: opt.Draw = None, merge: opt.Merge = None,
 ) -> None:
     """Describe photos and folders (see DESCRIBE_HELP)."""
-    from edgevlm.describe.folders import BatchSummary, CaptionSettings, JsonlLog, find_images, needs_work
+    from edgevlm.describe import runs
+    from edgevlm.describe.folders import BatchSummary, CaptionSettings, find_images
 
     with _handled(debug, verbose=verbose):
-        finding = _finding(find, draw, model, mmproj, photos, asking=bool(prompt or ask or prompts))
-        max_tiles, pooling, task = _view_options(ctx, tiles, pool, detail, finding=finding is not None)
-        settings = _describe_settings(max_tokens, (temperature, seed), max_tiles, pooling, task,
-                                      frame_tokens, merge)
+        asked = runs.read_questions(ask or [], prompts)
+        finding = _finding(find, draw, model, mmproj, photos, asking=bool(prompt or asked))
+        settings = _describe_settings(ctx, tiles, pool, detail, max_tokens, temperature, seed, frame_tokens,
+                                      merge, finding=finding is not None)
         n_seq = _parallel_option(ctx, parallel)
-        questions, output, budget = _describe_questions(ctx, prompt, _asked(ask, prompts), fmt, schema, tags,
-                                                        max_tags, language, max_tokens, finding)
-        writes = _check_describe_outputs(ctx, write_captions, jsonl, out_dir, write_xmp or embed,
-                                         bool(ask or prompts), together=together) or write_xmp
-        caption = CaptionSettings(model, mmproj, questions.prompt, output, max_tiles, pooling, budget, task)
-        found, targets, xmp = _describe_targets(
-            find_images(photos, recursive=recursive, pattern=glob), caption, pages=pages, fps=fps,
-            frame_tokens=frame_tokens, together=together, embed=embed, captions=write_captions,
-            out_dir=out_dir, xmp_name=xmp_name if write_xmp else None)
-        view = DescribeView(total=1 if together else len(targets), json_out=json_out, quiet=quiet, draw=draw,
-                            text_to_stdout=not writes, named=len(targets) + len(found.missing),
-                            finding=finding is not None)
-        run = _DescribeRun(targets, questions, view, output, JsonlLog(jsonl) if jsonl else None, xmp,
-                           together=together, overwrite=overwrite, cache=not no_cache, find=bool(finding))
-        summary = BatchSummary(skipped=len(targets))  # until something needs doing
-        if together or needs_work(targets, jsonl=run.log, overwrite=overwrite, xmp=xmp):
+        questions, output, budget = runs.questions_for(runs.AskRequest(
+            prompt, asked, fmt, schema, tags, max_tags, language, max_tokens,
+            max_tokens_given=not _is_default(ctx, "max_tokens"), finding=finding))
+        outputs = runs.Outputs(write_captions, jsonl, out_dir, write_xmp, embed, overwrite=overwrite,
+                               xmp_name=None if _is_default(ctx, "xmp_name") else xmp_name)
+        caption = CaptionSettings(model, mmproj, questions.prompt, output, settings.max_tiles, settings.pool,
+                                  budget, settings.detail)
+        found = find_images(photos, recursive=recursive, pattern=glob)
+        run = runs.plan_run(found, caption, _video_frames(model, mmproj, found),
+                            runs.Reading(pages, fps, frame_tokens, together), outputs, questions,
+                            writer=f"edgevlm {__version__} · {Path(model).name}", cache=not no_cache,
+                            find=finding is not None)
+        view = DescribeView.of_run(run, len(found.missing), json_out=json_out, quiet=quiet, draw=draw,
+                                   text_to_stdout=not outputs.written)
+        summary = BatchSummary(skipped=len(run.targets))  # until something needs doing
+        if run.needs_model:
             flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, budget, fetch_missing,
-                                 parallel=n_seq if len(targets) > 1 and not together else 1,
-                                 placement=_placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device),
-                                 swa_full=swa_full)
-            summary = _describe_loaded(flags, settings, run, quiet=quiet or json_out)
-        if view.summary(summary, found.missing, folder=writes or embed or any(p.is_dir() for p in photos)):
+                                 parallel=run.sequences(n_seq), swa_full=swa_full,
+                                 placement=_placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device))
+            summary = _describe_loaded(flags, settings, run, view, quiet=quiet or json_out)
+        if view.summary(summary, found.missing, folder=outputs.to_files or any(map(Path.is_dir, photos))):
             raise typer.Exit(2)
 
 
-def _describe_settings(max_tokens: int, sampling: tuple[float, int | None], max_tiles: int | None,
-                       pool: int | None, task: ImageDetail, frame_tokens: int | None,
-                       merge: str | None) -> ChatSettings:
-    """What describe's flags come to for its conversation (checked before anything loads)."""
+def _describe_settings(ctx: typer.Context, tiles: str, pool: str, detail: str, max_tokens: int,
+                       temperature: float, seed: int | None, frame_tokens: int | None, merge: str | None, *,
+                       finding: bool) -> ChatSettings:
+    """What describe's flags come to for its conversation (checked before anything loads; --find
+    shows images at grounding's detail unless --detail is given)."""
     from edgevlm.chat.settings import ChatSettings, Merge
 
-    return ChatSettings(max_tokens, _sampling(*sampling), max_tiles, pool, detail=task,
+    max_tiles, pooling, task = _view_options(ctx, tiles, pool, detail, finding=finding)
+    return ChatSettings(max_tokens, _sampling(temperature, seed), max_tiles, pooling, detail=task,
                         frame_tokens=frame_tokens, merge=Merge.parse(merge))
 
 
-@dataclass(frozen=True)
-class _DescribeRun:
-    """What one describe run does once the model is loaded: its targets and questions, where the
-    answers go, and how."""
-
-    targets: list[Target]
-    questions: _Asked
-    view: DescribeView
-    output: OutputFormat
-    log: JsonlLog | None
-    xmp: XmpOutput | None
-    together: bool = False
-    overwrite: bool = False
-    cache: bool = True
-    find: bool = False
-
-
-def _describe_loaded(flags: ModelFlags, settings: ChatSettings, run: _DescribeRun, *, quiet: bool
-                     ) -> BatchSummary:
+def _describe_loaded(flags: ModelFlags, settings: ChatSettings, run: PlannedRun, view: DescribeView, *,
+                     quiet: bool) -> BatchSummary:
     """Load the model, make its describers and run (the view shows the work as it goes)."""
+    from edgevlm.describe.runs import run_describe
     from edgevlm.runtime.conversations import describers_for
 
     max_tiles, pool = settings.max_tiles, settings.pool
-    with _loaded(flags, quiet=quiet, tiles=(max_tiles, pool)) as loaded, run.view:
+    with _loaded(flags, quiet=quiet, tiles=(max_tiles, pool)) as loaded, view:
         describers = describers_for(loaded, settings, cache=run.cache, output=run.output, find=run.find)
-        return _describe_all(describers, run.targets, run.questions, run.view, together=run.together,
-                             overwrite=run.overwrite, log=run.log, xmp=run.xmp)
-
-
-@dataclass(frozen=True)
-class _Asked:
-    """What describe asks: the first question and the further ones per image, every --ask as
-    given (a document's are answered over it), and what a page is asked (None: the prompt)."""
-
-    prompt: str
-    more: list[Question]
-    asked: list[str]
-    document_prompt: str | None
-
-    @property
-    def asks_more(self) -> bool:
-        """Whether anything is asked beside the first question (--ask, --prompts)."""
-        return bool(self.more or self.asked)
-
-
-def _describe_questions(ctx: typer.Context, prompt: str | None, asked: list[str], fmt: str | None,
-                        schema: Path | None, tags: bool, max_tags: int, language: str, max_tokens: int,
-                        finding: tuple[str, Grounding] | None = None) -> tuple[_Asked, OutputFormat, int]:
-    """What describe asks, the answer's format and the room its longest answer needs (a format
-    whose longest answer needs more than the default --max-tokens raises it; --find keeps one given)."""
-    from edgevlm.chat.structured import TEXT, OutputFormat
-    from edgevlm.describe.describer import DOCUMENT_PROMPT, answer_budget
-    from edgevlm.vision.boxes import boxes_within
-
-    structured = bool(fmt or schema or tags)
-    if finding is not None:  # --find: the family's own question, held to a grammar where it writes JSON
-        if structured:
-            raise ConfigError("--find gives its answer's shape (boxes); drop --format, --schema or --tags")
-        what, grounding = finding
-        # An explicit --max-tokens is kept: the boxes the answer may hold are fitted to it (it
-        # was raised to the 16 boxes' 1,160, and --max-tokens 64 wrote 622)
-        given = not _is_default(ctx, "max_tokens")
-        output = OutputFormat("boxes", grounding.schema(boxes_within(max_tokens) if given else 0)) \
-            if grounding.json else TEXT
-        output.grammar()
-        budget = max_tokens if given else answer_budget(output, max_tokens)
-        return _Asked(grounding.question(what), [], [], None), output, budget
-    # A page is transcribed unless the user asks it something (or for a structured answer);
-    # an --ask about a document is answered over all of its pages (see _read_and_ask).
-    document_prompt = None if prompt or structured else DOCUMENT_PROMPT
-    first, more = _questions(prompt, asked, structured=structured)
-    output, first, budget = _answer_shape(fmt, schema, tags, max_tags, language, first, max_tokens)
-    return _Asked(first, more, asked, document_prompt), output, budget
-
-
-def _describe_all(describers: list[Describer], targets: list[Target], questions: _Asked, view: DescribeView,
-                  *, together: bool, overwrite: bool, log: JsonlLog | None, xmp: XmpOutput | None
-                  ) -> BatchSummary:
-    """The run: one answer about all (--together), documents read and then asked (--ask with a
-    PDF), or every image (and page) on its own."""
-    from edgevlm.describe.folders import caption_all
-
-    q = questions
-    if together:
-        return _answer_together(describers[0], [t.path for t in targets], q.prompt, view, q.more)
-    if q.asked and any(not isinstance(t.path, Path) for t in targets):  # a document's pages, a clip's windows
-        return _read_and_ask(describers, targets, q.prompt, q.more, q.asked, q.document_prompt, view)
-    return caption_all(describers, targets, prompt=q.prompt, overwrite=overwrite, jsonl=log, xmp=xmp,
-                       on_event=view.on_event, more=q.more, document_prompt=q.document_prompt)
-
-
-def _answer_together(describer: Describer, paths: list[Source], prompt: str | None, view: DescribeView,
-                     more: list[Question]) -> BatchSummary:
-    """--together: one answer about every image (or page), reported as one item."""
-    from edgevlm.describe.describer import DEFAULT_PROMPT, describe_together
-    from edgevlm.describe.folders import BatchSummary
-
-    summary = BatchSummary()
-    summary.captioned = describe_together(describer, paths, prompt or DEFAULT_PROMPT, on_event=view.on_event,
-                                          more=more)
-    if not summary.captioned:
-        summary.failed.append((" + ".join(p.name for p in paths), "not answered"))
-    return summary
-
-
-def _read_and_ask(describers: list[Describer], targets: list[Target], prompt: str, more: list[Question],
-                  asked: list[str], document_prompt: str | None, view: DescribeView) -> BatchSummary:
-    """--ask with documents or videos: photos are asked as ever; each document's pages (each
-    clip's windows) are read, and shown as they are, then every question is answered over the
-    whole document (clip)."""
-    from edgevlm.describe.describer import ImageDone, parts_room
-    from edgevlm.describe.documents import ReadPage, ask_documents
-    from edgevlm.describe.folders import caption_all
-
-    photos = [t for t in targets if isinstance(t.path, Path)]
-    pages = [t for t in targets if not isinstance(t.path, Path)]
-    summary = caption_all(describers, photos, prompt=prompt, on_event=view.on_event, more=more,
-                          overwrite=True) if photos else None
-    read: list[ReadPage] = []
-
-    def keep(event: BatchEvent) -> None:
-        if isinstance(event, ImageDone) and not isinstance(event.path, Path):
-            read.append(ReadPage(event.path, event.result.text))
-        view.on_event(event)
-
-    pages_summary = caption_all(describers, pages, prompt=prompt, on_event=keep, overwrite=True,
-                                document_prompt=document_prompt)
-    if read:
-        room = parts_room(describers[0], document_prompt or prompt)  # what describe_images read them in
-        ask_documents(describers[0], read, asked, page_room=room, on_event=view.on_event)
-    if summary is None:
-        return pages_summary
-    summary.captioned += pages_summary.captioned
-    summary.failed += pages_summary.failed
-    return summary
-
-
-def _check_together(together: bool, found: Found, n_images: int) -> None:
-    """--together needs images that all exist (what it writes is checked with the outputs)."""
-    if not together:
-        return
-    if found.missing:
-        raise ConfigError(f"--together: {found.missing[0]} does not exist; every image of the question must",
-                          settings=("together",))
-    if n_images < 2:
-        raise ConfigError("--together shows several images in one question; name two or more",
-                          settings=("together",))
-
-
-def _questions(prompt: str | None, asked: list[str], *, structured: bool
-               ) -> tuple[str | None, list[Question]]:
-    """The first question and the further ones (answered as text): with --ask alone, the first
-    --ask leads; with --prompt or a structured answer (--tags, --schema), every --ask follows it."""
-    from edgevlm.chat.structured import TEXT
-
-    if asked and not (prompt or structured):
-        prompt, asked = asked[0], asked[1:]
-    return prompt, [(question, TEXT) for question in asked]
-
-
-def _asked(ask: list[str] | None, prompts: Path | None) -> list[str]:
-    """The questions of --ask and --prompts FILE (one per line, blank lines skipped)."""
-    asked = [q.strip() for q in ask or [] if q.strip()]
-    if prompts is not None:
-        try:
-            lines = prompts.read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"--prompts {prompts}: cannot read it as UTF-8 text ({exc})") from None
-        asked += [line.strip() for line in lines if line.strip()]
-        if not asked:
-            raise ConfigError(f"--prompts {prompts}: no questions in it (one per line)")
-    return asked
-
-
-def _check_describe_outputs(ctx: typer.Context, write_captions: bool, jsonl: Path | None,
-                            out_dir: Path | None, sidecars: bool, asking: bool, *, together: bool) -> bool:
-    """Everything describe will write, and the settings it reads, checked before the model loads;
-    whether the answers go to caption files or JSONL (--write-xmp's too, said by the caller)."""
-    from edgevlm.describe.folders import check_outputs
-    from edgevlm.vision.images import max_pixels
-
-    max_pixels()  # a bad EDGEVLM_MAX_PIXELS is refused before anything loads
-    if together and (write_captions or jsonl is not None or out_dir is not None or sidecars):
-        # one answer about all the images: it was "1 captioned", exit 0, and written nowhere
-        raise ConfigError("--together gives one answer about all the images; it cannot be written beside "
-                          "each (--write-captions, --write-xmp, --embed, --jsonl, --out-dir)",
-                          settings=("together",))
-    if asking and (write_captions or jsonl is not None or sidecars):
-        raise ConfigError("several questions per image (--ask, --prompts) print their answers "
-                          "(text or --json); they are not written as captions, JSONL or XMP")
-    check_outputs(write_captions=write_captions, jsonl=jsonl, out_dir=out_dir)
-    if not sidecars and not _is_default(ctx, "xmp_name"):
-        raise ConfigError("--xmp-name names the sidecars --write-xmp writes; add --write-xmp")
-    return write_captions or jsonl is not None
-
-
-def _answer_shape(fmt: str | None, schema: Path | None, tags: bool, max_tags: int, language: str,
-                  prompt: str | None, max_tokens: int) -> tuple[OutputFormat, str, int]:
-    """The answer's format (refused now if its grammar cannot be enforced), the prompt that asks
-    for it, and the room the plan keeps for its longest form (--ask answers keep max_tokens)."""
-    from edgevlm.chat.structured import choose_format
-    from edgevlm.describe.describer import DEFAULT_PROMPT, answer_budget
-
-    output = choose_format(fmt=fmt, schema_path=schema, tags=tags, max_tags=max_tags, language=language)
-    output.grammar()
-    return output, prompt or output.prompt or DEFAULT_PROMPT, answer_budget(output, max_tokens)
-
-
-def _describe_targets(found: Found, caption: CaptionSettings, *, pages: str | None, fps: float | None,
-                      frame_tokens: int | None, together: bool, embed: bool, captions: bool,
-                      out_dir: Path | None, xmp_name: str | None,
-                      ) -> tuple[Found, list[Target], XmpOutput | None]:
-    """What was found, each image (and each chosen page of a PDF, checked now) with where its
-    outputs go, and what its XMP files hold now (when XMP is asked for)."""
-    from edgevlm.describe.folders import (
-        check_targets_writable,
-        plan_targets,
-        read_xmp,
-        with_parts,
-    )
-    from edgevlm.describe.xmp import check_exiftool
-    from edgevlm.vision.documents import parse_pages
-    from edgevlm.vision.video import VideoWindow
-
-    frames = _video_frames(caption.model, caption.mmproj, found)
-    images = with_parts(found.images, parse_pages(pages) if pages is not None else None,
-                        fps=fps or frames.fps, window_frames=frames.window_frames)
-    videos = any(isinstance(image, VideoWindow) for image, _root in images)
-    if together and videos:
-        raise ConfigError("a video is described window by window; --together does not take one")
-    if not videos and (fps is not None or frame_tokens is not None):  # accepted and ignored, before
-        raise ConfigError(f"{'--fps' if fps is not None else '--frame-tokens'} sets how a video is read, "
-                          "and none of the inputs is a video")
-    _check_together(together, found, len(images))
-    targets = plan_targets(images, write_captions=captions, out_dir=out_dir, xmp_name=xmp_name, embed=embed)
-    check_targets_writable(targets)  # a read-only folder is refused before the model loads
-    if not (xmp_name is not None or embed):
-        return found, targets, None
-    check_exiftool()  # before the model loads, not after the first answer
-    writer = f"edgevlm {__version__} · {Path(caption.model).name}"
-    return found, targets, read_xmp(targets, model=writer, settings=caption.stamp())
+        return run_describe(describers, run, view.on_event)
 
 
 @app.command(help=CHAT_HELP, short_help="Chat about images in the terminal.")

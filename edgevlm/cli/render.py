@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # imported lazily at run time: `edgevlm --help` must not load
     from edgevlm.cli.bench import BenchReport
     from edgevlm.describe.describer import DescribeResult
     from edgevlm.describe.folders import BatchEvent, BatchSummary
+    from edgevlm.describe.runs import PlannedRun
     from edgevlm.planning.values import Plan
     from edgevlm.planning.verify import Check
     from edgevlm.runtime.loading import Loaded, ModelFlags
@@ -171,6 +172,14 @@ class DescribeView:
         self._prefill = PrefillDisplay(enabled=not quiet and err.is_terminal and not self.show_bar)
         self._started = time.perf_counter()
         self._first = True
+
+    @classmethod
+    def of_run(cls, run: PlannedRun, missing: int, *, json_out: bool, quiet: bool, draw: Path | None,
+               text_to_stdout: bool) -> DescribeView:
+        """The view of a planned run: one item with --together, else each target; `missing` files
+        are named too."""
+        return cls(total=1 if run.together else len(run.targets), json_out=json_out, quiet=quiet, draw=draw,
+                   text_to_stdout=text_to_stdout, finding=run.find, named=len(run.targets) + missing)
 
     def __enter__(self) -> DescribeView:
         self._bar.__enter__()
