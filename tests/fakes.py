@@ -106,6 +106,7 @@ class FakeSequence:
         self._interrupt = threading.Event()
         self._meter = RequestMeter()
         self.encodes = 0  # projector runs, over the sequence's life
+        self.batches = 0  # encode_blocks calls: views encoded together
         self.decode_calls = 0
 
     def script(self, *answers: str) -> None:
@@ -254,6 +255,11 @@ class FakeSequence:
         rows = np.full((self._view_tokens, N_EMBD), pixels.mean() / 255.0, dtype=np.float32)
         rows[:, 0] = np.arange(self._view_tokens) / self._view_tokens
         return ImageEmbedding(rows)
+
+    def encode_blocks(self, images: Sequence[Image.Image]) -> list[ImageBlock]:
+        """encode_block for each, counted as one batch (the fake's rows do not depend on it)."""
+        self.batches += 1
+        return [self.encode_block(image) for image in images]
 
     def encode_block(self, image: Image.Image | np.ndarray, *,
                      merged_with: Image.Image | np.ndarray | None = None) -> ImageBlock:

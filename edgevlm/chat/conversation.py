@@ -84,6 +84,7 @@ class ChatSequence(LedgerSequence, BlockSequence, PrefixSequence, SwapSequence, 
     def interrupt(self) -> None: ...
     def encode_image(self, image: Image.Image) -> ImageEmbedding: ...
     def encode_block(self, image: Image.Image, *, merged_with: Image.Image | None = None) -> ImageBlock: ...
+    def encode_blocks(self, images: Sequence[Image.Image]) -> list[ImageBlock]: ...
     def begin_request(self, *, started: float | None = None) -> None: ...
     def note_preprocess(self, seconds: float) -> None: ...
     def stats(self) -> RequestStats: ...
@@ -135,10 +136,12 @@ class Conversation:
         self.log = TurnLog()
         encode: Callable[[Image.Image], ImageEmbedding] = encoder or sequence.encode_image
         encode_block: BlockEncoder = sequence.encode_block
-        if isinstance(encoder, (EmbeddingCache, CacheView)):
-            encode_block = encoder.block
+        cache = encoder if isinstance(encoder, (EmbeddingCache, CacheView)) else None
+        if cache is not None:
+            encode_block = cache.block
         self.blocks = ImageBlockWriter(self.ledger, sequence, self.layout, encode=encode,
-                                       encode_block=encode_block)
+                                       encode_block=encode_block,
+                                       prime_blocks=cache.prime_blocks if cache is not None else None)
         self.prefixes = ImagePrefixes(self.ledger, sequence, self.blocks, format_name=fmt.name,
                                       cache=prefix_cache)
         self.swap = SummarySwap(self.ledger, sequence, fmt, self.log, mode=self._settings.summary,
@@ -698,6 +701,8 @@ class Conversation:
         # The turn's opening and its first image block, restored when a conversation opens with it.
         head = Segment("user", parts.turn, (*parts.head, *labels[0]))
         self._prefix_tier, tiles = self.prefixes.open_block(views[0], head, progress.of(0))
+        # the further images' blocks encoded together (the first may come from the prefix cache)
+        self.blocks.encode_ahead(views[1:])
         for slot, view in enumerate(views[1:], start=1):
             self.ledger.mark()  # where this image's summary will go
             if labels[slot]:

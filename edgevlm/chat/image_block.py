@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -55,10 +55,20 @@ class ImageBlockWriter:
 
     def __init__(self, ledger: KvLedger, sequence: BlockSequence, layout: ImageLayout, *,
                  encode: Callable[[Image.Image], ImageEmbedding],
-                 encode_block: BlockEncoder) -> None:
+                 encode_block: BlockEncoder,
+                 prime_blocks: Callable[[Sequence[Image.Image]], None] | None = None) -> None:
         self._ledger, self._sequence, self.layout = ledger, sequence, layout
         self.encode, self.encode_block = encode, encode_block  # CLIP, or a cache in front of it
+        self._prime_blocks = prime_blocks  # the cache's: blocks encoded together ahead of their use
         self.whole_image_tokens, self.label_tokens = label_tokens(sequence, layout)
+
+    def encode_ahead(self, prepared: Sequence[PreparedImage]) -> None:
+        """Encode together, before any is written, the blocks the layout will ask for one at a
+        time (a clip's frames, a document's pages); the writes then find them in the cache.
+        Without a cache (--no-cache) each is encoded as it is written."""
+        views = [view for image in prepared for view in self.layout.blocks_ahead(image.views)]
+        if self._prime_blocks is not None and len(views) > 1:
+            self._prime_blocks(views)
 
     def tokenize(self, text: str) -> list[int]:
         """A label's tokens, in the model's vocabulary."""

@@ -104,6 +104,10 @@ class LabelledTiles:
         """The global view alone."""
         return budget.view_tokens
 
+    def blocks_ahead(self, views: Sequence[Image.Image]) -> Sequence[Image.Image]:
+        """None: the layout writes projector rows (through the row cache), not mtmd's blocks."""
+        return ()
+
     def most_tiles(self, budget: ViewBudget) -> int:
         """The most tiles any image gets at this budget, at its pooling (2, or else 1)."""
         pool = budget.pool or 1

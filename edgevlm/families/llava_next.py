@@ -242,6 +242,10 @@ class LlavaNextLayout:
         """The packed block's exact tokens."""
         return _next(plan).tokens(budget.view_tokens)
 
+    def blocks_ahead(self, views: Sequence[Image.Image]) -> Sequence[Image.Image]:
+        """None: the layout writes projector rows (through the row cache), not mtmd's blocks."""
+        return ()
+
     def most_tiles(self, budget: ViewBudget) -> int:
         """The largest canvas's tiles whose block fits whatever the image (no padding to crop)."""
         pool, view = budget.pool or 1, budget.view_tokens

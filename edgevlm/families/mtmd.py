@@ -196,6 +196,10 @@ class NativeLayout:
         """mtmd's whole block for the view, or for a merged pair of frames (both in one block)."""
         pen.mtmd_block(views[0], views[1] if len(views) > 1 else None)
 
+    def blocks_ahead(self, views: Sequence[Image.Image]) -> Sequence[Image.Image]:
+        """The view, unless two frames merge in time (a pair is its own encode)."""
+        return views if len(views) == 1 else ()
+
     def block_tokens(self, plan: ImagePlan, budget: ViewBudget) -> int:
         """The block's cells, as mtmd counted them."""
         return _native(plan).tokens

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import llama_cpp
@@ -306,6 +306,12 @@ class Engine:
         """One image (or two frames merged in time) through mtmd's own layout for the projector's
         family (see Projector)."""
         return self._projector().encode_block(image, meter, merged_with=merged_with)
+
+    def encode_blocks(self, images: Sequence[Image.Image | np.ndarray],
+                      meter: RequestMeter) -> list[ImageBlock]:
+        """Several images' blocks, encoded together where the projector takes a batch (see
+        Projector.encode_blocks)."""
+        return self._projector().encode_blocks(images, meter)
 
     def count_block(self, image: Image.Image | np.ndarray, *,
                     merged_with: Image.Image | np.ndarray | None = None) -> ImageBlock:

@@ -6,7 +6,7 @@ import codecs
 import contextlib
 import threading
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -80,6 +80,8 @@ class SequenceHost(Protocol):
     def encode_view(self, image: Image.Image | np.ndarray, meter: RequestMeter) -> ImageEmbedding: ...
     def encode_block(self, image: Image.Image | np.ndarray, meter: RequestMeter, *,
                      merged_with: Image.Image | np.ndarray | None = None) -> ImageBlock: ...
+    def encode_blocks(self, images: Sequence[Image.Image | np.ndarray],
+                      meter: RequestMeter) -> list[ImageBlock]: ...
     def count_block(self, image: Image.Image | np.ndarray, *,
                     merged_with: Image.Image | np.ndarray | None = None) -> ImageBlock: ...
 
@@ -303,6 +305,11 @@ class EngineSequence:
         """One image (or two video frames merged in time, see Projector.encode_block) as its
         family's model was trained to see it (mtmd's layout); nothing decoded."""
         return self._host.encode_block(image, self._meter, merged_with=merged_with)
+
+    def encode_blocks(self, images: Sequence[Image.Image]) -> list[ImageBlock]:
+        """encode_block for each image, encoded together where the projector takes a batch
+        (same-size frames of a clip, pages of a document); nothing decoded."""
+        return self._host.encode_blocks(images, self._meter)
 
     def count_block(self, image: Image.Image | np.ndarray, *,
                     merged_with: Image.Image | np.ndarray | None = None) -> ImageBlock:

@@ -163,7 +163,7 @@ class Loaded:
         """Projector rows kept for this model/projector pair (RAM and the user's cache folder)."""
         first = self.engine.sequence()
         return for_files(first.encode_image, self.choice.model_path, self.choice.mmproj_path,
-                         encode_block=first.encode_block)
+                         encode_block=first.encode_block, encode_blocks=first.encode_blocks)
 
     def encoders(self, *, cache: bool) -> list[EmbeddingCache | CacheView | None]:
         """One image encoder per sequence (None: CLIP directly): a single shared cache in front
@@ -171,7 +171,8 @@ class Loaded:
         if not cache:
             return [None] * len(self.engine.sequences())
         shared = self.image_cache()
-        return [shared if seq.seq_id == 0 else shared.using(seq.encode_image, seq.encode_block)
+        return [shared if seq.seq_id == 0 else
+                shared.using(seq.encode_image, seq.encode_block, seq.encode_blocks)
                 for seq in self.engine.sequences()]
 
     def prefix_cache(self) -> PrefixCache:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -121,3 +121,8 @@ class BlockEncoder(Protocol):
     itself, or a cache in front of it."""
 
     def __call__(self, image: Image.Image, /, *, merged_with: Image.Image | None = None) -> ImageBlock: ...
+
+
+# Several views' blocks at once (each as BlockEncoder gives it), encoded together where the
+# projector takes a batch: made in llama/ (Projector.encode_blocks), asked by the caches.
+BlocksEncoder = Callable[[Sequence[Image.Image]], list[ImageBlock]]

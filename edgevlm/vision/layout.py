@@ -253,6 +253,11 @@ class ImageLayout(Protocol):
         block, or mtmd's own block, as the family was trained."""
         ...
 
+    def blocks_ahead(self, views: Sequence[Image.Image]) -> Sequence[Image.Image]:
+        """The views `write` hands the block encoder one at a time, so a turn's several images
+        can be encoded together before any is written (empty where the layout writes rows)."""
+        ...
+
     def block_tokens(self, plan: ImagePlan, budget: ViewBudget) -> int:
         """The image block's tokens (an upper bound where labels are counted at their widest)."""
         ...
