@@ -32,6 +32,11 @@ from edgevlm.vision.layout import (
     with_task,
 )
 
+# Blocks encoded together only up to this many visual tokens each: on a 2-core CPU (Gemma 4's
+# test pair, scripts/bench_encode_batch.py) 16 frames of 70 tokens took 0.85x the encode time
+# batched, 6 pages of 280 tokens 1.04x (mtmd caps a batch at 1,024 tokens: 3 pages at a time).
+ENCODE_AHEAD_MAX_TOKENS = 128
+
 
 class BlockSequence(Protocol):
     """What the block writer asks of a sequence besides the ledger's decoding."""
@@ -63,10 +68,11 @@ class ImageBlockWriter:
         self.whole_image_tokens, self.label_tokens = label_tokens(sequence, layout)
 
     def encode_ahead(self, prepared: Sequence[PreparedImage]) -> None:
-        """Encode together, before any is written, the blocks the layout will ask for one at a
-        time (a clip's frames, a document's pages); the writes then find them in the cache.
-        Without a cache (--no-cache) each is encoded as it is written."""
-        views = [view for image in prepared for view in self.layout.blocks_ahead(image.views)]
+        """Encode together, before any is written, the small blocks the layout will ask for one
+        at a time (a clip's frames); the writes then find them in the cache. Without a cache
+        (--no-cache) each is encoded as it is written."""
+        views = [view for image in prepared if image.plan.visual_tokens <= ENCODE_AHEAD_MAX_TOKENS
+                 for view in self.layout.blocks_ahead(image.views)]
         if self._prime_blocks is not None and len(views) > 1:
             self._prime_blocks(views)
 

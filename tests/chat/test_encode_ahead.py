@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from edgevlm.chat.image_block import ENCODE_AHEAD_MAX_TOKENS
 from edgevlm.chat.settings import ChatSettings
 from edgevlm.runtime.conversations import ModelSide, open_conversation
 from edgevlm.store.caches import EmbeddingCache
@@ -48,6 +49,11 @@ def test_a_turns_further_images_are_encoded_in_one_batch_and_counted_once(
     chat.ask("And now?", images=frames)  # all kept: nothing left to batch, every block a hit
     assert sequence.batches == 1 and sequence.encodes == 5
     assert cache.stats().hits == 5
+    chat.reset()
+    pages = _frames(3, (960, 672), seed=1)  # 280 tokens each: batched they took 1.04x the time
+    _answer, stats = chat.ask("Read them.", images=pages)
+    assert min(stats.shown.image_tokens) > ENCODE_AHEAD_MAX_TOKENS
+    assert sequence.batches == 1 and sequence.encodes == 8
 
 
 def test_without_a_cache_or_on_a_layout_that_writes_rows_nothing_is_batched(
