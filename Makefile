@@ -65,7 +65,13 @@ NUM2WORDS_VERSION := 0.5.14
 # llama.cpp's converter imports it for Qwen-VL's vocabulary before it finds there is no
 # tokenizer.model (it then reads tokenizer.json)
 SENTENCEPIECE_VERSION := 0.2.3
-PARITY_STAMP := $(PARITY_VENV)/.edgevlm-parity-$(TORCH_VERSION)-$(TRANSFORMERS_VERSION)-$(GGUF_VERSION)-$(NUM2WORDS_VERSION)-$(SENTENCEPIECE_VERSION)
+# LFM2-VL's image processor runs on torchvision's transforms. The index has only its CUDA build,
+# whose native ops do not load beside CPU torch (the processor needs none of them), so it goes in
+# a folder of its own, without its dependencies (they would pull CUDA torch), which the reference
+# puts on its path for LFM2-VL alone: other families' processors stay the PIL ones they were
+# checked with (edgevlm/parity/reference.py).
+TORCHVISION_VERSION := 0.28.0
+PARITY_STAMP := $(PARITY_VENV)/.edgevlm-parity-$(TORCH_VERSION)-$(TRANSFORMERS_VERSION)-$(GGUF_VERSION)-$(NUM2WORDS_VERSION)-$(SENTENCEPIECE_VERSION)-$(TORCHVISION_VERSION)
 
 .PHONY: help setup models demo test test-fast test-models parity-env lint bench peers rpc-server clean
 help:
@@ -133,6 +139,8 @@ $(PARITY_STAMP):
 	$(PARITY_VENV)/bin/python -m pip install -q --disable-pip-version-check \
 	  torch==$(TORCH_VERSION) transformers==$(TRANSFORMERS_VERSION) gguf==$(GGUF_VERSION) \
 	  num2words==$(NUM2WORDS_VERSION) sentencepiece==$(SENTENCEPIECE_VERSION) pillow numpy
+	rm -rf $(PARITY_VENV)/torchvision && $(PARITY_VENV)/bin/python -m pip install -q \
+	  --disable-pip-version-check --no-deps --target $(PARITY_VENV)/torchvision torchvision==$(TORCHVISION_VERSION)
 	@rm -f $(PARITY_VENV)/.edgevlm-* && touch $@
 
 test-fast: setup test-models

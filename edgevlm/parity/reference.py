@@ -16,6 +16,9 @@ Stages (the request's "stage"):
 - "tiles" of "smolvlm": the views transformers' SmolVLM processor cuts each [w, h] into (its
   tiles and the global view; 1 where it does not split), at {"longest": its size.longest_edge,
   "tile": its max_image_size.longest_edge}. Answer: {"views": [...]}.
+- "tiles" of "lfm2": what transformers' LFM2-VL processor (at its published defaults: 512 px
+  tiles, 64-256 tokens, 2-10 tiles) makes of an image of each [w, h]. Answer: {"results":
+  [{"views": n, "tokens": visual tokens in all, "grid": [cols, rows]}, ...]}.
 - "checkpoint": a checkpoint's own image processor, read from its folder ({"dir": …}) with
   AutoImageProcessor, on a synthetic image of each [w, h]. Answer: {"kind": "size", "results":
   [[w, h] or null, ...]} for Qwen-VL (null: refused) and Gemma 3 (its pixel_values' size),
@@ -143,6 +146,43 @@ def _smolvlm_tiles(request: dict[str, Any]) -> Answer:
     views = [processor.get_number_of_image_patches(height, width, {})[0] or 1
              for width, height in request["cases"]]
     return {"views": views}
+
+
+# Families whose processor runs on torchvision's transforms (the others' are the PIL ones).
+TORCHVISION_FAMILIES = frozenset({"lfm2"})
+
+
+def _torchvision_transforms() -> None:
+    """torchvision as LFM2-VL's processor uses it: its image transforms, which are plain torch.
+
+    The package index has only torchvision's CUDA build: `make parity-env` puts it in a folder of
+    the venv's own, off the path, and it is put on the path (before transformers is imported, which
+    looks for it once) for these families alone, so every other family keeps the PIL processor it
+    was checked with. Beside CPU torch its native library does not load, and its import then fails
+    registering shapes for operators (nms, roi_align) that library would have defined; the
+    processor uses none of them, so that registration is skipped: anything that did use one would
+    fail by name, not give another answer."""
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(sys.prefix) / "torchvision"))
+    name = "torchvision._meta_registrations"
+    sys.modules.setdefault(name, types.ModuleType(name))
+
+
+def _lfm2_tiles(request: dict[str, Any]) -> Answer:
+    from PIL import Image
+    from transformers.models.lfm2_vl.image_processing_lfm2_vl import Lfm2VlImageProcessor
+
+    processor = Lfm2VlImageProcessor()
+    merge = processor.downsample_factor
+    results = []
+    for width, height in request["cases"]:
+        out = processor(images=[Image.new("RGB", (width, height), (120, 80, 40))], return_tensors="pt",
+                        return_row_col_info=True)
+        shapes = out["spatial_shapes"].tolist()
+        results.append({"views": len(shapes), "tokens": sum((h // merge) * (w // merge) for h, w in shapes),
+                        "grid": [int(out["image_cols"][0]), int(out["image_rows"][0])]})
+    return {"results": results}
 
 
 def _llava_next_anyres(request: dict[str, Any]) -> Answer:
@@ -486,6 +526,7 @@ STAGES: dict[tuple[str, str], Callable[[dict[str, Any]], Answer]] = {
     ("resize", "qwen-vl"): _qwen_vl_resize,
     ("resize", "gemma4"): _gemma4_resize,
     ("tiles", "smolvlm"): _smolvlm_tiles,
+    ("tiles", "lfm2"): _lfm2_tiles,
     ("anyres", "llava-next"): _llava_next_anyres,
     ("pixels", "qwen-vl"): _pixels,
     ("pixels", "llava"): _pixels,
@@ -516,6 +557,8 @@ def main() -> int:
         json.dump({"error": f"no reference for stage {request.get('stage')!r} of {request.get('family')!r}"},
                   sys.stdout)
         return 2
+    if request.get("family") in TORCHVISION_FAMILIES:
+        _torchvision_transforms()
     import transformers
 
     answer = handler(request)
