@@ -109,20 +109,25 @@ class EdgevlmOptions(_Open):
                              "(Qwen-VL families)")
 
 
-class ChatCompletionRequest(_Open):
-    """`POST /v1/chat/completions`."""
+class _OpenAISampled(_Open):
+    """The fields OpenAI's chat and text completions share: the model, streaming, the sampler."""
 
     model: str | None = None
-    messages: list[ChatMessage] = Field(min_length=1)
     stream: bool | None = None
     max_tokens: AnswerTokens | None = None
-    max_completion_tokens: AnswerTokens | None = None
     temperature: Temperature | None = None
     top_p: Share | None = None
     frequency_penalty: Penalty | None = None
     presence_penalty: Penalty | None = None
     seed: Seed | None = None
     stop: Stop | None = None
+
+
+class ChatCompletionRequest(_OpenAISampled):
+    """`POST /v1/chat/completions`."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: AnswerTokens | None = None
     response_format: dict[str, Any] | None = None
     tools: list[ToolDefinition] | None = None
     tool_choice: str | dict[str, Any] | None = None
@@ -216,19 +221,10 @@ class OllamaError(BaseModel):
     error: str
 
 
-class CompletionRequest(_Open):
+class CompletionRequest(_OpenAISampled):
     """`POST /v1/completions`."""
 
-    model: str | None = None
     prompt: NonBlank | list[NonBlank] = Field(description="one prompt (a list of one is taken too)")
-    stream: bool | None = None
-    max_tokens: AnswerTokens | None = None
-    temperature: Temperature | None = None
-    top_p: Share | None = None
-    frequency_penalty: Penalty | None = None
-    presence_penalty: Penalty | None = None
-    seed: Seed | None = None
-    stop: Stop | None = None
 
 
 class ResponseInputPart(_Open):
