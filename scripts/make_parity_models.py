@@ -469,6 +469,54 @@ def build_gemma4(folder: Path, converter: Path) -> Path:
     return _converted(folder, converter, GEMMA4_TAG)
 
 
+# LFM2-VL: a tiny SigLIP2 NaFlex tower (16 px patches, 3 blocks: the converter maps the
+# projector's linear_2 by block number, so a 2-block tower leaves it unnamed) without its pooling
+# head (the published setting), the pixel unshuffle 2x2 and a layer-normed GELU projection, on a
+# 2-layer LFM2 (a short-convolution layer, then attention). Its processor is the published one
+# (transformers' defaults: 64-256 tokens a view, 512 px tiles, 2-10 of them and a thumbnail),
+# written as preprocessor_config.json (saving the class would import torchvision in this process).
+LFM2_TEXT = {"architectures": ["Lfm2ForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "layer_types": ["conv", "full_attention"], "block_ff_dim": 128,
+             "block_auto_adjust_ff_dim": False, "max_position_embeddings": 4096}
+LFM2_VISION = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3, "num_attention_heads": 2,
+               "patch_size": 16, "num_patches": 256, "vision_use_head": False}
+LFM2_PROCESSOR = {"image_processor_type": "Lfm2VlImageProcessor", "image_mean": [0.5] * 3,
+                  "image_std": [0.5] * 3, "downsample_factor": 2, "encoder_patch_size": 16,
+                  "min_image_tokens": 64, "max_image_tokens": 256, "do_image_splitting": True,
+                  "min_tiles": 2, "max_tiles": 10, "tile_size": 512, "max_pixels_tolerance": 2.0,
+                  "use_thumbnail": True}
+LFM2_MARKERS = ("<image>", "<|image_start|>", "<|image_end|>", "<|img_thumbnail|>")
+LFM2_TAG = "edgevlm parity checkpoint lfm2-vl v1"
+
+
+def build_lfm2vl(folder: Path, vocab_source: Path, converter: Path) -> Path:
+    """The tiny LFM2-VL, converted by llama.cpp's own converter, unless already current."""
+    if _is_current(folder, LFM2_TAG):
+        return folder
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import Lfm2VlConfig, Lfm2VlForConditionalGeneration
+
+    tokenizer, marker = _tokenizer(vocab_source, LFM2_MARKERS)
+    torch.manual_seed(SEED)
+    config = Lfm2VlConfig(text_config={"model_type": "lfm2", **LFM2_TEXT, "vocab_size": len(tokenizer)},
+                          vision_config={"model_type": "siglip2_vision_model", **LFM2_VISION},
+                          image_token_id=marker["<image>"], projector_hidden_size=64, downsample_factor=2)
+    model = Lfm2VlForConditionalGeneration(config).eval()
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    # transformers 5 saves the tower's weights without the published `vision_model.` level, which
+    # the converter expects and transformers reads back either way (its Siglip2VisionModel prefix)
+    weights = folder / "model.safetensors"
+    state = load_file(str(weights))
+    save_file({name.replace("model.vision_tower.", "model.vision_tower.vision_model.", 1): value
+               for name, value in state.items()}, str(weights), metadata={"format": "pt"})
+    (folder / "preprocessor_config.json").write_text(json.dumps(LFM2_PROCESSOR, indent=2))
+    return _converted(folder, converter, LFM2_TAG)
+
+
 def main() -> int:
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else OUT
     root = Path(__file__).resolve().parents[1]
@@ -490,6 +538,7 @@ def main() -> int:
     print(build_smolvlm(out / "smolvlm", vocab_source, converter))
     print(build_smolvlm(out / "smolvlm-split", vocab_source, converter, longest=SMOLVLM_SPLIT_LONGEST))
     print(build_gemma4(out / "gemma4", converter))
+    print(build_lfm2vl(out / "lfm2-vl", vocab_source, converter))
     return 0
 
 

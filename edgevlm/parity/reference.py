@@ -286,9 +286,9 @@ def _rows(request: dict[str, Any]) -> Answer:
         out = processor(images=[Image.open(path).convert("RGB")], return_tensors="pt",
                         **request.get("processor", {}))
         # Qwen-VL's size in patches; SmolVLM's mask of the pixels each view holds; Gemma 4's
-        # patches' places
-        grid = [out[key] for key in ("image_grid_thw", "pixel_attention_mask", "image_position_ids")
-                if key in out]
+        # patches' places; LFM2-VL's views' sizes in patches and their masks
+        grid = [out[key] for key in ("image_grid_thw", "spatial_shapes", "pixel_attention_mask",
+                                     "image_position_ids") if key in out]
         with torch.no_grad(), _peak_activation(tower) as peak:
             features = model.model.get_image_features(out["pixel_values"], *grid)
         # Qwen3-VL: its deepstack layers' rows beside the merger's, as mtmd hands them over
@@ -538,6 +538,7 @@ STAGES: dict[tuple[str, str], Callable[[dict[str, Any]], Answer]] = {
     ("logits", "llava-next"): _logits,
     ("rows", "gemma3"): _rows,
     ("rows", "smolvlm"): _rows,
+    ("rows", "lfm2"): _rows,
     ("logits", "gemma3"): _logits,
     ("rows", "gemma4"): _rows,
     ("logits", "gemma4"): _logits,

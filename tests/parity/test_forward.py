@@ -4,7 +4,7 @@ llama.cpp's own converter turns into the GGUF pairs edgevlm loads (LLaVA-1.6's, 
 convert, written in its legacy scripts' layout): the projector rows that reach the language model,
 token by token, and the first answer token's logits and eight greedy tokens, against transformers'
 own forward on the same pixels and token ids. Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Gemma 3 with one
-image and two; LLaVA-1.6, whose block edgevlm packs itself, at three aspect ratios.
+image and two; LLaVA-1.6, whose block edgevlm packs itself, at three aspect ratios; LFM2-VL's rows.
 
 Everything runs at f32 (weights, KV cache, no flash attention), so what is left is the kernels,
 bounded here by what was measured (docs/parity.md): rows within a cosine of 0.99999 and 1e-3 of
@@ -609,3 +609,36 @@ def test_smolvlm_logits_and_greedy_tokens_are_transformers_where_both_cut_tiles(
     answer = ask_reference(reference, {"stage": "logits", "family": "smolvlm", "dir": str(folder),
                                        "input_ids": ids, "images": [str(path) for path in paths], "steps": 8})
     _assert_same_answer(ours, greedy, answer, SMOLVLM_SPREAD)
+
+
+# -- LFM2-VL, converted by llama.cpp's own converter ------------------------------------------------
+
+# In whole 32 px tokens within the processor's 64-256 a view (both sides keep such a size): 12x9,
+# 9x12 and 16x16 tokens; and a photo the processor tiles (2x2 tiles of 512 px and a thumbnail).
+LFM2_SIZES = [(384, 288), (288, 384), (512, 512)]
+LFM2_TILED = (1024, 1024)
+
+
+def test_lfm2_vl_rows_are_transformers_view_by_view(reference: Path, checkpoint: Path,
+                                                    tmp_path: Path) -> None:
+    """Each view's rows through mtmd (SigLIP2 at the view's own size, the pixel unshuffle, the
+    layer-normed projection) against transformers' LFM2-VL, at f32; a tiled photo's tiles and
+    thumbnail in the order transformers hands them to the model."""
+    from edgevlm.llama.engine import Engine
+    from edgevlm.llama.types import EngineConfig
+
+    folder = checkpoint.parent / "lfm2-vl"
+    sizes = [*LFM2_SIZES, LFM2_TILED]
+    paths = [_photo(tmp_path / f"{w}x{h}.png", (w, h), seed) for seed, (w, h) in enumerate(sizes)]
+    answer = ask_reference(reference, {"stage": "rows", "family": "lfm2", "dir": str(folder),
+                                       "images": [str(path) for path in paths]})
+    with Engine(EngineConfig(folder / "text.gguf", folder / "mmproj.gguf", n_ctx=4096, n_gpu_layers=0,
+                             **F32_CACHE)) as engine:
+        sequence = engine.sequence()
+        for path, size, result in zip(paths, sizes, answer["results"], strict=True):
+            theirs = _floats(result["rows"], result["shape"])
+            ours = _block_rows(sequence, Image.open(path).convert("RGB"))
+            assert ours.shape == theirs.shape, size
+            norms = np.linalg.norm(ours, axis=1) * np.linalg.norm(theirs, axis=1)
+            assert ((ours * theirs).sum(1) / norms).min() >= ROWS_COSINE, size
+            assert np.abs(ours - theirs).max() <= ROWS_RELATIVE * np.abs(theirs).max(), size
