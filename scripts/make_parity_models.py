@@ -478,7 +478,7 @@ def build_gemma4(folder: Path, converter: Path) -> Path:
 LFM2_TEXT = {"architectures": ["Lfm2ForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
              "layer_types": ["conv", "full_attention"], "block_ff_dim": 128,
-             "block_auto_adjust_ff_dim": False, "max_position_embeddings": 4096}
+             "block_auto_adjust_ff_dim": False, "max_position_embeddings": 4096, "initializer_range": 0.2}
 LFM2_VISION = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3, "num_attention_heads": 2,
                "patch_size": 16, "num_patches": 256, "vision_use_head": False}
 LFM2_PROCESSOR = {"image_processor_type": "Lfm2VlImageProcessor", "image_mean": [0.5] * 3,
@@ -487,7 +487,7 @@ LFM2_PROCESSOR = {"image_processor_type": "Lfm2VlImageProcessor", "image_mean": 
                   "min_tiles": 2, "max_tiles": 10, "tile_size": 512, "max_pixels_tolerance": 2.0,
                   "use_thumbnail": True}
 LFM2_MARKERS = ("<image>", "<|image_start|>", "<|image_end|>", "<|img_thumbnail|>")
-LFM2_TAG = "edgevlm parity checkpoint lfm2-vl v1"
+LFM2_TAG = "edgevlm parity checkpoint lfm2-vl v2"
 
 
 def build_lfm2vl(folder: Path, vocab_source: Path, converter: Path) -> Path:

@@ -539,6 +539,7 @@ STAGES: dict[tuple[str, str], Callable[[dict[str, Any]], Answer]] = {
     ("rows", "gemma3"): _rows,
     ("rows", "smolvlm"): _rows,
     ("rows", "lfm2"): _rows,
+    ("logits", "lfm2"): _logits,
     ("logits", "gemma3"): _logits,
     ("rows", "gemma4"): _rows,
     ("logits", "gemma4"): _logits,
