@@ -403,11 +403,13 @@ against edgevlm's plan at --detail. Prints a row per image: edgevlm's value, tra
 and same, differs or a known difference with its reason; exits 1 when any differs.
 
 With --model, also the rows the vision tower and projector give three photos (or yours),
-row by row, on Qwen2/2.5/3-VL, LLaVA-1.6 and Gemma 3 (stage 3; the text weights are never loaded),
+row by row, on Qwen2/2.5/3-VL, LLaVA-1.6, Gemma 3 and LFM2-VL (stage 3; the text weights are
+never loaded),
 and a warning where the tower's activations near f16's range.
 
 Needs transformers beside edgevlm (make parity-env in a checkout, or pip install
-'edgevlm[parity]'). Compares Qwen2/2.5/3-VL, LLaVA-1.6, SmolVLM and Gemma 3 checkpoints so far;
+'edgevlm[parity]'). Compares Qwen2/2.5/3-VL, LLaVA-1.6, SmolVLM, Gemma 3 and LFM2-VL checkpoints
+so far;
 docs/parity.md has the stages and the known differences.
 
 \b
@@ -461,7 +463,7 @@ def parity(
         "(its preprocessor_config.json is what is read; nothing is downloaded).")],
     model: Annotated[Path | None, typer.Option(
         "--model", "-m", metavar="GGUF", help="The text model it pairs with: runs stage 3 (the image "
-        "rows), and is needed where mtmd counts the tiles (SmolVLM).")] = None,
+        "rows), and is needed where mtmd counts the tiles (SmolVLM, LFM2-VL).")] = None,
     image: Annotated[list[Path] | None, typer.Option(
         metavar="PHOTO", help="A photo to check (repeatable). Default: nine standard sizes, "
         "phone photos, a screen, a thumbnail, a panorama and a strip.")] = None,

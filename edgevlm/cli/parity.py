@@ -91,7 +91,7 @@ def run_parity(mmproj: Path, model: Path | None, reference: Path, images: list[P
 
 # The families whose checkpoints stage 3 runs (transformers' tower, the reference's "rows"; Qwen3-VL's
 # with its deepstack layers' features beside the merger's, as mtmd hands them to the model).
-ROWS_FAMILIES = ("qwen2-vl", "qwen3-vl", "llava-next", "gemma3")
+ROWS_FAMILIES = ("qwen2-vl", "qwen3-vl", "llava-next", "gemma3", "lfm2-vl")
 
 
 def _rows_stage(python: Path, text: TextModelFacts, projector: ProjectorFacts, folder: Path,
@@ -108,9 +108,10 @@ def _rows_stage(python: Path, text: TextModelFacts, projector: ProjectorFacts, f
         paths = []
         for index, ((_name, image), shown) in enumerate(zip(photos, views, strict=True)):
             path = Path(scratch) / f"{index}.png"
-            # Qwen-VL: the view edgevlm hands mtmd, which the processor keeps; LLaVA-1.6 and Gemma 3:
-            # the photo, which the processor cuts into its own views or stretches to its square
-            (shown[0] if kind == "qwen-vl" else image).save(path)
+            # Qwen-VL and LFM2-VL: the view edgevlm hands mtmd, which the processor keeps (or tiles
+            # as mtmd does); LLaVA-1.6 and Gemma 3: the photo, which the processor cuts into its own
+            # views or stretches to its square
+            (shown[0] if kind in ("qwen-vl", "lfm2") else image).save(path)
             paths.append(str(path))
         request = {"stage": "rows", "family": kind, "dir": str(folder.resolve()), "images": paths}
         theirs = ask_reference(python, request)["results"]

@@ -72,11 +72,11 @@ class ParityRow:
 def reference_kind(projector: ProjectorFacts) -> str:
     """Which of reference.py's checkpoint readers answers for this projector's family."""
     kinds = {"qwen2-vl": "qwen-vl", "qwen3-vl": "qwen-vl", "llava-next": "llava-next", "smolvlm": "smolvlm",
-             "gemma3": "gemma3"}
+             "gemma3": "gemma3", "lfm2-vl": "lfm2"}
     kind = kinds.get(family_for(projector).name)
     if kind is None:
-        raise ConfigError(f"{projector.path}: edgevlm parity compares Qwen-VL, LLaVA-1.6, SmolVLM and "
-                          f"Gemma 3 checkpoints so far, not {family_for(projector).name}")
+        raise ConfigError(f"{projector.path}: edgevlm parity compares Qwen-VL, LLaVA-1.6, SmolVLM, "
+                          f"Gemma 3 and LFM2-VL checkpoints so far, not {family_for(projector).name}")
     return kind
 
 
@@ -123,6 +123,9 @@ def preprocess_rows(projector: ProjectorFacts, names: Sequence[str], sizes: Sequ
         if answer["kind"] == "views":
             ours = plan.visual_tokens // projector.tokens_per_image
             rows.append(_row(name, "views (tiles and global)", str(ours), str(theirs), ours == theirs))
+        elif answer["kind"] == "tokens":  # LFM2-VL: every view's tokens, tiles and thumbnail
+            ours = plan.visual_tokens
+            rows.append(_row(name, "visual tokens (all views)", str(ours), str(theirs), ours == theirs))
         else:
             rows.append(_size_row(name, plan.size, tuple(theirs) if theirs else None, projector))
     return rows

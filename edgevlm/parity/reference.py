@@ -506,6 +506,10 @@ def _checkpoint(request: dict[str, Any]) -> Answer:
             pixels = processor(images=[Image.new("RGB", (width, height), (120, 80, 40))],
                                return_tensors="np")["pixel_values"]
             results.append([int(pixels.shape[-1]), int(pixels.shape[-2])])
+        elif family == "lfm2":  # the visual tokens of every view it makes (tiles and thumbnail)
+            out = processor(images=[Image.new("RGB", (width, height), (120, 80, 40))], return_tensors="pt")
+            merge = processor.downsample_factor
+            results.append(sum((h // merge) * (w // merge) for h, w in out["spatial_shapes"].tolist()))
         elif family == "llava-next":
             pinpoints = processor.image_grid_pinpoints
             canvas_h, canvas_w = select_best_resolution((height, width), pinpoints)
@@ -518,7 +522,7 @@ def _checkpoint(request: dict[str, Any]) -> Answer:
                 results.append([int(grid[2]) * processor.patch_size, int(grid[1]) * processor.patch_size])
             except ValueError:  # an aspect ratio over 200
                 results.append(None)
-    kinds = {"smolvlm": "views", "llava-next": "canvas"}
+    kinds = {"smolvlm": "views", "llava-next": "canvas", "lfm2": "tokens"}
     return {"kind": kinds.get(family, "size"), "results": results}
 
 
@@ -549,6 +553,7 @@ STAGES: dict[tuple[str, str], Callable[[dict[str, Any]], Answer]] = {
     ("checkpoint", "smolvlm"): _checkpoint,
     ("checkpoint", "llava-next"): _checkpoint,
     ("checkpoint", "gemma3"): _checkpoint,
+    ("checkpoint", "lfm2"): _checkpoint,
 }
 
 

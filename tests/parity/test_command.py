@@ -200,3 +200,25 @@ def test_a_qwen3_vl_checkpoints_rows_carry_its_deepstack_features(reference: Pat
     assert done.returncode == 0, done.stderr
     stage3 = [row for row in _rows(done.stdout)["rows"] if row["stage"] == "3 image rows"]
     assert len(stage3) == 2 and {row["verdict"] for row in stage3} == {"same"}
+
+
+@pytest.mark.usefixtures("reference")
+def test_an_lfm2_vl_checkpoint_is_checked_at_stages_1_and_3(reference: Path, tmp_path: Path) -> None:
+    """LFM2-VL, converted by llama.cpp's own converter: a photo the processor shows as one view at a
+    side of a half of 32 px (where mtmd alone rounds up), one it tiles, and one as it is; the
+    visual tokens and the rows are transformers'."""
+    from edgevlm.parity.check import synthetic_photo
+
+    from .test_forward import built_checkpoints
+
+    lfm2 = built_checkpoints(reference) / "lfm2-vl"
+    photos = []
+    for seed, size in enumerate([(279, 528), (1024, 1024), (384, 288)]):
+        photos += ["--image", str(tmp_path / f"{size[0]}x{size[1]}.png")]
+        synthetic_photo(size, seed).save(photos[-1])
+    done = invoke_cli("parity", "--model", str(lfm2 / "text.gguf"), "--mmproj", str(lfm2 / "mmproj.gguf"),
+                      "--reference", str(lfm2), "--json", *photos)
+    assert done.returncode == 0, done.stderr
+    rows = _rows(done.stdout)["rows"]
+    assert [row["edgevlm"] for row in rows if row["stage"] == "1 preprocess"] == ["144", "1280", "108"]
+    assert len(rows) == 6 and {row["verdict"] for row in rows} == {"same"}
