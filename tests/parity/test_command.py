@@ -99,9 +99,9 @@ def test_bad_input_is_one_line_before_the_reference_runs(test_models: dict[str, 
     assert bare.returncode == 2 and "preprocessor_config.json" in bare.stderr
     text_model = invoke_cli("parity", "--mmproj", str(test_models["qwen_text"]), "--reference", str(empty))
     assert text_model.returncode == 2 and "not a vision projector" in text_model.stderr
-    gemma = invoke_cli("parity", "--mmproj", str(test_models["lfm2_mmproj"]), "--reference",
+    gemma = invoke_cli("parity", "--mmproj", str(test_models["gemma4_mmproj"]), "--reference",
                        str(_qwen(tmp_path / "q")))
-    assert gemma.returncode == 2 and "so far, not lfm2-vl" in gemma.stderr
+    assert gemma.returncode == 2 and "so far, not gemma4" in gemma.stderr
     no_reference = invoke_cli("parity", "--mmproj", mmproj, "--reference", str(_qwen(tmp_path / "q2")),
                               env={"EDGEVLM_PARITY_PYTHON": str(tmp_path / "no-python")})
     assert no_reference.returncode == 2 and "make parity-env" in no_reference.stderr
