@@ -114,6 +114,13 @@ def _prompt_logits(sequence: Any, head: str, rows: np.ndarray | None,
     return logits, greedy
 
 
+def _assert_same_rows(ours: np.ndarray, theirs: np.ndarray, label: object) -> None:
+    """Every row within ROWS_COSINE of transformers' and ROWS_RELATIVE of its largest value."""
+    cosine = (ours * theirs).sum(1) / (np.linalg.norm(ours, axis=1) * np.linalg.norm(theirs, axis=1))
+    assert cosine.min() >= ROWS_COSINE, label
+    assert np.abs(ours - theirs).max() <= ROWS_RELATIVE * np.abs(theirs).max(), label
+
+
 def _floats(data: str, shape: list[int] | None = None) -> np.ndarray:
     array = np.frombuffer(base64.b64decode(data), np.float32)
     return array.reshape(shape) if shape else array
@@ -159,9 +166,7 @@ def test_projector_rows_are_transformers_token_by_token(reference: Path, qwen: t
         ours = np.concatenate(rows)
         theirs = _floats(result["rows"], result["shape"])
         assert ours.shape == theirs.shape == (size[0] // unit * (size[1] // unit), width)
-        cosine = (ours * theirs).sum(1) / (np.linalg.norm(ours, axis=1) * np.linalg.norm(theirs, axis=1))
-        assert cosine.min() >= ROWS_COSINE, size
-        assert np.abs(ours - theirs).max() <= ROWS_RELATIVE * np.abs(theirs).max(), size
+        _assert_same_rows(ours, theirs, size)
 
 
 @pytest.mark.parametrize("images", [1, 2])
@@ -417,9 +422,7 @@ def test_gemma3_rows_are_transformers_where_mtmd_alone_letterboxes(
         assert view.size == (64, 64)
         ours, theirs = _block_rows(sequence, view), _floats(result["rows"], result["shape"])
         assert ours.shape == theirs.shape == (16, 64)
-        cosine = (ours * theirs).sum(1) / (np.linalg.norm(ours, axis=1) * np.linalg.norm(theirs, axis=1))
-        assert cosine.min() >= ROWS_COSINE, size
-        assert np.abs(ours - theirs).max() <= ROWS_RELATIVE * np.abs(theirs).max(), size
+        _assert_same_rows(ours, theirs, size)
         as_is = _block_rows(sequence, Image.open(path).convert("RGB"))  # mtmd's own letterbox
         if size[0] != size[1]:
             assert np.abs(as_is - theirs).max() > 0.1 * np.abs(theirs).max(), size
@@ -473,9 +476,7 @@ def test_smolvlm_rows_are_transformers_but_mtmd_shows_a_one_tile_image_twice(
                      if not isinstance(piece, tuple)]
             assert len(views) == 2, size  # the tile and the overview: llama.cpp's, not transformers'
             for ours in views:
-                norms = np.linalg.norm(ours, axis=1) * np.linalg.norm(theirs, axis=1)
-                assert ((ours * theirs).sum(1) / norms).min() >= ROWS_COSINE, size
-                assert np.abs(ours - theirs).max() <= ROWS_RELATIVE * np.abs(theirs).max(), size
+                _assert_same_rows(ours, theirs, size)
 
 
 # -- Gemma 4, converted by llama.cpp's own converter (its own vocabulary) -------------------------
@@ -534,9 +535,7 @@ def test_gemma4_rows_are_transformers_once_the_converters_missing_activation_is_
         image = Image.open(path).convert("RGB")
         ours = _block_rows(gemma4_engine.sequence(), image)
         assert ours.shape == rows.shape == ((image.width // 48) * (image.height // 48), 64)
-        norms = np.linalg.norm(ours, axis=1) * np.linalg.norm(rows, axis=1)
-        assert ((ours * rows).sum(1) / norms).min() >= ROWS_COSINE, path.name
-        assert np.abs(ours - rows).max() <= ROWS_RELATIVE * np.abs(rows).max(), path.name
+        _assert_same_rows(ours, rows, path.name)
         # GELU-quick: off on every row, past the bound (measured 3.8e-3)
         assert np.abs(quick_rows - rows).max() > 2 * ROWS_RELATIVE * np.abs(rows).max(), path.name
 
@@ -639,9 +638,7 @@ def test_lfm2_vl_rows_are_transformers_view_by_view(reference: Path, checkpoint:
             theirs = _floats(result["rows"], result["shape"])
             ours = _block_rows(sequence, Image.open(path).convert("RGB"))
             assert ours.shape == theirs.shape, size
-            norms = np.linalg.norm(ours, axis=1) * np.linalg.norm(theirs, axis=1)
-            assert ((ours * theirs).sum(1) / norms).min() >= ROWS_COSINE, size
-            assert np.abs(ours - theirs).max() <= ROWS_RELATIVE * np.abs(theirs).max(), size
+            _assert_same_rows(ours, theirs, size)
 
 
 # measured 0.074% (one image), 0.051% (two), 0.039% (a tiled photo) of the logits' spread
