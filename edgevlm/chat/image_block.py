@@ -33,8 +33,9 @@ from edgevlm.vision.layout import (
 )
 
 # Blocks encoded together only up to this many visual tokens each: on a 2-core CPU (Gemma 4's
-# test pair, scripts/bench_encode_batch.py) 16 frames of 70 tokens took 0.85x the encode time
-# batched, 6 pages of 280 tokens 1.04x (mtmd caps a batch at 1,024 tokens: 3 pages at a time).
+# test pair, scripts/bench_encode_batch.py) a turn of 16 frames of 70 tokens took 0.96x the time
+# to first token batched (the projector alone 0.79x), 6 pages of 280 tokens 1.03x the projector's
+# time (mtmd caps a batch at 1,024 tokens: 3 pages at a time).
 ENCODE_AHEAD_MAX_TOKENS = 128
 
 

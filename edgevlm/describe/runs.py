@@ -56,11 +56,6 @@ class Questions:
     asked: list[str]
     document_prompt: str | None
 
-    @property
-    def asks_more(self) -> bool:
-        """Whether anything is asked beside the first question (--ask, --prompts)."""
-        return bool(self.more or self.asked)
-
 
 @dataclass(frozen=True)
 class AskRequest:

@@ -179,10 +179,14 @@ def _lfm2_tiles(request: dict[str, Any]) -> Answer:
     for width, height in request["cases"]:
         out = processor(images=[Image.new("RGB", (width, height), (120, 80, 40))], return_tensors="pt",
                         return_row_col_info=True)
-        shapes = out["spatial_shapes"].tolist()
-        results.append({"views": len(shapes), "tokens": sum((h // merge) * (w // merge) for h, w in shapes),
+        results.append({"views": len(out["spatial_shapes"]), "tokens": _lfm2_tokens(out, merge),
                         "grid": [int(out["image_cols"][0]), int(out["image_rows"][0])]})
     return {"results": results}
+
+
+def _lfm2_tokens(processed: Any, merge: int) -> int:
+    """The visual tokens of every view LFM2-VL's processor made (its patches merged merge x merge)."""
+    return sum((h // merge) * (w // merge) for h, w in processed["spatial_shapes"].tolist())
 
 
 def _llava_next_anyres(request: dict[str, Any]) -> Answer:
@@ -508,8 +512,7 @@ def _checkpoint(request: dict[str, Any]) -> Answer:
             results.append([int(pixels.shape[-1]), int(pixels.shape[-2])])
         elif family == "lfm2":  # the visual tokens of every view it makes (tiles and thumbnail)
             out = processor(images=[Image.new("RGB", (width, height), (120, 80, 40))], return_tensors="pt")
-            merge = processor.downsample_factor
-            results.append(sum((h // merge) * (w // merge) for h, w in out["spatial_shapes"].tolist()))
+            results.append(_lfm2_tokens(out, processor.downsample_factor))
         elif family == "llava-next":
             pinpoints = processor.image_grid_pinpoints
             canvas_h, canvas_w = select_best_resolution((height, width), pinpoints)
