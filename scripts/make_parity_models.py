@@ -223,9 +223,48 @@ def build_llava_next(folder: Path, vocab_source: Path) -> Path:
     # as saved (the checkpoint's own names, as llama.cpp's converter would read them)
     saved = load_file(folder / "model.safetensors")
     state = {name: array.astype(np.float32) for name, array in saved.items()}
-    _write_llama_text(folder / "text.gguf", state, (tokens, types, merges, ids))
-    _write_clip_mmproj(folder / "mmproj.gguf", state)
+    _write_llama_text(folder / "text.gguf", state, (tokens, types, merges, ids), "llava-next")
+    _write_clip_mmproj(folder / "mmproj.gguf", state, "llava-next", anyres=True)
     (folder / "built.json").write_text(json.dumps({"tag": BUILD_TAG, "seed": SEED}))
+    return folder
+
+
+LLAVA15_TAG = "edgevlm parity checkpoint llava-1.5 v1"
+
+
+def build_llava15(folder: Path, vocab_source: Path) -> Path:
+    """LLaVA-1.5, tiny: LLaVA-NeXT's tower, projector and text model without the anyres parts (one
+    view of the photo padded to a square in the mean colour, as llava-hf's processor with do_pad),
+    written in the legacy scripts' layout as LLaVA-NeXT's is (convert_hf_to_gguf.py takes only
+    Pixtral's LlavaForConditionalGeneration), unless already current."""
+    if _is_current(folder, LLAVA15_TAG):
+        return folder
+    import torch
+    from safetensors.numpy import load_file
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
+    from transformers.models.llava.image_processing_pil_llava import LlavaImageProcessorPil
+
+    tokens, types, merges, ids = tm._vocab(vocab_source)
+    tokens, types = [*tokens, IMAGE_TOKEN], [*types, 3]  # 3: CONTROL
+    torch.manual_seed(SEED)
+    text = LlamaConfig(**NEXT_TEXT, vocab_size=len(tokens), bos_token_id=ids["bos_token_id"],
+                       eos_token_id=ids["eos_token_id"])
+    config = LlavaConfig(vision_config=CLIPVisionConfig(**NEXT_VISION), text_config=text,
+                         image_token_index=len(tokens) - 1, vision_feature_layer=-2,
+                         vision_feature_select_strategy="default", projector_hidden_act="gelu",
+                         tie_word_embeddings=True)
+    model = LlavaForConditionalGeneration(config).eval()
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    side = NEXT_VISION["image_size"]
+    LlavaImageProcessorPil(do_pad=True, size={"shortest_edge": side},
+                           crop_size={"height": side, "width": side}, image_mean=tm.CLIP_MEAN,
+                           image_std=tm.CLIP_STD).save_pretrained(folder)
+    saved = load_file(folder / "model.safetensors")
+    state = {name: array.astype(np.float32) for name, array in saved.items()}
+    _write_llama_text(folder / "text.gguf", state, (tokens, types, merges, ids), "llava-1.5")
+    _write_clip_mmproj(folder / "mmproj.gguf", state, "llava-1.5", anyres=False)
+    (folder / "built.json").write_text(json.dumps({"tag": LLAVA15_TAG, "seed": SEED}))
     return folder
 
 
@@ -236,12 +275,12 @@ def _permuted(weights: np.ndarray, heads: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(weights.shape))
 
 
-def _write_llama_text(path: Path, state: dict[str, np.ndarray], vocab: tuple) -> None:
+def _write_llama_text(path: Path, state: dict[str, np.ndarray], vocab: tuple, name: str) -> None:
     import gguf
 
     writer = gguf.GGUFWriter(str(path.with_suffix(".part")), "llama")
     heads, kv_heads = NEXT_TEXT["num_attention_heads"], NEXT_TEXT["num_key_value_heads"]
-    tm._text_header(writer, "edgevlm-parity-llava-next", vocab, tm.QWEN_TEMPLATE,
+    tm._text_header(writer, f"edgevlm-parity-{name}", vocab, tm.QWEN_TEMPLATE,
                     n_embd=NEXT_TEXT["hidden_size"],
                     n_layer=NEXT_TEXT["num_hidden_layers"], n_ff=NEXT_TEXT["intermediate_size"], n_head=heads,
                     n_head_kv=kv_heads, add_bos=False)
@@ -261,25 +300,27 @@ def _write_llama_text(path: Path, state: dict[str, np.ndarray], vocab: tuple) ->
     tm._finish(writer, path.with_suffix(".part"), path)
 
 
-def _write_clip_mmproj(path: Path, state: dict[str, np.ndarray]) -> None:
+def _write_clip_mmproj(path: Path, state: dict[str, np.ndarray], name: str, *, anyres: bool) -> None:
     """The legacy LLaVA mmproj layout, as tools/mtmd/legacy-models/convert_image_encoder_to_gguf.py
     writes it: the blocks up to the feature layer (vision_feature_layer -2: all but the last) and
     that layer named (clip.vision.feature_layer), fc1 and fc2 under its swapped names (ffn_down,
-    ffn_up; clip.cpp swaps them back by shape)."""
+    ffn_up; clip.cpp swaps them back by shape); LLaVA-NeXT's pinpoints, merge type and newline
+    where `anyres` (LLaVA-1.5's has none of them)."""
     import gguf
 
     width, blocks = NEXT_VISION["hidden_size"], NEXT_VISION["num_hidden_layers"] - 1
     writer = gguf.GGUFWriter(str(path.with_suffix(".part")), "clip")
     flags = {"has_text_encoder": False, "use_gelu": False}
-    tm._clip_header(writer, "edgevlm-parity-llava-next-mmproj", "mlp", flags,
+    tm._clip_header(writer, f"edgevlm-parity-{name}-mmproj", "mlp", flags,
                     eps=NEXT_VISION["layer_norm_eps"], image_size=NEXT_VISION["image_size"],
                     patch_size=NEXT_VISION["patch_size"], embedding_length=width,
                     feed_forward_length=NEXT_VISION["intermediate_size"],
                     projection_dim=NEXT_TEXT["hidden_size"],
                     head_count=NEXT_VISION["num_attention_heads"], block_count=blocks)
     writer.add_array("clip.vision.feature_layer", [blocks])
-    writer.add_array("clip.vision.image_grid_pinpoints", [v for pair in NEXT_PINPOINTS for v in pair])
-    writer.add_string("clip.vision.mm_patch_merge_type", "spatial_unpad")
+    if anyres:
+        writer.add_array("clip.vision.image_grid_pinpoints", [v for pair in NEXT_PINPOINTS for v in pair])
+        writer.add_string("clip.vision.mm_patch_merge_type", "spatial_unpad")
     tower = "vision_tower."
     writer.add_tensor("v.class_embd", state[f"{tower}embeddings.class_embedding"])
     writer.add_tensor("v.patch_embd.weight", state[f"{tower}embeddings.patch_embedding.weight"])
@@ -298,7 +339,8 @@ def _write_clip_mmproj(path: Path, state: dict[str, np.ndarray]) -> None:
     for index, linear in ((0, "linear_1"), (2, "linear_2")):
         for kind in ("weight", "bias"):
             writer.add_tensor(f"mm.{index}.{kind}", state[f"multi_modal_projector.{linear}.{kind}"])
-    writer.add_tensor("model.image_newline", state["image_newline"])
+    if anyres:
+        writer.add_tensor("model.image_newline", state["image_newline"])
     tm._finish(writer, path.with_suffix(".part"), path)
 
 
@@ -534,6 +576,7 @@ def main() -> int:
     print(build_qwen2vl(out / "qwen2-vl", vocab_source, converter))
     print(build_qwen3vl(out / "qwen3-vl", vocab_source, converter))
     print(build_llava_next(out / "llava-next", vocab_source))
+    print(build_llava15(out / "llava-1.5", vocab_source))
     print(build_gemma3(out / "gemma3", vocab_source, converter))
     print(build_smolvlm(out / "smolvlm", vocab_source, converter))
     print(build_smolvlm(out / "smolvlm-split", vocab_source, converter, longest=SMOLVLM_SPLIT_LONGEST))

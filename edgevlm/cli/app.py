@@ -403,14 +403,12 @@ against edgevlm's plan at --detail. Prints a row per image: edgevlm's value, tra
 and same, differs or a known difference with its reason; exits 1 when any differs.
 
 With --model, also the rows the vision tower and projector give three photos (or yours),
-row by row, on Qwen2/2.5/3-VL, LLaVA-1.6, Gemma 3 and LFM2-VL (stage 3; the text weights are
-never loaded),
-and a warning where the tower's activations near f16's range.
+row by row, on Qwen2/2.5/3-VL, LLaVA-1.5 and 1.6, Gemma 3 and LFM2-VL (stage 3; the text
+weights are never loaded), and a warning where the tower's activations near f16's range.
 
 Needs transformers beside edgevlm (make parity-env in a checkout, or pip install
-'edgevlm[parity]'). Compares Qwen2/2.5/3-VL, LLaVA-1.6, SmolVLM, Gemma 3 and LFM2-VL checkpoints
-so far;
-docs/parity.md has the stages and the known differences.
+'edgevlm[parity]'). Compares Qwen2/2.5/3-VL, LLaVA-1.5 and 1.6, SmolVLM, Gemma 3 and LFM2-VL
+checkpoints so far; docs/parity.md has the stages and the known differences.
 
 \b
 Example:

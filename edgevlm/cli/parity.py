@@ -91,7 +91,7 @@ def run_parity(mmproj: Path, model: Path | None, reference: Path, images: list[P
 
 # The families whose checkpoints stage 3 runs (transformers' tower, the reference's "rows"; Qwen3-VL's
 # with its deepstack layers' features beside the merger's, as mtmd hands them to the model).
-ROWS_FAMILIES = ("qwen2-vl", "qwen3-vl", "llava-next", "gemma3", "lfm2-vl")
+ROWS_FAMILIES = ("qwen2-vl", "qwen3-vl", "llava-1.5", "llava-next", "gemma3", "lfm2-vl")
 
 
 def _rows_stage(python: Path, text: TextModelFacts, projector: ProjectorFacts, folder: Path,
@@ -109,21 +109,24 @@ def _rows_stage(python: Path, text: TextModelFacts, projector: ProjectorFacts, f
         for index, ((_name, image), shown) in enumerate(zip(photos, views, strict=True)):
             path = Path(scratch) / f"{index}.png"
             # Qwen-VL and LFM2-VL: the view edgevlm hands mtmd, which the processor keeps (or tiles
-            # as mtmd does); LLaVA-1.6 and Gemma 3: the photo, which the processor cuts into its own
-            # views or stretches to its square
+            # as mtmd does); LLaVA-1.5 and 1.6 and Gemma 3: the photo, which the processor pads,
+            # cuts into its own views or stretches to its square
             (shown[0] if kind in ("qwen-vl", "lfm2") else image).save(path)
             paths.append(str(path))
         request = {"stage": "rows", "family": kind, "dir": str(folder.resolve()), "images": paths}
         theirs = ask_reference(python, request)["results"]
         shifted: list[dict[str, Any] | None] = [None] * len(photos)
-        if kind == "llava-next":  # llama.cpp's own order too, to name its known difference
+        if kind in ("llava", "llava-next"):  # llama.cpp's own order too, to name its known difference
             shifted = ask_reference(python, {**request, "class_token": "last"})["results"]
     # every photo's views through one projector load, then each photo's share of them
+    # (LLaVA-1.5: the trained view alone, which edgevlm shows first; its own tiles have no reference)
+    views = [shown[:1] if kind == "llava" else shown for shown in views]
     encoded = iter(projector_rows(text, projector, [view for shown in views for view in shown]))
     rows = []
     for (name, _image), shown, own, other in zip(photos, views, theirs, shifted, strict=True):
         ours = [next(encoded) for _view in shown]
-        mine = np.stack(ours) if kind == "llava-next" else ours[0]  # LLaVA-1.6: a row block a view
+        # LLaVA: a row block a view (1.5 has one)
+        mine = np.stack(ours) if kind in ("llava", "llava-next") else ours[0]
         rows.append(rows_rows(name, mine, decode_rows(own), decode_rows(other) if other else None))
     return rows, f16_warnings([name for name, _ in photos], [result["peak"] for result in theirs])
 

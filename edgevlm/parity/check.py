@@ -22,11 +22,13 @@ from PIL import Image
 from edgevlm.errors import ConfigError
 from edgevlm.families import family_for, layout_for
 from edgevlm.families.family import BlockCounter
+from edgevlm.families.llava15 import LabelledTiles
 from edgevlm.families.llava_next import LlavaNextLayout, select_best_resolution
 from edgevlm.families.mtmd import MtmdFamily, NativeLayout
 from edgevlm.families.qwen_vl import QWEN_VL_TOKENS
 from edgevlm.models.gguf import ProjectorFacts
-from edgevlm.vision.layout import Detail, ImageLayout, ViewBudget, with_task
+from edgevlm.vision.layout import Detail, ImageLayout, ImagePlan, ViewBudget, with_task
+from edgevlm.vision.tiling import TilePlan
 
 # The photo sizes checked when no --image is given: phone and camera photos both ways, a screen,
 # a square, a small thumbnail, a panorama and a strip.
@@ -71,11 +73,11 @@ class ParityRow:
 
 def reference_kind(projector: ProjectorFacts) -> str:
     """Which of reference.py's checkpoint readers answers for this projector's family."""
-    kinds = {"qwen2-vl": "qwen-vl", "qwen3-vl": "qwen-vl", "llava-next": "llava-next", "smolvlm": "smolvlm",
-             "gemma3": "gemma3", "lfm2-vl": "lfm2"}
+    kinds = {"qwen2-vl": "qwen-vl", "qwen3-vl": "qwen-vl", "llava-1.5": "llava", "llava-next": "llava-next",
+             "smolvlm": "smolvlm", "gemma3": "gemma3", "lfm2-vl": "lfm2"}
     kind = kinds.get(family_for(projector).name)
     if kind is None:
-        raise ConfigError(f"{projector.path}: edgevlm parity compares Qwen-VL, LLaVA-1.6, SmolVLM, "
+        raise ConfigError(f"{projector.path}: edgevlm parity compares Qwen-VL, LLaVA-1.5 and 1.6, SmolVLM, "
                           f"Gemma 3 and LFM2-VL checkpoints so far, not {family_for(projector).name}")
     return kind
 
@@ -117,6 +119,9 @@ def preprocess_rows(projector: ProjectorFacts, names: Sequence[str], sizes: Sequ
         if isinstance(layout, LlavaNextLayout):
             rows.append(_canvas_row(name, size, layout, theirs))
             continue
+        if isinstance(layout, LabelledTiles):
+            rows.append(_global_view_row(name, layout.plan(size, budget), tuple(theirs)))
+            continue
         if not isinstance(layout, NativeLayout):
             raise ConfigError(f"{projector.path}: no stage-1 check for the {layout.name} layout yet")
         plan = layout.plan(size, budget)
@@ -140,6 +145,21 @@ def _canvas_row(name: str, size: tuple[int, int], layout: LlavaNextLayout,
         return ParityRow(row.stage, name, row.measure, row.edgevlm, row.reference, ParityVerdict.KNOWN,
                          "a tie read the other way: transformers reads a pinpoint as (height, width), "
                          "LLaVA's own code as (width, height) (docs/parity.md)")
+    return row
+
+
+def _global_view_row(name: str, plan: ImagePlan, theirs: tuple[int, ...]) -> ParityRow:
+    """LLaVA-1.5: the one view it was trained on (the photo padded to a square, at the tower's
+    side), and the tiles edgevlm adds after it where the task's budget has room."""
+    tiles = plan.n_tiles if isinstance(plan, TilePlan) else 0
+    side = plan.tile_size if isinstance(plan, TilePlan) else 0
+    ours = f"{side}x{side}" + (f" + {tiles} tiles" if tiles else "")
+    same = (side, side) == theirs and not tiles
+    row = _row(name, "view (w x h) + tiles", ours, f"{theirs[0]}x{theirs[1]}", same)
+    if (side, side) == theirs and tiles:
+        return ParityRow(row.stage, name, row.measure, row.edgevlm, row.reference, ParityVerdict.KNOWN,
+                         "edgevlm's own labelled tiles follow the trained view; --detail caption or "
+                         "--tiles 0 shows that view alone")
     return row
 
 

@@ -21,7 +21,7 @@ Stages (the request's "stage"):
   [{"views": n, "tokens": visual tokens in all, "grid": [cols, rows]}, ...]}.
 - "checkpoint": a checkpoint's own image processor, read from its folder ({"dir": …}) with
   AutoImageProcessor, on a synthetic image of each [w, h]. Answer: {"kind": "size", "results":
-  [[w, h] or null, ...]} for Qwen-VL (null: refused) and Gemma 3 (its pixel_values' size),
+  [[w, h] or null, ...]} for Qwen-VL (null: refused), Gemma 3 and LLaVA-1.5 (their pixel_values' size),
   {"kind": "views", ...} for SmolVLM,
   {"kind": "canvas", "results": [{"canvas": [w, h], "tie": bool}, ...]} for LLaVA-NeXT.
 - "pixels": the pixels a processor hands the encoder, before rescaling and normalising (0..255),
@@ -34,15 +34,16 @@ Stages (the request's "stage"):
   image file of {"images"} (its own processor, its own forward, float32), the processor called
   with {"processor": {...}} where given (Gemma 4's "max_soft_tokens").
   Answer: {"results": [{"shape": [tokens, width], "rows": base64 of the float32 array}, ...]}.
-- "rows" of "llava-next": each view's rows (the processor's overview and tiles, before packing)
-  of each image file, at the checkpoint's feature layer; with {"class_token": "last"}, as
-  llama.cpp's llava graph lays its tower's input out (the class token after the patches, positions
-  in that order, the rows from the second on: llama.cpp #25814). Answer: {"results": [{"shape":
+- "rows" of "llava-next" (and "llava", LLaVA-1.5: its one padded view): each view's rows (the
+  processor's overview and tiles, before packing) of each image file, at the checkpoint's feature
+  layer; with {"class_token": "last"}, as llama.cpp's llava graph lays its tower's input out (the
+  class token after the patches, positions in that order, the rows from the second on: llama.cpp
+  #25814). Answer: {"results": [{"shape":
   [views, tokens, width], "rows": …}, ...]}.
-- "logits" of "qwen-vl", "llava-next", "gemma3" or "gemma4": the checkpoint in {"dir"} run on
-  {"input_ids": [...]} with the image files of {"images"} in their image-token runs (none: a
-  text prompt), processed with {"processor"} where given: the next-token logits
-  and {"steps"} greedy tokens. Answer: {"logits": base64 float32, "greedy": [ids]}.
+- "logits" of "qwen-vl", "llava", "llava-next", "gemma3", "gemma4", "smolvlm" or "lfm2": the
+  checkpoint in {"dir"} run on {"input_ids": [...]} with the image files of {"images"} in their
+  image-token runs (none: a text prompt), processed with {"processor"} where given: the
+  next-token logits and {"steps"} greedy tokens. Answer: {"logits": base64 float32, "greedy": [ids]}.
 - "prompt" of "qwen-vl": stage 2, the ids transformers' Qwen2.5-VL processor makes of each of
   {"conversations": [{"messages": [...], "images": [path, ...]}, ...]} with the chat template
   {"template"}, the tokenizer built from the GGUF {"gguf"}'s vocabulary and the image processor
@@ -317,7 +318,8 @@ def _llava_next_rows(request: dict[str, Any]) -> Answer:
     layers = model.config.vision_config.num_hidden_layers + 1 + model.config.vision_feature_layer
     results = []
     for path in request["images"]:
-        views = processor(images=[Image.open(path).convert("RGB")], return_tensors="pt")["pixel_values"][0]
+        values = processor(images=[Image.open(path).convert("RGB")], return_tensors="pt")["pixel_values"]
+        views = values[0] if values.dim() == 5 else values  # LLaVA-NeXT's views of an image; 1.5's one
         with torch.no_grad(), _peak_activation(tower) as peak:
             if request.get("class_token") == "last":
                 patches = tower.embeddings.patch_embedding(views).flatten(2).transpose(1, 2)
@@ -506,7 +508,8 @@ def _checkpoint(request: dict[str, Any]) -> Answer:
     for width, height in request["cases"]:
         if family == "smolvlm":
             results.append(processor.get_number_of_image_patches(height, width, {})[0] or 1)
-        elif family == "gemma3":  # the size its processor hands the tower
+        elif family in ("gemma3", "llava"):  # the size its processor hands the tower (LLaVA-1.5:
+            # the photo padded to its square; Gemma 3: stretched to it)
             pixels = processor(images=[Image.new("RGB", (width, height), (120, 80, 40))],
                                return_tensors="np")["pixel_values"]
             results.append([int(pixels.shape[-1]), int(pixels.shape[-2])])
@@ -552,9 +555,12 @@ STAGES: dict[tuple[str, str], Callable[[dict[str, Any]], Answer]] = {
     ("logits", "gemma4"): _logits,
     ("logits", "smolvlm"): _logits,
     ("rows", "llava-next"): _llava_next_rows,
+    ("rows", "llava"): _llava_next_rows,
+    ("logits", "llava"): _logits,
     ("checkpoint", "qwen-vl"): _checkpoint,
     ("checkpoint", "smolvlm"): _checkpoint,
     ("checkpoint", "llava-next"): _checkpoint,
+    ("checkpoint", "llava"): _checkpoint,
     ("checkpoint", "gemma3"): _checkpoint,
     ("checkpoint", "lfm2"): _checkpoint,
 }

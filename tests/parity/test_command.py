@@ -163,6 +163,27 @@ def test_stage_3_compares_the_rows_and_names_a_perturbed_checkpoint(reference: P
     assert rows and all(row["verdict"] == "known difference" and "#25814" in row["why"] for row in rows)
 
 
+
+def test_a_llava_15_checkpoint_is_shown_its_trained_view_first(reference: Path) -> None:
+    """LLaVA-1.5: its one trained view is the processor's (the photo padded to its square; edgevlm's
+    tiles after it are a known addition, which --detail caption leaves out), and its rows carry
+    LLaVA-1.6's upstream difference (the class token last, llama.cpp #25814)."""
+    from .test_forward import built_checkpoints
+
+    llava15 = built_checkpoints(reference) / "llava-1.5"
+    args = ["parity", "--model", str(llava15 / "text.gguf"), "--mmproj", str(llava15 / "mmproj.gguf"),
+            "--reference", str(llava15), "--json"]
+    for detail, verdicts in (("chat", {"same", "known difference"}), ("caption", {"same"})):
+        done = invoke_cli(*args, "--detail", detail)
+        assert done.returncode == 0, done.stderr
+        views = [row for row in _rows(done.stdout)["rows"] if row["stage"] == "1 preprocess"]
+        assert len(views) == 9 and {row["verdict"] for row in views} == verdicts
+        assert {row["reference"] for row in views} == {"112x112"}
+        rows = [row for row in _rows(done.stdout)["rows"] if row["stage"] == "3 image rows"]
+        assert len(rows) == 3 and all(row["verdict"] == "known difference" and "#25814" in row["why"]
+                                      for row in rows)
+
+
 def test_a_gemma3_checkpoint_is_shown_its_processors_square(reference: Path) -> None:
     """Gemma 3, converted by llama.cpp's own converter: every photo is shown at the processor's
     square (stage 1, nine shapes), and its rows through mtmd are the checkpoint's own (stage 3)."""
