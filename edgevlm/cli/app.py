@@ -529,8 +529,9 @@ def cache(clear: Annotated[bool, typer.Option("--clear", help="Delete every cach
 
     Image prefixes (the KV of [system, question opening, image]) let a photo seen before skip
     its prefill; projector rows let it skip CLIP; summaries replace answered images in chats;
-    projectors holds copies of mmproj files with a setting their converter left out (Gemma 4's
-    activation). Every entry can be rebuilt, so clearing costs only time. --no-cache (or
+    projectors holds copies of mmproj files as their model runs on the pinned llama.cpp (Gemma 4's
+    activation, which its converter leaves out; LLaVA's position rows, rolled for llama.cpp's
+    class-token-last tower). Every entry can be rebuilt, so clearing costs only time. --no-cache (or
     EDGEVLM_NO_CACHE=1) on describe, chat and serve neither reads nor writes them.
     """
     from edgevlm.paths import cache_dir

@@ -118,16 +118,18 @@ def _rows_stage(python: Path, text: TextModelFacts, projector: ProjectorFacts, f
         shifted: list[dict[str, Any] | None] = [None] * len(photos)
         if kind in ("llava", "llava-next"):  # llama.cpp's own order too, to name its known difference
             shifted = ask_reference(python, {**request, "class_token": "last"})["results"]
-    # every photo's views through one projector load, then each photo's share of them
+    # every photo's views through one projector load (as edgevlm loads it), then each photo's share
     # (LLaVA-1.5: the trained view alone, which edgevlm shows first; its own tiles have no reference)
     views = [shown[:1] if kind == "llava" else shown for shown in views]
     encoded = iter(projector_rows(text, projector, [view for shown in views for view in shown]))
+    rolled = family_for(projector).repair(projector).roll_positions
     rows = []
     for (name, _image), shown, own, other in zip(photos, views, theirs, shifted, strict=True):
         ours = [next(encoded) for _view in shown]
         # LLaVA: a row block a view (1.5 has one)
         mine = np.stack(ours) if kind in ("llava", "llava-next") else ours[0]
-        rows.append(rows_rows(name, mine, decode_rows(own), decode_rows(other) if other else None))
+        rows.append(rows_rows(name, mine, decode_rows(own), decode_rows(other) if other else None,
+                              rolled=rolled))
     return rows, f16_warnings([name for name, _ in photos], [result["peak"] for result in theirs])
 
 

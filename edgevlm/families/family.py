@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from edgevlm.models.gguf import ProjectorFacts, TextModelFacts
+from edgevlm.models.gguf import ProjectorFacts, ProjectorRepair, TextModelFacts
 from edgevlm.values.embedding import BlockCounter
 from edgevlm.vision.boxes import Grounding
 from edgevlm.vision.layout import ImageLayout
@@ -91,10 +91,10 @@ class Family(Protocol):
         """How the family is asked for boxes and writes them (None: it has no box format)."""
         ...
 
-    def unset_flags(self, projector: ProjectorFacts) -> tuple[str, ...]:
-        """The boolean GGUF keys this projector lacks and its model needs set (a converter's
-        omission that makes clip.cpp run something else than the model was trained with): edgevlm
-        loads a copy with them set. Empty for a file that says all it needs."""
+    def repair(self, projector: ProjectorFacts) -> ProjectorRepair:
+        """What this projector file needs changed for the pinned llama.cpp to run it as its model
+        was trained (a converter's omitted flag, a graph's misordered positions): edgevlm loads a
+        copy so changed. Empty (false) for a file that runs as it is."""
         ...
 
     def non_causal_rows(self, projector: ProjectorFacts, text: TextModelFacts) -> int:

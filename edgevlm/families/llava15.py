@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 from PIL import Image
 
 from edgevlm.families.family import BlockCounter
-from edgevlm.models.gguf import ProjectorFacts, TextModelFacts
+from edgevlm.models.gguf import ProjectorFacts, ProjectorRepair, TextModelFacts
+from edgevlm.values.embedding import ImageEmbedding
 from edgevlm.vision.layout import TIMED_FRAMES, BlockPen, Detail, ImagePlan, TaskBudget, ViewBudget
 from edgevlm.vision.tiling import (
     LLAVA_15_TILES,
@@ -42,6 +44,28 @@ WHOLE_IMAGE = "Whole image:\n"  # the label before the global view, when tiles f
 TILES_INTRO = "Close-up tiles of the same image follow, left to right, top to bottom."
 
 
+def class_token_repair(projector: ProjectorFacts) -> ProjectorRepair:
+    """The pinned llama.cpp's llava graph (tools/mtmd/models/llava.cpp) appends CLIP's class token
+    after the patches while clip.cpp numbers the positions and picks the output rows as if it came
+    first (llama.cpp #25814; the one-line fix, #25844, is not in the pinned release): each patch
+    gets the position embedding of the patch before it, and the rows handed on are patches 1..N-1
+    and the class token. A copy with the position rows rolled by one gives every token its own
+    position (the tower's attention is blind to order otherwise), so those rows become
+    transformers' own (least cosine 0.9999996 on the tiny converted LLaVA-1.5, against -0.09
+    before); `in_patch_order` then puts them back in place. When a pinned llama.cpp has the fix,
+    tests/parity/test_forward.py's class-token tests fail, and this goes."""
+    return ProjectorRepair(roll_positions=projector.class_token and not projector.positions_rolled)
+
+
+def in_patch_order(embedding: ImageEmbedding) -> ImageEmbedding:
+    """A rolled projector's rows (patches 1..N-1, then the class token) in transformers' patch
+    order: the class token's row dropped, and patch 0's, which the graph never returns, taken from
+    its right-hand neighbour (the top-left corner: on a letterboxed photo, padding beside padding;
+    one row of 576 on a real LLaVA)."""
+    rows = embedding.rows
+    return ImageEmbedding(np.concatenate([rows[:1], rows[:-1]]))
+
+
 def label_text(tile: Tile, grid: tuple[int, int], *, first: bool) -> str:
     """The text before one tile (the first also says what the tiles are)."""
     intro = f"\n{TILES_INTRO}" if first else ""
@@ -63,6 +87,9 @@ class LabelledTiles:
     numbers_images = True  # no marker tokens of its own: several images are told apart by "Image 2:"
     merges_frames = False
     cuts_tiles = True  # edgevlm's tiles: their count and pooling are settings
+
+    def __init__(self, *, rolled: bool = False) -> None:
+        self.rolled = rolled  # the projector is a rolled copy: its rows go back in patch order
 
     def label_texts(self) -> tuple[str, str]:
         """"Whole image:" and the widest tile label."""
@@ -87,10 +114,10 @@ class LabelledTiles:
         tiles = _tiles(plan)
         if tiles.tiles:
             pen.label(WHOLE_IMAGE)
-        pen.rows(pen.encode(views[0]))
+        pen.rows(encoded(pen, views[0], rolled=self.rolled))
         for index, tile in enumerate(tiles.tiles, start=1):
             pen.label(label_text(tile, tiles.grid, first=tile.row == 1 and tile.col == 1))
-            rows = pen.encode(views[index]).pooled(tiles.pool)
+            rows = encoded(pen, views[index], rolled=self.rolled).pooled(tiles.pool)
             pen.rows(rows, tile_tokens=rows.n_tokens)
 
     def block_tokens(self, plan: ImagePlan, budget: ViewBudget) -> int:
@@ -117,6 +144,12 @@ class LabelledTiles:
             n_ctx=budget.room, reserved_tokens=budget.whole_label_tokens, global_tokens=budget.view_tokens,
             tokens_per_tile=pooled_tokens(budget.view_tokens, pool) + budget.label_tokens,
             cap=MAX_AUTO_TILES if pool == 1 else MAX_POOLED_TILES)
+
+
+def encoded(pen: BlockPen, view: Image.Image, *, rolled: bool) -> ImageEmbedding:
+    """One view's rows from the pen's encoder, in patch order (see class_token_repair)."""
+    rows = pen.encode(view)
+    return in_patch_order(rows) if rolled else rows
 
 
 def _tiles(plan: ImagePlan) -> TilePlan:
@@ -162,7 +195,7 @@ class Llava15:
 
     def layout(self, projector: ProjectorFacts, measure: BlockCounter | None = None) -> LabelledTiles:
         """Labelled tiles."""
-        return LabelledTiles()
+        return LabelledTiles(rolled=projector.positions_rolled)
 
     def encoder_compute_bytes(self, projector: ProjectorFacts, *, flash_attn: bool) -> int:
         """CLIP's graph for one view."""
@@ -172,9 +205,10 @@ class Llava15:
         """LLaVA writes no boxes edgevlm can place."""
         return None
 
-    def unset_flags(self, projector: ProjectorFacts) -> tuple[str, ...]:
-        """None: LLaVA's projectors say their activation (the legacy scripts write it)."""
-        return ()
+    def repair(self, projector: ProjectorFacts) -> ProjectorRepair:
+        """The position rows rolled for llama.cpp's class-token-last graph (LLaVA's projectors
+        say their activation: the legacy scripts write it)."""
+        return class_token_repair(projector)
 
     def non_causal_rows(self, projector: ProjectorFacts, text: TextModelFacts) -> int:
         """None: LLaVA's image rows are decoded causally, like text."""

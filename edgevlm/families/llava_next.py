@@ -22,8 +22,14 @@ import numpy as np
 from PIL import Image
 
 from edgevlm.families.family import BlockCounter
-from edgevlm.families.llava15 import LLAVA_PROJECTORS, LLAVA_TASKS, clip_compute_bytes
-from edgevlm.models.gguf import ProjectorFacts, TextModelFacts, read_image_newline
+from edgevlm.families.llava15 import (
+    LLAVA_PROJECTORS,
+    LLAVA_TASKS,
+    class_token_repair,
+    clip_compute_bytes,
+    encoded,
+)
+from edgevlm.models.gguf import ProjectorFacts, ProjectorRepair, TextModelFacts, read_image_newline
 from edgevlm.values.embedding import ImageEmbedding
 from edgevlm.vision.images import resize_view
 from edgevlm.vision.layout import TIMED_FRAMES, BlockPen, ImagePlan, ViewBudget
@@ -204,8 +210,9 @@ class LlavaNextLayout:
     cuts_tiles = True  # edgevlm chooses the canvas and its tiles
 
     def __init__(self, pinpoints: tuple[tuple[int, int], ...],
-                 newline: np.ndarray | Callable[[], np.ndarray]) -> None:
+                 newline: np.ndarray | Callable[[], np.ndarray], *, rolled: bool = False) -> None:
         self.pinpoints = pinpoints  # (width, height) canvases, multiples of a view
+        self.rolled = rolled  # the projector is a rolled copy: its rows go back in patch order
         # The learned vector appended after each row of the map, read when first packed (a
         # plan needs none, and a preset being planned may not be downloaded yet).
         self._newline = newline if callable(newline) else (lambda: newline)
@@ -233,8 +240,9 @@ class LlavaNextLayout:
         """Every view encoded (the tiles pooled as planned), then the overview's rows and the
         unpadded map with its newlines decoded as one block."""
         grid = _next(plan)
-        overview = pen.encode(views[0]).rows
-        tiles = [pen.encode(view).pooled(grid.pool).rows for view in views[1:grid.n_tiles + 1]]
+        overview = encoded(pen, views[0], rolled=self.rolled).rows
+        tiles = [encoded(pen, view, rolled=self.rolled).pooled(grid.pool).rows
+                 for view in views[1:grid.n_tiles + 1]]
         packed = pack_next(overview, tiles, grid, self.newline)
         pen.rows(ImageEmbedding(packed), tile_tokens=len(packed) - len(overview))
 
@@ -284,7 +292,8 @@ class LlavaNext:
 
     def layout(self, projector: ProjectorFacts, measure: BlockCounter | None = None) -> LlavaNextLayout:
         """Its pinpoints, and the newline vector read from the file when first needed."""
-        return LlavaNextLayout(projector.grid_pinpoints, lambda: read_image_newline(projector.path))
+        return LlavaNextLayout(projector.grid_pinpoints, lambda: read_image_newline(projector.path),
+                               rolled=projector.positions_rolled)
 
     def encoder_compute_bytes(self, projector: ProjectorFacts, *, flash_attn: bool) -> int:
         """CLIP's graph for one view (the views are encoded one at a time)."""
@@ -294,9 +303,9 @@ class LlavaNext:
         """LLaVA writes no boxes edgevlm can place."""
         return None
 
-    def unset_flags(self, projector: ProjectorFacts) -> tuple[str, ...]:
-        """None: LLaVA's projectors say their activation (the legacy scripts write it)."""
-        return ()
+    def repair(self, projector: ProjectorFacts) -> ProjectorRepair:
+        """The position rows rolled for llama.cpp's class-token-last graph, as LLaVA-1.5's."""
+        return class_token_repair(projector)
 
     def non_causal_rows(self, projector: ProjectorFacts, text: TextModelFacts) -> int:
         """None: LLaVA's image rows are decoded causally, like text."""

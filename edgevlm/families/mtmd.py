@@ -22,7 +22,7 @@ import numpy as np
 from PIL import Image
 
 from edgevlm.families.family import BlockCounter
-from edgevlm.models.gguf import ACTIVATION_KEYS, ProjectorFacts, TextModelFacts
+from edgevlm.models.gguf import ACTIVATION_KEYS, ProjectorFacts, ProjectorRepair, TextModelFacts
 from edgevlm.vision.boxes import Grounding
 from edgevlm.vision.layout import (
     TIMED_FRAMES,
@@ -386,11 +386,12 @@ class MtmdFamily:
         """The family's box format for this projector, if it has one."""
         return self.grounding_rule(projector) if self.grounding_rule is not None else None
 
-    def unset_flags(self, projector: ProjectorFacts) -> tuple[str, ...]:
-        """clip.use_gelu (or use_silu) where the file names no activation and the model has one
-        other than clip.cpp's default."""
+    def repair(self, projector: ProjectorFacts) -> ProjectorRepair:
+        """clip.use_gelu (or use_silu) set where the file names no activation and the model has
+        one other than clip.cpp's default."""
         trained = self.trained_activation.get(projector.projector_type, "")
-        return (ACTIVATION_KEYS[trained],) if trained and not projector.activation else ()
+        unset = trained and not projector.activation
+        return ProjectorRepair(flags=(ACTIVATION_KEYS[trained],) if unset else ())
 
     def non_causal_rows(self, projector: ProjectorFacts, text: TextModelFacts) -> int:
         """The most rows of one image that attend to each other both ways beside this text model,

@@ -38,8 +38,12 @@ RECURRENT_ARCHS = frozenset({"mamba", "mamba2", "rwkv6", "rwkv7", "arwkv7", "rwk
 SWA_PATTERN_DEFAULT: dict[str, int | None] = {"gemma3": 6, "gemma4": None}
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.")
 # Bump when the facts' fields change, so stale cache entries are ignored.
-_CACHE_VERSION = 13
+_CACHE_VERSION = 14
 IMAGE_NEWLINE_TENSOR = "model.image_newline"
+CLASS_EMBEDDING_TENSOR = "v.class_embd"
+POSITION_TENSOR = "v.position_embd.weight"
+# Set in a projector copy whose position rows edgevlm rolled (ProjectorRepair.roll_positions).
+ROLLED_KEY = "edgevlm.vision.positions_rolled"
 _Facts = TypeVar("_Facts", "TextModelFacts", "ProjectorFacts")
 
 
@@ -150,6 +154,10 @@ class ProjectorFacts:
     # Blocks whose features also feed the text model's deepstack layers (Qwen3-VL): each image row
     # then holds the merger's and theirs, (1 + this) times the projection wide
     deepstack_layers: int = 0
+    # A CLIP tower with a class token (v.class_embd: LLaVA's), and whether this file is edgevlm's
+    # copy with its position rows rolled for llama.cpp's class-token-last graph (ROLLED_KEY)
+    class_token: bool = False
+    positions_rolled: bool = False
 
     @property
     def tokens_per_image(self) -> int:
@@ -345,17 +353,42 @@ def _read_projector(path: Path) -> ProjectorFacts:
         activation=next((name for name, key in ACTIVATION_KEYS.items() if fields.get(key)), ""),
         # clip.cpp loads a deepstack merger for each block that has one (v.deepstack.N.*)
         deepstack_layers=len({name.split(".")[2] for name in tensors if name.startswith("v.deepstack.")}),
+        class_token=CLASS_EMBEDDING_TENSOR in tensors,
+        positions_rolled=bool(fields.get(ROLLED_KEY, False)),
     )
 
 
-def with_flags(source: Path, keys: tuple[str, ...], dest: Path) -> None:
-    """A copy of a GGUF with each boolean key of `keys` added, set true: keys more in its header,
-    its tensor table and data as they were (the data section keeps its alignment, so the tensors'
-    offsets, which count from it, hold). The data is streamed from the file's map, never read
-    whole."""
+@dataclass(frozen=True)
+class ProjectorRepair:
+    """What a projector file needs changed to run as its model was trained, on the pinned
+    llama.cpp: boolean keys its converter left out (`flags`), and its position embedding's rows
+    rolled by one (`roll_positions`: llama.cpp's llava graph puts the class token last)."""
+
+    flags: tuple[str, ...] = ()
+    roll_positions: bool = False
+
+    def __bool__(self) -> bool:
+        return bool(self.flags) or self.roll_positions
+
+    def describe(self) -> str:
+        """Why the file needs a copy, for the log line."""
+        parts = [f"names no {' or '.join(self.flags)}, which its model needs (llama.cpp's converter "
+                 "leaves it out, and clip.cpp would run another activation)"] if self.flags else []
+        if self.roll_positions:
+            parts.append("would be run with each patch at its neighbour's position (llama.cpp #25814)")
+        return "; ".join(parts)
+
+
+def write_repaired(source: Path, repair: ProjectorRepair, dest: Path) -> None:
+    """A copy of a GGUF with `repair` made: each flag added as a key set true (and ROLLED_KEY where
+    the position rows are rolled), its tensor table as it was, its data as it was but for the
+    position tensor's rows, the first moved to the end. The keys go in the header and the data
+    section keeps its alignment, so the tensors' offsets, which count from it, hold. The data is
+    streamed from the file's map, never read whole."""
     import struct
 
     reader = _open(source, role="--mmproj")
+    keys = (*repair.flags, *((ROLLED_KEY,) if repair.roll_positions else ()))
     present = set(keys) & set(reader.fields)
     if present:
         raise ModelError(f"{source}: already has {', '.join(sorted(present))}")
@@ -370,8 +403,19 @@ def with_flags(source: Path, keys: tuple[str, ...], dest: Path) -> None:
     head = bytes(data[:16]) + struct.pack("<Q", n_kv + len(keys)) + bytes(data[24:keys_end]) + added
     table = bytes(data[keys_end:table_end])
     padding = b"\0" * (-(len(head) + len(table)) % int(reader.alignment))
-    write_atomically(dest, [head, table, padding, data[int(reader.data_offset):].data],  # a view of the map
-                     durable=False, mode=0o644)
+    start = int(reader.data_offset)
+    pieces: list[Any] = [data[start:].data]  # a view of the map
+    if repair.roll_positions:
+        tensor = next((t for t in reader.tensors if t.name == POSITION_TENSOR), None)
+        if tensor is None:
+            raise ModelError(f"{source}: has no {POSITION_TENSOR} to reorder")
+        # rows are whole in every ggml type (a quantised block never spans two), so moving row
+        # bytes moves rows; a GGUF shape lists the row's width first, then the rows
+        begin, size = int(tensor.data_offset), int(tensor.n_bytes)
+        row = size // int(tensor.shape[-1])
+        rows = bytes(data[begin:begin + size])
+        pieces = [data[start:begin].data, rows[row:] + rows[:row], data[begin + size:].data]
+    write_atomically(dest, [head, table, padding, *pieces], durable=False, mode=0o644)
 
 
 def _merge(fields: dict[str, Any]) -> int:

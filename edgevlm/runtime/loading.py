@@ -228,24 +228,26 @@ def inspect(flags: ModelFlags, *, catalog_if_missing: bool = False
 
 
 def as_trained(projector: ProjectorFacts) -> ProjectorFacts:
-    """The projector as its model was trained to run: where the file lacks a flag its family says
-    the converter left out (Gemma 4's activation), a copy with it set, made once in the cache
+    """The projector as its model was trained to run on the pinned llama.cpp: where its family
+    says the file needs a repair (Gemma 4's activation, which the converter leaves out; LLaVA's
+    position rows, which llama.cpp's graph misorders), a copy so repaired, made once in the cache
     (keyed by the file's path, size and time) and loaded in its place; otherwise the file itself."""
-    flags = family_for(projector).unset_flags(projector)
-    if not flags:
+    repair = family_for(projector).repair(projector)
+    if not repair:
         return projector
-    from edgevlm.models.gguf import with_flags
+    from edgevlm.models.gguf import write_repaired
     from edgevlm.paths import cache_dir
 
     source = projector.path.resolve()
-    key = hashlib.sha256(f"{source.parent}|{file_identity(source)}|{flags}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{source.parent}|{file_identity(source)}|{repair}".encode()).hexdigest()[:16]
     copy = cache_dir() / PROJECTOR_COPIES / f"{source.stem}.{key}.gguf"  # `edgevlm cache` shows it
     if not copy.exists():
-        log.warning("%s names no %s, which its model needs (llama.cpp's converter leaves it out, and "
-                    "clip.cpp would run another activation): loading a copy with it set, %s",
-                    source.name, " or ".join(flags), copy)
+        # a warning for what the user's file lacks; the position rows are edgevlm's own routine
+        # correction of the pinned llama.cpp, on every LLaVA, nothing to act on
+        log.log(logging.WARNING if repair.flags else logging.INFO, "%s %s: loading a copy that runs as "
+                "trained, %s", source.name, repair.describe(), copy)
         try:
-            with_flags(source, flags, copy)
+            write_repaired(source, repair, copy)
         except OSError as exc:  # a full disk or a read-only cache: the file as it is still runs
             log.warning("could not write %s (%s): loading %s as it is", copy, exc.strerror or exc,
                         source.name)
@@ -324,18 +326,26 @@ def mtmd_blocks(text: TextModelFacts, projector: ProjectorFacts) -> Iterator[Blo
 def projector_rows(text: TextModelFacts, projector: ProjectorFacts,
                    images: Sequence[Image.Image]) -> list[np.ndarray]:
     """What the projector gives each image, as mtmd lays it out (its marker tokens left out): the
-    rows the language model is shown, on the text model's vocabulary alone (edgevlm parity)."""
+    rows the language model is shown, on the text model's vocabulary alone (edgevlm parity); from
+    the projector as edgevlm loads it (as_trained), LLaVA's rows in patch order as its layouts
+    put them."""
+    from edgevlm.families.llava15 import in_patch_order
     from edgevlm.llama.meter import RequestMeter
     from edgevlm.llama.vision import vocab_projector
+    from edgevlm.values.embedding import ImageEmbedding
 
+    projector = as_trained(projector)
     rows = []
     # Qwen3-VL's rows carry its deepstack layers' features beside the merger's
     width = projector.projection_dim * (1 + projector.deepstack_layers)
     with vocab_projector(str(text.path), str(projector.path), row_width=width) as vision:
         for image in images:
             block = vision.encode_block(image, RequestMeter())
-            rows.append(np.concatenate([np.asarray(piece.rows, np.float32) for piece in block.pieces
-                                        if not isinstance(piece, tuple)]))
+            image_rows = np.concatenate([np.asarray(piece.rows, np.float32) for piece in block.pieces
+                                         if not isinstance(piece, tuple)])
+            if projector.positions_rolled:
+                image_rows = in_patch_order(ImageEmbedding(image_rows)).rows
+            rows.append(image_rows)
     return rows
 
 

@@ -276,8 +276,8 @@ def decode_entry(data: np.ndarray) -> PrefixEntry:
 # `edgevlm worker`'s is llama.cpp's own: ggml-rpc names each tensor file by its 64-bit hash in hex.
 RPC_CACHE = "rpc"
 RPC_ENTRIES = "[0-9a-f]" * 16
-# Projector files loaded as copies with a flag their converter left out (runtime/loading.py's
-# as_trained), named by the file's stem and a 16-digit key.
+# Projector files loaded as repaired copies (a flag their converter left out, LLaVA's rolled
+# position rows: runtime/loading.py's as_trained), named by the file's stem and a 16-digit key.
 PROJECTOR_COPIES = "projectors"
 PROJECTOR_ENTRIES = "*." + "[0-9a-f]" * 16 + ".gguf"
 CACHE_KINDS = {"prefixes": ENTRIES, "embeddings": EMBEDDING_ENTRIES, "summaries": SUMMARY_ENTRIES,

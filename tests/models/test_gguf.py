@@ -115,8 +115,8 @@ def test_a_converter_made_gemma4_projector_is_read_and_loaded_with_its_activatio
     converted = writers.write_gemma4_projector(tmp_path / "mmproj-gemma4.gguf", as_converted=True)
     facts = read_projector(converted)
     assert (facts.projector_type, facts.activation) == ("gemma4v", "")
-    assert GEMMA4.unset_flags(facts) == ("clip.use_gelu",)
-    assert GEMMA4.unset_flags(read_projector(test_models["gemma4_mmproj"])) == ()  # it names gelu
+    assert GEMMA4.repair(facts).flags == ("clip.use_gelu",)
+    assert not GEMMA4.repair(read_projector(test_models["gemma4_mmproj"]))  # it names gelu
     with caplog.at_level("WARNING", logger="edgevlm"):
         flags = ModelFlags(model=str(test_models["gemma4_text"]), mmproj=str(converted))
         choice, _, projector = inspect(flags)
@@ -147,3 +147,54 @@ def test_a_projector_copy_that_cannot_be_written_leaves_the_file_as_it_is(
     with caplog.at_level("WARNING", logger="edgevlm"):
         assert as_trained(converted) == converted
     assert "could not write" in caplog.text and "as it is" in caplog.text
+
+
+def test_a_llava_projector_is_loaded_with_its_position_rows_rolled(
+        test_models: dict[str, Path], caplog: pytest.LogCaptureFixture, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """LLaVA's CLIP towers on the pinned llama.cpp (its graph puts the class token last, llama.cpp
+    #25814): the file is loaded as a copy whose position rows are rolled by one, first to last,
+    every other tensor and key as it was, marked so that its layout puts the rows back in patch
+    order and so that it is never rolled twice; made once, and said at info level (no warning:
+    the user's file lacks nothing)."""
+    import numpy as np
+    from gguf import GGUFReader
+
+    from edgevlm.families import family_for, layout_for
+    from edgevlm.models.gguf import POSITION_TENSOR
+    from edgevlm.runtime.loading import as_trained
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # a cache of its own: the copy made here
+    source = read_projector(test_models["mmproj_112"])
+    assert source.class_token and not source.positions_rolled
+    assert family_for(source).repair(source).roll_positions
+    with caplog.at_level("INFO", logger="edgevlm"):
+        copy = as_trained(source)
+    assert "#25814" in caplog.text and "WARNING" not in caplog.text
+    assert copy.path != source.path and copy.positions_rolled and not family_for(copy).repair(copy)
+    assert dataclasses.replace(copy, path=source.path, positions_rolled=False,
+                               file_bytes=source.file_bytes) == source
+    assert getattr(layout_for(copy), "rolled", None) is True and not getattr(layout_for(source), "rolled")
+    theirs, ours = GGUFReader(source.path), GGUFReader(copy.path)
+    assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
+    for before, after in zip(theirs.tensors, ours.tensors, strict=True):
+        expected = np.roll(before.data, -1, axis=0) if before.name == POSITION_TENSOR else before.data
+        assert np.array_equal(after.data, expected), before.name
+    caplog.clear()
+    with caplog.at_level("INFO", logger="edgevlm"):
+        assert as_trained(source).path == copy.path  # made once
+    assert caplog.text == ""
+
+
+def test_a_rolled_projectors_rows_go_back_in_patch_order() -> None:
+    """The rolled tower hands on patches 1..N-1, then the class token: the class token's row goes,
+    and patch 0's, which llama.cpp's graph never returns, is its right-hand neighbour's."""
+    import numpy as np
+
+    from edgevlm.families.llava15 import in_patch_order
+    from edgevlm.values.embedding import ImageEmbedding
+
+    rows = np.arange(5 * 3, dtype=np.float32).reshape(5, 3)  # patches 1-4, then the class token
+    restored = in_patch_order(ImageEmbedding(rows)).rows
+    assert restored.shape == rows.shape
+    assert np.array_equal(restored, rows[[0, 0, 1, 2, 3]])

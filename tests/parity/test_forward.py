@@ -256,8 +256,9 @@ def test_llava_16_rows_are_llama_cpps_class_token_last_not_transformers(
     the patches while its inputs still assume it first (llama.cpp #25814; the one-line fix, #25844,
     is open), so each patch gets its neighbour's position embedding, patch 0's row is dropped and
     the class token's is shown as the last patch. mtmd's rows are transformers' tower run in that
-    order, to float error, and far from transformers' own. When llama.cpp is fixed this test fails
-    and is flipped."""
+    order, to float error, and far from transformers' own (the file as it is: edgevlm's correction,
+    a copy with the position rows rolled, is the LLaVA-1.5 test below). When llama.cpp is fixed
+    this test fails, and the correction (families/llava15.py: class_token_repair) goes."""
     from edgevlm.families import layout_for, read_projector
     from edgevlm.vision.layout import ViewBudget
 
@@ -336,8 +337,9 @@ def _llava15_views(paths: list[Path]) -> list[Image.Image]:
 
 def test_llava_15_rows_are_llama_cpps_class_token_last_not_transformers(
         reference: Path, llava15: tuple[Path, Any], tmp_path: Path) -> None:
-    """The same known difference as LLaVA-1.6's (llama.cpp #25814), on LLaVA-1.5's one view: mtmd's
-    rows are transformers' tower run with the class token last, to float error, and far from its own."""
+    """The same known difference as LLaVA-1.6's (llama.cpp #25814), on LLaVA-1.5's one view, the file
+    as it is: mtmd's rows are transformers' tower run with the class token last, to float error,
+    and far from its own."""
     folder, engine = llava15
     paths = [_photo(tmp_path / f"{w}x{h}.png", (w, h), seed) for seed, (w, h) in enumerate(SMALL_SIZES)]
     request = {"stage": "rows", "family": "llava", "dir": str(folder), "images": [str(p) for p in paths]}
@@ -352,6 +354,35 @@ def test_llava_15_rows_are_llama_cpps_class_token_last_not_transformers(
         spread = float(views.std())
         assert np.abs(ours - emulated).max() <= 0.01 * spread, size  # llama.cpp's order: float error
         assert np.abs(ours - views).max() >= 0.5 * spread, size  # transformers' order: another image
+
+
+def test_llava_15_rows_as_edgevlm_loads_it_are_transformers_but_patch_0(
+        reference: Path, llava15: tuple[Path, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """edgevlm's correction of llama.cpp #25814: the projector loaded as a copy with its position rows
+    rolled (runtime.loading.as_trained), its rows put back in patch order by the layout
+    (families/llava15.py: in_patch_order). Every row but patch 0's is then transformers' own
+    (within the rows' bounds, where the file as it is gives none), and patch 0's is its neighbour's."""
+    from edgevlm.families.llava15 import in_patch_order
+    from edgevlm.llama.engine import Engine
+    from edgevlm.llama.types import EngineConfig
+    from edgevlm.runtime.loading import as_trained
+
+    folder, _engine = llava15
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    copy = as_trained(read_projector(folder / "mmproj.gguf"))
+    assert copy.positions_rolled
+    sizes = [*SMALL_SIZES, (224, 224)]
+    paths = [_photo(tmp_path / f"{w}x{h}.png", (w, h), seed) for seed, (w, h) in enumerate(sizes)]
+    theirs = ask_reference(reference, {"stage": "rows", "family": "llava", "dir": str(folder),
+                                       "images": [str(p) for p in paths]})["results"]
+    config = EngineConfig(folder / "text.gguf", copy.path, n_ctx=2048, n_gpu_layers=0, **F32_CACHE)
+    with Engine(config) as engine:
+        sequence = engine.sequence()
+        for view, size, own in zip(_llava15_views(paths), sizes, theirs, strict=True):
+            ours = in_patch_order(sequence.encode_image(view)).rows
+            rows = _floats(own["rows"], own["shape"])[0]
+            _assert_same_rows(ours[1:], rows[1:], size)
+            assert np.array_equal(ours[0], ours[1])
 
 
 # LLaVA-1.5 from transformers' rows: measured 2.6e-6 and 3.8e-6 of the logits' spread (one image, two)
@@ -607,7 +638,7 @@ def test_gemma4_rows_are_transformers_once_the_converters_missing_activation_is_
 
     converted = read_projector(gemma4 / "mmproj.gguf")
     assert (converted.projector_type, converted.activation) == ("gemma4v", "")
-    assert GEMMA4.unset_flags(converted) == ("clip.use_gelu",)
+    assert GEMMA4.repair(converted).flags == ("clip.use_gelu",)
     cases = [(budget, _photo(tmp_path / f"{w}x{h}.png", (w, h), seed))
              for budget, sizes in GEMMA4_SIZES.items() for seed, (w, h) in enumerate(sizes)]
     theirs = []
