@@ -22,6 +22,15 @@ from typer._click.globals import get_current_context
 
 from edgevlm import __version__
 from edgevlm.cli import options as opt
+from edgevlm.cli.groups import (
+    AUTO_VIEW,
+    DEFAULT_PAIR,
+    LOCAL,
+    DeviceOptions,
+    ModelOptions,
+    ViewOptions,
+    grouped,
+)
 from edgevlm.cli.render import DescribeView, err
 from edgevlm.cli.repl_help import HELP
 from edgevlm.errors import ConfigError, EdgeVLMError, Interrupted, ModelError, one_line
@@ -32,7 +41,7 @@ if TYPE_CHECKING:  # the heavy modules load inside the commands: `--help` stays 
     from edgevlm.describe.folders import BatchSummary, Found
     from edgevlm.describe.runs import PlannedRun
     from edgevlm.models.gguf import ProjectorFacts
-    from edgevlm.runtime.loading import Loaded, ModelFlags, Placement
+    from edgevlm.runtime.loading import Loaded, ModelFlags
     from edgevlm.values.sampling import Sampling
     from edgevlm.vision.boxes import Grounding
     from edgevlm.vision.layout import Detail as ImageDetail
@@ -144,22 +153,20 @@ def _root(version: Annotated[bool, typer.Option(
 
 
 @app.command(help=DESCRIBE_HELP, short_help="Describe photos or folders: text, JSON, tags, captions, XMP.")
+@grouped
 def describe(
     ctx: typer.Context, photos: opt.Photos, prompt: opt.Prompt = None, ask: opt.Ask = None,
-    prompts: opt.Prompts = None, max_tokens: opt.MaxTokens = DEFAULT_MAX_TOKENS, tiles: opt.Tiles = "auto",
-    pool: opt.Pool = "auto", detail: opt.Detail = "chat", model: opt.Model = DEFAULT_MODEL,
-    mmproj: opt.Mmproj = None, n_gpu_layers: opt.NGpuLayers = None, swa_full: opt.SwaFull = None,
-    n_ctx: opt.NCtx = None, seed: opt.Seed = None, temperature: opt.Temperature = 0.0,
+    prompts: opt.Prompts = None, max_tokens: opt.MaxTokens = DEFAULT_MAX_TOKENS,
+    shown: ViewOptions = AUTO_VIEW, using: ModelOptions = DEFAULT_PAIR, seed: opt.Seed = None,
+    temperature: opt.Temperature = 0.0,
     json_out: opt.JsonOut = False, fmt: opt.Format = None, schema: opt.Schema = None, tags: opt.Tags = False,
     max_tags: opt.MaxTags = 8, language: opt.Language = "English", together: opt.Together = False,
     pages: opt.Pages = None, fps: opt.Fps = None, frame_tokens: opt.FrameTokens = None,
     quiet: opt.Quiet = False, recursive: opt.Recursive = False, glob: opt.Glob = None,
     write_captions: opt.WriteCaptions = False, out_dir: opt.OutDir = None, jsonl: opt.Jsonl = None,
     write_xmp: opt.WriteXmp = False, embed: opt.Embed = False, xmp_name: opt.XmpName = "IMG.jpg.xmp",
-    overwrite: opt.Overwrite = False, fetch_missing: opt.Fetch = False, threads: opt.Threads = None,
-    no_cache: opt.NoCache = False, parallel: opt.Parallel = "auto", verbose: opt.Verbose = False,
-    rpc: opt.Rpc = None, tensor_split: opt.TensorSplit = None, debug: opt.Debug = False,
-    split_mode: opt.SplitMode = "layer", main_gpu: opt.MainGpu = 0, mmproj_device: opt.MmprojDevice = None,
+    overwrite: opt.Overwrite = False, no_cache: opt.NoCache = False, parallel: opt.Parallel = "auto",
+    verbose: opt.Verbose = False, devices: DeviceOptions = LOCAL, debug: opt.Debug = False,
     find: opt.Find = None, draw: opt.Draw = None, merge: opt.Merge = None,
 ) -> None:
     """Describe photos and folders (see DESCRIBE_HELP)."""
@@ -168,42 +175,40 @@ def describe(
 
     with _handled(debug, verbose=verbose):
         asked = runs.read_questions(ask or [], prompts)
-        finding = _finding(find, draw, model, mmproj, photos, asking=bool(prompt or asked))
-        settings = _describe_settings(ctx, tiles, pool, detail, max_tokens, temperature, seed, frame_tokens,
-                                      merge, finding=finding is not None)
+        finding = _finding(find, draw, using.model, using.mmproj, photos, asking=bool(prompt or asked))
+        settings = _describe_settings(ctx, shown, max_tokens, temperature, seed, frame_tokens, merge,
+                                      finding=finding is not None)
         n_seq = _parallel_option(ctx, parallel)
         questions, output, budget = runs.questions_for(runs.AskRequest(
             prompt, asked, fmt, schema, tags, max_tags, language, max_tokens,
             max_tokens_given=not _is_default(ctx, "max_tokens"), finding=finding))
         outputs = runs.Outputs(write_captions, jsonl, out_dir, write_xmp, embed, overwrite=overwrite,
                                xmp_name=None if _is_default(ctx, "xmp_name") else xmp_name)
-        caption = CaptionSettings(model, mmproj, questions.prompt, output, settings.max_tiles, settings.pool,
-                                  budget, settings.detail)
+        caption = CaptionSettings(using.model, using.mmproj, questions.prompt, output, settings.max_tiles,
+                                  settings.pool, budget, settings.detail)
         found = find_images(photos, recursive=recursive, pattern=glob)
-        run = runs.plan_run(found, caption, _video_frames(model, mmproj, found),
+        run = runs.plan_run(found, caption, _video_frames(using.model, using.mmproj, found),
                             runs.Reading(pages, fps, frame_tokens, together), outputs, questions,
-                            writer=f"edgevlm {__version__} · {Path(model).name}", cache=not no_cache,
+                            writer=f"edgevlm {__version__} · {Path(using.model).name}", cache=not no_cache,
                             find=finding is not None)
         view = DescribeView.of_run(run, len(found.missing), json_out=json_out, quiet=quiet, draw=draw,
                                    text_to_stdout=not outputs.written)
         summary = BatchSummary(skipped=len(run.targets))  # until something needs doing
         if run.needs_model:
-            flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, budget, fetch_missing,
-                                 parallel=run.sequences(n_seq), swa_full=swa_full,
-                                 placement=_placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device))
+            flags = using.flags(devices, answer_tokens=budget, parallel=run.sequences(n_seq))
             summary = _describe_loaded(flags, settings, run, view, quiet=quiet or json_out)
         if view.summary(summary, found.missing, folder=outputs.to_files or any(map(Path.is_dir, photos))):
             raise typer.Exit(2)
 
 
-def _describe_settings(ctx: typer.Context, tiles: str, pool: str, detail: str, max_tokens: int,
-                       temperature: float, seed: int | None, frame_tokens: int | None, merge: str | None, *,
+def _describe_settings(ctx: typer.Context, shown: ViewOptions, max_tokens: int, temperature: float,
+                       seed: int | None, frame_tokens: int | None, merge: str | None, *,
                        finding: bool) -> ChatSettings:
     """What describe's flags come to for its conversation (checked before anything loads; --find
     shows images at grounding's detail unless --detail is given)."""
     from edgevlm.chat.settings import ChatSettings, Merge
 
-    max_tiles, pooling, task = _view_options(ctx, tiles, pool, detail, finding=finding)
+    max_tiles, pooling, task = _view_options(ctx, shown, finding=finding)
     return ChatSettings(max_tokens, _sampling(temperature, seed), max_tiles, pooling, detail=task,
                         frame_tokens=frame_tokens, merge=Merge.parse(merge))
 
@@ -221,18 +226,13 @@ def _describe_loaded(flags: ModelFlags, settings: ChatSettings, run: PlannedRun,
 
 
 @app.command(help=CHAT_HELP, short_help="Chat about images in the terminal.")
+@grouped
 def chat(
-    ctx: typer.Context, model: opt.Model = DEFAULT_MODEL, mmproj: opt.Mmproj = None,
-    n_ctx: opt.NCtx = None, n_gpu_layers: opt.NGpuLayers = None,
-    max_tokens: opt.MaxTokens = DEFAULT_MAX_TOKENS, swa_full: opt.SwaFull = None,
+    ctx: typer.Context, using: ModelOptions = DEFAULT_PAIR, max_tokens: opt.MaxTokens = DEFAULT_MAX_TOKENS,
     temperature: opt.Temperature = 0.0, seed: opt.Seed = None, summary: opt.Summary = "caption",
-    keep_images: opt.KeepImages = 0, tiles: opt.Tiles = "auto", pool: opt.Pool = "auto",
-    detail: opt.Detail = "chat", frame_tokens: opt.FrameTokens = None, system: opt.System = None,
-    session: opt.Session = None,
-    resume: opt.Resume = None,
-    stats_json: opt.StatsJson = None, fetch_missing: opt.Fetch = False, threads: opt.Threads = None,
-    no_cache: opt.NoCache = False, rpc: opt.Rpc = None, tensor_split: opt.TensorSplit = None,
-    split_mode: opt.SplitMode = "layer", main_gpu: opt.MainGpu = 0, mmproj_device: opt.MmprojDevice = None,
+    keep_images: opt.KeepImages = 0, shown: ViewOptions = AUTO_VIEW, frame_tokens: opt.FrameTokens = None,
+    system: opt.System = None, session: opt.Session = None, resume: opt.Resume = None,
+    stats_json: opt.StatsJson = None, no_cache: opt.NoCache = False, devices: DeviceOptions = LOCAL,
     verbose: opt.Verbose = False, debug: opt.Debug = False, merge: opt.Merge = None,
     keep_thumbnails: opt.KeepThumbnails = 0, look_matches: opt.LookMatches = 0,
 ) -> None:
@@ -247,7 +247,7 @@ def chat(
     with _handled(debug):
         if summary not in ("caption", "answer"):
             raise ConfigError(f"--summary must be caption or answer, not '{summary}'")
-        max_tiles, pool_factor, task = _view_options(ctx, tiles, pool, detail)
+        max_tiles, pool_factor, task = _view_options(ctx, shown)
         settings = ChatSettings(
             max_tokens=max_tokens, sampling=_sampling(temperature, seed), max_tiles=max_tiles,
             summary=SummaryMode(summary), keep_images=keep_images, system=system, pool=pool_factor,
@@ -260,29 +260,23 @@ def chat(
         if session is not None:
             check_session_target(session, resumed=resume)
         if saved and saved.model and _is_default(ctx, "model"):  # resume with the recorded model
-            model, mmproj = saved.model, mmproj or (Path(saved.mmproj) if saved.mmproj else None)
-        flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, max_tokens, fetch_missing,
-                             placement=_placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device),
-                             swa_full=swa_full)
+            using = replace(using, model=saved.model,
+                            mmproj=using.mmproj or (Path(saved.mmproj) if saved.mmproj else None))
+        flags = using.flags(devices, answer_tokens=max_tokens)
         with _loaded(flags, quiet=False, tiles=(max_tiles, pool_factor)) as loaded:
             conversation = conversation_for(loaded, settings, cache=not no_cache)
             run_chat(conversation, loaded, saved=saved, session=session or resume, stats_json=stats_json)
 
 
 @app.command(help=SERVE_HELP, short_help="Serve the OpenAI and Ollama APIs and a chat page.")
+@grouped
 def serve(
-    ctx: typer.Context, model: opt.Model = DEFAULT_MODEL, mmproj: opt.Mmproj = None,
+    ctx: typer.Context, using: ModelOptions = DEFAULT_PAIR,
     host: opt.Host = "127.0.0.1", port: opt.Port = 8080, api_key: opt.ApiKey = None,
     media_dir: opt.MediaDir = None, max_queue: opt.MaxQueue = 16, max_body_mb: opt.MaxBodyMb = 50,
-    n_ctx: opt.NCtx = None, n_gpu_layers: opt.NGpuLayers = None,
-    max_tokens: opt.MaxTokens = DEFAULT_MAX_TOKENS, swa_full: opt.SwaFull = None,
-    temperature: opt.Temperature = 0.0, tiles: opt.Tiles = "auto", pool: opt.Pool = "auto",
-    detail: opt.Detail = "chat", summary: opt.Summary = "caption", no_cache: opt.NoCache = False,
-    fetch_missing: opt.Fetch = False,
-    parallel: opt.Parallel = "auto", threads: opt.Threads = None,
-    rpc: opt.Rpc = None, tensor_split: opt.TensorSplit = None,
-    split_mode: opt.SplitMode = "layer", main_gpu: opt.MainGpu = 0, mmproj_device: opt.MmprojDevice = None,
-    verbose: opt.Verbose = False,
+    max_tokens: opt.MaxTokens = DEFAULT_MAX_TOKENS, temperature: opt.Temperature = 0.0,
+    shown: ViewOptions = AUTO_VIEW, summary: opt.Summary = "caption", no_cache: opt.NoCache = False,
+    parallel: opt.Parallel = "auto", devices: DeviceOptions = LOCAL, verbose: opt.Verbose = False,
     debug: opt.Debug = False, merge: opt.Merge = None, keep_thumbnails: opt.KeepThumbnails = 0,
     look_matches: opt.LookMatches = 0,
 ) -> None:
@@ -298,20 +292,16 @@ def serve(
     with _handled(debug):
         if summary not in ("caption", "answer"):
             raise ConfigError(f"--summary must be caption or answer, not '{summary}'")
-        chat = ChatSettings(max_tokens=max_tokens, max_tiles=_tiles_option(ctx, tiles),
-                            pool=_pool_option(ctx, pool),
+        max_tiles, pool_factor, task = _view_options(ctx, shown)
+        chat = ChatSettings(max_tokens=max_tokens, max_tiles=max_tiles, pool=pool_factor,
                             sampling=Sampling(temperature=temperature), summary=SummaryMode(summary),
-                            detail=_parsed(ctx, "detail", detail, opt.parse_detail),
-                            merge=Merge.parse(merge), keep_thumbnails=keep_thumbnails,
+                            detail=task, merge=Merge.parse(merge), keep_thumbnails=keep_thumbnails,
                             look_matches=look_matches)
         settings = ServeSettings(chat=chat, host=host, port=port, api_key=api_key, media_dir=media_dir,
                                  max_queue=max_queue, max_body_mb=max_body_mb, cache=not no_cache)
         n_seq = _parallel_option(ctx, parallel)
         check(settings)  # unsafe or impossible settings fail before the model loads
-        flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, max_tokens, fetch_missing,
-                             parallel=n_seq,
-                             placement=_placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device),
-                             swa_full=swa_full)
+        flags = using.flags(devices, answer_tokens=max_tokens, parallel=n_seq)
         with _loaded(for_serving(flags), quiet=False) as loaded:
             run_server(loaded, settings, on_ready=lambda url: err.print(
                 f"edgevlm serving [bold]{escape(loaded.choice.model_path.name)}[/] at {url} "
@@ -320,12 +310,12 @@ def serve(
 
 
 @app.command(help=PLAN_HELP, short_help="Fit the model to this machine's memory (layers, n_ctx, KV).")
+@grouped
 def plan(
     ctx: typer.Context, preset: opt.PlanModel = None, model: opt.Model = DEFAULT_MODEL,
     mmproj: opt.Mmproj = None, vram: opt.Vram = None, n_ctx: opt.NCtx = None, kv_type: opt.KvType = None,
     flash_attn: opt.FlashAttn = True, swa_full: opt.SwaFull = None, max_tokens: opt.AnswerRoom = 512,
-    parallel: opt.PlanParallel = "1", rpc: opt.Rpc = None, tensor_split: opt.TensorSplit = None,
-    split_mode: opt.SplitMode = "layer", main_gpu: opt.MainGpu = 0, mmproj_device: opt.MmprojDevice = None,
+    parallel: opt.PlanParallel = "1", devices: DeviceOptions = LOCAL,
     verify: opt.Verify = False, json_out: opt.PlanJson = False, images: opt.PlanImages = 1,
     verbose: opt.Verbose = False, debug: opt.Debug = False,
 ) -> None:
@@ -343,8 +333,7 @@ def plan(
         flags = ModelFlags(preset or model, str(mmproj) if mmproj else None, n_ctx=n_ctx,
                            answer_tokens=max_tokens, vram=cards, kv_type=kv_type, flash_attn=flash_attn,
                            swa_full=swa_full, parallel=_parallel_option(ctx, parallel),
-                           placement=_placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device),
-                           images_per_turn=images)
+                           placement=devices.placement(), images_per_turn=images)
         choice, text, projector = inspect(flags, catalog_if_missing=not verify)
         costs = describe_costs(choice, text, projector)
         the_plan = make_plan(flags, text, projector, costs=costs, media=True)
@@ -361,14 +350,11 @@ def plan(
 
 
 @app.command(help=BENCH_HELP, short_help="Measure load, TTFT and decode against llama.cpp's own CLI.")
+@grouped
 def bench(
-    model: opt.Model = DEFAULT_MODEL, mmproj: opt.Mmproj = None, image: opt.BenchImage = None,
+    using: ModelOptions = DEFAULT_PAIR, image: opt.BenchImage = None,
     turns: opt.Turns = 4, max_tokens: opt.BenchTokens = 32, repeat: opt.Repeat = 1, peer: opt.Peer = None,
-    no_peer: opt.NoPeer = False, n_ctx: opt.NCtx = None, n_gpu_layers: opt.NGpuLayers = None,
-    swa_full: opt.SwaFull = None,
-    threads: opt.Threads = None, json_out: opt.BenchJson = False, fetch_missing: opt.Fetch = False,
-    rpc: opt.Rpc = None, tensor_split: opt.TensorSplit = None,
-    split_mode: opt.SplitMode = "layer", main_gpu: opt.MainGpu = 0, mmproj_device: opt.MmprojDevice = None,
+    no_peer: opt.NoPeer = False, json_out: opt.BenchJson = False, devices: DeviceOptions = LOCAL,
     verbose: opt.Verbose = False, debug: opt.Debug = False,
 ) -> None:
     """Measure this machine (see BENCH_HELP)."""
@@ -385,9 +371,7 @@ def bench(
         peer = None if no_peer else peer or (DEFAULT_PEER if DEFAULT_PEER.exists() else None)
         if peer is not None and not peer.is_file():
             raise ConfigError(f"--peer {peer}: no such file (build it with `make peers`)")
-        flags = _model_flags(model, mmproj, n_ctx, n_gpu_layers, threads, max_tokens, fetch_missing,
-                             placement=_placement(rpc, tensor_split, split_mode, main_gpu, mmproj_device),
-                             swa_full=swa_full)
+        flags = using.flags(devices, answer_tokens=max_tokens)
         with _loaded(flags, quiet=json_out) as loaded, err.status("measuring", spinner="dots") as status:
             report = run_bench(loaded, photo, turns=turns, max_tokens=max_tokens, repeats=repeat,
                                peer=peer, on_step=lambda label: status.update(f"measuring: {label}"))
@@ -552,36 +536,6 @@ def cache(clear: Annotated[bool, typer.Option("--clear", help="Delete every cach
 # -- plumbing -----------------------------------------------------------------------------
 
 
-def _model_flags(model: str, mmproj: Path | None, n_ctx: int | None, n_gpu_layers: int | None,
-                 threads: int | None, max_tokens: int, fetch: bool, *,
-                 parallel: int | None = 1, placement: Placement | None = None,
-                 swa_full: bool | None = None) -> ModelFlags:
-    """The model flags every loading command shares."""
-    from edgevlm.runtime.loading import ModelFlags, Placement
-
-    return ModelFlags(str(model), str(mmproj) if mmproj else None, n_ctx, n_gpu_layers, threads,
-                      answer_tokens=max_tokens, fetch=fetch, parallel=parallel, swa_full=swa_full,
-                      placement=placement or Placement())
-
-
-def _placement(rpc: str | None, tensor_split: str | None, split_mode: str, main_gpu: int,
-               mmproj_device: str | None) -> Placement:
-    """The device flags, checked for shape (the devices themselves are checked at planning)."""
-    from edgevlm.rpc.endpoints import parse_endpoints
-    from edgevlm.runtime.loading import Placement
-
-    weights = None
-    if tensor_split is not None:
-        try:
-            weights = tuple(float(w) for w in tensor_split.split(","))
-        except ValueError:
-            raise ConfigError(f"--tensor-split {tensor_split}: expected numbers, e.g. 3,1") from None
-        if any(w < 0 for w in weights) or not any(weights):
-            raise ConfigError(f"--tensor-split {tensor_split}: the shares must be positive")
-    return Placement(rpc=tuple(parse_endpoints(rpc)) if rpc else (), tensor_split=weights,
-                     split_mode=split_mode, main_gpu=main_gpu, mmproj_device=mmproj_device)
-
-
 @contextlib.contextmanager
 def _loaded(flags: ModelFlags, *, quiet: bool,
             tiles: tuple[int | None, int | None] = (None, 1)) -> Iterator[Loaded]:
@@ -618,13 +572,12 @@ def _sampling(temperature: float, seed: int | None) -> Sampling:
     return Sampling(temperature=temperature, seed=seed if seed is not None else random.getrandbits(31))
 
 
-def _view_options(ctx: typer.Context, tiles: str, pool: str, detail: str, *, finding: bool = False
+def _view_options(ctx: typer.Context, shown: ViewOptions, *, finding: bool = False
                   ) -> tuple[int | None, int | None, ImageDetail]:
     """--tiles, --pool and --detail, each checked (--find shows images at grounding's detail
     unless --detail is given)."""
-    if finding and _is_default(ctx, "detail"):
-        detail = "grounding"
-    return (_tiles_option(ctx, tiles), _pool_option(ctx, pool),
+    detail = "grounding" if finding and _is_default(ctx, "detail") else shown.detail
+    return (_tiles_option(ctx, shown.tiles), _pool_option(ctx, shown.pool),
             _parsed(ctx, "detail", detail, opt.parse_detail))
 
 

@@ -161,6 +161,7 @@ def test_a_llava_projector_is_loaded_with_its_position_rows_rolled(
     from gguf import GGUFReader
 
     from edgevlm.families import family_for, layout_for
+    from edgevlm.families.llava15 import LabelledTiles
     from edgevlm.models.gguf import POSITION_TENSOR
     from edgevlm.runtime.loading import as_trained
 
@@ -174,7 +175,9 @@ def test_a_llava_projector_is_loaded_with_its_position_rows_rolled(
     assert copy.path != source.path and copy.positions_rolled and not family_for(copy).repair(copy)
     assert dataclasses.replace(copy, path=source.path, positions_rolled=False,
                                file_bytes=source.file_bytes) == source
-    assert getattr(layout_for(copy), "rolled", None) is True and not getattr(layout_for(source), "rolled")
+    rolled, as_is = layout_for(copy), layout_for(source)
+    assert isinstance(rolled, LabelledTiles) and isinstance(as_is, LabelledTiles)
+    assert rolled.rolled and not as_is.rolled
     theirs, ours = GGUFReader(source.path), GGUFReader(copy.path)
     assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
     for before, after in zip(theirs.tensors, ours.tensors, strict=True):
