@@ -26,8 +26,10 @@ from edgevlm.cli.groups import (
     AUTO_VIEW,
     DEFAULT_PAIR,
     LOCAL,
+    TO_STDOUT,
     DeviceOptions,
     ModelOptions,
+    OutputOptions,
     ViewOptions,
     grouped,
 )
@@ -163,9 +165,7 @@ def describe(
     max_tags: opt.MaxTags = 8, language: opt.Language = "English", together: opt.Together = False,
     pages: opt.Pages = None, fps: opt.Fps = None, frame_tokens: opt.FrameTokens = None,
     quiet: opt.Quiet = False, recursive: opt.Recursive = False, glob: opt.Glob = None,
-    write_captions: opt.WriteCaptions = False, out_dir: opt.OutDir = None, jsonl: opt.Jsonl = None,
-    write_xmp: opt.WriteXmp = False, embed: opt.Embed = False, xmp_name: opt.XmpName = "IMG.jpg.xmp",
-    overwrite: opt.Overwrite = False, no_cache: opt.NoCache = False, parallel: opt.Parallel = "auto",
+    written: OutputOptions = TO_STDOUT, no_cache: opt.NoCache = False, parallel: opt.Parallel = "auto",
     verbose: opt.Verbose = False, devices: DeviceOptions = LOCAL, debug: opt.Debug = False,
     find: opt.Find = None, draw: opt.Draw = None, merge: opt.Merge = None,
 ) -> None:
@@ -182,8 +182,7 @@ def describe(
         questions, output, budget = runs.questions_for(runs.AskRequest(
             prompt, asked, fmt, schema, tags, max_tags, language, max_tokens,
             max_tokens_given=not _is_default(ctx, "max_tokens"), finding=finding))
-        outputs = runs.Outputs(write_captions, jsonl, out_dir, write_xmp, embed, overwrite=overwrite,
-                               xmp_name=None if _is_default(ctx, "xmp_name") else xmp_name)
+        outputs = written.outputs(xmp_name_given=not _is_default(ctx, "xmp_name"))
         caption = CaptionSettings(using.model, using.mmproj, questions.prompt, output, settings.max_tiles,
                                   settings.pool, budget, settings.detail)
         found = find_images(photos, recursive=recursive, pattern=glob)

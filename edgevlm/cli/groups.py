@@ -22,6 +22,7 @@ from edgevlm.errors import ConfigError
 from edgevlm.models.catalog import DEFAULT_PRESET
 
 if TYPE_CHECKING:  # loaded when a command runs, not for `--help`
+    from edgevlm.describe.runs import Outputs
     from edgevlm.runtime.loading import ModelFlags, Placement
 
 R = TypeVar("R")
@@ -86,9 +87,30 @@ class ViewOptions:
     detail: opt.Detail = "chat"
 
 
-GROUPS = (DeviceOptions, ModelOptions, ViewOptions)
+@dataclass(frozen=True)
+class OutputOptions:
+    """Where describe writes its answers beside printing them: caption files, JSONL, XMP."""
+
+    write_captions: opt.WriteCaptions = False
+    out_dir: opt.OutDir = None
+    jsonl: opt.Jsonl = None
+    write_xmp: opt.WriteXmp = False
+    embed: opt.Embed = False
+    xmp_name: opt.XmpName = "IMG.jpg.xmp"
+    overwrite: opt.Overwrite = False
+
+    def outputs(self, *, xmp_name_given: bool) -> Outputs:
+        """describe's value: the sidecars' name pattern only where the user gave one (else each
+        file's own convention, IMG.jpg.xmp or IMG.xmp, is read from the folder)."""
+        from edgevlm.describe.runs import Outputs
+
+        return Outputs(self.write_captions, self.jsonl, self.out_dir, self.write_xmp, self.embed,
+                       xmp_name=self.xmp_name if xmp_name_given else None, overwrite=self.overwrite)
+
+
+GROUPS = (DeviceOptions, ModelOptions, ViewOptions, OutputOptions)
 # Each group's defaults, as a command's parameter defaults (frozen: one value serves them all).
-LOCAL, DEFAULT_PAIR, AUTO_VIEW = DeviceOptions(), ModelOptions(), ViewOptions()
+LOCAL, DEFAULT_PAIR, AUTO_VIEW, TO_STDOUT = DeviceOptions(), ModelOptions(), ViewOptions(), OutputOptions()
 
 
 def grouped(command: Callable[..., R]) -> Callable[..., R]:

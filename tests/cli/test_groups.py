@@ -14,7 +14,7 @@ import typer
 from typer.testing import CliRunner
 
 from edgevlm.cli import groups
-from edgevlm.cli.groups import DeviceOptions, ModelOptions, ViewOptions, grouped
+from edgevlm.cli.groups import DeviceOptions, ModelOptions, OutputOptions, ViewOptions, grouped
 
 APP = Path(__file__).resolve().parents[2] / "edgevlm" / "cli" / "app.py"
 
@@ -59,11 +59,11 @@ def _commands() -> dict[str, dict[str, str]]:
 
 def test_the_groups_options_are_declared_once() -> None:
     """The commands that load a model take the model and device groups and declare none of their
-    options themselves; no command declares a device or view option of its own. `plan` names the
+    options themselves; no command declares a device, view or output option of its own. `plan` names the
     model's files and context itself: it plans a model and loads none, so it takes no layers,
     threads or --fetch; `parity` checks what a model is shown at one --detail."""
     commands = _commands()
-    own = {f.name for group in (DeviceOptions, ViewOptions) for f in dataclasses.fields(group)}
+    own = {f.name for group in (DeviceOptions, ViewOptions, OutputOptions) for f in dataclasses.fields(group)}
     loading = {f.name for f in dataclasses.fields(ModelOptions)}
     for name, parameters in commands.items():  # parity checks at one --detail, the plan's tiles
         assert not set(parameters) & own - ({"detail"} if name == "parity" else set()), name
@@ -73,3 +73,4 @@ def test_the_groups_options_are_declared_once() -> None:
     assert set(commands["plan"]) & loading == {"model", "mmproj", "n_ctx", "swa_full"}
     assert "DeviceOptions" in commands["plan"].values()
     assert all("ViewOptions" in commands[name].values() for name in ("describe", "chat", "serve"))
+    assert "OutputOptions" in commands["describe"].values()
