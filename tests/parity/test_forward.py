@@ -314,6 +314,54 @@ def test_llava_16_packing_gives_transformers_logits(reference: Path, checkpoint:
         assert greedy == answer["greedy"] and len(set(greedy)) > 4, size
 
 
+def test_llava_16_two_images_in_one_question_give_transformers_logits(
+        reference: Path, checkpoint: Path, next_engine: Any, tmp_path: Path) -> None:
+    """Two photos in one question on LLaVA-1.6 (a wide one on a 2x1 canvas, a tall one on 1x2):
+    each packed by edgevlm from transformers' rows of its views, after "Image 1:" and "Image 2:"
+    as the conversation labels several images, against LlavaNextForConditionalGeneration given
+    both photos and the same ids."""
+    from edgevlm.chat.conversation import image_label
+    from edgevlm.chat.prompts import VICUNA
+    from edgevlm.families import layout_for, read_projector
+    from edgevlm.families.llava_next import pack_next
+    from edgevlm.values.embedding import ImageEmbedding
+    from edgevlm.vision.layout import ViewBudget
+
+    folder = checkpoint.parent / "llava-next"
+    layout = layout_for(read_projector(folder / "mmproj.gguf"))
+    sizes = NEXT_SIZES[:2]
+    paths = [_photo(tmp_path / f"{w}x{h}.png", (w, h), seed) for seed, (w, h) in enumerate(sizes)]
+    rows = ask_reference(reference, {"stage": "rows", "family": "llava-next", "dir": str(folder),
+                                     "images": [str(p) for p in paths]})["results"]
+    sequence = next_engine.sequence()
+    sequence.truncate(0)
+    image_token = 49152  # <image>, after SmolLM2's 49,152 tokens
+    ids: list[int] = []
+
+    def text(words: str) -> None:
+        tokens = list(sequence.tokenize(words))
+        sequence.eval_text(tokens)
+        ids.extend(tokens)
+
+    text(VICUNA.user_prefix)
+    for slot, (size, result) in enumerate(zip(sizes, rows, strict=True)):
+        text(image_label(slot))
+        plan = layout.plan(size, ViewBudget(room=4096, tile_size=112, view_tokens=64, pool=1))
+        views = _floats(result["rows"], result["shape"])
+        packed = pack_next(views[0], list(views[1:]), plan, layout.newline)
+        sequence.eval_embedding(ImageEmbedding(packed))
+        ids.extend([image_token] * len(packed))
+    text(f"{VICUNA.after_image}Which picture is wider?{VICUNA.user_suffix}")
+    ours = sequence._current_logits().copy()
+    greedy = []
+    for _ in range(8):
+        greedy.append(int(np.argmax(sequence._current_logits())))
+        sequence.eval_text([greedy[-1]])
+    answer = ask_reference(reference, {"stage": "logits", "family": "llava-next", "dir": str(folder),
+                                       "input_ids": ids, "images": [str(p) for p in paths], "steps": 8})
+    _assert_same_answer(ours, greedy, answer, PACKING_SPREAD)  # measured 3.2e-6 of the spread
+
+
 @pytest.fixture(scope="module")
 def llava15(checkpoint: Path) -> Iterator[tuple[Path, Any]]:
     """The tiny LLaVA-1.5 (LLaVA-1.6's tower, projector and text model, one padded view) and an
