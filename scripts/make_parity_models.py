@@ -218,14 +218,19 @@ def build_llava_next(folder: Path, vocab_source: Path) -> Path:
                                            crop_size={"height": side, "width": side},
                                            image_mean=tm.CLIP_MEAN, image_std=tm.CLIP_STD)
     processor.save_pretrained(folder)
+    return _write_llava_pair(folder, (tokens, types, merges, ids), "llava-next", BUILD_TAG, anyres=True)
+
+
+def _write_llava_pair(folder: Path, vocab: tuple, name: str, tag: str, *, anyres: bool) -> Path:
+    """The GGUF pair of a saved LLaVA checkpoint, read as saved (the checkpoint's own names, as
+    llama.cpp's scripts would read them), and the build's tag."""
     from safetensors.numpy import load_file
 
-    # as saved (the checkpoint's own names, as llama.cpp's converter would read them)
     saved = load_file(folder / "model.safetensors")
-    state = {name: array.astype(np.float32) for name, array in saved.items()}
-    _write_llama_text(folder / "text.gguf", state, (tokens, types, merges, ids), "llava-next")
-    _write_clip_mmproj(folder / "mmproj.gguf", state, "llava-next", anyres=True)
-    (folder / "built.json").write_text(json.dumps({"tag": BUILD_TAG, "seed": SEED}))
+    state = {key: array.astype(np.float32) for key, array in saved.items()}
+    _write_llama_text(folder / "text.gguf", state, vocab, name)
+    _write_clip_mmproj(folder / "mmproj.gguf", state, name, anyres=anyres)
+    (folder / "built.json").write_text(json.dumps({"tag": tag, "seed": SEED}))
     return folder
 
 
@@ -240,7 +245,6 @@ def build_llava15(folder: Path, vocab_source: Path) -> Path:
     if _is_current(folder, LLAVA15_TAG):
         return folder
     import torch
-    from safetensors.numpy import load_file
     from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
     from transformers.models.llava.image_processing_pil_llava import LlavaImageProcessorPil
 
@@ -260,12 +264,7 @@ def build_llava15(folder: Path, vocab_source: Path) -> Path:
     LlavaImageProcessorPil(do_pad=True, size={"shortest_edge": side},
                            crop_size={"height": side, "width": side}, image_mean=tm.CLIP_MEAN,
                            image_std=tm.CLIP_STD).save_pretrained(folder)
-    saved = load_file(folder / "model.safetensors")
-    state = {name: array.astype(np.float32) for name, array in saved.items()}
-    _write_llama_text(folder / "text.gguf", state, (tokens, types, merges, ids), "llava-1.5")
-    _write_clip_mmproj(folder / "mmproj.gguf", state, "llava-1.5", anyres=False)
-    (folder / "built.json").write_text(json.dumps({"tag": LLAVA15_TAG, "seed": SEED}))
-    return folder
+    return _write_llava_pair(folder, (tokens, types, merges, ids), "llava-1.5", LLAVA15_TAG, anyres=False)
 
 
 def _permuted(weights: np.ndarray, heads: int) -> np.ndarray:

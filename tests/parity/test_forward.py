@@ -115,6 +115,39 @@ def _prompt_logits(sequence: Any, head: str, rows: np.ndarray | None,
     return logits, greedy
 
 
+def _llava_prompt(sequence: Any, blocks: list[np.ndarray], question: str
+                  ) -> tuple[list[int], np.ndarray, list[int]]:
+    """A fresh prefill of edgevlm's LLaVA prompt (Vicuna's user turn; "Image 1:", "Image 2:" before
+    each of several images, as the conversation labels them) with these row blocks in the images'
+    places: the ids transformers is given (each row an <image> token), the next-token logits and
+    eight greedy tokens."""
+    from edgevlm.chat.conversation import image_label
+    from edgevlm.chat.prompts import VICUNA
+    from edgevlm.values.embedding import ImageEmbedding
+
+    sequence.truncate(0)
+    image_token = 49152  # <image>, after SmolLM2's 49,152 tokens
+    ids: list[int] = []
+
+    def text(words: str) -> None:
+        tokens = list(sequence.tokenize(words))
+        sequence.eval_text(tokens)
+        ids.extend(tokens)
+
+    text(VICUNA.user_prefix)
+    for slot, rows in enumerate(blocks):
+        if len(blocks) > 1:
+            text(image_label(slot))
+        sequence.eval_embedding(ImageEmbedding(rows))
+        ids.extend([image_token] * len(rows))
+    text(f"{VICUNA.after_image}{question}{VICUNA.user_suffix}")
+    logits = sequence._current_logits().copy()
+    greedy = []
+    for _ in range(8):
+        greedy.append(int(np.argmax(sequence._current_logits())))
+        sequence.eval_text([greedy[-1]])
+    return ids, logits, greedy
+
 def _assert_same_rows(ours: np.ndarray, theirs: np.ndarray, label: object) -> None:
     """Every row within ROWS_COSINE of transformers' and ROWS_RELATIVE of its largest value."""
     cosine = (ours * theirs).sum(1) / (np.linalg.norm(ours, axis=1) * np.linalg.norm(theirs, axis=1))
@@ -320,11 +353,8 @@ def test_llava_16_two_images_in_one_question_give_transformers_logits(
     each packed by edgevlm from transformers' rows of its views, after "Image 1:" and "Image 2:"
     as the conversation labels several images, against LlavaNextForConditionalGeneration given
     both photos and the same ids."""
-    from edgevlm.chat.conversation import image_label
-    from edgevlm.chat.prompts import VICUNA
     from edgevlm.families import layout_for, read_projector
     from edgevlm.families.llava_next import pack_next
-    from edgevlm.values.embedding import ImageEmbedding
     from edgevlm.vision.layout import ViewBudget
 
     folder = checkpoint.parent / "llava-next"
@@ -333,30 +363,12 @@ def test_llava_16_two_images_in_one_question_give_transformers_logits(
     paths = [_photo(tmp_path / f"{w}x{h}.png", (w, h), seed) for seed, (w, h) in enumerate(sizes)]
     rows = ask_reference(reference, {"stage": "rows", "family": "llava-next", "dir": str(folder),
                                      "images": [str(p) for p in paths]})["results"]
-    sequence = next_engine.sequence()
-    sequence.truncate(0)
-    image_token = 49152  # <image>, after SmolLM2's 49,152 tokens
-    ids: list[int] = []
-
-    def text(words: str) -> None:
-        tokens = list(sequence.tokenize(words))
-        sequence.eval_text(tokens)
-        ids.extend(tokens)
-
-    text(VICUNA.user_prefix)
-    for slot, (size, result) in enumerate(zip(sizes, rows, strict=True)):
-        text(image_label(slot))
+    blocks = []
+    for size, result in zip(sizes, rows, strict=True):
         plan = layout.plan(size, ViewBudget(room=4096, tile_size=112, view_tokens=64, pool=1))
         views = _floats(result["rows"], result["shape"])
-        packed = pack_next(views[0], list(views[1:]), plan, layout.newline)
-        sequence.eval_embedding(ImageEmbedding(packed))
-        ids.extend([image_token] * len(packed))
-    text(f"{VICUNA.after_image}Which picture is wider?{VICUNA.user_suffix}")
-    ours = sequence._current_logits().copy()
-    greedy = []
-    for _ in range(8):
-        greedy.append(int(np.argmax(sequence._current_logits())))
-        sequence.eval_text([greedy[-1]])
+        blocks.append(pack_next(views[0], list(views[1:]), plan, layout.newline))
+    ids, ours, greedy = _llava_prompt(next_engine.sequence(), blocks, "Which picture is wider?")
     answer = ask_reference(reference, {"stage": "logits", "family": "llava-next", "dir": str(folder),
                                        "input_ids": ids, "images": [str(p) for p in paths], "steps": 8})
     _assert_same_answer(ours, greedy, answer, PACKING_SPREAD)  # measured 3.2e-6 of the spread
@@ -442,38 +454,13 @@ def test_llava_15_prompt_gives_transformers_logits(reference: Path, llava15: tup
     by llama.cpp, against LlavaForConditionalGeneration on the same ids and photos: the first
     answer token's logits and eight greedy tokens. The rows are transformers' (llama.cpp's own
     are shifted: the test above); with mtmd's own, the logits move too, recorded in docs/parity.md."""
-    from edgevlm.chat.conversation import image_label
-    from edgevlm.chat.prompts import VICUNA
-    from edgevlm.values.embedding import ImageEmbedding
-
     folder, engine = llava15
     sizes = [(300, 150), (150, 300)][:images]
     paths = [_photo(tmp_path / f"{index}.png", size, index) for index, size in enumerate(sizes)]
     rows = ask_reference(reference, {"stage": "rows", "family": "llava", "dir": str(folder),
                                      "images": [str(p) for p in paths]})["results"]
-    sequence = engine.sequence()
-    sequence.truncate(0)
-    image_token = 49152  # <image>, after SmolLM2's 49,152 tokens
-    ids: list[int] = []
-
-    def text(words: str) -> None:
-        tokens = list(sequence.tokenize(words))
-        sequence.eval_text(tokens)
-        ids.extend(tokens)
-
-    text(VICUNA.user_prefix)
-    for slot, result in enumerate(rows):
-        if images > 1:
-            text(image_label(slot))
-        view = _floats(result["rows"], result["shape"])[0]
-        sequence.eval_embedding(ImageEmbedding(view))
-        ids.extend([image_token] * len(view))
-    text(f"{VICUNA.after_image}What is in the picture?{VICUNA.user_suffix}")
-    ours = sequence._current_logits().copy()
-    greedy = []
-    for _ in range(8):
-        greedy.append(int(np.argmax(sequence._current_logits())))
-        sequence.eval_text([greedy[-1]])
+    blocks = [_floats(result["rows"], result["shape"])[0] for result in rows]  # each photo's one view
+    ids, ours, greedy = _llava_prompt(engine.sequence(), blocks, "What is in the picture?")
     answer = ask_reference(reference, {"stage": "logits", "family": "llava", "dir": str(folder),
                                        "input_ids": ids, "images": [str(p) for p in paths], "steps": 8})
     _assert_same_answer(ours, greedy, answer, PACKING_SPREAD)
