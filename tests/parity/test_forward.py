@@ -96,6 +96,16 @@ def _photo(path: Path, size: tuple[int, int], seed: int) -> Path:
     return path
 
 
+def _answer(sequence: Any) -> tuple[np.ndarray, list[int]]:
+    """The next-token logits where the prompt ends, and eight greedy tokens after it."""
+    logits = sequence._current_logits().copy()
+    greedy: list[int] = []
+    for _ in range(8):
+        greedy.append(int(np.argmax(sequence._current_logits())))
+        sequence.eval_text([greedy[-1]])
+    return logits, greedy
+
+
 def _prompt_logits(sequence: Any, head: str, rows: np.ndarray | None,
                    tail: str) -> tuple[np.ndarray, list[int]]:
     """The next-token logits after head, the image's rows and tail (a fresh prefill), and eight
@@ -107,12 +117,7 @@ def _prompt_logits(sequence: Any, head: str, rows: np.ndarray | None,
     if rows is not None:
         sequence.eval_embedding(ImageEmbedding(rows))
     sequence.eval_text(sequence.tokenize(tail))
-    logits = sequence._current_logits().copy()
-    greedy = []
-    for _ in range(8):
-        greedy.append(int(np.argmax(sequence._current_logits())))
-        sequence.eval_text([greedy[-1]])
-    return logits, greedy
+    return _answer(sequence)
 
 
 def _llava_prompt(sequence: Any, blocks: list[np.ndarray], question: str
@@ -141,12 +146,7 @@ def _llava_prompt(sequence: Any, blocks: list[np.ndarray], question: str
         sequence.eval_embedding(ImageEmbedding(rows))
         ids.extend([image_token] * len(rows))
     text(f"{VICUNA.after_image}{question}{VICUNA.user_suffix}")
-    logits = sequence._current_logits().copy()
-    greedy = []
-    for _ in range(8):
-        greedy.append(int(np.argmax(sequence._current_logits())))
-        sequence.eval_text([greedy[-1]])
-    return ids, logits, greedy
+    return (ids, *_answer(sequence))
 
 def _assert_same_rows(ours: np.ndarray, theirs: np.ndarray, label: object) -> None:
     """Every row within ROWS_COSINE of transformers' and ROWS_RELATIVE of its largest value."""
@@ -245,12 +245,7 @@ def _prompted(sequence: Any, opening: str, views: list[Image.Image], image_token
                 sequence.eval_embedding(piece)
                 ids.extend(pad * piece.n_tokens)
     text(closing)
-    logits = sequence._current_logits().copy()
-    greedy = []
-    for _ in range(8):
-        greedy.append(int(np.argmax(sequence._current_logits())))
-        sequence.eval_text([greedy[-1]])
-    return ids, logits, greedy
+    return (ids, *_answer(sequence))
 
 
 def _assert_same_answer(ours: np.ndarray, greedy: list[int], answer: dict[str, Any], spread: float) -> None:
@@ -495,11 +490,7 @@ def test_after_the_summary_swap_the_chat_is_transformers_on_the_swapped_text(
                                                 "<|im_start|>assistant\n"))
     sequence = engine.sequence()
     sequence.eval_text(follow_up)
-    ours = sequence._current_logits().copy()
-    greedy = []
-    for _ in range(8):
-        greedy.append(int(np.argmax(sequence._current_logits())))
-        sequence.eval_text([greedy[-1]])
+    ours, greedy = _answer(sequence)
     answer = ask_reference(reference, {"stage": "logits", "family": "qwen-vl", "dir": str(checkpoint),
                                        "input_ids": history + follow_up, "images": [], "steps": 8})
     theirs = _floats(answer["logits"])
