@@ -239,7 +239,10 @@ def as_trained(projector: ProjectorFacts) -> ProjectorFacts:
     from edgevlm.paths import cache_dir
 
     source = projector.path.resolve()
-    key = hashlib.sha256(f"{source.parent}|{file_identity(source)}|{repair}".encode()).hexdigest()[:16]
+    # a flags-only repair keys as the flags alone did before the position rows were a repair too,
+    # so a Gemma 4 copy made then is found, not made again beside it
+    what = repair if repair.roll_positions else repair.flags
+    key = hashlib.sha256(f"{source.parent}|{file_identity(source)}|{what}".encode()).hexdigest()[:16]
     copy = cache_dir() / PROJECTOR_COPIES / f"{source.stem}.{key}.gguf"  # `edgevlm cache` shows it
     if not copy.exists():
         # a warning for what the user's file lacks; the position rows are edgevlm's own routine

@@ -131,6 +131,15 @@ def test_a_converter_made_gemma4_projector_is_read_and_loaded_with_its_activatio
     with caplog.at_level("WARNING", logger="edgevlm"):
         assert as_trained(facts).path == projector.path  # made once
     assert caplog.text == ""
+    # keyed as before repairs were values (the flags alone): a copy made then is found again
+    import hashlib
+
+    from edgevlm.store.caches import file_identity
+
+    source_path = converted.resolve()
+    old_key = hashlib.sha256(f"{source_path.parent}|{file_identity(source_path)}|{('clip.use_gelu',)}"
+                             .encode()).hexdigest()[:16]
+    assert projector.path.name == f"{converted.stem}.{old_key}.gguf"
 
 
 def test_a_projector_copy_that_cannot_be_written_leaves_the_file_as_it_is(
