@@ -79,13 +79,17 @@ def converter() -> Path:
     return source / "vendor" / "llama.cpp" / "convert_hf_to_gguf.py"
 
 
-@pytest.fixture(scope="module")
-def engine(checkpoint: Path) -> Iterator[Any]:
+def _f32_engine(text: Path, mmproj: Path, *, n_ctx: int) -> Any:
+    """An engine on a GGUF pair, on the CPU and at f32 throughout (F32_CACHE)."""
     from edgevlm.llama.engine import Engine
     from edgevlm.llama.types import EngineConfig
 
-    with Engine(EngineConfig(checkpoint / "text.gguf", checkpoint / "mmproj.gguf", n_ctx=2048,
-                             n_gpu_layers=0, **F32_CACHE)) as loaded:
+    return Engine(EngineConfig(text, mmproj, n_ctx=n_ctx, n_gpu_layers=0, **F32_CACHE))
+
+
+@pytest.fixture(scope="module")
+def engine(checkpoint: Path) -> Iterator[Any]:
+    with _f32_engine(checkpoint / "text.gguf", checkpoint / "mmproj.gguf", n_ctx=2048) as loaded:
         yield loaded
 
 
@@ -174,12 +178,8 @@ QWEN_PROMPT_SIZES = {"qwen2-vl": [(224, 168), (168, 224)], "qwen2.5-vl": [(224, 
 def qwen(request: pytest.FixtureRequest, checkpoint: Path) -> Iterator[tuple[Path, Any]]:
     """Each Qwen-VL checkpoint (Qwen3-VL: learned positions, interleaved M-RoPE and deepstack
     rows two layers deep) and an engine on its converted pair."""
-    from edgevlm.llama.engine import Engine
-    from edgevlm.llama.types import EngineConfig
-
     folder = checkpoint.parent / request.param
-    with Engine(EngineConfig(folder / "text.gguf", folder / "mmproj.gguf", n_ctx=2048, n_gpu_layers=0,
-                             **F32_CACHE)) as loaded:
+    with _f32_engine(folder / "text.gguf", folder / "mmproj.gguf", n_ctx=2048) as loaded:
         yield folder, loaded
 
 
@@ -260,13 +260,8 @@ def _assert_same_answer(ours: np.ndarray, greedy: list[int], answer: dict[str, A
 
 @pytest.fixture(scope="module")
 def next_engine(checkpoint: Path) -> Iterator[Any]:
-    from edgevlm.llama.engine import Engine
-    from edgevlm.llama.types import EngineConfig
-
     folder = checkpoint.parent / "llava-next"
-    config = EngineConfig(folder / "text.gguf", folder / "mmproj.gguf", n_ctx=4096, n_gpu_layers=0,
-                          **F32_CACHE)
-    with Engine(config) as loaded:
+    with _f32_engine(folder / "text.gguf", folder / "mmproj.gguf", n_ctx=4096) as loaded:
         yield loaded
 
 
@@ -373,12 +368,8 @@ def test_llava_16_two_images_in_one_question_give_transformers_logits(
 def llava15(checkpoint: Path) -> Iterator[tuple[Path, Any]]:
     """The tiny LLaVA-1.5 (LLaVA-1.6's tower, projector and text model, one padded view) and an
     engine on its pair."""
-    from edgevlm.llama.engine import Engine
-    from edgevlm.llama.types import EngineConfig
-
     folder = checkpoint.parent / "llava-1.5"
-    with Engine(EngineConfig(folder / "text.gguf", folder / "mmproj.gguf", n_ctx=2048, n_gpu_layers=0,
-                             **F32_CACHE)) as loaded:
+    with _f32_engine(folder / "text.gguf", folder / "mmproj.gguf", n_ctx=2048) as loaded:
         yield folder, loaded
 
 
@@ -418,8 +409,6 @@ def test_llava_15_rows_as_edgevlm_loads_it_are_transformers_but_patch_0(
     (families/llava15.py: in_patch_order). Every row but patch 0's is then transformers' own
     (within the rows' bounds, where the file as it is gives none), and patch 0's is its neighbour's."""
     from edgevlm.families.llava15 import in_patch_order
-    from edgevlm.llama.engine import Engine
-    from edgevlm.llama.types import EngineConfig
     from edgevlm.runtime.loading import as_trained
 
     folder, _engine = llava15
@@ -430,8 +419,7 @@ def test_llava_15_rows_as_edgevlm_loads_it_are_transformers_but_patch_0(
     paths = [_photo(tmp_path / f"{w}x{h}.png", (w, h), seed) for seed, (w, h) in enumerate(sizes)]
     theirs = ask_reference(reference, {"stage": "rows", "family": "llava", "dir": str(folder),
                                        "images": [str(p) for p in paths]})["results"]
-    config = EngineConfig(folder / "text.gguf", copy.path, n_ctx=2048, n_gpu_layers=0, **F32_CACHE)
-    with Engine(config) as engine:
+    with _f32_engine(folder / "text.gguf", copy.path, n_ctx=2048) as engine:
         sequence = engine.sequence()
         for view, size, own in zip(_llava15_views(paths), sizes, theirs, strict=True):
             ours = in_patch_order(sequence.encode_image(view)).rows
@@ -519,11 +507,7 @@ def gemma3(checkpoint: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def gemma3_engine(gemma3: Path) -> Iterator[Any]:
-    from edgevlm.llama.engine import Engine
-    from edgevlm.llama.types import EngineConfig
-
-    with Engine(EngineConfig(gemma3 / "text.gguf", gemma3 / "mmproj.gguf", n_ctx=1024, n_gpu_layers=0,
-                             **F32_CACHE)) as loaded:
+    with _f32_engine(gemma3 / "text.gguf", gemma3 / "mmproj.gguf", n_ctx=1024) as loaded:
         yield loaded
 
 
@@ -602,16 +586,12 @@ def test_smolvlm_rows_are_transformers_but_mtmd_shows_a_one_tile_image_twice(
     published 512 px, 64 px here), transformers shows every image as one view and mtmd as that tile
     plus an overview of the same pixels: twice the tokens, and a <row_1_col_1> view the model was
     not trained on. Recorded, so that a llama.cpp that stops doing it fails here."""
-    from edgevlm.llama.engine import Engine
-    from edgevlm.llama.types import EngineConfig
-
     folder = checkpoint.parent / "smolvlm"
     paths = [_photo(tmp_path / f"{w}x{h}.png", (w, h), seed)
              for seed, (w, h) in enumerate(SMOLVLM_SIZES)]
     answer = ask_reference(reference, {"stage": "rows", "family": "smolvlm", "dir": str(folder),
                                        "images": [str(path) for path in paths]})
-    with Engine(EngineConfig(folder / "text.gguf", folder / "mmproj.gguf", n_ctx=1024, n_gpu_layers=0,
-                             **F32_CACHE)) as engine:
+    with _f32_engine(folder / "text.gguf", folder / "mmproj.gguf", n_ctx=1024) as engine:
         sequence = engine.sequence()
         for path, size, result in zip(paths, SMOLVLM_SIZES, answer["results"], strict=True):
             theirs = _floats(result["rows"], result["shape"])
@@ -642,13 +622,10 @@ def gemma4(checkpoint: Path) -> Path:
 @pytest.fixture(scope="module")
 def gemma4_engine(gemma4: Path) -> Iterator[Any]:
     """The converted pair as edgevlm loads it: the projector as a copy naming its activation."""
-    from edgevlm.llama.engine import Engine
-    from edgevlm.llama.types import EngineConfig
     from edgevlm.runtime.loading import as_trained
 
     projector = as_trained(read_projector(gemma4 / "mmproj.gguf"))
-    with Engine(EngineConfig(gemma4 / "text.gguf", projector.path, n_ctx=2048, n_gpu_layers=0,
-                             **F32_CACHE)) as loaded:
+    with _f32_engine(gemma4 / "text.gguf", projector.path, n_ctx=2048) as loaded:
         yield loaded
 
 
@@ -659,8 +636,6 @@ def test_gemma4_rows_are_transformers_once_the_converters_missing_activation_is_
     off (every row alike, cosine 0.99999), against 7.5e-5 in the copy edgevlm loads. The file as
     converted is measured too, so that a converter that names it makes this fail."""
     from edgevlm.families.gemma import GEMMA4
-    from edgevlm.llama.engine import Engine
-    from edgevlm.llama.types import EngineConfig
 
     converted = read_projector(gemma4 / "mmproj.gguf")
     assert (converted.projector_type, converted.activation) == ("gemma4v", "")
@@ -673,8 +648,7 @@ def test_gemma4_rows_are_transformers_once_the_converters_missing_activation_is_
                                            "images": [str(path) for b, path in cases if b == budget],
                                            "processor": {"max_soft_tokens": budget}})
         theirs += [_floats(result["rows"], result["shape"]) for result in answer["results"]]
-    with Engine(EngineConfig(gemma4 / "text.gguf", converted.path, n_ctx=2048, n_gpu_layers=0,
-                             **F32_CACHE)) as as_converted:
+    with _f32_engine(gemma4 / "text.gguf", converted.path, n_ctx=2048) as as_converted:
         quick = [_block_rows(as_converted.sequence(), Image.open(path).convert("RGB")) for _, path in cases]
     for (_, path), rows, quick_rows in zip(cases, theirs, quick, strict=True):
         image = Image.open(path).convert("RGB")
@@ -737,14 +711,10 @@ def test_smolvlm_logits_and_greedy_tokens_are_transformers_where_both_cut_tiles(
     """The same weights with the processor of a model whose longest edge is several tiles: mtmd's
     block (each tile's <row_r_col_c> and rows, then <global-img> and the overview's) prompted as
     edgevlm prompts SmolVLM2, against transformers on the same ids and photos."""
-    from edgevlm.llama.engine import Engine
-    from edgevlm.llama.types import EngineConfig
-
     folder = checkpoint.parent / "smolvlm-split"
     paths = [_photo(tmp_path / f"{index}.png", size, index) for index, size in enumerate(sizes)]
     views = [Image.open(path).convert("RGB") for path in paths]
-    with Engine(EngineConfig(folder / "text.gguf", folder / "mmproj.gguf", n_ctx=1024, n_gpu_layers=0,
-                             **F32_CACHE)) as engine:
+    with _f32_engine(folder / "text.gguf", folder / "mmproj.gguf", n_ctx=1024) as engine:
         sequence = engine.sequence()
         assert [sum(1 for piece in sequence.encode_block(view).pieces if not isinstance(piece, tuple))
                 for view in views] == [SMOLVLM_VIEWS[size] for size in sizes]
@@ -768,16 +738,12 @@ def test_lfm2_vl_rows_are_transformers_view_by_view(reference: Path, checkpoint:
     """Each view's rows through mtmd (SigLIP2 at the view's own size, the pixel unshuffle, the
     layer-normed projection) against transformers' LFM2-VL, at f32; a tiled photo's tiles and
     thumbnail in the order transformers hands them to the model."""
-    from edgevlm.llama.engine import Engine
-    from edgevlm.llama.types import EngineConfig
-
     folder = checkpoint.parent / "lfm2-vl"
     sizes = [*LFM2_SIZES, LFM2_TILED]
     paths = [_photo(tmp_path / f"{w}x{h}.png", (w, h), seed) for seed, (w, h) in enumerate(sizes)]
     answer = ask_reference(reference, {"stage": "rows", "family": "lfm2", "dir": str(folder),
                                        "images": [str(path) for path in paths]})
-    with Engine(EngineConfig(folder / "text.gguf", folder / "mmproj.gguf", n_ctx=4096, n_gpu_layers=0,
-                             **F32_CACHE)) as engine:
+    with _f32_engine(folder / "text.gguf", folder / "mmproj.gguf", n_ctx=4096) as engine:
         sequence = engine.sequence()
         for path, size, result in zip(paths, sizes, answer["results"], strict=True):
             theirs = _floats(result["rows"], result["shape"])
@@ -797,14 +763,10 @@ def test_lfm2_vl_logits_and_greedy_tokens_are_transformers(
     """mtmd's block (<|image_start|>, the rows, <|image_end|>; a tiled photo's tiles each after
     its row and column, then the thumbnail) prompted as edgevlm prompts it, against transformers'
     LFM2-VL on the same ids and photos: a short-convolution layer and an attention one, at f32."""
-    from edgevlm.llama.engine import Engine
-    from edgevlm.llama.types import EngineConfig
-
     folder = checkpoint.parent / "lfm2-vl"
     paths = [_photo(tmp_path / f"{index}.png", size, index) for index, size in enumerate(sizes)]
     views = [Image.open(path).convert("RGB") for path in paths]
-    with Engine(EngineConfig(folder / "text.gguf", folder / "mmproj.gguf", n_ctx=4096, n_gpu_layers=0,
-                             **F32_CACHE)) as engine:
+    with _f32_engine(folder / "text.gguf", folder / "mmproj.gguf", n_ctx=4096) as engine:
         ids, ours, greedy = _prompted(engine.sequence(), "<|im_start|>user\n", views, "<image>",
                                       "What is in the picture?<|im_end|>\n<|im_start|>assistant\n")
     answer = ask_reference(reference, {"stage": "logits", "family": "lfm2", "dir": str(folder),
