@@ -151,12 +151,13 @@ def _canvas_row(name: str, size: tuple[int, int], layout: LlavaNextLayout,
 def _global_view_row(name: str, plan: ImagePlan, theirs: tuple[int, ...]) -> ParityRow:
     """LLaVA-1.5: the one view it was trained on (the photo padded to a square, at the tower's
     side), and the tiles edgevlm adds after it where the task's budget has room."""
-    tiles = plan.n_tiles if isinstance(plan, TilePlan) else 0
-    side = plan.tile_size if isinstance(plan, TilePlan) else 0
+    if not isinstance(plan, TilePlan):
+        raise TypeError("LLaVA-1.5 plans with TilePlan")
+    side, tiles = plan.tile_size, plan.n_tiles
+    trained_view = (side, side) == theirs
     ours = f"{side}x{side}" + (f" + {tiles} tiles" if tiles else "")
-    same = (side, side) == theirs and not tiles
-    row = _row(name, "view (w x h) + tiles", ours, f"{theirs[0]}x{theirs[1]}", same)
-    if (side, side) == theirs and tiles:
+    row = _row(name, "view (w x h) + tiles", ours, f"{theirs[0]}x{theirs[1]}", trained_view and not tiles)
+    if trained_view and tiles:
         return ParityRow(row.stage, name, row.measure, row.edgevlm, row.reference, ParityVerdict.KNOWN,
                          "edgevlm's own labelled tiles follow the trained view; --detail caption or "
                          "--tiles 0 shows that view alone")
