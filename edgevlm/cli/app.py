@@ -386,8 +386,12 @@ against edgevlm's plan at --detail. Prints a row per image: edgevlm's value, tra
 and same, differs or a known difference with its reason; exits 1 when any differs.
 
 With --model, also the rows the vision tower and projector give three photos (or yours),
-row by row, on Qwen2/2.5/3-VL, LLaVA-1.5 and 1.6, Gemma 3 and LFM2-VL (stage 3; the text
-weights are never loaded), and a warning where the tower's activations near f16's range.
+row by row, on Qwen2/2.5/3-VL, LLaVA-1.5 and 1.6, Gemma 3 and LFM2-VL (stage 3), with a warning
+where the tower's activations near f16's range; then the answer (stage 4): edgevlm's prompt of
+the first photo and --ask, through the pair on the CPU at f32 and through the whole checkpoint
+in transformers on the same token ids, the first token's logits and eight greedy tokens
+compared. Stage 4 loads the text weights on both sides: minutes, and the checkpoint's size in
+RAM twice over (f32), on a 7B model.
 
 Needs transformers beside edgevlm (make parity-env in a checkout, or pip install
 'edgevlm[parity]'). Compares Qwen2/2.5/3-VL, LLaVA-1.5 and 1.6, SmolVLM, Gemma 3 and LFM2-VL
@@ -396,6 +400,8 @@ checkpoints so far; docs/parity.md has the stages and the known differences.
 \b
 Example:
   edgevlm parity --mmproj mmproj-Qwen2.5-VL-7B-f16.gguf --reference ./Qwen2.5-VL-7B-Instruct
+  edgevlm parity -m Qwen2.5-VL-7B-F16.gguf --mmproj mmproj-Qwen2.5-VL-7B-f16.gguf \\
+      --reference ./Qwen2.5-VL-7B-Instruct --image receipt.jpg --ask "What is the total?"
 """
 WORKER_HELP = """Lend this machine's GPU (or CPU) to edgevlm on another machine.
 
@@ -449,6 +455,9 @@ def parity(
         metavar="PHOTO", help="A photo to check (repeatable). Default: nine standard sizes, "
         "phone photos, a screen, a thumbnail, a panorama and a strip.")] = None,
     detail: opt.Detail = "chat",
+    ask: Annotated[str | None, typer.Option(
+        metavar="QUESTION", help="What stage 4 asks of the first photo (with --model). "
+        "Default: describe it in detail, as describe asks.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="The rows as one JSON object.")] = False,
     debug: opt.Debug = False,
 ) -> None:
@@ -460,7 +469,7 @@ def parity(
             task = opt.parse_detail(detail)
         except ValueError as exc:
             raise ConfigError(f"--detail: {exc}") from None
-        code = run_parity(mmproj, model, reference, image or [], task, json_out=json_out)
+        code = run_parity(mmproj, model, reference, image or [], task, json_out=json_out, question=ask)
     raise typer.Exit(code)
 
 

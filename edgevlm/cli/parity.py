@@ -11,6 +11,7 @@ import numpy as np
 import typer
 from PIL import Image
 
+from edgevlm.chat.conversation import DEFAULT_QUESTION
 from edgevlm.cli.render import err
 from edgevlm.errors import ConfigError
 from edgevlm.families import check_pair, family_for, read_projector
@@ -20,11 +21,13 @@ from edgevlm.parity.check import (
     STANDARD_SIZES,
     ParityRow,
     ParityVerdict,
+    answer_row,
     check_reference_dir,
     decode_rows,
     f16_warnings,
     needs_mtmd_count,
     preprocess_rows,
+    reference_input,
     reference_kind,
     reference_request,
     rows_json,
@@ -41,9 +44,10 @@ NO_REFERENCE = ("edgevlm parity needs transformers, the reference implementation
 
 
 def run_parity(mmproj: Path, model: Path | None, reference: Path, images: list[Path], detail: Detail, *,
-               json_out: bool) -> int:
-    """Check everything before the reference runs, run stage 1, print the table (or JSON);
-    the exit status: 0 when nothing differs but what is known, 1 otherwise."""
+               json_out: bool, question: str | None = None) -> int:
+    """Check everything before the reference runs, run stage 1 (and with the text model stages 3
+    and 4), print the table (or JSON); the exit status: 0 when nothing differs but what is known,
+    1 otherwise."""
     from edgevlm.runtime.loading import mtmd_blocks
 
     projector = read_projector(mmproj)
@@ -76,6 +80,8 @@ def run_parity(mmproj: Path, model: Path | None, reference: Path, images: list[P
                       [(f"{w}x{h}", synthetic_photo((w, h), seed)) for seed, (w, h) in enumerate(ROWS_SIZES)])
             more, warnings = _rows_stage(python, text, projector, folder, photos, detail)
             rows += more
+            rows.append(_answer_stage(python, text, projector, folder, photos[0], detail,
+                                      question or DEFAULT_QUESTION))
     if json_out:
         typer.echo(rows_json(rows, warnings))
     else:
@@ -108,10 +114,7 @@ def _rows_stage(python: Path, text: TextModelFacts, projector: ProjectorFacts, f
         paths = []
         for index, ((_name, image), shown) in enumerate(zip(photos, views, strict=True)):
             path = Path(scratch) / f"{index}.png"
-            # Qwen-VL and LFM2-VL: the view edgevlm hands mtmd, which the processor keeps (or tiles
-            # as mtmd does); LLaVA-1.5 and 1.6 and Gemma 3: the photo, which the processor pads,
-            # cuts into its own views or stretches to its square
-            (shown[0] if kind in ("qwen-vl", "lfm2") else image).save(path)
+            reference_input(kind, image, shown).save(path)
             paths.append(str(path))
         request = {"stage": "rows", "family": kind, "dir": str(folder.resolve()), "images": paths}
         theirs = ask_reference(python, request)["results"]
@@ -131,6 +134,32 @@ def _rows_stage(python: Path, text: TextModelFacts, projector: ProjectorFacts, f
         rows.append(rows_rows(name, mine, decode_rows(own), decode_rows(other) if other else None,
                               rolled=rolled))
     return rows, f16_warnings([name for name, _ in photos], [result["peak"] for result in theirs])
+
+
+def _answer_stage(python: Path, text: TextModelFacts, projector: ProjectorFacts, folder: Path,
+                  photo: tuple[str, Image.Image], detail: Detail, question: str) -> ParityRow:
+    """Stage 4: edgevlm's prompt of the first photo and the question, through the pair as edgevlm
+    loads it (on the CPU, at f32), against the whole checkpoint in transformers on the same ids."""
+    from edgevlm.runtime.parity import prompted_answer
+
+    kind = reference_kind(projector)
+    name, image = photo
+    err.print(f"stage 4, the first answer: {name} and {question!r} through {folder.name} in transformers "
+              "and in llama.cpp …")
+    # LLaVA-1.5: its trained view alone (edgevlm's own tiles after it have no reference)
+    ours = prompted_answer(text.path, projector.path, image, question, detail,
+                           max_tiles=0 if kind == "llava" else None)
+    with tempfile.TemporaryDirectory(prefix="edgevlm-parity-") as scratch:
+        path = Path(scratch) / "photo.png"
+        reference_input(kind, image, ours.views).save(path)
+        request: dict[str, Any] = {"stage": "logits", "family": kind, "dir": str(folder.resolve()),
+                                   "input_ids": list(ours.ids), "images": [str(path)],
+                                   "steps": len(ours.greedy)}
+        if family_for(projector).repair(projector).roll_positions:
+            # LLaVA: each view's patch 0 as edgevlm shows it (its neighbour's row, llama.cpp #25814)
+            request["patch_0"] = "neighbour"
+        theirs = ask_reference(python, request)
+    return answer_row(name, ours.logits, ours.greedy, theirs, text.weight_type)
 
 
 def _print_table(rows: list[ParityRow]) -> None:

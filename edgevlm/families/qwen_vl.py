@@ -39,6 +39,8 @@ def qwen_vl_grid(size: tuple[int, int], *, patch_size: int, merge: int = 2,
 # 65,536 and size.longest_edge 16,777,216 (areas, despite the names).
 QWEN2_PIXELS = (56 * 56, 12_845_056)
 QWEN3_PIXELS = (65_536, 16_777_216)
+# Each family's published limits, which edgevlm's plan follows whatever a checkpoint's own says
+PUBLISHED_PIXELS = {"qwen2-vl": QWEN2_PIXELS, "qwen3-vl": QWEN3_PIXELS}
 
 
 def smart_resize(size: tuple[int, int], *, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:

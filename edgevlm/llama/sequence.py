@@ -370,6 +370,12 @@ class EngineSequence:
             if piece:
                 yield piece
 
+    def next_logits(self) -> np.ndarray:
+        """A copy of the next token's logits after the cache (edgevlm parity's stage 4)."""
+        if not self._logits_ready:
+            raise EngineError("no logits: evaluate some text first")
+        return self._current_logits().copy()
+
     def _current_logits(self) -> np.ndarray:
         """The logits of this sequence's last decoded token."""
         if self._logits is not None:

@@ -38,7 +38,7 @@ RECURRENT_ARCHS = frozenset({"mamba", "mamba2", "rwkv6", "rwkv7", "arwkv7", "rwk
 SWA_PATTERN_DEFAULT: dict[str, int | None] = {"gemma3": 6, "gemma4": None}
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.")
 # Bump when the facts' fields change, so stale cache entries are ignored.
-_CACHE_VERSION = 14
+_CACHE_VERSION = 15
 IMAGE_NEWLINE_TENSOR = "model.image_newline"
 CLASS_EMBEDDING_TENSOR = "v.class_embd"
 POSITION_TENSOR = "v.position_embd.weight"
@@ -89,6 +89,8 @@ class TextModelFacts:
     # The last layers that reuse an earlier layer's KV and keep none of their own (Gemma 4 E2B/E4B)
     n_shared_kv_layers: int = 0
     recurrent_state_bytes: int = 0  # one sequence's recurrent state (f32), where edgevlm knows its shape
+    # The ggml type most of the blocks' bytes are stored in ("F32", "F16", "Q4_K", …; "" unread)
+    weight_type: str = ""
 
     @property
     def memory(self) -> MemoryKind:
@@ -215,6 +217,7 @@ def _read_text_model(path: Path) -> TextModelFacts:
         token_embd_bytes=sizes.token_embd_bytes,
         file_bytes=path.stat().st_size,
         tied_embeddings=not sizes.has_output_weight,
+        weight_type=sizes.weight_type,
         n_kv_layers=sum(1 for h in per_layer if h),
         recurrent_state_bytes=_recurrent_state_bytes(fields, arch, n_embd, per_layer.count(0)),
         bos_text=_token_text(reader, "bos"),
@@ -294,6 +297,7 @@ class _TensorSizes:
     output_bytes: int
     token_embd_bytes: int
     has_output_weight: bool
+    weight_type: str
 
 
 def _tensor_sizes(reader: GGUFReader, n_layer: int) -> _TensorSizes:
@@ -301,17 +305,21 @@ def _tensor_sizes(reader: GGUFReader, n_layer: int) -> _TensorSizes:
     layer_bytes = [0] * n_layer
     output_bytes = token_embd_bytes = 0
     has_output_weight = False
+    by_type: dict[str, int] = {}
     for tensor in reader.tensors:
         size = int(tensor.n_bytes)
         match = _LAYER_RE.match(tensor.name)
         if match and int(match.group(1)) < n_layer:
             layer_bytes[int(match.group(1))] += size
+            kind = tensor.tensor_type.name
+            by_type[kind] = by_type.get(kind, 0) + size
         elif tensor.name == "token_embd.weight":
             token_embd_bytes = size
         elif tensor.name.startswith("output"):
             output_bytes += size
             has_output_weight |= tensor.name == "output.weight"
-    return _TensorSizes(tuple(layer_bytes), output_bytes, token_embd_bytes, has_output_weight)
+    weight_type = max(by_type, key=lambda kind: by_type[kind]) if by_type else ""
+    return _TensorSizes(tuple(layer_bytes), output_bytes, token_embd_bytes, has_output_weight, weight_type)
 
 
 def _read_projector(path: Path) -> ProjectorFacts:

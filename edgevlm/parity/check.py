@@ -25,7 +25,7 @@ from edgevlm.families.family import BlockCounter
 from edgevlm.families.llava15 import LabelledTiles
 from edgevlm.families.llava_next import LlavaNextLayout, select_best_resolution
 from edgevlm.families.mtmd import MtmdFamily, NativeLayout
-from edgevlm.families.qwen_vl import QWEN_VL_TOKENS
+from edgevlm.families.qwen_vl import PUBLISHED_PIXELS, QWEN_VL_TOKENS
 from edgevlm.models.gguf import ProjectorFacts
 from edgevlm.vision.layout import Detail, ImageLayout, ImagePlan, ViewBudget, with_task
 from edgevlm.vision.tiling import TilePlan
@@ -44,6 +44,11 @@ SAME_ROW_COSINE = 0.99
 # f16's largest value is 65,504: a tower whose layers reach half of it may overflow in an f16
 # mmproj (the "?" loops of llama.cpp #17534).
 F16_WARNING = 65_504 / 2
+# Stage 4's bound on the first answer token's logits, of their standard deviation, where both sides
+# hold the weights at f32 and every greedy token is the same. The tiny checkpoints measure 0.13%
+# (Gemma 3) and 0.29% (Qwen2.5-VL), and 4.2% and 7.3% on LLaVA-1.6 and 1.5, whose random text
+# weights, drawn wide, carry the tower's f32 rounding (5.5e-4 of its largest value) that far.
+ANSWER_SPREAD = 0.1
 # The processor files a transformers checkpoint keeps its image settings in.
 PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 
@@ -177,6 +182,9 @@ def _size_row(name: str, ours: tuple[int, int], theirs: tuple[int, int] | None,
         why = f"over mtmd's most of {QWEN_VL_TOKENS[1]} tokens: mtmd shrinks it"
     elif theirs[0] * theirs[1] < QWEN_VL_TOKENS[0] * area:
         why = f"under mtmd's least of {QWEN_VL_TOKENS[0]} tokens: mtmd enlarges it"
+    elif theirs[0] * theirs[1] < (least := PUBLISHED_PIXELS.get(family_for(projector).name, (0, 0))[0]):
+        why = (f"under the published processor's least of {least:,} pixels, which edgevlm follows: "
+               "this checkpoint's processor enlarges less")
     else:
         return row
     return ParityRow(row.stage, name, row.measure, row.edgevlm, row.reference, ParityVerdict.KNOWN, why)
@@ -201,6 +209,14 @@ def shown_views(projector: ProjectorFacts, image: Image.Image, detail: Detail) -
     return layout.views(image, layout.plan(image.size, budget))
 
 
+def reference_input(kind: str, photo: Image.Image, views: Sequence[Image.Image]) -> Image.Image:
+    """What the reference's processor is handed for a photo edgevlm shows as `views`: for Qwen-VL
+    and LFM2-VL the view edgevlm hands mtmd, which the processor keeps (or tiles as mtmd does); for
+    LLaVA-1.5 and 1.6 and Gemma 3 the photo, which the processor pads, cuts into its own views or
+    stretches to its square as edgevlm does."""
+    return views[0] if kind in ("qwen-vl", "lfm2") else photo
+
+
 def _open_budget(projector: ProjectorFacts, layout: ImageLayout, detail: Detail) -> ViewBudget:
     """The task's budget in a room no family fills: only the task bounds the image."""
     return with_task(ViewBudget(room=OPEN_ROOM, tile_size=projector.image_size,
@@ -219,7 +235,12 @@ def synthetic_photo(size: tuple[int, int], seed: int) -> Image.Image:
 
 def decode_rows(result: dict[str, Any]) -> np.ndarray:
     """A reference answer's rows (base64 float32) as an array."""
-    return np.frombuffer(base64.b64decode(result["rows"]), np.float32).reshape(result["shape"])
+    return decode_floats(result["rows"]).reshape(result["shape"])
+
+
+def decode_floats(data: str) -> np.ndarray:
+    """A reference answer's base64 float32 array, flat."""
+    return np.frombuffer(base64.b64decode(data), np.float32)
 
 
 def rows_rows(name: str, ours: np.ndarray, theirs: np.ndarray,
@@ -249,6 +270,28 @@ def rows_rows(name: str, ours: np.ndarray, theirs: np.ndarray,
                          "llama.cpp's llava graph puts CLIP's class token last (llama.cpp #25814): each "
                          "patch gets its neighbour's position; fixed upstream by #25844, not yet released")
     return ParityRow("3 image rows", name, measure, ours_text, theirs_text, ParityVerdict.DIFFERS)
+
+
+def answer_row(name: str, ours: np.ndarray, greedy: Sequence[int], theirs: dict[str, Any],
+               weight_type: str) -> ParityRow:
+    """Stage 4: the first answer token's logits and the greedy tokens after it, from edgevlm's
+    prompt, against transformers on the same ids. Within ANSWER_SPREAD and every greedy token
+    the same: the same; text weights stored below f32 move the logits by their own rounding, so
+    there the most likely first token agreeing is a known difference and only its change differs."""
+    logits, their_greedy = decode_floats(theirs["logits"]), list(theirs["greedy"])
+    gap = float(np.abs(ours - logits).max() / logits.std())
+    agree = next((index for index, (a, b) in enumerate(zip(greedy, their_greedy, strict=False)) if a != b),
+                 min(len(greedy), len(their_greedy)))
+    same_first = int(np.argmax(ours)) == int(np.argmax(logits))
+    measure = "first answer token: max |Δlogit|/spread; greedy tokens agreeing"
+    ours_text, theirs_text = f"{gap:.2%}; {agree} of {len(greedy)}", f"(the reference; {their_greedy[:3]}…)"
+    if same_first and gap <= ANSWER_SPREAD and agree == len(greedy):
+        return ParityRow("4 first answer", name, measure, ours_text, theirs_text, ParityVerdict.SAME)
+    if same_first and weight_type not in ("F32", ""):
+        return ParityRow("4 first answer", name, measure, ours_text, theirs_text, ParityVerdict.KNOWN,
+                         f"the text weights are {weight_type}, the reference's f32: the logits move by their "
+                         "rounding; the most likely first token is the same")
+    return ParityRow("4 first answer", name, measure, ours_text, theirs_text, ParityVerdict.DIFFERS)
 
 
 def f16_warnings(names: Sequence[str], peaks: Sequence[float]) -> list[str]:

@@ -42,8 +42,10 @@ Stages (the request's "stage"):
   [views, tokens, width], "rows": …}, ...]}.
 - "logits" of "qwen-vl", "llava", "llava-next", "gemma3", "gemma4", "smolvlm" or "lfm2": the
   checkpoint in {"dir"} run on {"input_ids": [...]} with the image files of {"images"} in their
-  image-token runs (none: a text prompt), processed with {"processor"} where given: the
-  next-token logits and {"steps"} greedy tokens. Answer: {"logits": base64 float32, "greedy": [ids]}.
+  image-token runs (none: a text prompt; an id of -1 is the model's own image token), processed
+  with {"processor"} where given: the next-token logits and {"steps"} greedy tokens. With
+  {"patch_0": "neighbour"} (LLaVA), each view's first patch has its neighbour's features, as
+  edgevlm shows it on the pinned llama.cpp. Answer: {"logits": base64 float32, "greedy": [ids]}.
 - "prompt" of "qwen-vl": stage 2, the ids transformers' Qwen2.5-VL processor makes of each of
   {"conversations": [{"messages": [...], "images": [path, ...]}, ...]} with the chat template
   {"template"}, the tokenizer built from the GGUF {"gguf"}'s vocabulary and the image processor
@@ -69,7 +71,7 @@ import contextlib
 import json
 import sys
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 Answer = dict[str, Any]
@@ -343,7 +345,15 @@ def _logits(request: dict[str, Any]) -> Answer:
     from PIL import Image
 
     model = _saved_model(request)
-    inputs: dict[str, Any] = {"input_ids": torch.tensor([request["input_ids"]])}
+    # the model's own image token (Gemma 3 and LLaVA name it an index), where an id of -1 stands
+    # for an image row (edgevlm parity's prompts)
+    config = model.config
+    named = getattr(config, "image_token_id", None) or getattr(config, "image_token_index", None)
+    image_token = int(named) if named is not None else -1
+    ids = torch.tensor([request["input_ids"]])
+    inputs: dict[str, Any] = {"input_ids": torch.where(ids == -1, image_token, ids)}
+    if request.get("patch_0") == "neighbour":
+        _patch_0_as_neighbour(model)
     if request.get("images"):
         processor = _saved_processor(request)
         images = [Image.open(path).convert("RGB") for path in request["images"]]
@@ -357,12 +367,11 @@ def _logits(request: dict[str, Any]) -> Answer:
         # which tokens are an image's: transformers 5 places Qwen's M-RoPE positions by the grid,
         # and attends Gemma 4's image runs both ways (its 26B/31B setting), only where told (its
         # processor returns this beside the ids; without it all are text)
-        image_token = model.config.image_token_id
         inputs["mm_token_type_ids"] = (inputs["input_ids"] == image_token).to(torch.int32)
     if request["family"] == "gemma3":
         # which tokens are an image's: Gemma 3 attends each image's run both ways (its mask is
         # built from these at the prefill, as its processor returns them), the rest causally
-        inputs["token_type_ids"] = (inputs["input_ids"] == model.config.image_token_index).to(torch.int64)
+        inputs["token_type_ids"] = (inputs["input_ids"] == image_token).to(torch.int64)
     with torch.no_grad():
         logits = model(**inputs).logits[0, -1].float().numpy()
         steps = int(request.get("steps", 0))
@@ -371,6 +380,19 @@ def _logits(request: dict[str, Any]) -> Answer:
             greedy = model.generate(**inputs, max_new_tokens=steps, min_new_tokens=steps, do_sample=False)
             new = greedy[0, inputs["input_ids"].shape[1]:].tolist()
     return {"logits": base64.b64encode(logits.tobytes()).decode(), "greedy": new}
+
+
+def _patch_0_as_neighbour(model: Any) -> None:
+    """LLaVA as edgevlm shows it on the pinned llama.cpp (llama.cpp #25814, corrected but for one
+    row): each view's first patch given its right-hand neighbour's features. The projector works
+    row by row, so its input's row is the output's."""
+
+    def copy_neighbour(_module: Any, inputs: Sequence[Any]) -> tuple[Any, ...]:
+        features = inputs[0].clone()
+        features[:, 0] = features[:, 1]
+        return (features, *inputs[1:])
+
+    model.model.multi_modal_projector.register_forward_pre_hook(copy_neighbour)
 
 
 def _gguf_tokenizer(path: str, **extra_special: str) -> Any:

@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from edgevlm.parity.check import synthetic_photo
+
 from ..conftest import invoke_cli
 
 CLIP_MEAN, CLIP_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
@@ -145,6 +147,9 @@ def test_stage_3_compares_the_rows_and_names_a_perturbed_checkpoint(reference: P
     stage3 = [row for row in _rows(same.stdout)["rows"] if row["stage"] == "3 image rows"]
     assert len(stage3) == 3 and {row["verdict"] for row in stage3} == {"same"}
     assert _rows(same.stdout)["warnings"] == []
+    stage4 = [row for row in _rows(same.stdout)["rows"] if row["stage"] == "4 first answer"]
+    assert [row["verdict"] for row in stage4] == ["same"]
+    assert stage4[0]["edgevlm"].endswith("8 of 8")  # the first photo, eight greedy tokens the same
 
     changed = tmp_path / "perturbed"
     subprocess.run([str(reference), "-c", PERTURB, str(qwen), str(changed)], check=True, capture_output=True)
@@ -161,7 +166,45 @@ def test_stage_3_compares_the_rows_and_names_a_perturbed_checkpoint(reference: P
     assert known.returncode == 0, known.stderr
     rows = [row for row in _rows(known.stdout)["rows"] if row["stage"] == "3 image rows"]
     assert rows and all(row["verdict"] == "known difference" and "#25814" in row["why"] for row in rows)
+    # the answer: transformers run with patch 0 shown as edgevlm shows it, the rest its own
+    answer = [row for row in _rows(known.stdout)["rows"] if row["stage"] == "4 first answer"]
+    assert [row["verdict"] for row in answer] == ["same"]
 
+
+PERTURB_TEXT = """
+import shutil, sys, torch
+from transformers import AutoModelForImageTextToText
+source, out = sys.argv[1], sys.argv[2]
+model = AutoModelForImageTextToText.from_pretrained(source, local_files_only=True)
+torch.manual_seed(0)
+with torch.no_grad():
+    down = model.model.language_model.layers[-1].mlp.down_proj.weight
+    down.add_(torch.randn_like(down) * down.std())
+model.save_pretrained(out)
+shutil.copy(f"{source}/preprocessor_config.json", out)
+"""
+
+
+def test_stage_4_names_a_checkpoint_whose_text_weights_changed(reference: Path, tmp_path: Path) -> None:
+    """The language model's weights are seen by stage 4 alone: changed after the GGUF was written,
+    the rows still agree and the first answer diverges (exit 1, the stage named)."""
+    import subprocess
+
+    from .test_forward import built_checkpoints
+
+    qwen = built_checkpoints(reference) / "qwen2.5-vl"
+    changed = tmp_path / "text-perturbed"
+    subprocess.run([str(reference), "-c", PERTURB_TEXT, str(qwen), str(changed)], check=True,
+                   capture_output=True)
+    photo = tmp_path / "photo.png"
+    synthetic_photo((448, 336), 0).save(photo)
+    done = invoke_cli("parity", "--model", str(qwen / "text.gguf"), "--mmproj", str(qwen / "mmproj.gguf"),
+                      "--reference", str(changed), "--image", str(photo), "--json")
+    assert done.returncode == 1, done.stderr
+    data = _rows(done.stdout)
+    assert data["diverges"] == "4 first answer"
+    verdicts = {row["stage"]: row["verdict"] for row in data["rows"]}
+    assert verdicts == {"1 preprocess": "same", "3 image rows": "same", "4 first answer": "differs"}
 
 
 def test_a_llava_15_checkpoint_is_shown_its_trained_view_first(reference: Path) -> None:
@@ -182,6 +225,9 @@ def test_a_llava_15_checkpoint_is_shown_its_trained_view_first(reference: Path) 
         rows = [row for row in _rows(done.stdout)["rows"] if row["stage"] == "3 image rows"]
         assert len(rows) == 3 and all(row["verdict"] == "known difference" and "#25814" in row["why"]
                                       for row in rows)
+        # the trained view alone, whatever the detail: edgevlm's tiles after it have no reference
+        answer = [row for row in _rows(done.stdout)["rows"] if row["stage"] == "4 first answer"]
+        assert [row["verdict"] for row in answer] == ["same"]
 
 
 def test_a_gemma3_checkpoint_is_shown_its_processors_square(reference: Path) -> None:
@@ -198,38 +244,43 @@ def test_a_gemma3_checkpoint_is_shown_its_processors_square(reference: Path) -> 
     assert len(sizes) == 9 and {(row["edgevlm"], row["reference"]) for row in sizes} == {("64x64", "64x64")}
     stage3 = [row for row in rows if row["stage"] == "3 image rows"]
     assert len(stage3) == 3 and {row["verdict"] for row in stage3} == {"same"}
+    assert [row["verdict"] for row in rows if row["stage"] == "4 first answer"] == ["same"]
 
 
 def test_a_qwen3_vl_checkpoints_rows_carry_its_deepstack_features(reference: Path, tmp_path: Path) -> None:
     """Qwen3-VL, converted by llama.cpp's own converter: mtmd hands the model each row with the
     features of its two deepstack blocks beside the merger's (3 x 64 wide here), and stage 3
-    compares all of them with transformers'. Photos at sizes both sides keep (the tiny checkpoint's
-    processor has a smaller least size than the published one, which stage 1 would flag)."""
+    compares all of them with transformers'. The tiny checkpoint's processor has a smaller least
+    size (4,096 pixels) than the published one (65,536), which edgevlm follows: a 300x200 photo is
+    enlarged by edgevlm alone, a known difference at stage 1; the view edgevlm shows is the rows'."""
     from edgevlm.families import read_projector
-    from edgevlm.parity.check import synthetic_photo
 
     from .test_forward import built_checkpoints
 
     qwen3 = built_checkpoints(reference) / "qwen3-vl"
     assert read_projector(qwen3 / "mmproj.gguf").deepstack_layers == 2
     photos = []
-    for seed, size in enumerate([(512, 512), (1280, 704)]):
+    for seed, size in enumerate([(512, 512), (1280, 704), (300, 200)]):
         photos += ["--image", str(tmp_path / f"{size[0]}x{size[1]}.png")]
         synthetic_photo(size, seed).save(photos[-1])
     done = invoke_cli("parity", "--model", str(qwen3 / "text.gguf"), "--mmproj", str(qwen3 / "mmproj.gguf"),
                       "--reference", str(qwen3), "--json", *photos)
     assert done.returncode == 0, done.stderr
-    stage3 = [row for row in _rows(done.stdout)["rows"] if row["stage"] == "3 image rows"]
-    assert len(stage3) == 2 and {row["verdict"] for row in stage3} == {"same"}
+    rows = _rows(done.stdout)["rows"]
+    small = next(row for row in rows if row["stage"] == "1 preprocess" and row["image"] == "300x200.png")
+    assert (small["edgevlm"], small["reference"]) == ("320x224", "288x192")
+    assert small["verdict"] == "known difference"
+    assert "65,536" in small["why"]
+    stage3 = [row for row in rows if row["stage"] == "3 image rows"]
+    assert len(stage3) == 3 and {row["verdict"] for row in stage3} == {"same"}
+    assert [row["verdict"] for row in rows if row["stage"] == "4 first answer"] == ["same"]
 
 
 @pytest.mark.usefixtures("reference")
 def test_an_lfm2_vl_checkpoint_is_checked_at_stages_1_and_3(reference: Path, tmp_path: Path) -> None:
     """LFM2-VL, converted by llama.cpp's own converter: a photo the processor shows as one view at a
     side of a half of 32 px (where mtmd alone rounds up), one it tiles, and one as it is; the
-    visual tokens and the rows are transformers'."""
-    from edgevlm.parity.check import synthetic_photo
-
+    visual tokens, the rows and the first answer are transformers'."""
     from .test_forward import built_checkpoints
 
     lfm2 = built_checkpoints(reference) / "lfm2-vl"
@@ -242,4 +293,5 @@ def test_an_lfm2_vl_checkpoint_is_checked_at_stages_1_and_3(reference: Path, tmp
     assert done.returncode == 0, done.stderr
     rows = _rows(done.stdout)["rows"]
     assert [row["edgevlm"] for row in rows if row["stage"] == "1 preprocess"] == ["144", "1280", "108"]
-    assert len(rows) == 6 and {row["verdict"] for row in rows} == {"same"}
+    assert len(rows) == 7 and {row["verdict"] for row in rows} == {"same"}
+    assert rows[-1]["stage"] == "4 first answer"

@@ -1,0 +1,95 @@
+"""Stage 4 of `edgevlm parity`: what the model answers to edgevlm's own prompt of one photo and a
+question, loaded as edgevlm loads it (the pair's plan, its chat template, the projector as
+trained), for transformers to be run on the same ids (parity/check.py compares the two).
+
+Composition only: the conversation makes the prompt as every face does; the answer is then
+read by a fresh prefill of that prompt, so that the first token's logits are there to compare.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from edgevlm.chat.settings import ChatSettings
+from edgevlm.llama.engine import Engine
+from edgevlm.llama.sequence import EngineSequence
+from edgevlm.llama.types import EngineConfig
+from edgevlm.runtime.conversations import conversation_for
+from edgevlm.runtime.loading import Loaded, ModelFlags, load
+from edgevlm.values.sampling import Sampling
+from edgevlm.vision.images import LoadedImage
+from edgevlm.vision.layout import Detail
+
+# An image row in a prompt's ids: the reference puts its model's own image token there.
+IMAGE_ROW = -1
+# Greedy tokens compared after the first (the issue's eight: enough for a sentence to go its own way).
+ANSWER_STEPS = 8
+# The context the check runs in: a photo at chat detail and a question fit on every family.
+PARITY_CTX = 8192
+
+
+@dataclass(frozen=True)
+class PromptedAnswer:
+    """edgevlm's prompt of one photo and a question, and what the model makes of it."""
+
+    ids: tuple[int, ...]  # the prompt's token ids, each image row IMAGE_ROW
+    views: tuple[Image.Image, ...]  # the views of the photo the prompt shows, in order
+    logits: np.ndarray  # the first answer token's, float32
+    greedy: tuple[int, ...]  # ANSWER_STEPS greedy tokens, past any end of turn
+
+
+def f32_engine(config: EngineConfig, *, on_load_progress: Any = None) -> Engine:
+    """llama.cpp's engine with an f32 KV cache and no flash attention: the default f16 cache alone
+    moves a tiny model's logits by 2-3.4% of their spread (tests/parity), which would hide what
+    the check is after."""
+    return Engine(replace(config, type_k="f32", type_v="f32", flash_attn=False),
+                  on_load_progress=on_load_progress)
+
+
+def prompted_answer(model: Path, mmproj: Path, photo: Image.Image, question: str, detail: Detail, *,
+                    max_tiles: int | None = None) -> PromptedAnswer:
+    """Load the pair on the CPU at f32, ask `question` of `photo` as a conversation asks it (at
+    `detail`, `max_tiles`: 0 shows LLaVA-1.5 its trained view alone), then prefill that prompt
+    afresh and read its logits and ANSWER_STEPS greedy tokens."""
+    flags = ModelFlags(model=str(model), mmproj=str(mmproj), n_gpu_layers=0, flash_attn=False,
+                       n_ctx=PARITY_CTX)
+    loaded = load(flags, engine=f32_engine)
+    try:
+        return _answer(loaded, LoadedImage(Path("photo.png"), photo, photo.size), question, detail, max_tiles)
+    finally:
+        loaded.engine.close()
+
+
+def _answer(loaded: Loaded, photo: LoadedImage, question: str, detail: Detail,
+            max_tiles: int | None) -> PromptedAnswer:
+    # one answer token: the conversation's prompt is what is wanted, its answer is read below;
+    # keep_images so the answered photo stays in the cache as it was shown
+    settings = ChatSettings(max_tokens=1, sampling=Sampling(temperature=0.0), detail=detail,
+                            max_tiles=max_tiles, keep_images=1)
+    chat = conversation_for(loaded, settings)
+    prepared = chat.prepare(photo, chat.fresh_room(question))
+    chat.ask(question, image=prepared)
+    prompt = [segment for segment in chat.segments if segment.kind != "answer"]
+    sequence = chat.sequence
+    if not isinstance(sequence, EngineSequence):
+        raise TypeError("stage 4 runs on llama.cpp's own sequence")
+    sequence.truncate(0)
+    ids: list[int] = []
+    for segment in prompt:
+        if segment.embedding is not None:
+            sequence.eval_embedding(segment.embedding)
+            ids.extend([IMAGE_ROW] * segment.n_tokens)
+        else:
+            sequence.eval_text(list(segment.tokens))
+            ids.extend(segment.tokens)
+    logits = sequence.next_logits()
+    greedy: list[int] = []
+    for _ in range(ANSWER_STEPS):
+        greedy.append(int(np.argmax(sequence.next_logits())))
+        sequence.eval_text([greedy[-1]])
+    return PromptedAnswer(tuple(ids), prepared.views, logits, tuple(greedy))

@@ -1,0 +1,45 @@
+"""runtime/parity.py, stage 4's side in llama.cpp, on the Qwen2-VL test pair (no reference venv):
+the prompt it reads back is the one the conversation decoded, image rows marked where mtmd put
+them, and its fresh prefill answers as the conversation itself does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from edgevlm.chat.settings import ChatSettings
+from edgevlm.parity.check import synthetic_photo
+from edgevlm.runtime.conversations import conversation_for
+from edgevlm.runtime.loading import ModelFlags, load
+from edgevlm.runtime.parity import ANSWER_STEPS, IMAGE_ROW, PARITY_CTX, f32_engine, prompted_answer
+from edgevlm.values.sampling import Sampling
+from edgevlm.vision.images import LoadedImage
+from edgevlm.vision.layout import Detail
+
+QUESTION = "What is in the picture?"
+
+
+def test_the_prompt_read_back_answers_as_the_conversation_does(test_models: dict[str, Path]) -> None:
+    text, mmproj = test_models["qwen_text"], test_models["qwen_mmproj"]
+    photo = synthetic_photo((224, 168), 0)
+    answer = prompted_answer(text, mmproj, photo, QUESTION, Detail.CHAT)
+
+    view = answer.views[0]
+    rows = [index for index, token in enumerate(answer.ids) if token == IMAGE_ROW]
+    # one run of the view's merged 28 px tokens, between text on both sides
+    assert len(rows) == (view.width // 28) * (view.height // 28)
+    assert rows == list(range(rows[0], rows[0] + len(rows))) and 0 < rows[0] and rows[-1] < len(answer.ids) - 1
+    assert answer.logits.dtype == np.float32 and int(np.argmax(answer.logits)) == answer.greedy[0]
+    assert len(answer.greedy) == ANSWER_STEPS
+
+    # the conversation's own greedy answer to the same photo and question, as it streams it
+    loaded = load(ModelFlags(model=str(text), mmproj=str(mmproj), n_gpu_layers=0, flash_attn=False,
+                             n_ctx=PARITY_CTX), engine=f32_engine)
+    try:
+        chat = conversation_for(loaded, ChatSettings(max_tokens=ANSWER_STEPS, sampling=Sampling(temperature=0.0)))
+        chat.ask(QUESTION, image=LoadedImage(Path("photo.png"), photo, photo.size))
+        streamed = list(chat.sequence.last_completion_tokens)
+    finally:
+        loaded.engine.close()
+    assert streamed and tuple(streamed) == answer.greedy[:len(streamed)]
