@@ -29,7 +29,8 @@ def test_the_prompt_read_back_answers_as_the_conversation_does(test_models: dict
     rows = [index for index, token in enumerate(answer.ids) if token == IMAGE_ROW]
     # one run of the view's merged 28 px tokens, between text on both sides
     assert len(rows) == (view.width // 28) * (view.height // 28)
-    assert rows == list(range(rows[0], rows[0] + len(rows))) and 0 < rows[0] and rows[-1] < len(answer.ids) - 1
+    assert rows == list(range(rows[0], rows[0] + len(rows)))
+    assert 0 < rows[0] and rows[-1] < len(answer.ids) - 1
     assert answer.logits.dtype == np.float32 and int(np.argmax(answer.logits)) == answer.greedy[0]
     assert len(answer.greedy) == ANSWER_STEPS
 
@@ -37,7 +38,8 @@ def test_the_prompt_read_back_answers_as_the_conversation_does(test_models: dict
     loaded = load(ModelFlags(model=str(text), mmproj=str(mmproj), n_gpu_layers=0, flash_attn=False,
                              n_ctx=PARITY_CTX), engine=f32_engine)
     try:
-        chat = conversation_for(loaded, ChatSettings(max_tokens=ANSWER_STEPS, sampling=Sampling(temperature=0.0)))
+        settings = ChatSettings(max_tokens=ANSWER_STEPS, sampling=Sampling(temperature=0.0))
+        chat = conversation_for(loaded, settings)
         chat.ask(QUESTION, image=LoadedImage(Path("photo.png"), photo, photo.size))
         streamed = list(chat.sequence.last_completion_tokens)
     finally:
