@@ -32,6 +32,7 @@ from edgevlm.parity.check import (
     reference_request,
     rows_json,
     rows_rows,
+    shown_image,
     shown_views,
     synthetic_photo,
 )
@@ -112,9 +113,9 @@ def _rows_stage(python: Path, text: TextModelFacts, projector: ProjectorFacts, f
     with tempfile.TemporaryDirectory(prefix="edgevlm-parity-") as scratch:
         views = [shown_views(projector, image, detail) for _name, image in photos]
         paths = []
-        for index, ((_name, image), shown) in enumerate(zip(photos, views, strict=True)):
+        for index, (_name, image) in enumerate(photos):
             path = Path(scratch) / f"{index}.png"
-            reference_input(kind, image, shown).save(path)
+            reference_input(kind, image, shown_image(projector, image, detail)).save(path)
             paths.append(str(path))
         request = {"stage": "rows", "family": kind, "dir": str(folder.resolve()), "images": paths}
         theirs = ask_reference(python, request)["results"]
@@ -129,8 +130,8 @@ def _rows_stage(python: Path, text: TextModelFacts, projector: ProjectorFacts, f
     rows = []
     for (name, _image), shown, own, other in zip(photos, views, theirs, shifted, strict=True):
         ours = [next(encoded) for _view in shown]
-        # LLaVA: a row block a view (1.5 has one)
-        mine = np.stack(ours) if kind in ("llava", "llava-next") else ours[0]
+        # LLaVA: a row block a view (1.5 has one); LFM2-VL: its tiles' and thumbnail's rows in turn
+        mine = np.stack(ours) if kind in ("llava", "llava-next") else np.concatenate(ours)
         rows.append(rows_rows(name, mine, decode_rows(own), decode_rows(other) if other else None,
                               rolled=rolled))
     return rows, f16_warnings([name for name, _ in photos], [result["peak"] for result in theirs])
@@ -151,7 +152,7 @@ def _answer_stage(python: Path, text: TextModelFacts, projector: ProjectorFacts,
                            max_tiles=0 if kind == "llava" else None)
     with tempfile.TemporaryDirectory(prefix="edgevlm-parity-") as scratch:
         path = Path(scratch) / "photo.png"
-        reference_input(kind, image, ours.views).save(path)
+        reference_input(kind, image, ours.shown).save(path)
         request: dict[str, Any] = {"stage": "logits", "family": kind, "dir": str(folder.resolve()),
                                    "input_ids": list(ours.ids), "images": [str(path)],
                                    "steps": len(ours.greedy)}

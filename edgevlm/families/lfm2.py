@@ -7,16 +7,25 @@ Pure: nothing here imports llama_cpp.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from PIL import Image
 
 from edgevlm.families.mtmd import MtmdFamily, ResizeRule
 from edgevlm.models.gguf import ProjectorFacts
+from edgevlm.vision.layout import BlockPen
 
 # LFM2-VL's processor (preprocessor_config.json, and transformers' defaults): 64 to 256 merged
-# tokens a view, and an image past twice the most pixels tiled (mtmd's limits are the same).
+# tokens a view, and an image past twice the most pixels tiled (mtmd's limits are the same), into
+# 2 to 10 tiles of 512 px and a thumbnail.
 LFM2_VL_TOKENS = (64, 256)
 TILING_TOLERANCE = 2.0
+LFM2_TILES = (2, 10)
+LFM2_TILE_PX = 512
+# mtmd's markers for a tiled image (mtmd.cpp, PROJECTOR_TYPE_LFM2), which are the processor's too
+IMAGE_START, IMAGE_END, THUMBNAIL = "<|image_start|>", "<|image_end|>", "<|img_thumbnail|>"
+TILE_MARKER = "<|img_row_{row}_col_{column}|>"
 
 
 def smart_resize(size: tuple[int, int], *, factor: int, least: int, most: int) -> tuple[int, int]:
@@ -36,14 +45,81 @@ def smart_resize(size: tuple[int, int], *, factor: int, least: int, most: int) -
     return w_bar, h_bar
 
 
+def tiled(size: tuple[int, int], projector: ProjectorFacts) -> bool:
+    """Whether LFM2-VL's processor tiles an image of this size: its sides rounded to whole merged
+    tokens hold more than twice a view's most pixels (llama.cpp #27057 made mtmd's predicate this)."""
+    factor = projector.patch_size * max(projector.merge, 1)
+    width, height = size
+    w_bar = max(projector.patch_size, round(width / factor) * factor)
+    h_bar = max(projector.patch_size, round(height / factor) * factor)
+    return w_bar * h_bar > LFM2_VL_TOKENS[1] * factor * factor * TILING_TOLERANCE
+
+
+def tile_grid(size: tuple[int, int], *, tiles: tuple[int, int] = LFM2_TILES,
+              tile_px: int = LFM2_TILE_PX) -> tuple[int, int]:
+    """The (columns, rows) LFM2-VL's processor cuts a tiled image into: of the grids of 2 to 10
+    tiles, the one whose shape is nearest the image's, and of equally near ones the larger where
+    the image covers more than half of it (find_closest_aspect_ratio; mtmd's get_grid_layout)."""
+    least, most = tiles
+    grids = sorted({(w, h) for w in range(1, most + 1) for h in range(1, most + 1) if least <= w * h <= most},
+                   key=lambda grid: grid[0] * grid[1])
+    width, height = size
+    aspect, best, best_gap = width / height, (1, 1), math.inf
+    for columns, rows in grids:
+        gap = abs(aspect - columns / rows)
+        if gap < best_gap:
+            best, best_gap = (columns, rows), gap
+        elif gap == best_gap and width * height > 0.5 * tile_px * tile_px * columns * rows:
+            best = (columns, rows)
+    return best
+
+
+@dataclass(frozen=True)
+class Lfm2Tiles:
+    """LFM2-VL's tiles as its processor cuts them: the image stretched onto the grid's canvas of
+    512 px tiles, and a thumbnail of the whole at its one-view size. The pinned mtmd letterboxes
+    the image onto that canvas instead (clip.cpp's LFM2 case keeps the default refined-image
+    padding, PAD_CEIL): on a 16:9 photo cut 2x1, a tenth of each tile is padding and every tile
+    row is another part of the photo (stage 3 of parity measured a least cosine of 0.29 against
+    transformers). mtmd is handed each tile and the thumbnail as views of their own, which it
+    keeps as they are (both within a view's limits, in whole merged tokens)."""
+
+    projector: ProjectorFacts
+    resample: Image.Resampling = Image.Resampling.BILINEAR
+
+    def grid(self, size: tuple[int, int]) -> tuple[int, int] | None:
+        return tile_grid(size) if tiled(size, self.projector) else None
+
+    def views(self, image: Image.Image, grid: tuple[int, int]) -> list[Image.Image]:
+        columns, rows = grid
+        canvas = image.resize((columns * LFM2_TILE_PX, rows * LFM2_TILE_PX), self.resample)
+        tiles = [canvas.crop((column * LFM2_TILE_PX, row * LFM2_TILE_PX, (column + 1) * LFM2_TILE_PX,
+                              (row + 1) * LFM2_TILE_PX)) for row in range(rows) for column in range(columns)]
+        factor = self.projector.patch_size * max(self.projector.merge, 1)
+        thumbnail = smart_resize(image.size, factor=factor, least=LFM2_VL_TOKENS[0], most=LFM2_VL_TOKENS[1])
+        return [*tiles, image.resize(thumbnail, self.resample)]
+
+    def write(self, grid: tuple[int, int], views: Sequence[Image.Image], pen: BlockPen) -> None:
+        columns, _rows = grid
+        pen.label(IMAGE_START)
+        for index, tile in enumerate(views[:-1]):
+            row, column = divmod(index, columns)
+            pen.label(TILE_MARKER.format(row=row + 1, column=column + 1))
+            rows = pen.encode(tile)
+            pen.rows(rows, tile_tokens=rows.n_tokens)
+        pen.label(THUMBNAIL)
+        pen.rows(pen.encode(views[-1]))
+        pen.label(IMAGE_END)
+
+
 def lfm2_rule(projector: ProjectorFacts) -> ResizeRule:
     """A view LFM2-VL's processor does not tile, handed to mtmd at the size the processor makes of
     it, within a task's ceiling. mtmd rounds a side that is a half of 32 px up where transformers
     rounds it to even (279x528: 153 tokens against the processor's 144; 9 of 950 random sizes in
     tests/parity/); an aligned size within its limits it keeps. An image the processor tiles is
-    left to mtmd, whose tiles and thumbnail are the processor's (llama.cpp #27057's predicate)."""
+    planned on mtmd's counts (its own size where it fits), and cut as the processor cuts it
+    (Lfm2Tiles), into the grid mtmd counts."""
     factor = projector.patch_size * max(projector.merge, 1)
-    area = factor * factor
 
     def resize(size: tuple[int, int], floor: int, ceiling: int | None) -> tuple[int, int] | None:
         if ceiling is not None and ceiling < LFM2_VL_TOKENS[1]:
@@ -51,11 +127,8 @@ def lfm2_rule(projector: ProjectorFacts) -> ResizeRule:
             # no such setting, and its rounding down there (1920x1080 at 64: 60 tokens) is under
             # mtmd's least, which would enlarge it again: left to the search over mtmd's counts
             return None
-        width, height = size
-        w_bar = max(projector.patch_size, round(width / factor) * factor)
-        h_bar = max(projector.patch_size, round(height / factor) * factor)
-        if w_bar * h_bar > LFM2_VL_TOKENS[1] * area * TILING_TOLERANCE:
-            return None  # the processor tiles it, and so does mtmd
+        if tiled(size, projector):
+            return None  # the processor tiles it, and so does edgevlm (Lfm2Tiles)
         least = min(max(floor, LFM2_VL_TOKENS[0]), LFM2_VL_TOKENS[1])
         return smart_resize(size, factor=factor, least=least, most=LFM2_VL_TOKENS[1])
     return resize
@@ -67,4 +140,4 @@ def lfm2_rule(projector: ProjectorFacts) -> ResizeRule:
 # frame takes the fewest; reading has no floor of its own (the largest that fits is its best).
 LFM2_VL = MtmdFamily("lfm2-vl", frozenset({"lfm2"}), text_archs=frozenset({"lfm2", "lfm2moe"}),
                      warmup_tokens_per_side=16, caption_tokens=64, frame_tokens=64,
-                     processor_rule=lfm2_rule, resample=Image.Resampling.BILINEAR)
+                     processor_rule=lfm2_rule, resample=Image.Resampling.BILINEAR, tile_rule=Lfm2Tiles)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 from PIL import Image
@@ -89,11 +90,13 @@ class NativeLayout:
     def __init__(self, projector_type: str, count: BlockCounter, *, frames: FrameScaffold = TIMED_FRAMES,
                  budgets: Mapping[Detail, TaskBudget] | None = None,
                  resize: ResizeRule | None = None,
-                 resample: Image.Resampling = Image.Resampling.BICUBIC) -> None:
+                 resample: Image.Resampling = Image.Resampling.BICUBIC,
+                 tiles: TileCut | None = None) -> None:
         self.name = f"mtmd-{projector_type}"
         self._count = count
         self._resize = resize
         self._resample = resample
+        self._tiles = tiles
         self.frames = frames
         self.budgets: Mapping[Detail, TaskBudget] = budgets or {}
 
@@ -185,15 +188,28 @@ class NativeLayout:
             scale /= SHRINK
         return scale
 
-    def views(self, image: Image.Image, plan: ImagePlan) -> list[Image.Image]:
-        """The image itself, or shrunk to the plan's size (mtmd then does its own resizing)."""
+    def shown(self, image: Image.Image, plan: ImagePlan) -> Image.Image:
+        """The image itself, or shrunk to the plan's size: what mtmd is handed, or what the
+        family's tiles are cut from."""
         size = _native(plan).size
-        if image.size == size:
-            return [image]
-        return [image.resize(size, self._resample)]
+        return image if image.size == size else image.resize(size, self._resample)
+
+    def views(self, image: Image.Image, plan: ImagePlan) -> list[Image.Image]:
+        """The image at the plan's size (mtmd then does its own resizing), or, where the family
+        cuts tiles as its processor does, those tiles and the thumbnail."""
+        shown = self.shown(image, plan)
+        grid = self._tiles.grid(shown.size) if self._tiles is not None else None
+        if self._tiles is not None and grid is not None:
+            return self._tiles.views(shown, grid)
+        return [shown]
 
     def write(self, plan: ImagePlan, views: Sequence[Image.Image], pen: BlockPen) -> None:
-        """mtmd's whole block for the view, or for a merged pair of frames (both in one block)."""
+        """mtmd's whole block for the view, or for a merged pair of frames (both in one block);
+        or the family's tiles and thumbnail, marked as mtmd marks them."""
+        grid = self._tiles.grid(_native(plan).size) if self._tiles is not None else None
+        if self._tiles is not None and grid is not None:
+            self._tiles.write(grid, views, pen)
+            return
         pen.mtmd_block(views[0], views[1] if len(views) > 1 else None)
 
     def blocks_ahead(self, views: Sequence[Image.Image]) -> Sequence[Image.Image]:
@@ -292,6 +308,25 @@ def _round_half_away(x: np.float32) -> np.float32:
     return lower + 1 if x - lower >= 0.5 else lower
 
 
+class TileCut(Protocol):
+    """A family whose reference processor cuts a large image into tiles and a thumbnail in a way
+    mtmd does not (LFM2-VL: mtmd letterboxes the tiles' canvas, the processor stretches the image
+    onto it): edgevlm cuts them as the processor does, hands mtmd each as a view of its own, and
+    writes the block with mtmd's markers, so its tokens are the ones mtmd counted."""
+
+    def grid(self, size: tuple[int, int]) -> tuple[int, int] | None:
+        """The (columns, rows) of tiles an image of this size is cut into; None: one view."""
+        ...
+
+    def views(self, image: Image.Image, grid: tuple[int, int]) -> list[Image.Image]:
+        """The tiles, row by row, then the thumbnail."""
+        ...
+
+    def write(self, grid: tuple[int, int], views: Sequence[Image.Image], pen: BlockPen) -> None:
+        """The block: each tile's rows after its marker, then the thumbnail's."""
+        ...
+
+
 # A block's tokens for an image size by the family's own rule, from the projector's facts.
 GridRule = Callable[[ProjectorFacts], BlockCounter]
 # The size (w, h) a family's reference image processor resizes a (w, h) image to, for a task's
@@ -325,6 +360,8 @@ class MtmdFamily:
     # and the filter its processor resizes with
     processor_rule: ProcessorRule | None = field(default=None, compare=False)
     resample: Image.Resampling = Image.Resampling.BICUBIC
+    # tiles cut as the reference processor cuts them, where mtmd's cut differs (None: mtmd's own)
+    tile_rule: Callable[[ProjectorFacts], TileCut] | None = field(default=None, compare=False)
     deepstack: bool = False
     mrope: bool = False  # rows positioned by their grid (mtmd_decode_use_mrope): Qwen-VL
     # Budgets by task, for a family whose tokens follow the image's size: the most visual tokens a
@@ -359,7 +396,8 @@ class MtmdFamily:
         resize = self.processor_rule(projector) if self.processor_rule is not None else None
         return NativeLayout(projector.projector_type, self.block_counter(projector, measure),
                             frames=self.frames, budgets=self.budgets(projector), resize=resize,
-                            resample=self.resample)
+                            resample=self.resample,
+                            tiles=self.tile_rule(projector) if self.tile_rule is not None else None)
 
     def budgets(self, projector: ProjectorFacts) -> dict[Detail, TaskBudget]:
         """Each task's floor and ceiling of visual tokens for this projector."""

@@ -216,19 +216,19 @@ class Projector:
 
     @staticmethod
     def _image_chunks(chunks: ctypes.c_void_p) -> list[ctypes.c_void_p]:
-        """Every image chunk mtmd made of one bitmap, in its order.
+        """Every image chunk mtmd made of one bitmap, in its order: a view's rows alone.
 
         A LLaVA-1.6 projector slices a view larger than its image size into several chunks
-        (an overview and tiles); all of them are kept, never just one.
+        (an overview and tiles); all of them are kept, never just one. The family's marker
+        tokens around them (LLaVA's mlp projector has none; LFM2-VL's <|image_start|> and
+        <|image_end|>) are left out: a layout that asks for a view's rows writes its own
+        (families/lfm2.py's tiles).
         """
         found = []
         for i in range(mtmd_cpp.mtmd_input_chunks_size(chunks)):
             chunk = mtmd_cpp.mtmd_input_chunks_get(chunks, i)
             if mtmd_cpp.mtmd_input_chunk_get_type(chunk) == mtmd_cpp.MTMD_INPUT_CHUNK_TYPE_IMAGE:
                 found.append(chunk)
-            elif mtmd_cpp.mtmd_input_chunk_get_n_tokens(chunk):
-                # LLaVA's mlp projector adds no begin/end tokens; others are not supported here.
-                raise EngineError("this projector wraps images in extra tokens; edgevlm does not support it")
         if not found:
             raise EngineError("mtmd produced no image chunk")
         return found

@@ -209,12 +209,21 @@ def shown_views(projector: ProjectorFacts, image: Image.Image, detail: Detail) -
     return layout.views(image, layout.plan(image.size, budget))
 
 
-def reference_input(kind: str, photo: Image.Image, views: Sequence[Image.Image]) -> Image.Image:
-    """What the reference's processor is handed for a photo edgevlm shows as `views`: for Qwen-VL
-    and LFM2-VL the view edgevlm hands mtmd, which the processor keeps (or tiles as mtmd does); for
-    LLaVA-1.5 and 1.6 and Gemma 3 the photo, which the processor pads, cuts into its own views or
-    stretches to its square as edgevlm does."""
-    return views[0] if kind in ("qwen-vl", "lfm2") else photo
+def reference_input(kind: str, photo: Image.Image, shown: Image.Image) -> Image.Image:
+    """What the reference's processor is handed for a photo edgevlm shows at `shown` (its plan's
+    size): for Qwen-VL and LFM2-VL that image, which the processor keeps (or tiles as edgevlm
+    does); for LLaVA-1.5 and 1.6 and Gemma 3 the photo, which the processor pads, cuts into its
+    own views or stretches to its square as edgevlm does."""
+    return shown if kind in ("qwen-vl", "lfm2") else photo
+
+
+def shown_image(projector: ProjectorFacts, image: Image.Image, detail: Detail) -> Image.Image:
+    """The image at the size edgevlm's plan shows it at, before any tiles are cut from it (an mtmd
+    family's); the photo itself for the layouts that cut their own views."""
+    layout = layout_for(projector)
+    if not isinstance(layout, NativeLayout):
+        return image
+    return layout.shown(image, layout.plan(image.size, _open_budget(projector, layout, detail)))
 
 
 def _open_budget(projector: ProjectorFacts, layout: ImageLayout, detail: Detail) -> ViewBudget:

@@ -16,6 +16,7 @@ import numpy as np
 from PIL import Image
 
 from edgevlm.chat.settings import ChatSettings
+from edgevlm.families.mtmd import NativeLayout
 from edgevlm.llama.engine import Engine
 from edgevlm.llama.sequence import EngineSequence
 from edgevlm.llama.types import EngineConfig
@@ -38,6 +39,7 @@ class PromptedAnswer:
     """edgevlm's prompt of one photo and a question, and what the model makes of it."""
 
     ids: tuple[int, ...]  # the prompt's token ids, each image row IMAGE_ROW
+    shown: Image.Image  # the photo at the size the plan shows it, before any tiles are cut from it
     views: tuple[Image.Image, ...]  # the views of the photo the prompt shows, in order
     logits: np.ndarray  # the first answer token's, float32
     greedy: tuple[int, ...]  # ANSWER_STEPS greedy tokens, past any end of turn
@@ -92,4 +94,6 @@ def _answer(loaded: Loaded, photo: LoadedImage, question: str, detail: Detail,
     for _ in range(ANSWER_STEPS):
         greedy.append(int(np.argmax(sequence.next_logits())))
         sequence.eval_text([greedy[-1]])
-    return PromptedAnswer(tuple(ids), prepared.views, logits, tuple(greedy))
+    layout = loaded.layout
+    shown = layout.shown(photo.image, prepared.plan) if isinstance(layout, NativeLayout) else photo.image
+    return PromptedAnswer(tuple(ids), shown, prepared.views, logits, tuple(greedy))

@@ -278,20 +278,21 @@ def test_a_qwen3_vl_checkpoints_rows_carry_its_deepstack_features(reference: Pat
 
 @pytest.mark.usefixtures("reference")
 def test_an_lfm2_vl_checkpoint_is_checked_at_stages_1_and_3(reference: Path, tmp_path: Path) -> None:
-    """LFM2-VL, converted by llama.cpp's own converter: a photo the processor shows as one view at a
-    side of a half of 32 px (where mtmd alone rounds up), one it tiles, and one as it is; the
+    """LFM2-VL, converted by llama.cpp's own converter: a 16:9 photo it stretches onto 2x1 tiles
+    (which mtmd alone letterboxes; asked about at stage 4), a photo the processor shows as one view
+    at a side of a half of 32 px (where mtmd alone rounds up), one it tiles, and one as it is; the
     visual tokens, the rows and the first answer are transformers'."""
     from .test_forward import built_checkpoints
 
     lfm2 = built_checkpoints(reference) / "lfm2-vl"
     photos = []
-    for seed, size in enumerate([(279, 528), (1024, 1024), (384, 288)]):
+    for seed, size in enumerate([(1280, 720), (279, 528), (1024, 1024), (384, 288)]):
         photos += ["--image", str(tmp_path / f"{size[0]}x{size[1]}.png")]
         synthetic_photo(size, seed).save(photos[-1])
     done = invoke_cli("parity", "--model", str(lfm2 / "text.gguf"), "--mmproj", str(lfm2 / "mmproj.gguf"),
                       "--reference", str(lfm2), "--json", *photos)
     assert done.returncode == 0, done.stderr
     rows = _rows(done.stdout)["rows"]
-    assert [row["edgevlm"] for row in rows if row["stage"] == "1 preprocess"] == ["144", "1280", "108"]
-    assert len(rows) == 7 and {row["verdict"] for row in rows} == {"same"}
-    assert rows[-1]["stage"] == "4 first answer"
+    assert [row["edgevlm"] for row in rows if row["stage"] == "1 preprocess"] == ["764", "144", "1280", "108"]
+    assert len(rows) == 9 and {row["verdict"] for row in rows} == {"same"}
+    assert (rows[-1]["stage"], rows[-1]["image"]) == ("4 first answer", "1280x720.png")

@@ -152,10 +152,15 @@ def _llava_prompt(sequence: Any, blocks: list[np.ndarray], question: str
     text(f"{VICUNA.after_image}{question}{VICUNA.user_suffix}")
     return (ids, *_answer(sequence))
 
+def _least_cosine(ours: np.ndarray, theirs: np.ndarray) -> float:
+    """The least cosine of a row with its counterpart."""
+    cosine = (ours * theirs).sum(1) / (np.linalg.norm(ours, axis=1) * np.linalg.norm(theirs, axis=1))
+    return float(cosine.min())
+
+
 def _assert_same_rows(ours: np.ndarray, theirs: np.ndarray, label: object) -> None:
     """Every row within ROWS_COSINE of transformers' and ROWS_RELATIVE of its largest value."""
-    cosine = (ours * theirs).sum(1) / (np.linalg.norm(ours, axis=1) * np.linalg.norm(theirs, axis=1))
-    assert cosine.min() >= ROWS_COSINE, label
+    assert _least_cosine(ours, theirs) >= ROWS_COSINE, label
     assert np.abs(ours - theirs).max() <= ROWS_RELATIVE * np.abs(theirs).max(), label
 
 
@@ -750,6 +755,43 @@ def test_lfm2_vl_rows_are_transformers_view_by_view(reference: Path, checkpoint:
             ours = _block_rows(sequence, Image.open(path).convert("RGB"))
             assert ours.shape == theirs.shape, size
             _assert_same_rows(ours, theirs, size)
+
+
+# Photos whose shape is not their grid's: stretched onto it by transformers, letterboxed by mtmd
+LFM2_STRETCHED = [(1280, 720), (720, 1280), (1600, 900), (2000, 700)]
+# edgevlm's tiles are cut by PIL from 8-bit pixels where transformers resamples in torch: measured
+# a least cosine of 0.99996 and at most 5.1e-3 of the largest value (the views it does not resample
+# itself: 0.9999996 and 5.6e-4, ROWS_*); mtmd's own letterboxed tiles 0.13 to 0.31
+STRETCHED_COSINE, STRETCHED_RELATIVE = 0.9999, 1e-2
+
+
+def test_lfm2_vl_tiles_as_edgevlm_cuts_them_are_transformers_where_mtmd_letterboxes(
+        reference: Path, checkpoint: Path, tmp_path: Path) -> None:
+    """The pinned mtmd pads a tiled photo onto its grid's canvas (clip.cpp's LFM2 case keeps the
+    refined image's default PAD_CEIL), where LFM2-VL's processor stretches it: a photo whose shape
+    is not its grid's is shown other tiles. edgevlm cuts them as the processor does (Lfm2Tiles)
+    and hands mtmd each as a view: transformers' rows; mtmd's own cut: far from them, recorded, so
+    that a llama.cpp that stretches fails here and the correction can go."""
+    from edgevlm.families.lfm2 import Lfm2Tiles
+
+    folder = checkpoint.parent / "lfm2-vl"
+    tiles = Lfm2Tiles(read_projector(folder / "mmproj.gguf"))
+    paths = [_photo(tmp_path / f"{w}x{h}.png", (w, h), seed) for seed, (w, h) in enumerate(LFM2_STRETCHED)]
+    answer = ask_reference(reference, {"stage": "rows", "family": "lfm2", "dir": str(folder),
+                                       "images": [str(path) for path in paths]})
+    with _f32_engine(folder / "text.gguf", folder / "mmproj.gguf", n_ctx=4096) as engine:
+        sequence = engine.sequence()
+        for path, result in zip(paths, answer["results"], strict=True):
+            theirs = _floats(result["rows"], result["shape"])
+            photo = Image.open(path).convert("RGB")
+            grid = tiles.grid(photo.size)
+            assert grid is not None and grid[0] * grid[1] > 1, path.name
+            ours = np.concatenate([np.asarray(sequence.encode_image(view).rows, np.float32)
+                                   for view in tiles.views(photo, grid)])
+            assert ours.shape == theirs.shape, path.name
+            assert _least_cosine(ours, theirs) >= STRETCHED_COSINE, path.name
+            assert np.abs(ours - theirs).max() <= STRETCHED_RELATIVE * np.abs(theirs).max(), path.name
+            assert _least_cosine(_block_rows(sequence, photo), theirs) < 0.9, path.name  # mtmd's own
 
 
 # measured 0.074% (one image), 0.051% (two), 0.039% (a tiled photo) of the logits' spread
