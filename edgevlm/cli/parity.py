@@ -25,6 +25,8 @@ from edgevlm.parity.check import (
     check_reference_dir,
     decode_rows,
     f16_warnings,
+    gemma4_processor,
+    gemma4_view,
     needs_mtmd_count,
     preprocess_rows,
     reference_input,
@@ -79,6 +81,9 @@ def run_parity(mmproj: Path, model: Path | None, reference: Path, images: list[P
         if family_for(projector).name in ROWS_FAMILIES:
             photos = ([(p.name, load_image(p).image) for p in images] if images else
                       [(f"{w}x{h}", synthetic_photo((w, h), seed)) for seed, (w, h) in enumerate(ROWS_SIZES)])
+            if reference_kind(projector) == "gemma4":  # as mtmd would resize it: both sides see its pixels
+                photos = [(name, gemma4_view(projector, shown_image(projector, image, detail)))
+                          for name, image in photos]
             more, warnings = _rows_stage(python, text, projector, folder, photos, detail)
             rows += more
             rows.append(_answer_stage(python, text, projector, folder, photos[0], detail,
@@ -98,7 +103,7 @@ def run_parity(mmproj: Path, model: Path | None, reference: Path, images: list[P
 
 # The families whose checkpoints stage 3 runs (transformers' tower, the reference's "rows"; Qwen3-VL's
 # with its deepstack layers' features beside the merger's, as mtmd hands them to the model).
-ROWS_FAMILIES = ("qwen2-vl", "qwen3-vl", "llava-1.5", "llava-next", "gemma3", "lfm2-vl")
+ROWS_FAMILIES = ("qwen2-vl", "qwen3-vl", "llava-1.5", "llava-next", "gemma3", "gemma4", "lfm2-vl")
 
 
 def _rows_stage(python: Path, text: TextModelFacts, projector: ProjectorFacts, folder: Path,
@@ -117,7 +122,10 @@ def _rows_stage(python: Path, text: TextModelFacts, projector: ProjectorFacts, f
             path = Path(scratch) / f"{index}.png"
             reference_input(kind, image, shown_image(projector, image, detail)).save(path)
             paths.append(str(path))
-        request = {"stage": "rows", "family": kind, "dir": str(folder.resolve()), "images": paths}
+        request: dict[str, Any] = {"stage": "rows", "family": kind, "dir": str(folder.resolve()),
+                                   "images": paths}
+        if kind == "gemma4":  # each view as it is, in the least budget that holds it
+            request["processors"] = [gemma4_processor(projector, image) for _name, image in photos]
         theirs = ask_reference(python, request)["results"]
         shifted: list[dict[str, Any] | None] = [None] * len(photos)
         if kind in ("llava", "llava-next"):  # llama.cpp's own order too, to name its known difference
@@ -156,6 +164,8 @@ def _answer_stage(python: Path, text: TextModelFacts, projector: ProjectorFacts,
         request: dict[str, Any] = {"stage": "logits", "family": kind, "dir": str(folder.resolve()),
                                    "input_ids": list(ours.ids), "images": [str(path)],
                                    "steps": len(ours.greedy)}
+        if kind == "gemma4":
+            request["processor"] = gemma4_processor(projector, ours.shown)
         if family_for(projector).repair(projector).roll_positions:
             # LLaVA: each view's patch 0 as edgevlm shows it (its neighbour's row, llama.cpp #25814)
             request["patch_0"] = "neighbour"

@@ -40,6 +40,8 @@ GEMMA3N = MtmdFamily("gemma3n", frozenset({"gemma3nv"}), text_archs=frozenset({"
 # dynamic-size rule into 70..1120 tokens (set_limit_image_tokens), warmed up at 256 tokens (16 a
 # side); mtmd wraps each image in <|image> … <image|>.
 GEMMA4_TOKENS = (70, 1120)
+# The budgets Gemma 4's processor takes (max_soft_tokens): Google's ladder
+GEMMA4_LADDER = (70, 140, 280, 560, 1120)
 GEMMA4_WARMUP_SIDE = 16
 # mtmd keeps the images of Gemma 4 E2B (1536 wide) and E4B (2560) causal, and has every other
 # Gemma 4 attend to an image both ways (mtmd_decode_use_non_causal; the unified projector always).
@@ -54,6 +56,14 @@ def gemma4_counter(projector: ProjectorFacts) -> BlockCounter:
         columns, rows = dyn_size_grid(size, align=align, tokens=GEMMA4_TOKENS)
         return columns * rows + FIXED_MARKERS, columns * rows
     return count
+
+
+def gemma4_shown_size(projector: ProjectorFacts, size: tuple[int, int]) -> tuple[int, int]:
+    """The size mtmd resizes an image of this size to before Gemma 4's tower: whole 48 px tokens
+    by its dynamic-size rule, within 70..1120 of them."""
+    align = projector.patch_size * max(projector.merge, 1)
+    columns, rows = dyn_size_grid(size, align=align, tokens=GEMMA4_TOKENS)
+    return columns * align, rows * align
 
 
 def gemma4_both_ways(projector: ProjectorFacts, text: TextModelFacts) -> bool:

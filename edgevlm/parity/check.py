@@ -22,6 +22,7 @@ from PIL import Image
 from edgevlm.errors import ConfigError
 from edgevlm.families import family_for, layout_for
 from edgevlm.families.family import BlockCounter
+from edgevlm.families.gemma import GEMMA4_LADDER, gemma4_counter, gemma4_shown_size
 from edgevlm.families.llava15 import LabelledTiles
 from edgevlm.families.llava_next import LlavaNextLayout, select_best_resolution
 from edgevlm.families.mtmd import MtmdFamily, NativeLayout
@@ -79,11 +80,11 @@ class ParityRow:
 def reference_kind(projector: ProjectorFacts) -> str:
     """Which of reference.py's checkpoint readers answers for this projector's family."""
     kinds = {"qwen2-vl": "qwen-vl", "qwen3-vl": "qwen-vl", "llava-1.5": "llava", "llava-next": "llava-next",
-             "smolvlm": "smolvlm", "gemma3": "gemma3", "lfm2-vl": "lfm2"}
+             "smolvlm": "smolvlm", "gemma3": "gemma3", "gemma4": "gemma4", "lfm2-vl": "lfm2"}
     kind = kinds.get(family_for(projector).name)
     if kind is None:
         raise ConfigError(f"{projector.path}: edgevlm parity compares Qwen-VL, LLaVA-1.5 and 1.6, SmolVLM, "
-                          f"Gemma 3 and LFM2-VL checkpoints so far, not {family_for(projector).name}")
+                          f"Gemma 3 and 4 and LFM2-VL checkpoints so far, not {family_for(projector).name}")
     return kind
 
 
@@ -136,9 +137,30 @@ def preprocess_rows(projector: ProjectorFacts, names: Sequence[str], sizes: Sequ
         elif answer["kind"] == "tokens":  # LFM2-VL: every view's tokens, tiles and thumbnail
             ours = plan.visual_tokens
             rows.append(_row(name, "visual tokens (all views)", str(ours), str(theirs), ours == theirs))
+        elif answer["kind"] == "soft tokens":
+            rows.append(_soft_tokens_row(name, plan.visual_tokens, theirs))
         else:
             rows.append(_size_row(name, plan.size, tuple(theirs) if theirs else None, projector))
     return rows
+
+
+def _soft_tokens_row(name: str, ours: int, theirs: dict[str, int] | None) -> ParityRow:
+    """Gemma 4: the processor scales every image, up or down, to fill its one budget; mtmd keeps
+    the photo's own size within the task's budget, and edgevlm's plan with it (docs/parity.md:
+    measured, not yet followed)."""
+    measure = "visual tokens"
+    if theirs is None:
+        return ParityRow("1 preprocess", name, measure, str(ours), "refused", ParityVerdict.KNOWN,
+                         "transformers refuses a strip whose one token a side is over its budget; "
+                         "mtmd takes it")
+    tokens, budget = theirs["tokens"], theirs["budget"]
+    row = _row(name, measure, str(ours), f"{tokens} of {budget}", ours == tokens)
+    if row.verdict is ParityVerdict.SAME:
+        return row
+    return ParityRow(row.stage, name, measure, row.edgevlm, row.reference, ParityVerdict.KNOWN,
+                     f"Gemma 4's processor scales every image to fill its budget of {budget} tokens; mtmd "
+                     "keeps the photo's own size within the task's budget, and edgevlm with it "
+                     "(llama.cpp #24146; docs/parity.md)")
 
 
 def _canvas_row(name: str, size: tuple[int, int], layout: LlavaNextLayout,
@@ -209,12 +231,25 @@ def shown_views(projector: ProjectorFacts, image: Image.Image, detail: Detail) -
     return layout.views(image, layout.plan(image.size, budget))
 
 
+def gemma4_view(projector: ProjectorFacts, image: Image.Image) -> Image.Image:
+    """A Gemma 4 image at the size mtmd would resize it to (whole 48 px tokens), so that mtmd
+    keeps it and transformers' processor, told not to resize, is shown the same pixels."""
+    return image.resize(gemma4_shown_size(projector, image.size), Image.Resampling.BICUBIC)
+
+
+def gemma4_processor(projector: ProjectorFacts, view: Image.Image) -> dict[str, Any]:
+    """The processor's arguments for a view gemma4_view made: no resizing, and the least budget
+    on its ladder that holds the view's tokens (the rest is padding it masks)."""
+    tokens = gemma4_counter(projector)(view.size)[1]
+    return {"do_resize": False, "max_soft_tokens": next(b for b in GEMMA4_LADDER if b >= tokens)}
+
+
 def reference_input(kind: str, photo: Image.Image, shown: Image.Image) -> Image.Image:
     """What the reference's processor is handed for a photo edgevlm shows at `shown` (its plan's
-    size): for Qwen-VL and LFM2-VL that image, which the processor keeps (or tiles as edgevlm
-    does); for LLaVA-1.5 and 1.6 and Gemma 3 the photo, which the processor pads, cuts into its
-    own views or stretches to its square as edgevlm does."""
-    return shown if kind in ("qwen-vl", "lfm2") else photo
+    size): for Qwen-VL, LFM2-VL and Gemma 4 that image, which the processor keeps (or tiles as
+    edgevlm does; Gemma 4's told not to resize it); for LLaVA-1.5 and 1.6 and Gemma 3 the photo,
+    which the processor pads, cuts into its own views or stretches to its square as edgevlm does."""
+    return shown if kind in ("qwen-vl", "lfm2", "gemma4") else photo
 
 
 def shown_image(projector: ProjectorFacts, image: Image.Image, detail: Detail) -> Image.Image:

@@ -23,7 +23,9 @@ Stages (the request's "stage"):
   AutoImageProcessor, on a synthetic image of each [w, h]. Answer: {"kind": "size", "results":
   [[w, h] or null, ...]} for Qwen-VL (null: refused), Gemma 3 and LLaVA-1.5 (their pixel_values' size),
   {"kind": "views", ...} for SmolVLM,
-  {"kind": "canvas", "results": [{"canvas": [w, h], "tie": bool}, ...]} for LLaVA-NeXT.
+  {"kind": "canvas", "results": [{"canvas": [w, h], "tie": bool}, ...]} for LLaVA-NeXT,
+  {"kind": "soft tokens", "results": [{"tokens": n, "budget": its max_soft_tokens} or null, ...]}
+  for Gemma 4 (null: refused).
 - "pixels": the pixels a processor hands the encoder, before rescaling and normalising (0..255),
   for each image file of {"images": [path, ...]}: "qwen-vl" at {"patch_size", "merge", "min_pixels",
   "max_pixels"}, un-patchified to the resized image; "llava" (LLaVA-1.5: padded to a square in the
@@ -32,7 +34,8 @@ Stages (the request's "stage"):
 - "rows" of "qwen-vl", "gemma3", "gemma4" or "smolvlm": the rows the vision tower and projector
   (Qwen's merger, Gemma's pooling, norm and projection) of the checkpoint in {"dir"} give each
   image file of {"images"} (its own processor, its own forward, float32), the processor called
-  with {"processor": {...}} where given (Gemma 4's "max_soft_tokens").
+  with {"processor": {...}} where given (Gemma 4's "max_soft_tokens"), or each image with its own
+  of {"processors": [{...}, ...]}.
   Answer: {"results": [{"shape": [tokens, width], "rows": base64 of the float32 array}, ...]}.
 - "rows" of "llava-next" (and "llava", LLaVA-1.5: its one padded view): each view's rows (the
   processor's overview and tiles, before packing) of each image file, at the checkpoint's feature
@@ -289,9 +292,10 @@ def _rows(request: dict[str, Any]) -> Answer:
     # the vision tower, by the name each family's model gives it
     tower = next(getattr(model.model, name) for name in ("visual", "vision_model", "vision_tower")
                  if hasattr(model.model, name))
-    for path in request["images"]:
-        out = processor(images=[Image.open(path).convert("RGB")], return_tensors="pt",
-                        **request.get("processor", {}))
+    # the processor's arguments: one set for every image, or one an image (Gemma 4's budget)
+    arguments = request.get("processors") or [request.get("processor", {})] * len(request["images"])
+    for path, given in zip(request["images"], arguments, strict=True):
+        out = processor(images=[Image.open(path).convert("RGB")], return_tensors="pt", **given)
         # Qwen-VL's size in patches; SmolVLM's mask of the pixels each view holds; Gemma 4's
         # patches' places; LFM2-VL's views' sizes in patches and their masks
         grid = [out[key] for key in ("image_grid_thw", "spatial_shapes", "pixel_attention_mask",
@@ -535,6 +539,14 @@ def _checkpoint(request: dict[str, Any]) -> Answer:
             pixels = processor(images=[Image.new("RGB", (width, height), (120, 80, 40))],
                                return_tensors="np")["pixel_values"]
             results.append([int(pixels.shape[-1]), int(pixels.shape[-2])])
+        elif family == "gemma4":  # the soft tokens it scales the image to, at its own budget
+            try:
+                image = Image.new("RGB", (width, height), (120, 80, 40))
+                out = processor(images=[image], return_tensors="np")
+                results.append({"tokens": int(out["num_soft_tokens_per_image"][0]),
+                                "budget": int(processor.max_soft_tokens)})
+            except ValueError:  # a strip whose one token a side is over the budget
+                results.append(None)
         elif family == "lfm2":  # the visual tokens of every view it makes (tiles and thumbnail)
             out = processor(images=[Image.new("RGB", (width, height), (120, 80, 40))], return_tensors="pt")
             results.append(_lfm2_tokens(out, processor.downsample_factor))
@@ -550,7 +562,7 @@ def _checkpoint(request: dict[str, Any]) -> Answer:
                 results.append([int(grid[2]) * processor.patch_size, int(grid[1]) * processor.patch_size])
             except ValueError:  # an aspect ratio over 200
                 results.append(None)
-    kinds = {"smolvlm": "views", "llava-next": "canvas", "lfm2": "tokens"}
+    kinds = {"smolvlm": "views", "llava-next": "canvas", "lfm2": "tokens", "gemma4": "soft tokens"}
     return {"kind": kinds.get(family, "size"), "results": results}
 
 
@@ -585,6 +597,7 @@ STAGES: dict[tuple[str, str], Callable[[dict[str, Any]], Answer]] = {
     ("checkpoint", "llava"): _checkpoint,
     ("checkpoint", "gemma3"): _checkpoint,
     ("checkpoint", "lfm2"): _checkpoint,
+    ("checkpoint", "gemma4"): _checkpoint,
 }
 
 

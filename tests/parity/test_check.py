@@ -4,12 +4,17 @@ the greedy tokens after it, against a reference answer as the reference venv wri
 from __future__ import annotations
 
 import base64
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edgevlm.parity.check import ANSWER_SPREAD, ParityVerdict, answer_row
+from edgevlm.errors import ConfigError
+from edgevlm.families import read_projector
+from edgevlm.parity.check import ANSWER_SPREAD, ParityVerdict, answer_row, reference_kind
 
 GREEDY = [5, 9, 2, 7, 7, 1, 3, 8]
 
@@ -55,3 +60,10 @@ def test_another_first_token_differs_whatever_the_weights() -> None:
     for weights in ("F32", "F16", "Q4_K"):
         row = answer_row("photo", ours, GREEDY, _theirs(theirs, GREEDY), weights)
         assert row.verdict is ParityVerdict.DIFFERS
+
+
+def test_a_family_without_a_reader_is_named(test_models: dict[str, Path]) -> None:
+    projector = read_projector(test_models["gemma4_mmproj"])
+    assert reference_kind(projector) == "gemma4"
+    with pytest.raises(ConfigError, match="so far, not internvl"):
+        reference_kind(replace(projector, projector_type="internvl"))
