@@ -18,6 +18,7 @@ from edgevlm.families import check_pair, family_for, read_projector
 from edgevlm.models.gguf import ProjectorFacts, TextModelFacts, read_text_model
 from edgevlm.parity.check import (
     ROWS_SIZES,
+    SHOWN_TWICE,
     STANDARD_SIZES,
     ParityRow,
     ParityVerdict,
@@ -27,6 +28,7 @@ from edgevlm.parity.check import (
     f16_warnings,
     gemma4_processor,
     gemma4_view,
+    holds_weights,
     needs_mtmd_count,
     preprocess_rows,
     reference_input,
@@ -78,7 +80,10 @@ def run_parity(mmproj: Path, model: Path | None, reference: Path, images: list[P
     else:
         with mtmd_blocks(text, projector) as count:
             rows = preprocess_rows(projector, names, sizes, detail, answer, count)
-        if family_for(projector).name in ROWS_FAMILIES:
+        if family_for(projector).name in ROWS_FAMILIES and not holds_weights(folder):
+            err.print(f"stages 3 and 4 skipped: {folder} holds the processor's settings but no model "
+                      "(config.json and its .safetensors)")
+        elif family_for(projector).name in ROWS_FAMILIES:
             photos = ([(p.name, load_image(p).image) for p in images] if images else
                       [(f"{w}x{h}", synthetic_photo((w, h), seed)) for seed, (w, h) in enumerate(ROWS_SIZES)])
             if reference_kind(projector) == "gemma4":  # as mtmd would resize it: both sides see its pixels
@@ -86,8 +91,12 @@ def run_parity(mmproj: Path, model: Path | None, reference: Path, images: list[P
                           for name, image in photos]
             more, warnings = _rows_stage(python, text, projector, folder, photos, detail)
             rows += more
-            rows.append(_answer_stage(python, text, projector, folder, photos[0], detail,
-                                      question or DEFAULT_QUESTION))
+            if more[0].why == SHOWN_TWICE:  # transformers takes no prompt with the image twice
+                rows.append(ParityRow("4 first answer", more[0].image, "first answer token", "not compared",
+                                      "", ParityVerdict.KNOWN, f"stage 3: {SHOWN_TWICE}"))
+            else:
+                rows.append(_answer_stage(python, text, projector, folder, photos[0], detail,
+                                          question or DEFAULT_QUESTION))
     if json_out:
         typer.echo(rows_json(rows, warnings))
     else:
@@ -103,7 +112,7 @@ def run_parity(mmproj: Path, model: Path | None, reference: Path, images: list[P
 
 # The families whose checkpoints stage 3 runs (transformers' tower, the reference's "rows"; Qwen3-VL's
 # with its deepstack layers' features beside the merger's, as mtmd hands them to the model).
-ROWS_FAMILIES = ("qwen2-vl", "qwen3-vl", "llava-1.5", "llava-next", "gemma3", "gemma4", "lfm2-vl")
+ROWS_FAMILIES = ("qwen2-vl", "qwen3-vl", "llava-1.5", "llava-next", "gemma3", "gemma4", "lfm2-vl", "smolvlm")
 
 
 def _rows_stage(python: Path, text: TextModelFacts, projector: ProjectorFacts, folder: Path,

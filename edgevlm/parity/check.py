@@ -50,6 +50,9 @@ F16_WARNING = 65_504 / 2
 # (Gemma 3) and 0.29% (Qwen2.5-VL), and 4.2% and 7.3% on LLaVA-1.6 and 1.5, whose random text
 # weights, drawn wide, carry the tower's f32 rounding (5.5e-4 of its largest value) that far.
 ANSWER_SPREAD = 0.1
+# SmolVLM where its processor shows an image as one view (SmolVLM2-256M's and 500M's every image)
+SHOWN_TWICE = ("mtmd shows a one-view image as its one tile and an overview of the same pixels (twice "
+               "the tokens, and a <row_1_col_1> view the model was not trained on); transformers as one view")
 # The processor files a transformers checkpoint keeps its image settings in.
 PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 
@@ -95,6 +98,13 @@ def needs_mtmd_count(projector: ProjectorFacts) -> bool:
     return isinstance(family, MtmdFamily) and family.grid_rule is None
 
 
+def holds_weights(folder: Path) -> bool:
+    """Whether the checkpoint folder holds a model (its config and weights), not only processor
+    settings: stages 3 and 4 run the model."""
+    weights = any(folder.glob("*.safetensors")) or any(folder.glob("*.bin"))
+    return (folder / "config.json").is_file() and weights
+
+
 def check_reference_dir(folder: Path) -> Path:
     """The checkpoint folder, checked before anything runs: it exists and holds processor settings."""
     if not folder.is_dir():
@@ -133,7 +143,11 @@ def preprocess_rows(projector: ProjectorFacts, names: Sequence[str], sizes: Sequ
         plan = layout.plan(size, budget)
         if answer["kind"] == "views":
             ours = plan.visual_tokens // projector.tokens_per_image
-            rows.append(_row(name, "views (tiles and global)", str(ours), str(theirs), ours == theirs))
+            row = _row(name, "views (tiles and global)", str(ours), str(theirs), ours == theirs)
+            if (ours, theirs) == (2, 1):
+                row = ParityRow(row.stage, name, row.measure, row.edgevlm, row.reference, ParityVerdict.KNOWN,
+                                SHOWN_TWICE)
+            rows.append(row)
         elif answer["kind"] == "tokens":  # LFM2-VL: every view's tokens, tiles and thumbnail
             ours = plan.visual_tokens
             rows.append(_row(name, "visual tokens (all views)", str(ours), str(theirs), ours == theirs))
@@ -246,10 +260,11 @@ def gemma4_processor(projector: ProjectorFacts, view: Image.Image) -> dict[str, 
 
 def reference_input(kind: str, photo: Image.Image, shown: Image.Image) -> Image.Image:
     """What the reference's processor is handed for a photo edgevlm shows at `shown` (its plan's
-    size): for Qwen-VL, LFM2-VL and Gemma 4 that image, which the processor keeps (or tiles as
-    edgevlm does; Gemma 4's told not to resize it); for LLaVA-1.5 and 1.6 and Gemma 3 the photo,
-    which the processor pads, cuts into its own views or stretches to its square as edgevlm does."""
-    return shown if kind in ("qwen-vl", "lfm2", "gemma4") else photo
+    size): for Qwen-VL, LFM2-VL, Gemma 4 and SmolVLM that image, which the processor keeps (or
+    tiles as edgevlm and mtmd do; Gemma 4's told not to resize it); for LLaVA-1.5 and 1.6 and
+    Gemma 3 the photo, which the processor pads, cuts into its own views or stretches to its
+    square as edgevlm does."""
+    return shown if kind in ("qwen-vl", "lfm2", "gemma4", "smolvlm") else photo
 
 
 def shown_image(projector: ProjectorFacts, image: Image.Image, detail: Detail) -> Image.Image:
@@ -295,6 +310,11 @@ def rows_rows(name: str, ours: np.ndarray, theirs: np.ndarray,
     neighbour's by design, and the rest are compared."""
     measure = "image rows: least cosine, most |Δ|/max"
     if ours.shape != theirs.shape:
+        halves = (ours[:len(theirs)], ours[len(theirs):])
+        if ours.shape == (2 * theirs.shape[0], *theirs.shape[1:]) and min(
+                _row_cosine(half, theirs) for half in halves) >= SAME_ROW_COSINE:
+            return ParityRow("3 image rows", name, measure, f"{len(ours)} rows, each half the reference's",
+                             f"{len(theirs)} rows", ParityVerdict.KNOWN, SHOWN_TWICE)
         return ParityRow("3 image rows", name, measure, f"shape {ours.shape}", f"shape {theirs.shape}",
                          ParityVerdict.DIFFERS)
     if rolled:
