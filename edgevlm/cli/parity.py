@@ -80,23 +80,9 @@ def run_parity(mmproj: Path, model: Path | None, reference: Path, images: list[P
     else:
         with mtmd_blocks(text, projector) as count:
             rows = preprocess_rows(projector, names, sizes, detail, answer, count)
-        if family_for(projector).name in ROWS_FAMILIES and not holds_weights(folder):
-            err.print(f"stages 3 and 4 skipped: {folder} holds the processor's settings but no model "
-                      "(config.json and its .safetensors)")
-        elif family_for(projector).name in ROWS_FAMILIES:
-            photos = ([(p.name, load_image(p).image) for p in images] if images else
-                      [(f"{w}x{h}", synthetic_photo((w, h), seed)) for seed, (w, h) in enumerate(ROWS_SIZES)])
-            if reference_kind(projector) == "gemma4":  # as mtmd would resize it: both sides see its pixels
-                photos = [(name, gemma4_view(projector, shown_image(projector, image, detail)))
-                          for name, image in photos]
-            more, warnings = _rows_stage(python, text, projector, folder, photos, detail)
-            rows += more
-            if more[0].why == SHOWN_TWICE:  # transformers takes no prompt with the image twice
-                rows.append(ParityRow("4 first answer", more[0].image, "first answer token", "not compared",
-                                      "", ParityVerdict.KNOWN, f"stage 3: {SHOWN_TWICE}"))
-            else:
-                rows.append(_answer_stage(python, text, projector, folder, photos[0], detail,
-                                          question or DEFAULT_QUESTION))
+        more, warnings = _model_stages(python, text, projector, folder, images, detail,
+                                       question or DEFAULT_QUESTION)
+        rows += more
     if json_out:
         typer.echo(rows_json(rows, warnings))
     else:
@@ -108,6 +94,31 @@ def run_parity(mmproj: Path, model: Path | None, reference: Path, images: list[P
         err.print(f"diverges at stage {differs[0].stage}: {len(differs)} of {len(rows)} images differ")
         return 1
     return 0
+
+
+def _model_stages(python: Path, text: TextModelFacts, projector: ProjectorFacts, folder: Path,
+                  images: list[Path], detail: Detail, question: str) -> tuple[list[ParityRow], list[str]]:
+    """Stages 3 and 4, which run the model: the rows three photos (or the user's) give, then the
+    first answer about the first. None where the family has no reader for them, or where the
+    folder holds the processor's settings alone."""
+    if family_for(projector).name not in ROWS_FAMILIES:
+        return [], []
+    if not holds_weights(folder):
+        err.print(f"stages 3 and 4 skipped: {folder} holds the processor's settings but no model "
+                  "(config.json and its .safetensors)")
+        return [], []
+    photos = ([(p.name, load_image(p).image) for p in images] if images else
+              [(f"{w}x{h}", synthetic_photo((w, h), seed)) for seed, (w, h) in enumerate(ROWS_SIZES)])
+    if reference_kind(projector) == "gemma4":  # as mtmd would resize it: both sides see its pixels
+        photos = [(name, gemma4_view(projector, shown_image(projector, image, detail)))
+                  for name, image in photos]
+    rows, warnings = _rows_stage(python, text, projector, folder, photos, detail)
+    if rows[0].why == SHOWN_TWICE:  # transformers takes no prompt with the image twice
+        rows.append(ParityRow("4 first answer", rows[0].image, "first answer token", "not compared", "",
+                              ParityVerdict.KNOWN, f"stage 3: {SHOWN_TWICE}"))
+    else:
+        rows.append(_answer_stage(python, text, projector, folder, photos[0], detail, question))
+    return rows, warnings
 
 
 # The families whose checkpoints stage 3 runs (transformers' tower, the reference's "rows"; Qwen3-VL's

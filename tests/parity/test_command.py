@@ -37,6 +37,15 @@ def _rows(out: str) -> dict[str, Any]:
     return data
 
 
+def _parity_rows(folder: Path, *args: str) -> list[dict[str, Any]]:
+    """edgevlm parity with --model on a converted checkpoint, which passes (exit 0): its rows."""
+    done = invoke_cli("parity", "--model", str(folder / "text.gguf"), "--mmproj", str(folder / "mmproj.gguf"),
+                      "--reference", str(folder), "--json", *args)
+    assert done.returncode == 0, done.stderr
+    rows: list[dict[str, Any]] = _rows(done.stdout)["rows"]
+    return rows
+
+
 @pytest.mark.usefixtures("reference")
 def test_parity_passes_on_each_checkpoint_and_says_why_where_it_is_known(test_models: dict[str, Path],
                                                                          tmp_path: Path) -> None:
@@ -234,10 +243,7 @@ def test_a_gemma3_checkpoint_is_shown_its_processors_square(reference: Path) -> 
     from .test_forward import built_checkpoints
 
     gemma3 = built_checkpoints(reference) / "gemma3"
-    done = invoke_cli("parity", "--model", str(gemma3 / "text.gguf"), "--mmproj", str(gemma3 / "mmproj.gguf"),
-                      "--reference", str(gemma3), "--json")
-    assert done.returncode == 0, done.stderr
-    rows = _rows(done.stdout)["rows"]
+    rows = _parity_rows(gemma3)
     sizes = [row for row in rows if row["stage"] == "1 preprocess"]
     assert len(sizes) == 9 and {(row["edgevlm"], row["reference"]) for row in sizes} == {("64x64", "64x64")}
     stage3 = [row for row in rows if row["stage"] == "3 image rows"]
@@ -261,10 +267,7 @@ def test_a_qwen3_vl_checkpoints_rows_carry_its_deepstack_features(reference: Pat
     for seed, size in enumerate([(512, 512), (1280, 704), (300, 200)]):
         photos += ["--image", str(tmp_path / f"{size[0]}x{size[1]}.png")]
         synthetic_photo(size, seed).save(photos[-1])
-    done = invoke_cli("parity", "--model", str(qwen3 / "text.gguf"), "--mmproj", str(qwen3 / "mmproj.gguf"),
-                      "--reference", str(qwen3), "--json", *photos)
-    assert done.returncode == 0, done.stderr
-    rows = _rows(done.stdout)["rows"]
+    rows = _parity_rows(qwen3, *photos)
     small = next(row for row in rows if row["stage"] == "1 preprocess" and row["image"] == "300x200.png")
     assert (small["edgevlm"], small["reference"]) == ("320x224", "288x192")
     assert small["verdict"] == "known difference"
@@ -287,10 +290,7 @@ def test_an_lfm2_vl_checkpoint_is_checked_at_stages_1_and_3(reference: Path, tmp
     for seed, size in enumerate([(1280, 720), (279, 528), (1024, 1024), (384, 288)]):
         photos += ["--image", str(tmp_path / f"{size[0]}x{size[1]}.png")]
         synthetic_photo(size, seed).save(photos[-1])
-    done = invoke_cli("parity", "--model", str(lfm2 / "text.gguf"), "--mmproj", str(lfm2 / "mmproj.gguf"),
-                      "--reference", str(lfm2), "--json", *photos)
-    assert done.returncode == 0, done.stderr
-    rows = _rows(done.stdout)["rows"]
+    rows = _parity_rows(lfm2, *photos)
     assert [row["edgevlm"] for row in rows if row["stage"] == "1 preprocess"] == ["764", "144", "1280", "108"]
     assert len(rows) == 9 and {row["verdict"] for row in rows} == {"same"}
     assert (rows[-1]["stage"], rows[-1]["image"]) == ("4 first answer", "1280x720.png")
@@ -305,10 +305,7 @@ def test_a_gemma4_checkpoint_names_its_budget_and_matches_rows_and_answer(refere
     from .test_forward import built_checkpoints
 
     gemma4 = built_checkpoints(reference) / "gemma4"
-    done = invoke_cli("parity", "--model", str(gemma4 / "text.gguf"), "--mmproj", str(gemma4 / "mmproj.gguf"),
-                      "--reference", str(gemma4), "--json")
-    assert done.returncode == 0, done.stderr
-    rows = _rows(done.stdout)["rows"]
+    rows = _parity_rows(gemma4)
     sizes = [row for row in rows if row["stage"] == "1 preprocess"]
     assert len(sizes) == 9 and all(row["reference"].endswith(" of 280") for row in sizes)
     assert all(row["verdict"] == "known difference" and "#24146" in row["why"] for row in sizes
@@ -329,10 +326,7 @@ def test_a_smolvlm_checkpoint_where_both_cut_tiles_and_where_mtmd_shows_a_view_t
     verdicts = {}
     for name in ("smolvlm-split", "smolvlm"):
         folder = parity / name
-        done = invoke_cli("parity", "--model", str(folder / "text.gguf"), "--mmproj",
-                          str(folder / "mmproj.gguf"), "--reference", str(folder), "--json")
-        assert done.returncode == 0, done.stderr
-        rows = _rows(done.stdout)["rows"]
+        rows = _parity_rows(folder)
         verdicts[name] = {row["verdict"] for row in rows if row["stage"] != "1 preprocess"}
         if name == "smolvlm":
             assert all("twice" in row["why"] for row in rows if row["stage"] != "1 preprocess")
