@@ -48,21 +48,24 @@ GEMMA4_WARMUP_SIDE = 16
 GEMMA4_CAUSAL_WIDTHS = frozenset({1536, 2560})
 
 
+def _gemma4_grid(projector: ProjectorFacts, size: tuple[int, int]) -> tuple[int, int]:
+    """The pooled token grid (columns, rows) mtmd makes of an image of this size for Gemma 4: its
+    dynamic-size rule at a patch times the pooling, within 70..1120 tokens."""
+    return dyn_size_grid(size, align=projector.patch_size * max(projector.merge, 1), tokens=GEMMA4_TOKENS)
+
+
 def gemma4_counter(projector: ProjectorFacts) -> BlockCounter:
     """A block's (tokens, visual tokens) for an image size: the pooled grid and two markers."""
-    align = projector.patch_size * max(projector.merge, 1)
-
     def count(size: tuple[int, int]) -> tuple[int, int]:
-        columns, rows = dyn_size_grid(size, align=align, tokens=GEMMA4_TOKENS)
+        columns, rows = _gemma4_grid(projector, size)
         return columns * rows + FIXED_MARKERS, columns * rows
     return count
 
 
 def gemma4_shown_size(projector: ProjectorFacts, size: tuple[int, int]) -> tuple[int, int]:
-    """The size mtmd resizes an image of this size to before Gemma 4's tower: whole 48 px tokens
-    by its dynamic-size rule, within 70..1120 of them."""
+    """The size mtmd resizes an image of this size to before Gemma 4's tower (whole 48 px tokens)."""
     align = projector.patch_size * max(projector.merge, 1)
-    columns, rows = dyn_size_grid(size, align=align, tokens=GEMMA4_TOKENS)
+    columns, rows = _gemma4_grid(projector, size)
     return columns * align, rows * align
 
 

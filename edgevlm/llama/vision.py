@@ -224,11 +224,7 @@ class Projector:
         <|image_end|>) are left out: a layout that asks for a view's rows writes its own
         (families/lfm2.py's tiles).
         """
-        found = []
-        for i in range(mtmd_cpp.mtmd_input_chunks_size(chunks)):
-            chunk = mtmd_cpp.mtmd_input_chunks_get(chunks, i)
-            if mtmd_cpp.mtmd_input_chunk_get_type(chunk) == mtmd_cpp.MTMD_INPUT_CHUNK_TYPE_IMAGE:
-                found.append(chunk)
+        found = _image_chunks_of(chunks)
         if not found:
             raise EngineError("mtmd produced no image chunk")
         return found

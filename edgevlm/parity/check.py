@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -74,6 +74,10 @@ class ParityRow:
     reference: str
     verdict: ParityVerdict
     why: str = ""
+
+    def known(self, why: str) -> ParityRow:
+        """This row, a known difference for the reason given."""
+        return replace(self, verdict=ParityVerdict.KNOWN, why=why)
 
     def to_json(self) -> dict[str, str]:
         return {"stage": self.stage, "image": self.image, "measure": self.measure, "edgevlm": self.edgevlm,
@@ -145,8 +149,7 @@ def preprocess_rows(projector: ProjectorFacts, names: Sequence[str], sizes: Sequ
             ours = plan.visual_tokens // projector.tokens_per_image
             row = _row(name, "views (tiles and global)", str(ours), str(theirs), ours == theirs)
             if (ours, theirs) == (2, 1):
-                row = ParityRow(row.stage, name, row.measure, row.edgevlm, row.reference, ParityVerdict.KNOWN,
-                                SHOWN_TWICE)
+                row = row.known(SHOWN_TWICE)
             rows.append(row)
         elif answer["kind"] == "tokens":  # LFM2-VL: every view's tokens, tiles and thumbnail
             ours = plan.visual_tokens
@@ -171,8 +174,7 @@ def _soft_tokens_row(name: str, ours: int, theirs: dict[str, int] | None) -> Par
     row = _row(name, measure, str(ours), f"{tokens} of {budget}", ours == tokens)
     if row.verdict is ParityVerdict.SAME:
         return row
-    return ParityRow(row.stage, name, measure, row.edgevlm, row.reference, ParityVerdict.KNOWN,
-                     f"Gemma 4's processor scales every image to fill its budget of {budget} tokens; mtmd "
+    return row.known(f"Gemma 4's processor scales every image to fill its budget of {budget} tokens; mtmd "
                      "keeps the photo's own size within the task's budget, and edgevlm with it "
                      "(llama.cpp #24146; docs/parity.md)")
 
@@ -183,8 +185,7 @@ def _canvas_row(name: str, size: tuple[int, int], layout: LlavaNextLayout,
     canvas = tuple(theirs["canvas"])
     row = _row(name, "canvas (w x h)", f"{ours[0]}x{ours[1]}", f"{canvas[0]}x{canvas[1]}", ours == canvas)
     if row.verdict is ParityVerdict.DIFFERS and canvas == (ours[1], ours[0]) and theirs.get("tie"):
-        return ParityRow(row.stage, name, row.measure, row.edgevlm, row.reference, ParityVerdict.KNOWN,
-                         "a tie read the other way: transformers reads a pinpoint as (height, width), "
+        return row.known("a tie read the other way: transformers reads a pinpoint as (height, width), "
                          "LLaVA's own code as (width, height) (docs/parity.md)")
     return row
 
@@ -199,8 +200,7 @@ def _global_view_row(name: str, plan: ImagePlan, theirs: tuple[int, ...]) -> Par
     ours = f"{side}x{side}" + (f" + {tiles} tiles" if tiles else "")
     row = _row(name, "view (w x h) + tiles", ours, f"{theirs[0]}x{theirs[1]}", trained_view and not tiles)
     if trained_view and tiles:
-        return ParityRow(row.stage, name, row.measure, row.edgevlm, row.reference, ParityVerdict.KNOWN,
-                         "edgevlm's own labelled tiles follow the trained view; --detail caption or "
+        return row.known("edgevlm's own labelled tiles follow the trained view; --detail caption or "
                          "--tiles 0 shows that view alone")
     return row
 
@@ -223,7 +223,7 @@ def _size_row(name: str, ours: tuple[int, int], theirs: tuple[int, int] | None,
                "this checkpoint's processor enlarges less")
     else:
         return row
-    return ParityRow(row.stage, name, row.measure, row.edgevlm, row.reference, ParityVerdict.KNOWN, why)
+    return row.known(why)
 
 
 def _row(name: str, measure: str, ours: str, theirs: str, same: bool) -> ParityRow:

@@ -8,9 +8,9 @@ read by a fresh prefill of that prompt, so that the first token's logits are the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -45,7 +45,7 @@ class PromptedAnswer:
     greedy: tuple[int, ...]  # ANSWER_STEPS greedy tokens, past any end of turn
 
 
-def f32_engine(config: EngineConfig, *, on_load_progress: Any = None) -> Engine:
+def f32_engine(config: EngineConfig, *, on_load_progress: Callable[[float], None] | None = None) -> Engine:
     """llama.cpp's engine with an f32 KV cache and no flash attention: the default f16 cache alone
     moves a tiny model's logits by 2-3.4% of their spread (tests/parity), which would hide what
     the check is after."""
