@@ -247,7 +247,8 @@ class FakeSequence:
     def image_tokens(self) -> int:
         return self._view_tokens
 
-    def encode_image(self, image: Image.Image | np.ndarray) -> ImageEmbedding:
+    def encode_image(self, image: Image.Image | np.ndarray, *, chunk: int | None = None) -> ImageEmbedding:
+        """One view's rows (one chunk of mtmd's block, where asked, is one view's too)."""
         self.check_interrupt("CLIP")
         self.encodes += 1
         self._meter.clip_encodes += 1

@@ -54,7 +54,7 @@ from edgevlm.families.llava15 import LabelledTiles
 from edgevlm.store.caches import CacheView, EmbeddingCache
 from edgevlm.store.lru import BytesLru
 from edgevlm.store.prefix_cache import PrefixCache, PrefixTier
-from edgevlm.values.embedding import BlockEncoder, ImageBlock, ImageEmbedding
+from edgevlm.values.embedding import BlockEncoder, ImageBlock, ImageEmbedding, ViewEncoder
 from edgevlm.values.sampling import Sampling
 from edgevlm.values.stats import RequestStats
 from edgevlm.vision.images import LoadedImage
@@ -82,7 +82,7 @@ class ChatSequence(LedgerSequence, BlockSequence, PrefixSequence, SwapSequence, 
         ...
 
     def interrupt(self) -> None: ...
-    def encode_image(self, image: Image.Image) -> ImageEmbedding: ...
+    def encode_image(self, image: Image.Image, *, chunk: int | None = None) -> ImageEmbedding: ...
     def encode_block(self, image: Image.Image, *, merged_with: Image.Image | None = None) -> ImageBlock: ...
     def encode_blocks(self, images: Sequence[Image.Image]) -> list[ImageBlock]: ...
     def begin_request(self, *, started: float | None = None) -> None: ...
@@ -124,7 +124,7 @@ class Conversation:
 
     def __init__(self, sequence: ChatSequence, fmt: PromptFormat, *, tile_size: int,
                  settings: ChatSettings | None = None, layout: ImageLayout | None = None,
-                 encoder: Callable[[Image.Image], ImageEmbedding] | EmbeddingCache | CacheView | None = None,
+                 encoder: ViewEncoder | EmbeddingCache | CacheView | None = None,
                  prefix_cache: PrefixCache | None = None) -> None:
         self.layout: ImageLayout = layout or LabelledTiles()
         self._settings = (settings or ChatSettings()).checked_for(self.layout)
@@ -134,7 +134,7 @@ class Conversation:
         # skip CLIP; an mtmd family's blocks go through the same cache where there is one.
         self.ledger = KvLedger(sequence)
         self.log = TurnLog()
-        encode: Callable[[Image.Image], ImageEmbedding] = encoder or sequence.encode_image
+        encode: ViewEncoder = encoder or sequence.encode_image
         encode_block: BlockEncoder = sequence.encode_block
         cache = encoder if isinstance(encoder, (EmbeddingCache, CacheView)) else None
         if cache is not None:

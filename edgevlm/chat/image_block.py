@@ -18,7 +18,7 @@ from edgevlm.chat.records import (
     ViewSettings,
 )
 from edgevlm.errors import ConfigError, ContextOverflowError
-from edgevlm.values.embedding import BlockEncoder, ImageEmbedding
+from edgevlm.values.embedding import BlockEncoder, ImageEmbedding, ViewEncoder
 from edgevlm.values.merging import merged_count
 from edgevlm.vision.images import LoadedImage
 from edgevlm.vision.layout import (
@@ -60,7 +60,7 @@ class ImageBlockWriter:
     """Plans an image's views through the layout and decodes its block into the ledger."""
 
     def __init__(self, ledger: KvLedger, sequence: BlockSequence, layout: ImageLayout, *,
-                 encode: Callable[[Image.Image], ImageEmbedding],
+                 encode: ViewEncoder,
                  encode_block: BlockEncoder,
                  prime_blocks: Callable[[Sequence[Image.Image]], None] | None = None) -> None:
         self._ledger, self._sequence, self.layout = ledger, sequence, layout
@@ -73,7 +73,7 @@ class ImageBlockWriter:
         at a time (a clip's frames); the writes then find them in the cache. Without a cache
         (--no-cache) each is encoded as it is written."""
         views = [view for image in prepared if image.plan.visual_tokens <= ENCODE_AHEAD_MAX_TOKENS
-                 for view in self.layout.blocks_ahead(image.views)]
+                 for view in self.layout.blocks_ahead(image.plan, image.views)]
         if self._prime_blocks is not None and len(views) > 1:
             self._prime_blocks(views)
 
@@ -168,8 +168,8 @@ class _BlockPen:
     def label(self, text: str) -> None:
         self._append_label(tuple(self._writer.tokenize(text)))
 
-    def encode(self, view: Image.Image) -> ImageEmbedding:
-        rows = self._writer.encode(view)
+    def encode(self, view: Image.Image, *, chunk: int | None = None) -> ImageEmbedding:
+        rows = self._writer.encode(view) if chunk is None else self._writer.encode(view, chunk=chunk)
         self._progress.add(0)
         return rows
 

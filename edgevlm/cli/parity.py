@@ -18,7 +18,6 @@ from edgevlm.families import check_pair, family_for, read_projector
 from edgevlm.models.gguf import ProjectorFacts, TextModelFacts, read_text_model
 from edgevlm.parity.check import (
     ROWS_SIZES,
-    SHOWN_TWICE,
     STANDARD_SIZES,
     ParityRow,
     ParityVerdict,
@@ -39,6 +38,7 @@ from edgevlm.parity.check import (
     shown_image,
     shown_views,
     synthetic_photo,
+    view_processor,
 )
 from edgevlm.parity.client import ask_reference, reference_python
 from edgevlm.vision.images import load_image
@@ -113,11 +113,7 @@ def _model_stages(python: Path, text: TextModelFacts, projector: ProjectorFacts,
         photos = [(name, gemma4_view(projector, shown_image(projector, image, detail)))
                   for name, image in photos]
     rows, warnings = _rows_stage(python, text, projector, folder, photos, detail)
-    if rows[0].why == SHOWN_TWICE:  # transformers takes no prompt with the image twice
-        rows.append(ParityRow("4 first answer", rows[0].image, "first answer token", "not compared", "",
-                              ParityVerdict.KNOWN, f"stage 3: {SHOWN_TWICE}"))
-    else:
-        rows.append(_answer_stage(python, text, projector, folder, photos[0], detail, question))
+    rows.append(_answer_stage(python, text, projector, folder, photos[0], detail, question))
     return rows, warnings
 
 
@@ -136,7 +132,8 @@ def _rows_stage(python: Path, text: TextModelFacts, projector: ProjectorFacts, f
     err.print(f"stage 3, image rows: {len(photos)} images through {folder.name}'s tower in transformers "
               "and in llama.cpp …")
     with tempfile.TemporaryDirectory(prefix="edgevlm-parity-") as scratch:
-        views = [shown_views(projector, image, detail) for _name, image in photos]
+        shown_as = [shown_views(projector, image, detail) for _name, image in photos]
+        views = [shown for shown, _chunk in shown_as]
         paths = []
         for index, (_name, image) in enumerate(photos):
             path = Path(scratch) / f"{index}.png"
@@ -146,6 +143,8 @@ def _rows_stage(python: Path, text: TextModelFacts, projector: ProjectorFacts, f
                                    "images": paths}
         if kind == "gemma4":  # each view as it is, in the least budget that holds it
             request["processors"] = [gemma4_processor(projector, image) for _name, image in photos]
+        elif kind == "smolvlm":  # a photo edgevlm shows as one view, as the processor shows one
+            request["processors"] = [view_processor(kind, chunk) for _views, chunk in shown_as]
         theirs = ask_reference(python, request)["results"]
         shifted: list[dict[str, Any] | None] = [None] * len(photos)
         if kind in ("llava", "llava-next"):  # llama.cpp's own order too, to name its known difference
@@ -153,7 +152,9 @@ def _rows_stage(python: Path, text: TextModelFacts, projector: ProjectorFacts, f
     # every photo's views through one projector load (as edgevlm loads it), then each photo's share
     # (LLaVA-1.5: the trained view alone, which edgevlm shows first; its own tiles have no reference)
     views = [shown[:1] if kind == "llava" else shown for shown in views]
-    encoded = iter(projector_rows(text, projector, [view for shown in views for view in shown]))
+    encoded = iter(projector_rows(text, projector, [view for shown in views for view in shown],
+                                  [chunk for shown, (_views, chunk) in zip(views, shown_as, strict=True)
+                                   for _view in shown]))
     rolled = family_for(projector).repair(projector).roll_positions
     rows = []
     for (name, _image), shown, own, other in zip(photos, views, theirs, shifted, strict=True):
@@ -186,6 +187,8 @@ def _answer_stage(python: Path, text: TextModelFacts, projector: ProjectorFacts,
                                    "steps": len(ours.greedy)}
         if kind == "gemma4":
             request["processor"] = gemma4_processor(projector, ours.shown)
+        elif kind == "smolvlm":
+            request["processor"] = view_processor(kind, shown_views(projector, image, detail)[1])
         if family_for(projector).repair(projector).roll_positions:
             # LLaVA: each view's patch 0 as edgevlm shows it (its neighbour's row, llama.cpp #25814)
             request["patch_0"] = "neighbour"

@@ -250,7 +250,7 @@ class LlavaNextLayout:
         """The packed block's exact tokens."""
         return _next(plan).tokens(budget.view_tokens)
 
-    def blocks_ahead(self, views: Sequence[Image.Image]) -> Sequence[Image.Image]:
+    def blocks_ahead(self, plan: ImagePlan, views: Sequence[Image.Image]) -> Sequence[Image.Image]:
         """None: the layout writes projector rows (through the row cache), not mtmd's blocks."""
         return ()
 

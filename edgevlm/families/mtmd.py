@@ -54,6 +54,8 @@ class NativePlan:
     tokens: int  # the block's cells: image rows and the family's marker tokens
     visual_tokens: int
     source_size: tuple[int, int]
+    # shown as the family's one view (OneView: written by edgevlm), not as mtmd's block of the size
+    one_view: bool = False
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -91,12 +93,13 @@ class NativeLayout:
                  budgets: Mapping[Detail, TaskBudget] | None = None,
                  resize: ResizeRule | None = None,
                  resample: Image.Resampling = Image.Resampling.BICUBIC,
-                 tiles: TileCut | None = None) -> None:
+                 tiles: TileCut | None = None, one_view: OneView | None = None) -> None:
         self.name = f"mtmd-{projector_type}"
         self._count = count
         self._resize = resize
         self._resample = resample
         self._tiles = tiles
+        self._one_view = one_view
         self.frames = frames
         self.budgets: Mapping[Detail, TaskBudget] = budgets or {}
 
@@ -109,7 +112,26 @@ class NativeLayout:
         the task's ceiling (or, where not even the least does, the least that fits the room):
         down from its own size, or from a larger one where the task's floor needs more tokens
         than the image gives (a small photo to read). TaskTooLarge when the floor could be met
-        but not in the room; BlockTooLarge when not even the least fits."""
+        but not in the room; BlockTooLarge when not even the least fits. A family with a one-view
+        form (OneView) is shown it where mtmd's block is a single tile and its overview, is over
+        the task's ceiling, or does not fit."""
+        if self._one_view is None:
+            return self._plan_block(image_size, budget)
+        try:
+            block: NativePlan | None = self._plan_block(image_size, budget)
+        except BlockTooLarge:
+            block = None
+        tokens, visual = self._one_view.tokens()
+        if block is not None and block.visual_tokens > 2 * visual and (
+                budget.ceiling is None or block.visual_tokens <= budget.ceiling):
+            return block
+        if tokens > budget.room:
+            raise BlockTooLarge(tokens, budget.room)
+        size = self._one_view.size(image_size)
+        return NativePlan(self.name, size, tokens, visual, image_size, one_view=True)
+
+    def _plan_block(self, image_size: tuple[int, int], budget: ViewBudget) -> NativePlan:
+        """mtmd's block at the size that fits (see plan)."""
         if self._resize is not None and (fitted := self._plan_as_processor(image_size, budget)) is not None:
             return fitted
         scale = self._floor_scale(image_size, budget.floor)
@@ -190,14 +212,18 @@ class NativeLayout:
 
     def shown(self, image: Image.Image, plan: ImagePlan) -> Image.Image:
         """The image itself, or shrunk to the plan's size: what mtmd is handed, or what the
-        family's tiles are cut from."""
+        family's tiles are cut from; or the family's one view of it."""
+        if self._one_view is not None and _native(plan).one_view:
+            return self._one_view.view(image)
         size = _native(plan).size
         return image if image.size == size else image.resize(size, self._resample)
 
     def views(self, image: Image.Image, plan: ImagePlan) -> list[Image.Image]:
         """The image at the plan's size (mtmd then does its own resizing), or, where the family
-        cuts tiles as its processor does, those tiles and the thumbnail."""
+        cuts tiles as its processor does, those tiles and the thumbnail; or its one view."""
         shown = self.shown(image, plan)
+        if _native(plan).one_view:
+            return [shown]
         grid = self._tiles.grid(shown.size) if self._tiles is not None else None
         if self._tiles is not None and grid is not None:
             return self._tiles.views(shown, grid)
@@ -205,16 +231,25 @@ class NativeLayout:
 
     def write(self, plan: ImagePlan, views: Sequence[Image.Image], pen: BlockPen) -> None:
         """mtmd's whole block for the view, or for a merged pair of frames (both in one block);
-        or the family's tiles and thumbnail, marked as mtmd marks them."""
+        or the family's tiles and thumbnail, marked as mtmd marks them; or its one view."""
+        if self._one_view is not None and _native(plan).one_view:
+            self._one_view.write(views[0], pen)
+            return
         grid = self._tiles.grid(_native(plan).size) if self._tiles is not None else None
         if self._tiles is not None and grid is not None:
             self._tiles.write(grid, views, pen)
             return
         pen.mtmd_block(views[0], views[1] if len(views) > 1 else None)
 
-    def blocks_ahead(self, views: Sequence[Image.Image]) -> Sequence[Image.Image]:
-        """The view, unless two frames merge in time (a pair is its own encode)."""
-        return views if len(views) == 1 else ()
+    def view_chunk(self, plan: ImagePlan) -> int | None:
+        """The one image chunk of mtmd's block for the plan's view whose rows edgevlm shows (the
+        family's one view: mtmd's overview), or None where it shows every chunk's."""
+        return self._one_view.chunk if self._one_view is not None and _native(plan).one_view else None
+
+    def blocks_ahead(self, plan: ImagePlan, views: Sequence[Image.Image]) -> Sequence[Image.Image]:
+        """The view, unless two frames merge in time (a pair is its own encode) or the family
+        writes it as its one view (rows, not mtmd's block)."""
+        return views if len(views) == 1 and not _native(plan).one_view else ()
 
     def block_tokens(self, plan: ImagePlan, budget: ViewBudget) -> int:
         """The block's cells, as mtmd counted them."""
@@ -327,8 +362,38 @@ class TileCut(Protocol):
         ...
 
 
-# A block's tokens for an image size by the family's own rule, from the projector's facts.
-GridRule = Callable[[ProjectorFacts], BlockCounter]
+class OneView(Protocol):
+    """A family whose reference processor shows an image as one view where mtmd cuts tiles
+    beside an overview of every image (SmolVLM: transformers shows a video frame, and an image no
+    larger than a tile, as its global view alone; mtmd's idefics3 preprocessor adds at least one
+    tile, the same pixels twice). edgevlm writes that view itself, with the family's markers,
+    from mtmd's overview chunk alone."""
+
+    def size(self, image_size: tuple[int, int]) -> tuple[int, int]:
+        """The (width, height) an image of this size is handed to mtmd at for its one view."""
+        ...
+
+    @property
+    def chunk(self) -> int:
+        """Which of the image chunks mtmd makes of the view is its overview (negative: from the end)."""
+        ...
+
+    def tokens(self) -> tuple[int, int]:
+        """The block's (cells, visual tokens): the view's rows and the markers around them."""
+        ...
+
+    def view(self, image: Image.Image) -> Image.Image:
+        """The image as the processor makes its one view."""
+        ...
+
+    def write(self, view: Image.Image, pen: BlockPen) -> None:
+        """The block: the markers and the overview's rows."""
+        ...
+
+
+# A block's tokens for an image size by the family's own rule, from the projector's facts (None:
+# this projector's blocks are left to mtmd's count).
+GridRule = Callable[[ProjectorFacts], BlockCounter | None]
 # The size (w, h) a family's reference image processor resizes a (w, h) image to, for a task's
 # floor of visual tokens (0: none) and ceiling (None: the family's most), and the rule from the
 # projector's facts; None where edgevlm leaves the size to its search and mtmd's own rule.
@@ -362,6 +427,8 @@ class MtmdFamily:
     resample: Image.Resampling = Image.Resampling.BICUBIC
     # tiles cut as the reference processor cuts them, where mtmd's cut differs (None: mtmd's own)
     tile_rule: Callable[[ProjectorFacts], TileCut] | None = field(default=None, compare=False)
+    # the processor's one view, where mtmd always cuts tiles beside it (None: mtmd's block always)
+    one_view_rule: Callable[[ProjectorFacts], OneView] | None = field(default=None, compare=False)
     deepstack: bool = False
     mrope: bool = False  # rows positioned by their grid (mtmd_decode_use_mrope): Qwen-VL
     # Budgets by task, for a family whose tokens follow the image's size: the most visual tokens a
@@ -394,10 +461,11 @@ class MtmdFamily:
     def layout(self, projector: ProjectorFacts, measure: BlockCounter | None = None) -> NativeLayout:
         """mtmd's layout, the image's size chosen to fit (see block_counter) within each task's budget."""
         resize = self.processor_rule(projector) if self.processor_rule is not None else None
+        tiles = self.tile_rule(projector) if self.tile_rule is not None else None
+        one_view = self.one_view_rule(projector) if self.one_view_rule is not None else None
         return NativeLayout(projector.projector_type, self.block_counter(projector, measure),
                             frames=self.frames, budgets=self.budgets(projector), resize=resize,
-                            resample=self.resample,
-                            tiles=self.tile_rule(projector) if self.tile_rule is not None else None)
+                            resample=self.resample, tiles=tiles, one_view=one_view)
 
     def budgets(self, projector: ProjectorFacts) -> dict[Detail, TaskBudget]:
         """Each task's floor and ceiling of visual tokens for this projector."""
@@ -413,8 +481,9 @@ class MtmdFamily:
         """A block's (tokens, visual tokens) for an image size: the family's rule (checked against
         mtmd in the tests), else `measure` (mtmd on the loaded projector), else the projector's
         fixed tokens per image and two markers."""
-        if self.grid_rule is not None:
-            return self.grid_rule(projector)
+        rule = self.grid_rule(projector) if self.grid_rule is not None else None
+        if rule is not None:
+            return rule
         if measure is not None:
             return measure
         fixed = projector.tokens_per_image

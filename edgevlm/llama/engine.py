@@ -297,9 +297,10 @@ class Engine:
         """Tokens one image (or tile) costs with this projector."""
         return self._projector().tokens_per_view()
 
-    def encode_view(self, image: Image.Image | np.ndarray, meter: RequestMeter) -> ImageEmbedding:
-        """Run the projector on one RGB view, charging the time to `meter`."""
-        return self._projector().encode(image, meter)
+    def encode_view(self, image: Image.Image | np.ndarray, meter: RequestMeter, *,
+                    chunk: int | None = None) -> ImageEmbedding:
+        """Run the projector on one RGB view (or one of its chunks), charging the time to `meter`."""
+        return self._projector().encode(image, meter, chunk=chunk)
 
     def encode_block(self, image: Image.Image | np.ndarray, meter: RequestMeter, *,
                      merged_with: Image.Image | np.ndarray | None = None) -> ImageBlock:

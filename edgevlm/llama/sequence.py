@@ -77,7 +77,8 @@ class SequenceHost(Protocol):
     def generation_ended(self, sequence: EngineSequence) -> None: ...
     def stop_decode(self, sequence: EngineSequence) -> None: ...
     def image_tokens_per_view(self) -> int: ...
-    def encode_view(self, image: Image.Image | np.ndarray, meter: RequestMeter) -> ImageEmbedding: ...
+    def encode_view(self, image: Image.Image | np.ndarray, meter: RequestMeter, *,
+                    chunk: int | None = None) -> ImageEmbedding: ...
     def encode_block(self, image: Image.Image | np.ndarray, meter: RequestMeter, *,
                      merged_with: Image.Image | np.ndarray | None = None) -> ImageBlock: ...
     def encode_blocks(self, images: Sequence[Image.Image | np.ndarray],
@@ -296,9 +297,10 @@ class EngineSequence:
         """Encode one RGB image with CLIP and decode it at the end of the cache; returns tokens."""
         return self.eval_embedding(self.encode_image(image))
 
-    def encode_image(self, image: Image.Image | np.ndarray) -> ImageEmbedding:
-        """Run the projector on one RGB image (raw pixels, no re-encoding); nothing is decoded."""
-        return self._host.encode_view(image, self._meter)
+    def encode_image(self, image: Image.Image | np.ndarray, *, chunk: int | None = None) -> ImageEmbedding:
+        """Run the projector on one RGB image (raw pixels, no re-encoding), or on one of the image
+        chunks mtmd makes of it (values/embedding.py's ViewEncoder); nothing is decoded."""
+        return self._host.encode_view(image, self._meter, chunk=chunk)
 
     def encode_block(self, image: Image.Image | np.ndarray, *,
                      merged_with: Image.Image | np.ndarray | None = None) -> ImageBlock:

@@ -80,9 +80,11 @@ class Projector:
             self._tokens_per_view = self._with_chunks(probe, RequestMeter(), self._count_tokens)
         return self._tokens_per_view
 
-    def encode(self, image: Image.Image | np.ndarray, meter: RequestMeter) -> ImageEmbedding:
-        """Run the projector on one RGB view, charging the time to `meter`."""
-        return self._with_chunks(image, meter, lambda chunks: self._encode_chunks(chunks, meter))
+    def encode(self, image: Image.Image | np.ndarray, meter: RequestMeter, *,
+               chunk: int | None = None) -> ImageEmbedding:
+        """Run the projector on one RGB view, charging the time to `meter`; with `chunk`, on that
+        one of the image chunks mtmd makes of it alone (see values/embedding.py's ViewEncoder)."""
+        return self._with_chunks(image, meter, lambda chunks: self._encode_chunks(chunks, meter, chunk))
 
     def encode_block(self, image: Image.Image | np.ndarray, meter: RequestMeter, *,
                      merged_with: Image.Image | np.ndarray | None = None) -> ImageBlock:
@@ -274,8 +276,14 @@ class Projector:
         return sum(mtmd_cpp.mtmd_input_chunk_get_n_tokens(mtmd_cpp.mtmd_input_chunks_get(chunks, i))
                    for i in range(mtmd_cpp.mtmd_input_chunks_size(chunks)))
 
-    def _encode_chunks(self, chunks: ctypes.c_void_p, meter: RequestMeter) -> ImageEmbedding:
-        parts = [self._encode_chunk(chunk, meter) for chunk in self._image_chunks(chunks)]
+    def _encode_chunks(self, chunks: ctypes.c_void_p, meter: RequestMeter,
+                       only: int | None = None) -> ImageEmbedding:
+        found = self._image_chunks(chunks)
+        if only is not None:
+            if not -len(found) <= only < len(found):
+                raise EngineError(f"mtmd made {len(found)} image chunks of the view, not a chunk {only}")
+            found = [found[only]]
+        parts = [self._encode_chunk(chunk, meter) for chunk in found]
         return ImageEmbedding(parts[0] if len(parts) == 1 else np.concatenate(parts))
 
     def _encode_chunk(self, chunk: ctypes.c_void_p, meter: RequestMeter) -> np.ndarray:

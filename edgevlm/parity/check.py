@@ -25,7 +25,7 @@ from edgevlm.families.family import BlockCounter
 from edgevlm.families.gemma import GEMMA4_LADDER, gemma4_counter, gemma4_shown_size
 from edgevlm.families.llava15 import LabelledTiles
 from edgevlm.families.llava_next import LlavaNextLayout, select_best_resolution
-from edgevlm.families.mtmd import MtmdFamily, NativeLayout
+from edgevlm.families.mtmd import MtmdFamily, NativeLayout, NativePlan
 from edgevlm.families.qwen_vl import PUBLISHED_PIXELS, QWEN_VL_TOKENS
 from edgevlm.models.gguf import ProjectorFacts
 from edgevlm.vision.layout import Detail, ImageLayout, ImagePlan, ViewBudget, with_task
@@ -50,9 +50,10 @@ F16_WARNING = 65_504 / 2
 # (Gemma 3) and 0.29% (Qwen2.5-VL), and 4.2% and 7.3% on LLaVA-1.6 and 1.5, whose random text
 # weights, drawn wide, carry the tower's f32 rounding (5.5e-4 of its largest value) that far.
 ANSWER_SPREAD = 0.1
-# SmolVLM where its processor shows an image as one view (SmolVLM2-256M's and 500M's every image)
-SHOWN_TWICE = ("mtmd shows a one-view image as its one tile and an overview of the same pixels (twice "
-               "the tokens, and a <row_1_col_1> view the model was not trained on); transformers as one view")
+# SmolVLM shown its one view where the task's budget or the room asks for fewer tokens than its
+# tiles (a caption, a video frame), which the processor as configured would split
+ONE_VIEW_BY_BUDGET = ("edgevlm shows it as one view at this --detail (the processor's unsplit view, as it "
+                      "shows a video frame), where the processor as configured cuts tiles")
 # The processor files a transformers checkpoint keeps its image settings in.
 PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 
@@ -99,7 +100,9 @@ def needs_mtmd_count(projector: ProjectorFacts) -> bool:
     """Whether the family's blocks are counted by mtmd itself (no plan-time rule of edgevlm's):
     then the check needs the text model too, whose vocabulary mtmd reads."""
     family = family_for(projector)
-    return isinstance(family, MtmdFamily) and family.grid_rule is None
+    if not isinstance(family, MtmdFamily):
+        return False
+    return family.grid_rule is None or family.grid_rule(projector) is None
 
 
 def holds_weights(folder: Path) -> bool:
@@ -148,8 +151,8 @@ def preprocess_rows(projector: ProjectorFacts, names: Sequence[str], sizes: Sequ
         if answer["kind"] == "views":
             ours = plan.visual_tokens // projector.tokens_per_image
             row = _row(name, "views (tiles and global)", str(ours), str(theirs), ours == theirs)
-            if (ours, theirs) == (2, 1):
-                row = row.known(SHOWN_TWICE)
+            if isinstance(plan, NativePlan) and plan.one_view and ours < theirs:
+                row = row.known(ONE_VIEW_BY_BUDGET)
             rows.append(row)
         elif answer["kind"] == "tokens":  # LFM2-VL: every view's tokens, tiles and thumbnail
             ours = plan.visual_tokens
@@ -237,12 +240,22 @@ def rows_json(rows: Sequence[ParityRow], warnings: Sequence[str] = ()) -> str:
                        "warnings": list(warnings)})
 
 
-def shown_views(projector: ProjectorFacts, image: Image.Image, detail: Detail) -> list[Image.Image]:
-    """The views edgevlm hands mtmd for this image at `detail`: the plan's size for an mtmd family
-    (Qwen-VL: transformers' size, which mtmd keeps), the overview and tiles for LLaVA-1.6."""
+def shown_views(projector: ProjectorFacts, image: Image.Image,
+                detail: Detail) -> tuple[list[Image.Image], int | None]:
+    """The views edgevlm hands mtmd for this image at `detail` (the plan's size for an mtmd family:
+    Qwen-VL's is transformers' size, which mtmd keeps; the overview and tiles for LLaVA-1.6), and
+    the one image chunk of mtmd's block it shows, where it shows one (SmolVLM's one view)."""
     layout = layout_for(projector)
     budget = _open_budget(projector, layout, detail)
-    return layout.views(image, layout.plan(image.size, budget))
+    plan = layout.plan(image.size, budget)
+    chunk = layout.view_chunk(plan) if isinstance(layout, NativeLayout) else None
+    return layout.views(image, plan), chunk
+
+
+def view_processor(kind: str, chunk: int | None) -> dict[str, Any]:
+    """The processor's arguments for an image edgevlm shows as its family's one view (SmolVLM:
+    transformers' path without splitting, which it takes for video frames and one-tile images)."""
+    return {"do_image_splitting": False} if kind == "smolvlm" and chunk is not None else {}
 
 
 def gemma4_view(projector: ProjectorFacts, image: Image.Image) -> Image.Image:
@@ -310,11 +323,6 @@ def rows_rows(name: str, ours: np.ndarray, theirs: np.ndarray,
     neighbour's by design, and the rest are compared."""
     measure = "image rows: least cosine, most |Δ|/max"
     if ours.shape != theirs.shape:
-        halves = (ours[:len(theirs)], ours[len(theirs):])
-        if ours.shape == (2 * theirs.shape[0], *theirs.shape[1:]) and min(
-                _row_cosine(half, theirs) for half in halves) >= SAME_ROW_COSINE:
-            return ParityRow("3 image rows", name, measure, f"{len(ours)} rows, each half the reference's",
-                             f"{len(theirs)} rows", ParityVerdict.KNOWN, SHOWN_TWICE)
         return ParityRow("3 image rows", name, measure, f"shape {ours.shape}", f"shape {theirs.shape}",
                          ParityVerdict.DIFFERS)
     if rolled:

@@ -326,12 +326,13 @@ def mtmd_blocks(text: TextModelFacts, projector: ProjectorFacts) -> Iterator[Blo
         yield functools.lru_cache(maxsize=256)(count)
 
 
-def projector_rows(text: TextModelFacts, projector: ProjectorFacts,
-                   images: Sequence[Image.Image]) -> list[np.ndarray]:
-    """What the projector gives each image, as mtmd lays it out (its marker tokens left out): the
-    rows the language model is shown, on the text model's vocabulary alone (edgevlm parity); from
-    the projector as edgevlm loads it (as_trained), LLaVA's rows in patch order as its layouts
-    put them."""
+def projector_rows(text: TextModelFacts, projector: ProjectorFacts, images: Sequence[Image.Image],
+                   chunks: Sequence[int | None] = ()) -> list[np.ndarray]:
+    """What the projector gives each image, as mtmd lays it out (its marker tokens left out), or
+    one chunk of it where `chunks` names one (SmolVLM's one view: mtmd's overview): the rows the
+    language model is shown, on the text model's vocabulary alone (edgevlm parity); from the
+    projector as edgevlm loads it (as_trained), LLaVA's rows in patch order as its layouts put
+    them."""
     from edgevlm.families.llava15 import in_patch_order
     from edgevlm.llama.meter import RequestMeter
     from edgevlm.llama.vision import vocab_projector
@@ -342,10 +343,14 @@ def projector_rows(text: TextModelFacts, projector: ProjectorFacts,
     # Qwen3-VL's rows carry its deepstack layers' features beside the merger's
     width = projector.projection_dim * (1 + projector.deepstack_layers)
     with vocab_projector(str(text.path), str(projector.path), row_width=width) as vision:
-        for image in images:
-            block = vision.encode_block(image, RequestMeter())
-            image_rows = np.concatenate([np.asarray(piece.rows, np.float32) for piece in block.pieces
-                                         if not isinstance(piece, tuple)])
+        for index, image in enumerate(images):
+            chunk = chunks[index] if chunks else None
+            if chunk is not None:
+                image_rows = np.asarray(vision.encode(image, RequestMeter(), chunk=chunk).rows, np.float32)
+            else:
+                block = vision.encode_block(image, RequestMeter())
+                image_rows = np.concatenate([np.asarray(piece.rows, np.float32) for piece in block.pieces
+                                             if not isinstance(piece, tuple)])
             if projector.positions_rolled:
                 image_rows = in_patch_order(ImageEmbedding(image_rows)).rows
             rows.append(image_rows)

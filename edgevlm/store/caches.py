@@ -23,7 +23,7 @@ from PIL import Image
 from edgevlm.paths import cache_dir
 from edgevlm.store.files import CappedFolder, write_atomically
 from edgevlm.store.lru import BytesLru
-from edgevlm.values.embedding import BlockEncoder, BlocksEncoder, ImageBlock, ImageEmbedding
+from edgevlm.values.embedding import BlockEncoder, BlocksEncoder, ImageBlock, ImageEmbedding, ViewEncoder
 
 log = logging.getLogger("edgevlm")
 RAM_BYTES = 1 << 30  # 1 GiB of projector rows: ~100 LLaVA-1.5-7B views, thousands for small models
@@ -33,7 +33,7 @@ DISK_BYTES = 4 << 30
 ENTRIES = "*/*.np[yz]"
 SUMMARY_ENTRIES = "*/*.txt"  # one file per image, in a folder per model
 
-Encode = Callable[[Image.Image], ImageEmbedding]
+Encode = ViewEncoder
 V = TypeVar("V", ImageEmbedding, ImageBlock)
 
 
@@ -113,9 +113,9 @@ class EmbeddingCache:
         self.hits = self.misses = 0
         self._primed: set[str] = set()  # blocks encoded ahead, counted as misses already
 
-    def __call__(self, view: Image.Image) -> ImageEmbedding:
-        """The view's projector rows, from the cache when it has them."""
-        return self._lookup(view, self._encode)
+    def __call__(self, view: Image.Image, /, *, chunk: int | None = None) -> ImageEmbedding:
+        """The view's projector rows (or one chunk's: ViewEncoder), from the cache when it has them."""
+        return self._lookup(view, self._encode, chunk)
 
     def block(self, view: Image.Image, *, merged_with: Image.Image | None = None) -> ImageBlock:
         """An mtmd family's block for the view (see Projector.encode_block), from the cache when it has it."""
@@ -146,8 +146,11 @@ class EmbeddingCache:
         return CacheView(self, encode, encode_block or self._encode_block,
                          encode_blocks or self._encode_blocks)
 
-    def _lookup(self, view: Image.Image, encode: Encode) -> ImageEmbedding:
-        return self._through(self._rows, self._key(view), view, encode)
+    def _lookup(self, view: Image.Image, encode: Encode, chunk: int | None) -> ImageEmbedding:
+        if chunk is None:
+            return self._through(self._rows, self._key(view), view, encode)
+        return self._through(self._rows, self._key(view, chunk=chunk), view,
+                             lambda image: encode(image, chunk=chunk))
 
     def _lookup_block(self, view: Image.Image, encode: BlockEncoder,
                       merged_with: Image.Image | None) -> ImageBlock:
@@ -175,9 +178,12 @@ class EmbeddingCache:
         """Hits, misses and the RAM in use."""
         return CacheStats(self.hits, self.misses, self._ram.used_bytes)
 
-    def _key(self, *views: Image.Image) -> str:
-        """The views' pixels under the model pair's identity (two views: a merged pair of frames)."""
+    def _key(self, *views: Image.Image, chunk: int | None = None) -> str:
+        """The views' pixels under the model pair's identity (two views: a merged pair of frames);
+        one chunk's rows apart from the whole view's."""
         digest = hashlib.sha256(self._identity.encode())
+        if chunk is not None:
+            digest.update(f"chunk {chunk}".encode())
         for view in views:
             pixels = np.ascontiguousarray(np.asarray(view, dtype=np.uint8))
             digest.update(repr(pixels.shape).encode())
@@ -209,9 +215,9 @@ class CacheView:
     encode_block: BlockEncoder | None
     encode_blocks: BlocksEncoder | None = None
 
-    def __call__(self, view: Image.Image) -> ImageEmbedding:
-        """The view's projector rows, through the shared cache."""
-        return self.cache._lookup(view, self.encode)
+    def __call__(self, view: Image.Image, /, *, chunk: int | None = None) -> ImageEmbedding:
+        """The view's projector rows (or one chunk's), through the shared cache."""
+        return self.cache._lookup(view, self.encode, chunk)
 
     def block(self, view: Image.Image, *, merged_with: Image.Image | None = None) -> ImageBlock:
         """The view's mtmd block, through the shared cache."""

@@ -116,6 +116,14 @@ class ImageBlock:
 BlockCounter = Callable[[tuple[int, int]], tuple[int, int]]
 
 
+class ViewEncoder(Protocol):
+    """One view's projector rows: the encoder itself, or a cache in front of it. With `chunk`, the
+    rows of that one of the image chunks mtmd makes of the view alone (negative: from the end),
+    the others never encoded: SmolVLM's overview, where mtmd always cuts tiles beside it."""
+
+    def __call__(self, image: Image.Image, /, *, chunk: int | None = None) -> ImageEmbedding: ...
+
+
 class BlockEncoder(Protocol):
     """An mtmd family's block for a view (or for two video frames merged in time): the encoder
     itself, or a cache in front of it."""

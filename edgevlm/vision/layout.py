@@ -185,8 +185,9 @@ class BlockPen(Protocol):
         """Text inside the block, in the model's tokens (a tile's label)."""
         ...
 
-    def encode(self, view: Image.Image) -> ImageEmbedding:
-        """One view's projector rows (from the cache where it holds them), counted as a view read."""
+    def encode(self, view: Image.Image, *, chunk: int | None = None) -> ImageEmbedding:
+        """One view's projector rows (from the cache where it holds them), counted as a view read;
+        with `chunk`, one of the image chunks mtmd makes of it alone (values/embedding.py)."""
         ...
 
     def rows(self, rows: ImageEmbedding, *, tile_tokens: int = 0) -> None:
@@ -253,7 +254,7 @@ class ImageLayout(Protocol):
         block, or mtmd's own block, as the family was trained."""
         ...
 
-    def blocks_ahead(self, views: Sequence[Image.Image]) -> Sequence[Image.Image]:
+    def blocks_ahead(self, plan: ImagePlan, views: Sequence[Image.Image]) -> Sequence[Image.Image]:
         """The views `write` hands the block encoder one at a time, so a turn's several images
         can be encoded together before any is written (empty where the layout writes rows)."""
         ...

@@ -31,8 +31,11 @@ ROOMS = [700, 3000]
 
 def _visual(plan: object, block: int, view_tokens: int, count: object) -> int:
     """The plan's visual tokens, held to what its layout decodes: mtmd's count of rows, every row
-    of LLaVA-NeXT's packed block, and LLaVA-1.5's views (its labels are text)."""
-    if isinstance(plan, NativePlan):
+    of LLaVA-NeXT's packed block, and LLaVA-1.5's views (its labels are text); SmolVLM's one view,
+    one view's rows (mtmd's overview alone)."""
+    if isinstance(plan, NativePlan) and plan.one_view:
+        assert plan.visual_tokens == view_tokens
+    elif isinstance(plan, NativePlan):
         assert plan.visual_tokens == count(plan.size)[1]
     elif isinstance(plan, NextGrid):
         assert plan.visual_tokens == block

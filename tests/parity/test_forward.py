@@ -28,9 +28,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from edgevlm.families import read_projector
+from edgevlm.families import layout_for, read_projector
 from edgevlm.parity.check import synthetic_photo
 from edgevlm.parity.client import ask_reference
+from edgevlm.vision.layout import Detail, ViewBudget, with_task
 
 ROOT = Path(__file__).resolve().parents[2]
 # The comparison runs at f32 throughout, the KV cache too and without flash attention's f16 path:
@@ -584,29 +585,67 @@ def test_gemma3_logits_and_greedy_tokens_are_transformers(reference: Path, gemma
 SMOLVLM_SIZES = [(64, 64), (128, 96), (96, 128)]
 
 
-def test_smolvlm_rows_are_transformers_but_mtmd_shows_a_one_tile_image_twice(
+def test_smolvlm_one_view_is_transformers_where_mtmd_would_show_a_one_tile_image_twice(
         reference: Path, checkpoint: Path, tmp_path: Path) -> None:
     """Each view's rows through mtmd are transformers' (SigLIP, the pixel shuffle and the
-    projection). But where the processor's longest edge is one tile (SmolVLM2-256M's and 500M's
-    published 512 px, 64 px here), transformers shows every image as one view and mtmd as that tile
-    plus an overview of the same pixels: twice the tokens, and a <row_1_col_1> view the model was
-    not trained on. Recorded, so that a llama.cpp that stops doing it fails here."""
+    projection). But where the processor's longest edge is one tile (64 px here), transformers
+    shows every image as one view and mtmd's own block as that tile plus an overview of the same
+    pixels: twice the tokens, and a <row_1_col_1> view the model was not trained on (recorded, so
+    that a llama.cpp that stops doing it fails here). edgevlm plans such an image as the one view
+    (SmolvlmOneView) and takes mtmd's overview alone: transformers' rows."""
+    from edgevlm.families.smolvlm import OVERVIEW_CHUNK
+
     folder = checkpoint.parent / "smolvlm"
     paths = [_photo(tmp_path / f"{w}x{h}.png", (w, h), seed)
              for seed, (w, h) in enumerate(SMOLVLM_SIZES)]
     answer = ask_reference(reference, {"stage": "rows", "family": "smolvlm", "dir": str(folder),
                                        "images": [str(path) for path in paths]})
+    layout = layout_for(read_projector(folder / "mmproj.gguf"))
+    budget = ViewBudget(room=4096, tile_size=64, view_tokens=16)
     with _f32_engine(folder / "text.gguf", folder / "mmproj.gguf", n_ctx=1024) as engine:
         sequence = engine.sequence()
         for path, size, result in zip(paths, SMOLVLM_SIZES, answer["results"], strict=True):
             theirs = _floats(result["rows"], result["shape"])
             assert theirs.shape == (16, 64)  # one view
-            block = sequence.encode_block(Image.open(path).convert("RGB"))
+            photo = Image.open(path).convert("RGB")
+            block = sequence.encode_block(photo)
             views = [np.asarray(piece.rows, np.float32) for piece in block.pieces
                      if not isinstance(piece, tuple)]
             assert len(views) == 2, size  # the tile and the overview: llama.cpp's, not transformers'
-            for ours in views:
-                _assert_same_rows(ours, theirs, size)
+            plan = layout.plan(size, budget)
+            assert plan.one_view and plan.visual_tokens == 16, size
+            (view,) = layout.views(photo, plan)
+            ours = np.asarray(sequence.encode_image(view, chunk=OVERVIEW_CHUNK).rows, np.float32)
+            _assert_same_rows(ours, theirs, size)
+
+
+def test_smolvlm_one_view_where_its_longest_edge_is_several_tiles(reference: Path, checkpoint: Path,
+                                                                   tmp_path: Path) -> None:
+    """At SmolVLM2-2.2B's setting a caption (and a video frame) is shown the one view too: the
+    processor's path without splitting, which it takes for video frames. mtmd squeezes the image
+    at the longest edge onto the tiles' grid and then the square, where the processor takes one
+    step: measured least cosine 0.9995 and 2.1e-2 of the largest value (1.0 and 2.7e-4 for a
+    square photo); handing mtmd the view already squeezed was 0.9955 and 7.7e-2."""
+    folder = checkpoint.parent / "smolvlm-split"
+    layout = layout_for(read_projector(folder / "mmproj.gguf"))
+    budget = with_task(ViewBudget(room=4096, tile_size=64, view_tokens=16), Detail.CAPTION, layout.budgets)
+    paths = [_photo(tmp_path / f"{w}x{h}.png", (w, h), seed) for seed, (w, h) in enumerate(SMOLVLM_SIZES)]
+    answer = ask_reference(reference, {"stage": "rows", "family": "smolvlm", "dir": str(folder),
+                                       "images": [str(path) for path in paths],
+                                       "processor": {"do_image_splitting": False}})
+    with _f32_engine(folder / "text.gguf", folder / "mmproj.gguf", n_ctx=1024) as engine:
+        sequence = engine.sequence()
+        for path, size, result in zip(paths, SMOLVLM_SIZES, answer["results"], strict=True):
+            photo = Image.open(path).convert("RGB")
+            plan = layout.plan(size, budget)
+            assert plan.one_view and max(plan.size) == 128, size  # handed at the longest edge
+            (view,) = layout.views(photo, plan)
+            ours = np.asarray(sequence.encode_image(view, chunk=-1).rows, np.float32)
+            theirs = _floats(result["rows"], result["shape"])
+            assert ours.shape == theirs.shape == (16, 64), size
+            cosine = min(float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+                         for a, b in zip(ours, theirs, strict=True))
+            assert cosine >= 0.999 and np.abs(ours - theirs).max() <= 0.05 * np.abs(theirs).max(), size
 
 
 # -- Gemma 4, converted by llama.cpp's own converter (its own vocabulary) -------------------------
