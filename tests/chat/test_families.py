@@ -291,3 +291,21 @@ def test_an_mtmd_block_seen_before_skips_the_encoder_from_ram_and_disk(
     from_disk, restored = chat.ask("What is it?", image=_image(7, (448, 336)))
     chat.check()
     assert restored.request.clip_encodes == 0 and reopened.stats().hits == 1 and from_disk == first
+
+
+def test_smolvlm_captions_with_its_one_view_and_swaps_it_for_text(test_models: dict[str, Path]) -> None:
+    """At --detail caption SmolVLM is shown the one view its processor makes (families/smolvlm.py):
+    its markers and mtmd's overview alone, the block's cells as the plan counted them; after the
+    answer the swap replaces it with text, as every family's image is."""
+    from edgevlm.vision.layout import Detail
+
+    view = read_projector(test_models["smolvlm_mmproj"]).tokens_per_image
+    with make_engine(test_models["smolvlm_mmproj"], text=test_models["smolvlm_text"], n_ctx=1024) as engine:
+        chat = _family_chat("smolvlm", engine, test_models, detail=Detail.CAPTION, summary="caption")
+        _, stats = chat.ask("What is it?", image=_image(3, (640, 480)))
+        chat.check()
+        assert stats.request.visual_tokens == view and stats.request.clip_encodes == 1
+        assert stats.shown.image_tokens == (view,)
+        chat.summarise_pending()
+        chat.check()
+        assert stats.cache.visual_tokens_live == view and chat.visual_tokens_live == 0
