@@ -17,6 +17,7 @@ from edgevlm.errors import ConfigError
 from edgevlm.families import check_pair, family_for, read_projector
 from edgevlm.models.gguf import ProjectorFacts, TextModelFacts, read_text_model
 from edgevlm.parity.check import (
+    AFTER_SWAP,
     ROWS_SIZES,
     STANDARD_SIZES,
     ParityRow,
@@ -113,7 +114,7 @@ def _model_stages(python: Path, text: TextModelFacts, projector: ProjectorFacts,
         photos = [(name, gemma4_view(projector, shown_image(projector, image, detail)))
                   for name, image in photos]
     rows, warnings = _rows_stage(python, text, projector, folder, photos, detail)
-    rows.append(_answer_stage(python, text, projector, folder, photos[0], detail, question))
+    rows += _answer_stage(python, text, projector, folder, photos[0], detail, question)
     return rows, warnings
 
 
@@ -167,9 +168,11 @@ def _rows_stage(python: Path, text: TextModelFacts, projector: ProjectorFacts, f
 
 
 def _answer_stage(python: Path, text: TextModelFacts, projector: ProjectorFacts, folder: Path,
-                  photo: tuple[str, Image.Image], detail: Detail, question: str) -> ParityRow:
+                  photo: tuple[str, Image.Image], detail: Detail, question: str) -> list[ParityRow]:
     """Stage 4: edgevlm's prompt of the first photo and the question, through the pair as edgevlm
-    loads it (on the CPU, at f32), against the whole checkpoint in transformers on the same ids."""
+    loads it (on the CPU, at f32), against the whole checkpoint in transformers on the same ids;
+    then the chat after the photo is swapped for its caption and a follow-up is asked, against
+    transformers on that text from scratch."""
     from edgevlm.runtime.parity import prompted_answer
 
     kind = reference_kind(projector)
@@ -193,7 +196,15 @@ def _answer_stage(python: Path, text: TextModelFacts, projector: ProjectorFacts,
             # LLaVA: each view's patch 0 as edgevlm shows it (its neighbour's row, llama.cpp #25814)
             request["patch_0"] = "neighbour"
         theirs = ask_reference(python, request)
-    return answer_row(name, ours.logits, ours.greedy, theirs, text.weight_type)
+    rows = [answer_row(name, ours.logits, ours.greedy, theirs, text.weight_type)]
+    if ours.after_swap is not None:  # text alone: the follow-up's prompt, from scratch
+        swapped = ours.after_swap
+        after = ask_reference(python, {"stage": "logits", "family": kind, "dir": str(folder.resolve()),
+                                       "input_ids": list(swapped.ids), "images": [],
+                                       "steps": len(swapped.greedy)})
+        rows.append(answer_row(name, swapped.logits, swapped.greedy, after, text.weight_type,
+                               stage=AFTER_SWAP))
+    return rows
 
 
 def _print_table(rows: list[ParityRow]) -> None:

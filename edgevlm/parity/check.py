@@ -50,6 +50,9 @@ F16_WARNING = 65_504 / 2
 # (Gemma 3) and 0.29% (Qwen2.5-VL), and 4.2% and 7.3% on LLaVA-1.6 and 1.5, whose random text
 # weights, drawn wide, carry the tower's f32 rounding (5.5e-4 of its largest value) that far.
 ANSWER_SPREAD = 0.1
+# Stage 4's rows: the first answer to the photo, and a follow-up's once the photo is swapped for
+# its caption (the cache then holds text alone)
+FIRST_ANSWER, AFTER_SWAP = "4 first answer", "4 after the swap"
 # SmolVLM shown its one view where the task's budget or the room asks for fewer tokens than its
 # tiles (a caption, a video frame), which the processor as configured would split
 ONE_VIEW_BY_BUDGET = ("edgevlm shows it as one view at this --detail (the processor's unsplit view, as it "
@@ -345,25 +348,27 @@ def rows_rows(name: str, ours: np.ndarray, theirs: np.ndarray,
 
 
 def answer_row(name: str, ours: np.ndarray, greedy: Sequence[int], theirs: dict[str, Any],
-               weight_type: str) -> ParityRow:
+               weight_type: str, *, stage: str = FIRST_ANSWER) -> ParityRow:
     """Stage 4: the first answer token's logits and the greedy tokens after it, from edgevlm's
     prompt, against transformers on the same ids. Within ANSWER_SPREAD and every greedy token
     the same: the same; text weights stored below f32 move the logits by their own rounding, so
-    there the most likely first token agreeing is a known difference and only its change differs."""
+    there the most likely first token agreeing is a known difference and only its change differs.
+    `stage` AFTER_SWAP: the follow-up's answer, the photo swapped for its caption."""
     logits, their_greedy = decode_floats(theirs["logits"]), list(theirs["greedy"])
     gap = float(np.abs(ours - logits).max() / logits.std())
     agree = next((index for index, (a, b) in enumerate(zip(greedy, their_greedy, strict=False)) if a != b),
                  min(len(greedy), len(their_greedy)))
     same_first = int(np.argmax(ours)) == int(np.argmax(logits))
-    measure = "first answer token: max |Δlogit|/spread; greedy tokens agreeing"
+    token = "the follow-up's first token" if stage == AFTER_SWAP else "first answer token"
+    measure = f"{token}: max |Δlogit|/spread; greedy tokens agreeing"
     ours_text, theirs_text = f"{gap:.2%}; {agree} of {len(greedy)}", f"(the reference; {their_greedy[:3]}…)"
     if same_first and gap <= ANSWER_SPREAD and agree == len(greedy):
-        return ParityRow("4 first answer", name, measure, ours_text, theirs_text, ParityVerdict.SAME)
+        return ParityRow(stage, name, measure, ours_text, theirs_text, ParityVerdict.SAME)
     if same_first and weight_type not in ("F32", ""):
-        return ParityRow("4 first answer", name, measure, ours_text, theirs_text, ParityVerdict.KNOWN,
+        return ParityRow(stage, name, measure, ours_text, theirs_text, ParityVerdict.KNOWN,
                          f"the text weights are {weight_type}, the reference's f32: the logits move by their "
                          "rounding; the most likely first token is the same")
-    return ParityRow("4 first answer", name, measure, ours_text, theirs_text, ParityVerdict.DIFFERS)
+    return ParityRow(stage, name, measure, ours_text, theirs_text, ParityVerdict.DIFFERS)
 
 
 def f16_warnings(names: Sequence[str], peaks: Sequence[float]) -> list[str]:

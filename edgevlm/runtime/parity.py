@@ -15,7 +15,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from edgevlm.chat.settings import ChatSettings
+from edgevlm.chat.conversation import Conversation
+from edgevlm.chat.settings import ChatSettings, SummaryMode
+from edgevlm.errors import EngineError
 from edgevlm.families.mtmd import NativeLayout
 from edgevlm.llama.engine import Engine
 from edgevlm.llama.sequence import EngineSequence
@@ -32,6 +34,10 @@ IMAGE_ROW = -1
 ANSWER_STEPS = 8
 # The context the check runs in: a photo at chat detail and a question fit on every family.
 PARITY_CTX = 8192
+# After the swap: the photo's caption is this long at most (the check is of what the cache holds
+# after it, not of the caption), and this is asked next.
+SWAP_CAPTION_TOKENS = 16
+FOLLOW_UP = "What else stands out?"
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,9 @@ class PromptedAnswer:
     views: tuple[Image.Image, ...]  # the views of the photo the prompt shows, in order
     logits: np.ndarray  # the first answer token's, float32
     greedy: tuple[int, ...]  # ANSWER_STEPS greedy tokens, past any end of turn
+    # the same question answered, its photo swapped for its caption, and FOLLOW_UP asked: the
+    # prompt then (text alone) and the follow-up's answer
+    after_swap: PromptedAnswer | None = None
 
 
 def f32_engine(config: EngineConfig, *, on_load_progress: Callable[[float], None] | None = None) -> Engine:
@@ -76,13 +85,42 @@ def _answer(loaded: Loaded, photo: LoadedImage, question: str, detail: Detail,
     chat = conversation_for(loaded, settings)
     prepared = chat.prepare(photo, chat.fresh_room(question))
     chat.ask(question, image=prepared)
-    prompt = [segment for segment in chat.segments if segment.kind != "answer"]
+    ids, logits, greedy = _prefilled_afresh(chat)
+    layout = loaded.layout
+    shown = layout.shown(photo.image, prepared.plan) if isinstance(layout, NativeLayout) else photo.image
+    return PromptedAnswer(ids, shown, prepared.views, logits, greedy,
+                          after_swap=_after_swap(loaded, photo, question, settings))
+
+
+def _after_swap(loaded: Loaded, photo: LoadedImage, question: str, asked: ChatSettings) -> PromptedAnswer:
+    """The question answered again (ANSWER_STEPS tokens), the photo swapped for its caption as a
+    chat does after an answer, then FOLLOW_UP asked: the cache holds text alone, which transformers
+    is run on from scratch."""
+    chat_settings = replace(asked, max_tokens=ANSWER_STEPS, keep_images=0, summary=SummaryMode.CAPTION,
+                            caption_tokens=SWAP_CAPTION_TOKENS)
+    chat = conversation_for(loaded, chat_settings)
+    chat.ask(question, image=chat.prepare(photo, chat.fresh_room(question)))
+    chat.summarise_pending()
+    if any(segment.embedding is not None for segment in chat.segments):
+        raise EngineError("the answered photo was not swapped for its caption")
+    chat.ask(FOLLOW_UP)
+    ids, logits, greedy = _prefilled_afresh(chat)
+    return PromptedAnswer(ids, photo.image, (), logits, greedy)
+
+
+def _prefilled_afresh(chat: Conversation) -> tuple[tuple[int, ...], np.ndarray, tuple[int, ...]]:
+    """The conversation's prompt up to its last answer, read back from the ledger and prefilled
+    from an empty cache (each image row as IMAGE_ROW in the ids): its ids, the next token's
+    logits and ANSWER_STEPS greedy tokens after it. The cache is left empty of the conversation."""
+    segments = list(chat.segments)
+    while segments and segments[-1].kind == "answer":
+        segments.pop()
     sequence = chat.sequence
     if not isinstance(sequence, EngineSequence):
         raise TypeError("stage 4 runs on llama.cpp's own sequence")
     sequence.truncate(0)
     ids: list[int] = []
-    for segment in prompt:
+    for segment in segments:
         if segment.embedding is not None:
             sequence.eval_embedding(segment.embedding)
             ids.extend([IMAGE_ROW] * segment.n_tokens)
@@ -94,6 +132,5 @@ def _answer(loaded: Loaded, photo: LoadedImage, question: str, detail: Detail,
     for _ in range(ANSWER_STEPS):
         greedy.append(int(np.argmax(sequence.next_logits())))
         sequence.eval_text([greedy[-1]])
-    layout = loaded.layout
-    shown = layout.shown(photo.image, prepared.plan) if isinstance(layout, NativeLayout) else photo.image
-    return PromptedAnswer(tuple(ids), shown, prepared.views, logits, tuple(greedy))
+    sequence.truncate(0)
+    return tuple(ids), logits, tuple(greedy)

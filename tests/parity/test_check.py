@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from edgevlm.errors import ConfigError
 from edgevlm.families import read_projector
-from edgevlm.parity.check import ANSWER_SPREAD, ParityVerdict, answer_row, reference_kind
+from edgevlm.parity.check import AFTER_SWAP, ANSWER_SPREAD, ParityVerdict, answer_row, reference_kind
 
 GREEDY = [5, 9, 2, 7, 7, 1, 3, 8]
 
@@ -35,6 +35,14 @@ def test_logits_within_the_bound_with_every_greedy_token_are_the_same(seed: int,
     row = answer_row("photo", ours, GREEDY, _theirs(theirs, GREEDY), "F32")
     assert row.verdict is ParityVerdict.SAME
     assert row.stage == "4 first answer" and row.edgevlm.endswith("8 of 8")
+
+
+def test_the_follow_up_after_the_swap_is_its_own_row() -> None:
+    theirs = _logits(4)
+    row = answer_row("photo", theirs.copy(), GREEDY, _theirs(theirs, GREEDY[:5] + [0] * 3), "F32",
+                     stage=AFTER_SWAP)
+    assert (row.stage, row.verdict) == ("4 after the swap", ParityVerdict.DIFFERS)
+    assert row.measure.startswith("the follow-up's first token") and row.edgevlm.endswith("5 of 8")
 
 
 def test_a_greedy_token_apart_differs_and_says_where() -> None:

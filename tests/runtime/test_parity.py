@@ -33,6 +33,12 @@ def test_the_prompt_read_back_answers_as_the_conversation_does(test_models: dict
     assert 0 < rows[0] and rows[-1] < len(answer.ids) - 1
     assert answer.logits.dtype == np.float32 and int(np.argmax(answer.logits)) == answer.greedy[0]
     assert len(answer.greedy) == ANSWER_STEPS
+    # after the swap: the photo is its caption, text alone, and the follow-up's answer is read
+    swapped = answer.after_swap
+    assert swapped is not None and swapped.ids and IMAGE_ROW not in swapped.ids
+    # the same system prompt and turn opening (Qwen's <|vision_start|> is the block's, swapped with it)
+    assert swapped.ids[:rows[0] - 1] == answer.ids[:rows[0] - 1]
+    assert int(np.argmax(swapped.logits)) == swapped.greedy[0] and len(swapped.greedy) == ANSWER_STEPS
 
     # the conversation's own greedy answer to the same photo and question, as it streams it
     loaded = load(ModelFlags(model=str(text), mmproj=str(mmproj), n_gpu_layers=0, flash_attn=False,
