@@ -1,5 +1,6 @@
 """The SmolVLM family (SmolVLM, SmolVLM2; mtmd's idefics3 projector): an image split into
-labelled tiles by mtmd, on a llama or SmolLM3 text model, and its own way of showing a video.
+labelled tiles by mtmd, or shown as its processor's one view (a caption, a video frame, a
+one-tile image), on a llama or SmolLM3 text model, and its own way of showing a video.
 
 Pure: nothing here imports llama_cpp.
 """
