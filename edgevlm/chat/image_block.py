@@ -169,7 +169,7 @@ class _BlockPen:
         self._append_label(tuple(self._writer.tokenize(text)))
 
     def encode(self, view: Image.Image, *, chunk: int | None = None) -> ImageEmbedding:
-        rows = self._writer.encode(view) if chunk is None else self._writer.encode(view, chunk=chunk)
+        rows = self._writer.encode(view, chunk=chunk)
         self._progress.add(0)
         return rows
 

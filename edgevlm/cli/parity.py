@@ -191,7 +191,7 @@ def _answer_stage(python: Path, text: TextModelFacts, projector: ProjectorFacts,
         if kind == "gemma4":
             request["processor"] = gemma4_processor(projector, ours.shown)
         elif kind == "smolvlm":
-            request["processor"] = view_processor(kind, shown_views(projector, image, detail)[1])
+            request["processor"] = view_processor(kind, ours.view_chunk)
         if family_for(projector).repair(projector).roll_positions:
             # LLaVA: each view's patch 0 as edgevlm shows it (its neighbour's row, llama.cpp #25814)
             request["patch_0"] = "neighbour"

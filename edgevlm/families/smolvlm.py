@@ -119,10 +119,9 @@ def strip_rule(projector: ProjectorFacts) -> ResizeRule:
     longest = projector.preproc_size
 
     def resize(size: tuple[int, int], floor: int, ceiling: int | None) -> tuple[int, int] | None:
-        width, height = size
         if not longest or min(size) * longest >= max(size):
             return None
-        return (longest, 1) if width >= height else (1, longest)
+        return longest_edge_size(size, longest)  # its short side 1 px
     return resize
 
 

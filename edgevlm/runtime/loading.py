@@ -343,8 +343,7 @@ def projector_rows(text: TextModelFacts, projector: ProjectorFacts, images: Sequ
     # Qwen3-VL's rows carry its deepstack layers' features beside the merger's
     width = projector.projection_dim * (1 + projector.deepstack_layers)
     with vocab_projector(str(text.path), str(projector.path), row_width=width) as vision:
-        for index, image in enumerate(images):
-            chunk = chunks[index] if chunks else None
+        for image, chunk in zip(images, chunks or [None] * len(images), strict=True):
             if chunk is not None:
                 image_rows = np.asarray(vision.encode(image, RequestMeter(), chunk=chunk).rows, np.float32)
             else:

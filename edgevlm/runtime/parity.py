@@ -47,6 +47,8 @@ class PromptedAnswer:
     ids: tuple[int, ...]  # the prompt's token ids, each image row IMAGE_ROW
     shown: Image.Image  # the photo at the size the plan shows it, before any tiles are cut from it
     views: tuple[Image.Image, ...]  # the views of the photo the prompt shows, in order
+    # the one image chunk of mtmd's block the prompt shows of the view (SmolVLM's one view), or None
+    view_chunk: int | None
     logits: np.ndarray  # the first answer token's, float32
     greedy: tuple[int, ...]  # ANSWER_STEPS greedy tokens, past any end of turn
     # the same question answered, its photo swapped for its caption, and FOLLOW_UP asked: the
@@ -86,9 +88,10 @@ def _answer(loaded: Loaded, photo: LoadedImage, question: str, detail: Detail,
     prepared = chat.prepare(photo, chat.fresh_room(question))
     chat.ask(question, image=prepared)
     ids, logits, greedy = _prefilled_afresh(chat)
-    layout = loaded.layout
-    shown = layout.shown(photo.image, prepared.plan) if isinstance(layout, NativeLayout) else photo.image
-    return PromptedAnswer(ids, shown, prepared.views, logits, greedy,
+    layout, shown, chunk = loaded.layout, photo.image, None
+    if isinstance(layout, NativeLayout):
+        shown, chunk = layout.shown(photo.image, prepared.plan), layout.view_chunk(prepared.plan)
+    return PromptedAnswer(ids, shown, prepared.views, chunk, logits, greedy,
                           after_swap=_after_swap(loaded, photo, question, settings))
 
 
@@ -105,7 +108,7 @@ def _after_swap(loaded: Loaded, photo: LoadedImage, question: str, asked: ChatSe
         raise EngineError("the answered photo was not swapped for its caption")
     chat.ask(FOLLOW_UP)
     ids, logits, greedy = _prefilled_afresh(chat)
-    return PromptedAnswer(ids, photo.image, (), logits, greedy)
+    return PromptedAnswer(ids, photo.image, (), None, logits, greedy)
 
 
 def _prefilled_afresh(chat: Conversation) -> tuple[tuple[int, ...], np.ndarray, tuple[int, ...]]:

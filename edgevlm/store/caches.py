@@ -33,7 +33,6 @@ DISK_BYTES = 4 << 30
 ENTRIES = "*/*.np[yz]"
 SUMMARY_ENTRIES = "*/*.txt"  # one file per image, in a folder per model
 
-Encode = ViewEncoder
 V = TypeVar("V", ImageEmbedding, ImageBlock)
 
 
@@ -96,7 +95,7 @@ class _Tier(Generic[V]):
 class EmbeddingCache:
     """Projector rows per view: RAM first, then disk, then CLIP (whose rows are kept)."""
 
-    def __init__(self, encode: Encode, identity: str, *, folder: Path | None = None,
+    def __init__(self, encode: ViewEncoder, identity: str, *, folder: Path | None = None,
                  ram_bytes: int = RAM_BYTES, disk_bytes: int = DISK_BYTES,
                  encode_block: BlockEncoder | None = None,
                  encode_blocks: BlocksEncoder | None = None) -> None:
@@ -140,15 +139,13 @@ class EmbeddingCache:
             self._primed.add(key)
         self.misses += len(wanted)
 
-    def using(self, encode: Encode, encode_block: BlockEncoder | None = None,
+    def using(self, encode: ViewEncoder, encode_block: BlockEncoder | None = None,
               encode_blocks: BlocksEncoder | None = None) -> CacheView:
         """This cache in front of another sequence's encoders (each times its own CLIP work)."""
         return CacheView(self, encode, encode_block or self._encode_block,
                          encode_blocks or self._encode_blocks)
 
-    def _lookup(self, view: Image.Image, encode: Encode, chunk: int | None) -> ImageEmbedding:
-        if chunk is None:
-            return self._through(self._rows, self._key(view), view, encode)
+    def _lookup(self, view: Image.Image, encode: ViewEncoder, chunk: int | None) -> ImageEmbedding:
         return self._through(self._rows, self._key(view, chunk=chunk), view,
                              lambda image: encode(image, chunk=chunk))
 
@@ -211,7 +208,7 @@ class CacheView:
     """An EmbeddingCache in front of one sequence's own encoders."""
 
     cache: EmbeddingCache
-    encode: Encode
+    encode: ViewEncoder
     encode_block: BlockEncoder | None
     encode_blocks: BlocksEncoder | None = None
 
@@ -308,7 +305,7 @@ def pair_identity(model_path: Path, mmproj_path: Path | None) -> str:
     return f"{file_identity(model_path)}|{file_identity(mmproj_path)}"
 
 
-def for_files(encode: Encode, model_path: Path, mmproj_path: Path | None, *,
+def for_files(encode: ViewEncoder, model_path: Path, mmproj_path: Path | None, *,
               encode_block: BlockEncoder | None = None, encode_blocks: BlocksEncoder | None = None
               ) -> EmbeddingCache:
     """The cache for one model/projector pair, in the user's cache directory."""

@@ -19,7 +19,7 @@ class CountingEncoder:
     def __init__(self) -> None:
         self.calls = 0
 
-    def __call__(self, view: Image.Image) -> ImageEmbedding:
+    def __call__(self, view: Image.Image, *, chunk: int | None = None) -> ImageEmbedding:
         self.calls += 1
         pixels = np.asarray(view, dtype=np.float32)
         return ImageEmbedding(pixels.reshape(-1, 3)[:16].copy())
