@@ -391,8 +391,8 @@ answer (stage 4): edgevlm's prompt of the first photo and --ask, through the pai
 f32 and through the whole checkpoint in transformers on the same token ids, the first token's
 logits and eight greedy tokens compared; then the same once the photo is swapped for its
 caption, as a chat does after an answer, and a follow-up is asked (the cache then holds text
-alone). Stage 4 loads the text weights on both sides: on a 7B model minutes, and transformers
-holds it at f32 (28 GB of RAM).
+alone); then the first two photos in one question. Stage 4 loads the text weights on both
+sides: on a 7B model minutes, and transformers holds it at f32 (28 GB of RAM).
 
 Needs transformers beside edgevlm (make parity-env in a checkout, or pip install
 'edgevlm[parity]'). Compares Qwen2/2.5/3-VL, LLaVA-1.5 and 1.6, SmolVLM, Gemma 3 and 4 and LFM2-VL

@@ -1,11 +1,12 @@
 """`edgevlm parity`: what a model is shown by edgevlm, against its checkpoint's own processor in
-transformers. Stage 1 (preprocessing) so far; the command is thin over parity/."""
+transformers, stage by stage (preprocessing; with the text model the image rows and the answer);
+the command is thin over parity/ and runtime/parity.py."""
 
 from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import typer
@@ -20,6 +21,7 @@ from edgevlm.parity.check import (
     AFTER_SWAP,
     ROWS_SIZES,
     STANDARD_SIZES,
+    TWO_IMAGES,
     ParityRow,
     ParityVerdict,
     answer_row,
@@ -30,7 +32,9 @@ from edgevlm.parity.check import (
     gemma4_view,
     holds_weights,
     needs_mtmd_count,
+    one_processor,
     preprocess_rows,
+    processed_apart,
     reference_input,
     reference_kind,
     reference_request,
@@ -44,6 +48,9 @@ from edgevlm.parity.check import (
 from edgevlm.parity.client import ask_reference, reference_python
 from edgevlm.vision.images import load_image
 from edgevlm.vision.layout import Detail
+
+if TYPE_CHECKING:
+    from edgevlm.runtime.parity import PromptedAnswer
 
 NO_REFERENCE = ("edgevlm parity needs transformers, the reference implementation: in a checkout run "
                 "make parity-env; else pip install 'edgevlm[parity]' (torch's CPU build and transformers)")
@@ -114,7 +121,7 @@ def _model_stages(python: Path, text: TextModelFacts, projector: ProjectorFacts,
         photos = [(name, gemma4_view(projector, shown_image(projector, image, detail)))
                   for name, image in photos]
     rows, warnings = _rows_stage(python, text, projector, folder, photos, detail)
-    rows += _answer_stage(python, text, projector, folder, photos[0], detail, question)
+    rows += _answer_stage(python, text, projector, folder, photos, detail, question)
     return rows, warnings
 
 
@@ -168,43 +175,63 @@ def _rows_stage(python: Path, text: TextModelFacts, projector: ProjectorFacts, f
 
 
 def _answer_stage(python: Path, text: TextModelFacts, projector: ProjectorFacts, folder: Path,
-                  photo: tuple[str, Image.Image], detail: Detail, question: str) -> list[ParityRow]:
+                  photos: list[tuple[str, Image.Image]], detail: Detail, question: str) -> list[ParityRow]:
     """Stage 4: edgevlm's prompt of the first photo and the question, through the pair as edgevlm
     loads it (on the CPU, at f32), against the whole checkpoint in transformers on the same ids;
     then the chat after the photo is swapped for its caption and a follow-up is asked, against
-    transformers on that text from scratch."""
+    transformers on that text from scratch; then the first two photos in one question."""
     from edgevlm.runtime.parity import prompted_answer
 
     kind = reference_kind(projector)
-    name, image = photo
-    err.print(f"stage 4, the first answer: {name} and {question!r} through {folder.name} in transformers "
+    names = [name for name, _image in photos[:2]]
+    asked = " and ".join(names)
+    err.print(f"stage 4, the answer: {asked} and {question!r} through {folder.name} in transformers "
               "and in llama.cpp …")
     # LLaVA-1.5: its trained view alone (edgevlm's own tiles after it have no reference)
-    ours = prompted_answer(text.path, projector.path, image, question, detail,
-                           max_tiles=0 if kind == "llava" else None)
-    with tempfile.TemporaryDirectory(prefix="edgevlm-parity-") as scratch:
-        path = Path(scratch) / "photo.png"
-        reference_input(kind, image, ours.shown).save(path)
-        request: dict[str, Any] = {"stage": "logits", "family": kind, "dir": str(folder.resolve()),
-                                   "input_ids": list(ours.ids), "images": [str(path)],
-                                   "steps": len(ours.greedy)}
-        if kind == "gemma4":
-            request["processor"] = gemma4_processor(projector, ours.shown)
-        elif kind == "smolvlm":
-            request["processor"] = view_processor(kind, ours.view_chunk)
-        if family_for(projector).repair(projector).roll_positions:
-            # LLaVA: each view's patch 0 as edgevlm shows it (its neighbour's row, llama.cpp #25814)
-            request["patch_0"] = "neighbour"
-        theirs = ask_reference(python, request)
-    rows = [answer_row(name, ours.logits, ours.greedy, theirs, text.weight_type)]
+    ours = prompted_answer(text.path, projector.path, [image for _name, image in photos[:2]], question,
+                           detail, max_tiles=0 if kind == "llava" else None)
+    rows = [answer_row(names[0], ours.logits, ours.greedy,
+                       _reference_answer(python, projector, folder, photos[:1], ours), text.weight_type)]
     if ours.after_swap is not None:  # text alone: the follow-up's prompt, from scratch
         swapped = ours.after_swap
         after = ask_reference(python, {"stage": "logits", "family": kind, "dir": str(folder.resolve()),
                                        "input_ids": list(swapped.ids), "images": [],
-                                       "steps": len(swapped.greedy)})
-        rows.append(answer_row(name, swapped.logits, swapped.greedy, after, text.weight_type,
+                                       "steps": len(swapped.greedy), "forced": list(swapped.greedy)})
+        rows.append(answer_row(names[0], swapped.logits, swapped.greedy, after, text.weight_type,
                                stage=AFTER_SWAP))
+    if ours.together is not None:
+        both = ours.together
+        apart = processed_apart(kind, both.view_chunks)
+        if apart:
+            err.print(f"stage 4 with two images skipped: {apart}")
+        else:
+            theirs = _reference_answer(python, projector, folder, photos[:2], both)
+            rows.append(answer_row(" + ".join(names), both.logits, both.greedy, theirs, text.weight_type,
+                                   stage=TWO_IMAGES))
     return rows
+
+
+def _reference_answer(python: Path, projector: ProjectorFacts, folder: Path,
+                      photos: list[tuple[str, Image.Image]], ours: PromptedAnswer) -> dict[str, Any]:
+    """transformers' logits and greedy tokens on the ids of edgevlm's prompt, given the photos as
+    its processor would be (each at the size edgevlm's plan shows it, where it keeps that)."""
+    kind = reference_kind(projector)
+    with tempfile.TemporaryDirectory(prefix="edgevlm-parity-") as scratch:
+        paths = []
+        for index, ((_name, image), shown) in enumerate(zip(photos, ours.shown, strict=True)):
+            path = Path(scratch) / f"{index}.png"
+            reference_input(kind, image, shown).save(path)
+            paths.append(str(path))
+        request: dict[str, Any] = {"stage": "logits", "family": kind, "dir": str(folder.resolve()),
+                                   "input_ids": list(ours.ids), "images": paths, "steps": len(ours.greedy),
+                                   "forced": list(ours.greedy)}
+        processor = one_processor(kind, projector, ours.shown, ours.view_chunks)
+        if processor:
+            request["processor"] = processor
+        if family_for(projector).repair(projector).roll_positions:
+            # LLaVA: each view's patch 0 as edgevlm shows it (its neighbour's row, llama.cpp #25814)
+            request["patch_0"] = "neighbour"
+        return ask_reference(python, request)
 
 
 def _print_table(rows: list[ParityRow]) -> None:

@@ -50,9 +50,9 @@ F16_WARNING = 65_504 / 2
 # (Gemma 3) and 0.29% (Qwen2.5-VL), and 4.2% and 7.3% on LLaVA-1.6 and 1.5, whose random text
 # weights, drawn wide, carry the tower's f32 rounding (5.5e-4 of its largest value) that far.
 ANSWER_SPREAD = 0.1
-# Stage 4's rows: the first answer to the photo, and a follow-up's once the photo is swapped for
-# its caption (the cache then holds text alone)
-FIRST_ANSWER, AFTER_SWAP = "4 first answer", "4 after the swap"
+# Stage 4's rows: the first answer to the photo, a follow-up's once the photo is swapped for its
+# caption (the cache then holds text alone), and the answer to two photos in one question
+FIRST_ANSWER, AFTER_SWAP, TWO_IMAGES = "4 first answer", "4 after the swap", "4 two images"
 # SmolVLM shown its one view where the task's budget or the room asks for fewer tokens than its
 # tiles (a caption, a video frame), which the processor as configured would split
 ONE_VIEW_BY_BUDGET = ("edgevlm shows it as one view at this --detail (the processor's unsplit view, as it "
@@ -274,6 +274,27 @@ def gemma4_processor(projector: ProjectorFacts, view: Image.Image) -> dict[str, 
     return {"do_resize": False, "max_soft_tokens": next(b for b in GEMMA4_LADDER if b >= tokens)}
 
 
+def one_processor(kind: str, projector: ProjectorFacts, shown: Sequence[Image.Image],
+                  chunks: Sequence[int | None]) -> dict[str, Any]:
+    """The processor's arguments for the photos of one prompt, `shown` at the sizes edgevlm shows
+    them, `chunks` each one's view chunk (one call of the processor takes one set for all):
+    Gemma 4's budget, the largest any of them needs (told not to resize, it masks what a view
+    leaves of it); SmolVLM's one view, where edgevlm shows one (processed_apart says where the
+    photos cannot share a call)."""
+    if kind == "gemma4":
+        return max((gemma4_processor(projector, view) for view in shown),
+                   key=lambda arguments: int(arguments["max_soft_tokens"]))
+    return view_processor(kind, chunks[0]) if chunks else {}
+
+
+def processed_apart(kind: str, chunks: Sequence[int | None]) -> str:
+    """Why the reference's processor cannot be handed these photos in one call, or ''."""
+    if len({json.dumps(view_processor(kind, chunk)) for chunk in chunks}) > 1:
+        return ("edgevlm shows one photo as tiles and another as SmolVLM's one view, where the "
+                "processor splits every image of a call or none")
+    return ""
+
+
 def reference_input(kind: str, photo: Image.Image, shown: Image.Image) -> Image.Image:
     """What the reference's processor is handed for a photo edgevlm shows at `shown` (its plan's
     size): for Qwen-VL, LFM2-VL, Gemma 4 and SmolVLM that image, which the processor keeps (or
@@ -351,11 +372,16 @@ def answer_row(name: str, ours: np.ndarray, greedy: Sequence[int], theirs: dict[
                weight_type: str, *, stage: str = FIRST_ANSWER) -> ParityRow:
     """Stage 4: the first answer token's logits and the greedy tokens after it, from edgevlm's
     prompt, against transformers on the same ids. Within ANSWER_SPREAD and every greedy token
-    the same: the same; text weights stored below f32 move the logits by their own rounding, so
-    there the most likely first token agreeing is a known difference and only its change differs.
-    `stage` AFTER_SWAP: the follow-up's answer, the photo swapped for its caption."""
+    the same: the same. Where the answers part at a near tie (the reference, read on edgevlm's
+    own tokens, ranks each of them within the logits' measured difference of its own choice), a
+    known difference: two f32 implementations that agree to a rounding can still order two
+    tokens a rounding apart. Text weights stored below f32 move the logits by their own
+    rounding, so there the most likely first token agreeing is a known difference and only its
+    change differs. `stage` AFTER_SWAP: the follow-up's answer, the photo swapped for its
+    caption; TWO_IMAGES: the answer to two photos in one question."""
     logits, their_greedy = decode_floats(theirs["logits"]), list(theirs["greedy"])
-    gap = float(np.abs(ours - logits).max() / logits.std())
+    noise = float(np.abs(ours - logits).max())
+    gap = noise / float(logits.std())
     agree = next((index for index, (a, b) in enumerate(zip(greedy, their_greedy, strict=False)) if a != b),
                  min(len(greedy), len(their_greedy)))
     same_first = int(np.argmax(ours)) == int(np.argmax(logits))
@@ -364,6 +390,13 @@ def answer_row(name: str, ours: np.ndarray, greedy: Sequence[int], theirs: dict[
     ours_text, theirs_text = f"{gap:.2%}; {agree} of {len(greedy)}", f"(the reference; {their_greedy[:3]}…)"
     if same_first and gap <= ANSWER_SPREAD and agree == len(greedy):
         return ParityRow(stage, name, measure, ours_text, theirs_text, ParityVerdict.SAME)
+    short_by = [float(value) for value in theirs.get("short_by", [])]
+    if gap <= ANSWER_SPREAD and len(short_by) == len(greedy) and max(short_by) <= noise:
+        return ParityRow(stage, name, measure, ours_text, theirs_text, ParityVerdict.KNOWN,
+                         f"a near tie at answer token {agree + 1}: read on edgevlm's tokens, the reference "
+                         f"ranks that one {short_by[min(agree, len(greedy) - 1)]:.2g} below its own "
+                         f"choice, within the logits' measured difference ({noise:.2g}), as it ranks "
+                         f"each of the {len(greedy)}; the answers part there")
     if same_first and weight_type not in ("F32", ""):
         return ParityRow(stage, name, measure, ours_text, theirs_text, ParityVerdict.KNOWN,
                          f"the text weights are {weight_type}, the reference's f32: the logits move by their "

@@ -48,7 +48,10 @@ Stages (the request's "stage"):
   image-token runs (none: a text prompt; an id of -1 is the model's own image token), processed
   with {"processor"} where given: the next-token logits and {"steps"} greedy tokens. With
   {"patch_0": "neighbour"} (LLaVA), each view's first patch has its neighbour's features, as
-  edgevlm shows it on the pinned llama.cpp. Answer: {"logits": base64 float32, "greedy": [ids]}.
+  edgevlm shows it on the pinned llama.cpp. With {"forced": [ids]} (edgevlm's greedy tokens),
+  the prompt is read on with them too. Answer: {"logits": base64 float32, "greedy": [ids],
+  "short_by": [how far below the reference's own best each forced token's logit is, on the same
+  prefix]}.
 - "prompt" of "qwen-vl": stage 2, the ids transformers' Qwen2.5-VL processor makes of each of
   {"conversations": [{"messages": [...], "images": [path, ...]}, ...]} with the chat template
   {"template"}, the tokenizer built from the GGUF {"gguf"}'s vocabulary and the image processor
@@ -354,7 +357,9 @@ def _logits(request: dict[str, Any]) -> Answer:
     config = model.config
     named = getattr(config, "image_token_id", None) or getattr(config, "image_token_index", None)
     image_token = int(named) if named is not None else -1
-    ids = torch.tensor([request["input_ids"]])
+    # edgevlm's greedy tokens after the prompt, where given: read on the same prefix too (below)
+    forced = [int(token) for token in request.get("forced", [])]
+    ids = torch.tensor([request["input_ids"] + forced[:-1]])
     inputs: dict[str, Any] = {"input_ids": torch.where(ids == -1, image_token, ids)}
     if request.get("patch_0") == "neighbour":
         _patch_0_as_neighbour(model)
@@ -377,13 +382,25 @@ def _logits(request: dict[str, Any]) -> Answer:
         # built from these at the prefill, as its processor returns them), the rest causally
         inputs["token_type_ids"] = (inputs["input_ids"] == image_token).to(torch.int64)
     with torch.no_grad():
-        logits = model(**inputs).logits[0, -1].float().numpy()
+        # the logits at the prompt's end and after each forced token but the last
+        every = model(**inputs, logits_to_keep=max(len(forced), 1)).logits[0].float()
+        logits = every[0].numpy()
+        # how far each forced token falls short of the reference's own choice on the same prefix
+        # (0 where they are one): a near tie, within the implementations' measured difference,
+        # is told from a divergence by this (parity/check.py: answer_row)
+        short_by = [float(every[k].max() - every[k, token]) for k, token in enumerate(forced)]
         steps = int(request.get("steps", 0))
         new: list[int] = []
         if steps:
-            greedy = model.generate(**inputs, max_new_tokens=steps, min_new_tokens=steps, do_sample=False)
-            new = greedy[0, inputs["input_ids"].shape[1]:].tolist()
-    return {"logits": base64.b64encode(logits.tobytes()).decode(), "greedy": new}
+            prompt = {key: (value[:, :len(request["input_ids"])] if key in TOKEN_KEYED else value)
+                      for key, value in inputs.items()}
+            greedy = model.generate(**prompt, max_new_tokens=steps, min_new_tokens=steps, do_sample=False)
+            new = greedy[0, len(request["input_ids"]):].tolist()
+    return {"logits": base64.b64encode(logits.tobytes()).decode(), "greedy": new, "short_by": short_by}
+
+
+# The inputs of _logits that run along the token ids (cut back to the prompt for generate)
+TOKEN_KEYED = ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids")
 
 
 def _patch_0_as_neighbour(model: Any) -> None:

@@ -1,6 +1,7 @@
-"""Stage 4 of `edgevlm parity`: what the model answers to edgevlm's own prompt of one photo and a
-question, loaded as edgevlm loads it (the pair's plan, its chat template, the projector as
-trained), for transformers to be run on the same ids (parity/check.py compares the two).
+"""Stage 4 of `edgevlm parity`: what the model answers to edgevlm's own prompt of a photo (and of
+two in one question) and a question, loaded as edgevlm loads it (the pair's plan, its chat
+template, the projector as trained), for transformers to be run on the same ids (parity/check.py
+compares the two).
 
 Composition only: the conversation makes the prompt as every face does; the answer is then
 read by a fresh prefill of that prompt, so that the first token's logits are there to compare.
@@ -8,7 +9,7 @@ read by a fresh prefill of that prompt, so that the first token's logits are the
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -42,18 +43,23 @@ FOLLOW_UP = "What else stands out?"
 
 @dataclass(frozen=True)
 class PromptedAnswer:
-    """edgevlm's prompt of one photo and a question, and what the model makes of it."""
+    """edgevlm's prompt of a photo (or several) and a question, and what the model makes of it."""
 
     ids: tuple[int, ...]  # the prompt's token ids, each image row IMAGE_ROW
-    shown: Image.Image  # the photo at the size the plan shows it, before any tiles are cut from it
-    views: tuple[Image.Image, ...]  # the views of the photo the prompt shows, in order
-    # the one image chunk of mtmd's block the prompt shows of the view (SmolVLM's one view), or None
-    view_chunk: int | None
+    # each photo at the size the plan shows it, before any tiles are cut from it
+    shown: tuple[Image.Image, ...]
+    views: tuple[Image.Image, ...]  # the views of the photos the prompt shows, in order
+    # for each photo, the one image chunk of mtmd's block the prompt shows of its view (SmolVLM's
+    # one view), or None
+    view_chunks: tuple[int | None, ...]
     logits: np.ndarray  # the first answer token's, float32
     greedy: tuple[int, ...]  # ANSWER_STEPS greedy tokens, past any end of turn
     # the same question answered, its photo swapped for its caption, and FOLLOW_UP asked: the
     # prompt then (text alone) and the follow-up's answer
     after_swap: PromptedAnswer | None = None
+    # the question asked of the first two photos in one turn (each after its label, as a chat shows
+    # several images), where two were given
+    together: PromptedAnswer | None = None
 
 
 def f32_engine(config: EngineConfig, *, on_load_progress: Callable[[float], None] | None = None) -> Engine:
@@ -64,35 +70,52 @@ def f32_engine(config: EngineConfig, *, on_load_progress: Callable[[float], None
                   on_load_progress=on_load_progress)
 
 
-def prompted_answer(model: Path, mmproj: Path, photo: Image.Image, question: str, detail: Detail, *,
-                    max_tiles: int | None = None) -> PromptedAnswer:
-    """Load the pair on the CPU at f32, ask `question` of `photo` as a conversation asks it (at
-    `detail`, `max_tiles`: 0 shows LLaVA-1.5 its trained view alone), then prefill that prompt
-    afresh and read its logits and ANSWER_STEPS greedy tokens."""
+def prompted_answer(model: Path, mmproj: Path, photos: Sequence[Image.Image], question: str, detail: Detail,
+                    *, max_tiles: int | None = None) -> PromptedAnswer:
+    """Load the pair on the CPU at f32, ask `question` of the first photo as a conversation asks it
+    (at `detail`, `max_tiles`: 0 shows LLaVA-1.5 its trained view alone), then prefill that prompt
+    afresh and read its logits and ANSWER_STEPS greedy tokens; then the same after the swap, and,
+    given two photos or more, of the first two in one question."""
+    if not photos:
+        raise ValueError("stage 4 asks about a photo: none was given")
     flags = ModelFlags(model=str(model), mmproj=str(mmproj), n_gpu_layers=0, flash_attn=False,
                        n_ctx=PARITY_CTX)
     loaded = load(flags, engine=f32_engine)
+    images = [LoadedImage(Path("photo.png" if index == 0 else f"photo-{index + 1}.png"), photo, photo.size)
+              for index, photo in enumerate(photos[:2])]
     try:
-        return _answer(loaded, LoadedImage(Path("photo.png"), photo, photo.size), question, detail, max_tiles)
+        settings = _asked(detail, max_tiles)
+        first = _answer(loaded, images[:1], question, settings)
+        return replace(first, after_swap=_after_swap(loaded, images[0], question, settings),
+                       together=_answer(loaded, images, question, settings) if len(images) > 1 else None)
     finally:
         loaded.engine.close()
 
 
-def _answer(loaded: Loaded, photo: LoadedImage, question: str, detail: Detail,
-            max_tiles: int | None) -> PromptedAnswer:
-    # one answer token: the conversation's prompt is what is wanted, its answer is read below;
-    # keep_images so the answered photo stays in the cache as it was shown
-    settings = ChatSettings(max_tokens=1, sampling=Sampling(temperature=0.0), detail=detail,
-                            max_tiles=max_tiles, keep_images=1)
+def _asked(detail: Detail, max_tiles: int | None) -> ChatSettings:
+    # one answer token: the conversation's prompt is what is wanted, its answer is read afresh;
+    # keep_images so the answered photos stay in the cache as they were shown
+    return ChatSettings(max_tokens=1, sampling=Sampling(temperature=0.0), detail=detail,
+                        max_tiles=max_tiles, keep_images=1)
+
+
+def _answer(loaded: Loaded, photos: list[LoadedImage], question: str,
+            settings: ChatSettings) -> PromptedAnswer:
     chat = conversation_for(loaded, settings)
-    prepared = chat.prepare(photo, chat.fresh_room(question))
-    chat.ask(question, image=prepared)
+    # each photo cut for an even share of the room, as the conversation shares it (chat/conversation.py:
+    # _fit keeps views cut beforehand that fit their share), so the views are known to the check
+    room = chat.fresh_room(question) // len(photos)
+    prepared = [chat.prepare(photo, room) for photo in photos]
+    chat.ask(question, images=prepared)
     ids, logits, greedy = _prefilled_afresh(chat)
-    layout, shown, chunk = loaded.layout, photo.image, None
+    layout = loaded.layout
     if isinstance(layout, NativeLayout):
-        shown, chunk = layout.shown(photo.image, prepared.plan), layout.view_chunk(prepared.plan)
-    return PromptedAnswer(ids, shown, prepared.views, chunk, logits, greedy,
-                          after_swap=_after_swap(loaded, photo, question, settings))
+        shown = tuple(layout.shown(ready.image.image, ready.plan) for ready in prepared)
+        chunks = tuple(layout.view_chunk(ready.plan) for ready in prepared)
+    else:
+        shown, chunks = tuple(ready.image.image for ready in prepared), (None,) * len(prepared)
+    return PromptedAnswer(ids, shown, tuple(view for ready in prepared for view in ready.views), chunks,
+                          logits, greedy)
 
 
 def _after_swap(loaded: Loaded, photo: LoadedImage, question: str, asked: ChatSettings) -> PromptedAnswer:
@@ -108,7 +131,7 @@ def _after_swap(loaded: Loaded, photo: LoadedImage, question: str, asked: ChatSe
         raise EngineError("the answered photo was not swapped for its caption")
     chat.ask(FOLLOW_UP)
     ids, logits, greedy = _prefilled_afresh(chat)
-    return PromptedAnswer(ids, photo.image, (), None, logits, greedy)
+    return PromptedAnswer(ids, (photo.image,), (), (None,), logits, greedy)
 
 
 def _prefilled_afresh(chat: Conversation) -> tuple[tuple[int, ...], np.ndarray, tuple[int, ...]]:

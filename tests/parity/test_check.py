@@ -14,13 +14,26 @@ from hypothesis import strategies as st
 
 from edgevlm.errors import ConfigError
 from edgevlm.families import read_projector
-from edgevlm.parity.check import AFTER_SWAP, ANSWER_SPREAD, ParityVerdict, answer_row, reference_kind
+from edgevlm.parity.check import (
+    AFTER_SWAP,
+    ANSWER_SPREAD,
+    ParityVerdict,
+    answer_row,
+    gemma4_processor,
+    one_processor,
+    processed_apart,
+    reference_kind,
+)
 
 GREEDY = [5, 9, 2, 7, 7, 1, 3, 8]
 
 
-def _theirs(logits: np.ndarray, greedy: list[int]) -> dict[str, object]:
-    return {"logits": base64.b64encode(logits.astype(np.float32).tobytes()).decode(), "greedy": greedy}
+def _theirs(logits: np.ndarray, greedy: list[int], short_by: list[float] | None = None) -> dict[str, object]:
+    answer: dict[str, object] = {"logits": base64.b64encode(logits.astype(np.float32).tobytes()).decode(),
+                                 "greedy": greedy}
+    if short_by is not None:  # the reference read on edgevlm's greedy tokens
+        answer["short_by"] = short_by
+    return answer
 
 
 def _logits(seed: int) -> np.ndarray:
@@ -68,6 +81,57 @@ def test_another_first_token_differs_whatever_the_weights() -> None:
     for weights in ("F32", "F16", "Q4_K"):
         row = answer_row("photo", ours, GREEDY, _theirs(theirs, GREEDY), weights)
         assert row.verdict is ParityVerdict.DIFFERS
+
+
+@given(st.integers(0, 2**32 - 1), st.floats(1e-6, 0.9), st.integers(0, len(GREEDY) - 1))
+def test_answers_that_part_at_a_near_tie_are_a_known_difference_and_past_it_differ(
+        seed: int, margin: float, step: int) -> None:
+    """Two implementations a rounding apart can order two near-equal tokens apart (measured:
+    tiny Qwen2-VL, whose first two answer tokens edgevlm's logits put 6e-6 apart and transformers'
+    7.7e-3). Read on edgevlm's tokens, the reference ranks the one where they part `margin` of the
+    measured difference below its own: a near tie; past that difference, they differ."""
+    theirs = _logits(seed)
+    top, runner_up = (int(token) for token in np.argsort(theirs)[::-1][:2])
+    noise = 0.01 * theirs.std()
+    their_greedy, greedy = GREEDY[:step] + [0] * (len(GREEDY) - step), GREEDY
+    if step == 0:  # the first token: the two best a rounding apart, in the other order on each side
+        theirs[runner_up] = theirs[top] - noise / 4
+        greedy, their_greedy = [runner_up, *GREEDY[1:]], [top, *their_greedy[1:]]
+    ours = theirs.copy()
+    ours[np.argmin(theirs)] += noise  # the measured difference: within the bound
+    if step == 0:
+        ours[runner_up] = theirs[top] + noise / 4
+    short_by = [0.0] * len(GREEDY)
+    short_by[step] = margin * noise
+    tie = answer_row("photo", ours, greedy, _theirs(theirs, their_greedy, short_by), "F32")
+    assert tie.verdict is ParityVerdict.KNOWN and f"near tie at answer token {step + 1}" in tie.why
+    assert tie.edgevlm.endswith(f"{step} of 8")
+    short_by[step] = (1.1 + margin) * noise  # past it (beyond the float32 rounding of the measure)
+    apart = answer_row("photo", ours, greedy, _theirs(theirs, their_greedy, short_by), "F32")
+    assert apart.verdict is ParityVerdict.DIFFERS
+    # the reference not read on edgevlm's tokens (an older reference venv): no tie is assumed
+    unread = answer_row("photo", ours, greedy, _theirs(theirs, their_greedy), "F32")
+    assert unread.verdict is ParityVerdict.DIFFERS
+
+
+def test_two_photos_share_one_call_of_the_processor_where_they_can(test_models: dict[str, Path]) -> None:
+    """Stage 4 with two photos hands the reference's processor both in one call: Gemma 4 at the
+    budget the larger needs (the smaller's rest is padding it masks); SmolVLM split or not as both
+    are shown, and refused in words where one is tiles and the other its one view."""
+    from PIL import Image
+
+    gemma4 = read_projector(test_models["gemma4_mmproj"])
+    small, large = Image.new("RGB", (96, 96)), Image.new("RGB", (768, 432))
+    budgets = [gemma4_processor(gemma4, view)["max_soft_tokens"] for view in (small, large)]
+    assert budgets[0] < budgets[1]
+    for order in ((small, large), (large, small)):
+        assert one_processor("gemma4", gemma4, order, (None, None))["max_soft_tokens"] == budgets[1]
+    assert one_processor("smolvlm", gemma4, (small, small), (-1, -1)) == {"do_image_splitting": False}
+    assert one_processor("smolvlm", gemma4, (small, small), (None, None)) == {}
+    assert one_processor("qwen-vl", gemma4, (small, large), (None, None)) == {}
+    assert processed_apart("smolvlm", (-1, -1)) == processed_apart("smolvlm", (None, None)) == ""
+    assert "one view" in processed_apart("smolvlm", (None, -1))
+    assert processed_apart("qwen-vl", (None, -1)) == ""
 
 
 def test_a_family_without_a_reader_is_named(test_models: dict[str, Path]) -> None:

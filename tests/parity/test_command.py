@@ -157,9 +157,12 @@ def test_stage_3_compares_the_rows_and_names_a_perturbed_checkpoint(reference: P
     assert _rows(same.stdout)["warnings"] == []
     stage4 = [row for row in _rows(same.stdout)["rows"] if row["stage"].startswith("4 ")]
     assert [(row["stage"], row["verdict"]) for row in stage4] == [("4 first answer", "same"),
-                                                                  ("4 after the swap", "same")]
-    # the first photo, then the follow-up on its caption: eight greedy tokens the same each
+                                                                  ("4 after the swap", "same"),
+                                                                  ("4 two images", "same")]
+    # the first photo, the follow-up on its caption, the first two photos in one question: eight
+    # greedy tokens the same each
     assert all(row["edgevlm"].endswith("8 of 8") for row in stage4)
+    assert stage4[-1]["image"] == "1280x720 + 512x512"
 
     changed = tmp_path / "perturbed"
     subprocess.run([str(reference), "-c", PERTURB, str(qwen), str(changed)], check=True, capture_output=True)
@@ -296,9 +299,10 @@ def test_an_lfm2_vl_checkpoint_is_checked_at_stages_1_and_3(reference: Path, tmp
         synthetic_photo(size, seed).save(photos[-1])
     rows = _parity_rows(lfm2, *photos)
     assert [row["edgevlm"] for row in rows if row["stage"] == "1 preprocess"] == ["764", "144", "1280", "108"]
-    assert len(rows) == 10 and {row["verdict"] for row in rows} == {"same"}
-    assert [(row["stage"], row["image"]) for row in rows[-2:]] == [("4 first answer", "1280x720.png"),
-                                                                   ("4 after the swap", "1280x720.png")]
+    assert len(rows) == 11 and {row["verdict"] for row in rows} == {"same"}
+    assert [(row["stage"], row["image"]) for row in rows[-3:]] == [
+        ("4 first answer", "1280x720.png"), ("4 after the swap", "1280x720.png"),
+        ("4 two images", "1280x720.png + 279x528.png")]
 
 
 def test_a_gemma4_checkpoint_names_its_budget_and_matches_rows_and_answer(reference: Path) -> None:
@@ -335,6 +339,6 @@ def test_a_smolvlm_checkpoint_where_both_cut_tiles_and_where_its_processor_shows
         rows = _parity_rows(parity / name)
         assert {row["verdict"] for row in rows} == {"same"}, name
         assert [row["stage"] for row in rows if row["stage"] != "1 preprocess"] == \
-            ["3 image rows"] * 3 + ["4 first answer", "4 after the swap"], name
+            ["3 image rows"] * 3 + ["4 first answer", "4 after the swap", "4 two images"], name
         if name == "smolvlm":
             assert all(row["edgevlm"] == "1" for row in rows if row["stage"] == "1 preprocess")

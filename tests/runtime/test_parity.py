@@ -22,8 +22,8 @@ QUESTION = "What is in the picture?"
 
 def test_the_prompt_read_back_answers_as_the_conversation_does(test_models: dict[str, Path]) -> None:
     text, mmproj = test_models["qwen_text"], test_models["qwen_mmproj"]
-    photo = synthetic_photo((224, 168), 0)
-    answer = prompted_answer(text, mmproj, photo, QUESTION, Detail.CHAT)
+    photo, other = synthetic_photo((224, 168), 0), synthetic_photo((112, 224), 1)
+    answer = prompted_answer(text, mmproj, [photo, other], QUESTION, Detail.CHAT)
 
     view = answer.views[0]
     rows = [index for index, token in enumerate(answer.ids) if token == IMAGE_ROW]
@@ -39,6 +39,14 @@ def test_the_prompt_read_back_answers_as_the_conversation_does(test_models: dict
     # the same system prompt and turn opening (Qwen's <|vision_start|> is the block's, swapped with it)
     assert swapped.ids[:rows[0] - 1] == answer.ids[:rows[0] - 1]
     assert int(np.argmax(swapped.logits)) == swapped.greedy[0] and len(swapped.greedy) == ANSWER_STEPS
+    # both photos in one question: a run of rows each, its view's tokens, text between (the label)
+    both = answer.together
+    assert both is not None and len(both.views) == len(both.shown) == len(both.view_chunks) == 2
+    runs = _runs(both.ids)
+    assert [length for _start, length in runs] == [(v.width // 28) * (v.height // 28) for v in both.views]
+    assert runs[1][0] > runs[0][0] + runs[0][1] + 1
+    assert both.ids[:rows[0] - 1] == answer.ids[:rows[0] - 1] and both.ids[-4:] == answer.ids[-4:]
+    assert both.after_swap is None and both.together is None
 
     # the conversation's own greedy answer to the same photo and question, as it streams it
     loaded = load(ModelFlags(model=str(text), mmproj=str(mmproj), n_gpu_layers=0, flash_attn=False,
@@ -51,3 +59,16 @@ def test_the_prompt_read_back_answers_as_the_conversation_does(test_models: dict
     finally:
         loaded.engine.close()
     assert streamed and tuple(streamed) == answer.greedy[:len(streamed)]
+
+
+def _runs(ids: tuple[int, ...]) -> list[tuple[int, int]]:
+    """Where each run of image rows starts in a prompt's ids, and its length."""
+    runs: list[tuple[int, int]] = []
+    for index, token in enumerate(ids):
+        if token != IMAGE_ROW:
+            continue
+        if runs and runs[-1][0] + runs[-1][1] == index:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((index, 1))
+    return runs
