@@ -349,20 +349,43 @@ def _logits(request: dict[str, Any]) -> Answer:
     import base64
 
     import torch
-    from PIL import Image
 
     model = _saved_model(request)
+    if request.get("patch_0") == "neighbour":
+        _patch_0_as_neighbour(model)
+    # edgevlm's greedy tokens after the prompt, where given: read on the same prefix too (below)
+    forced = [int(token) for token in request.get("forced", [])]
+    with torch.no_grad():
+        # the logits at the prompt's end and after each forced token but the last
+        inputs = _model_inputs(model, request, request["input_ids"] + forced[:-1])
+        every = model(**inputs, logits_to_keep=max(len(forced), 1)).logits[0].float()
+        logits = every[0].numpy()
+        # how far each forced token falls short of the reference's own choice on the same prefix
+        # (0 where they are one): a near tie, within the implementations' measured difference,
+        # is told from a divergence by this (parity/check.py: answer_row)
+        short_by = [float(every[k].max() - every[k, token]) for k, token in enumerate(forced)]
+        steps = int(request.get("steps", 0))
+        new: list[int] = []
+        if steps:
+            prompt = _model_inputs(model, request, request["input_ids"])
+            greedy = model.generate(**prompt, max_new_tokens=steps, min_new_tokens=steps, do_sample=False)
+            new = greedy[0, len(request["input_ids"]):].tolist()
+    return {"logits": base64.b64encode(logits.tobytes()).decode(), "greedy": new, "short_by": short_by}
+
+
+def _model_inputs(model: Any, request: dict[str, Any], input_ids: list[int]) -> dict[str, Any]:
+    """The forward's inputs for these ids (an id of -1: the model's own image token) with the
+    request's image files, processed as the request says."""
+    import torch
+    from PIL import Image
+
     # the model's own image token (Gemma 3 and LLaVA name it an index), where an id of -1 stands
     # for an image row (edgevlm parity's prompts)
     config = model.config
     named = getattr(config, "image_token_id", None) or getattr(config, "image_token_index", None)
     image_token = int(named) if named is not None else -1
-    # edgevlm's greedy tokens after the prompt, where given: read on the same prefix too (below)
-    forced = [int(token) for token in request.get("forced", [])]
-    ids = torch.tensor([request["input_ids"] + forced[:-1]])
+    ids = torch.tensor([input_ids])
     inputs: dict[str, Any] = {"input_ids": torch.where(ids == -1, image_token, ids)}
-    if request.get("patch_0") == "neighbour":
-        _patch_0_as_neighbour(model)
     if request.get("images"):
         processor = _saved_processor(request)
         images = [Image.open(path).convert("RGB") for path in request["images"]]
@@ -381,26 +404,7 @@ def _logits(request: dict[str, Any]) -> Answer:
         # which tokens are an image's: Gemma 3 attends each image's run both ways (its mask is
         # built from these at the prefill, as its processor returns them), the rest causally
         inputs["token_type_ids"] = (inputs["input_ids"] == image_token).to(torch.int64)
-    with torch.no_grad():
-        # the logits at the prompt's end and after each forced token but the last
-        every = model(**inputs, logits_to_keep=max(len(forced), 1)).logits[0].float()
-        logits = every[0].numpy()
-        # how far each forced token falls short of the reference's own choice on the same prefix
-        # (0 where they are one): a near tie, within the implementations' measured difference,
-        # is told from a divergence by this (parity/check.py: answer_row)
-        short_by = [float(every[k].max() - every[k, token]) for k, token in enumerate(forced)]
-        steps = int(request.get("steps", 0))
-        new: list[int] = []
-        if steps:
-            prompt = {key: (value[:, :len(request["input_ids"])] if key in TOKEN_KEYED else value)
-                      for key, value in inputs.items()}
-            greedy = model.generate(**prompt, max_new_tokens=steps, min_new_tokens=steps, do_sample=False)
-            new = greedy[0, len(request["input_ids"]):].tolist()
-    return {"logits": base64.b64encode(logits.tobytes()).decode(), "greedy": new, "short_by": short_by}
-
-
-# The inputs of _logits that run along the token ids (cut back to the prompt for generate)
-TOKEN_KEYED = ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids")
+    return inputs
 
 
 def _patch_0_as_neighbour(model: Any) -> None:
