@@ -342,3 +342,21 @@ def test_a_smolvlm_checkpoint_where_both_cut_tiles_and_where_its_processor_shows
             ["3 image rows"] * 3 + ["4 first answer", "4 after the swap", "4 two images"], name
         if name == "smolvlm":
             assert all(row["edgevlm"] == "1" for row in rows if row["stage"] == "1 preprocess")
+
+
+def test_a_qwen2_vl_answer_that_parts_at_a_near_tie_is_not_a_divergence(reference: Path) -> None:
+    """The tiny Qwen2-VL's first two answer tokens are a near tie: 6e-6 apart in llama.cpp on one
+    machine, 7.7e-3 in the other order in transformers, the logits 1.2e-2 apart at most. Which
+    comes first depends on the CPU's rounding: where they part, the row is a known difference
+    naming the tie (read on edgevlm's tokens, the reference ranks each within that difference),
+    and the command passes; elsewhere the row is the same. Before, it exited 1 there."""
+    from .test_forward import built_checkpoints
+
+    rows = _parity_rows(built_checkpoints(reference) / "qwen2-vl")  # exit 0: nothing differs
+    first = next(row for row in rows if row["stage"] == "4 first answer")
+    if first["verdict"] == "known difference":
+        assert "near tie at answer token" in first["why"]
+    else:
+        assert first["verdict"] == "same" and first["edgevlm"].endswith("8 of 8")
+    assert [row["stage"] for row in rows if row["stage"].startswith("4 ")] == \
+        ["4 first answer", "4 after the swap", "4 two images"]
