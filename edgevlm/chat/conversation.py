@@ -74,7 +74,12 @@ VIEWS_READ_BYTES = 128 << 20
 class ChatSequence(LedgerSequence, BlockSequence, PrefixSequence, SwapSequence, ReplaySequence, Protocol):
     """The sequence a conversation runs on (an EngineSequence, or a test's fake): what each of its
     parts asks (the ledger, the block writer, the image prefixes, the swap, the replay) and what
-    the conversation itself asks."""
+    the conversation itself asks.
+
+    An intersection of Protocols, not a class hierarchy: nothing is inherited at run time, each
+    part stays declared beside the code that asks it, and mypy checks EngineSequence and the
+    fake against the whole (one sequence object serves every part, so there is nothing to own
+    and compose)."""
 
     @property
     def memory_kind(self) -> str:

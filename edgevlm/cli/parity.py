@@ -194,9 +194,7 @@ def _answer_stage(python: Path, text: TextModelFacts, projector: ProjectorFacts,
                        _reference_answer(python, projector, folder, photos[:1], ours), text.weight_type)]
     if ours.after_swap is not None:  # text alone: the follow-up's prompt, from scratch
         swapped = ours.after_swap
-        after = ask_reference(python, {"stage": "logits", "family": kind, "dir": str(folder.resolve()),
-                                       "input_ids": list(swapped.ids), "images": [],
-                                       "steps": len(swapped.greedy), "forced": list(swapped.greedy)})
+        after = _reference_answer(python, projector, folder, [], swapped)
         rows.append(answer_row(names[0], swapped.logits, swapped.greedy, after, text.weight_type,
                                stage=AFTER_SWAP))
     if ours.together is not None:
@@ -214,7 +212,8 @@ def _answer_stage(python: Path, text: TextModelFacts, projector: ProjectorFacts,
 def _reference_answer(python: Path, projector: ProjectorFacts, folder: Path,
                       photos: list[tuple[str, Image.Image]], ours: PromptedAnswer) -> dict[str, Any]:
     """transformers' logits and greedy tokens on the ids of edgevlm's prompt, given the photos as
-    its processor would be (each at the size edgevlm's plan shows it, where it keeps that)."""
+    its processor would be (each at the size edgevlm's plan shows it, where it keeps that); none
+    for a prompt of text alone (after the swap)."""
     kind = reference_kind(projector)
     with tempfile.TemporaryDirectory(prefix="edgevlm-parity-") as scratch:
         paths = []

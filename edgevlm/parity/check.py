@@ -283,13 +283,13 @@ def one_processor(kind: str, projector: ProjectorFacts, shown: Sequence[Image.Im
     photos cannot share a call)."""
     if kind == "gemma4":
         return max((gemma4_processor(projector, view) for view in shown),
-                   key=lambda arguments: int(arguments["max_soft_tokens"]))
+                   key=lambda arguments: int(arguments["max_soft_tokens"]), default={})
     return view_processor(kind, chunks[0]) if chunks else {}
 
 
 def processed_apart(kind: str, chunks: Sequence[int | None]) -> str:
     """Why the reference's processor cannot be handed these photos in one call, or ''."""
-    if len({json.dumps(view_processor(kind, chunk)) for chunk in chunks}) > 1:
+    if any(view_processor(kind, chunk) != view_processor(kind, chunks[0]) for chunk in chunks):
         return ("edgevlm shows one photo as tiles and another as SmolVLM's one view, where the "
                 "processor splits every image of a call or none")
     return ""

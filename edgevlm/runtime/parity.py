@@ -131,7 +131,7 @@ def _after_swap(loaded: Loaded, photo: LoadedImage, question: str, asked: ChatSe
         raise EngineError("the answered photo was not swapped for its caption")
     chat.ask(FOLLOW_UP)
     ids, logits, greedy = _prefilled_afresh(chat)
-    return PromptedAnswer(ids, (photo.image,), (), (None,), logits, greedy)
+    return PromptedAnswer(ids, (), (), (), logits, greedy)  # text alone: no photo is shown
 
 
 def _prefilled_afresh(chat: Conversation) -> tuple[tuple[int, ...], np.ndarray, tuple[int, ...]]:
