@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from PIL import Image
 
-from edgevlm.families.mtmd import MtmdFamily, ResizeRule
+from edgevlm.families.mtmd import MtmdFamily, ResizeRule, closest_grid
 from edgevlm.models.gguf import ProjectorFacts
 from edgevlm.vision.layout import BlockPen
 
@@ -58,20 +58,8 @@ def tiled(size: tuple[int, int], projector: ProjectorFacts) -> bool:
 def tile_grid(size: tuple[int, int], *, tiles: tuple[int, int] = LFM2_TILES,
               tile_px: int = LFM2_TILE_PX) -> tuple[int, int]:
     """The (columns, rows) LFM2-VL's processor cuts a tiled image into: of the grids of 2 to 10
-    tiles, the one whose shape is nearest the image's, and of equally near ones the larger where
-    the image covers more than half of it (find_closest_aspect_ratio; mtmd's get_grid_layout)."""
-    least, most = tiles
-    grids = sorted({(w, h) for w in range(1, most + 1) for h in range(1, most + 1) if least <= w * h <= most},
-                   key=lambda grid: grid[0] * grid[1])
-    width, height = size
-    aspect, best, best_gap = width / height, (1, 1), math.inf
-    for columns, rows in grids:
-        gap = abs(aspect - columns / rows)
-        if gap < best_gap:
-            best, best_gap = (columns, rows), gap
-        elif gap == best_gap and width * height > 0.5 * tile_px * tile_px * columns * rows:
-            best = (columns, rows)
-    return best
+    tiles, the one whose shape is nearest the image's (closest_grid; mtmd's get_grid_layout)."""
+    return closest_grid(size, tiles=tiles, tile_px=tile_px)
 
 
 @dataclass(frozen=True)

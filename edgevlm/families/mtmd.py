@@ -15,6 +15,7 @@ Pure: nothing here imports llama_cpp; the counter is handed in by whoever holds 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -335,6 +336,27 @@ def dyn_size_grid(size: tuple[int, int], *, align: int, tokens: tuple[int, int])
         h_bar = np.ceil(height * beta / f) * f
         w_bar = np.ceil(width * beta / f) * f
     return int(w_bar // f), int(h_bar // f)
+
+
+def closest_grid(size: tuple[int, int], *, tiles: tuple[int, int], tile_px: int) -> tuple[int, int]:
+    """The (columns, rows) a tiling processor cuts a (w, h) image into (InternVL's
+    dynamic_preprocess, transformers' get_optimal_tiled_canvas; LFM2-VL's alike): of the grids of
+    `tiles` (least, most) tiles, in transformers' order (by count, then columns), the one whose
+    shape is nearest the image's, and of equally near ones the later where the image covers more
+    than half of it. The order matters where two shapes are equally near (5:4 lies as near 1:2
+    as 2:1), so it is the processor's, not a set's."""
+    least, most = tiles
+    grids = sorted(((w, h) for w in range(1, most + 1) for h in range(1, most + 1) if least <= w * h <= most),
+                   key=lambda grid: grid[0] * grid[1])
+    width, height = size
+    aspect, best, best_gap = width / height, (1, 1), math.inf
+    for columns, rows in grids:
+        gap = abs(aspect - columns / rows)
+        if gap < best_gap:
+            best, best_gap = (columns, rows), gap
+        elif gap == best_gap and width * height > 0.5 * tile_px * tile_px * columns * rows:
+            best = (columns, rows)
+    return best
 
 
 def _round_half_away(x: np.float32) -> np.float32:
