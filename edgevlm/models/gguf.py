@@ -38,7 +38,7 @@ RECURRENT_ARCHS = frozenset({"mamba", "mamba2", "rwkv6", "rwkv7", "arwkv7", "rwk
 SWA_PATTERN_DEFAULT: dict[str, int | None] = {"gemma3": 6, "gemma4": None}
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.")
 # Bump when the facts' fields change, so stale cache entries are ignored.
-_CACHE_VERSION = 15
+_CACHE_VERSION = 16
 IMAGE_NEWLINE_TENSOR = "model.image_newline"
 CLASS_EMBEDDING_TENSOR = "v.class_embd"
 POSITION_TENSOR = "v.position_embd.weight"
@@ -160,6 +160,9 @@ class ProjectorFacts:
     # copy with its position rows rolled for llama.cpp's class-token-last graph (ROLLED_KEY)
     class_token: bool = False
     positions_rolled: bool = False
+    # The least and most tiles an image is cut into (clip.vision.preproc_min_tiles and _max_tiles:
+    # InternVL's min/max_dynamic_patch); 0 where the GGUF does not say (clip.cpp's default applies)
+    preproc_tiles: tuple[int, int] = (0, 0)
 
     @property
     def tokens_per_image(self) -> int:
@@ -363,6 +366,8 @@ def _read_projector(path: Path) -> ProjectorFacts:
         deepstack_layers=len({name.split(".")[2] for name in tensors if name.startswith("v.deepstack.")}),
         class_token=CLASS_EMBEDDING_TENSOR in tensors,
         positions_rolled=bool(fields.get(ROLLED_KEY, False)),
+        preproc_tiles=(int(fields.get("clip.vision.preproc_min_tiles", 0)),
+                       int(fields.get("clip.vision.preproc_max_tiles", 0))),
     )
 
 
