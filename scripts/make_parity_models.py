@@ -7,9 +7,9 @@ and gguf-py. Nothing is downloaded.
 OUT_DIR/<family>/ gets each transformers checkpoint (save_pretrained: config.json,
 model.safetensors, preprocessor_config.json, tokenizer.json) with fixed-seed random weights, and
 its GGUF pair at f32: text.gguf and mmproj.gguf. For Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Gemma 3 and
-SmolVLM2 the pair is made by CONVERTER, llama.cpp's own convert_hf_to_gguf.py from the pinned sources (make
-parity-env unpacks them), from the checkpoint as saved (Gemma 3's tower renamed to the published
-layout first).
+4, SmolVLM2, LFM2-VL and InternVL3 the pair is made by CONVERTER, llama.cpp's own
+convert_hf_to_gguf.py from the pinned sources (make parity-env unpacks them), from the checkpoint
+as saved (Gemma 3's, LFM2-VL's and InternVL3's towers renamed to the published layout first).
 LLaVA-1.6's needs llama.cpp's legacy scripts (convert_hf_to_gguf.py has no LLaVA-NeXT), which
 take a LLaVA repository's own checkpoint: it is written with gguf-py in their layout, as
 make_test_models.py writes its pairs.
@@ -558,6 +558,53 @@ def build_lfm2vl(folder: Path, vocab_source: Path, converter: Path) -> Path:
     return _converted(folder, converter, LFM2_TAG)
 
 
+# InternVL3: transformers' own InternVL (an InternViT tower with layer scale and a class token, the
+# pixel shuffle 2x2, a layer-normed GELU projection) on a 2-layer Qwen2, saved in the published
+# -hf layout (model.vision_tower.*, as Intern-S1's, which the converter maps) and named for the
+# converter as the remote-code checkpoints are (vision InternVisionModel, text Qwen2ForCausalLM);
+# 4 tower blocks (the converter names the projector's mlp1.3 by block number), 112 px tiles of
+# 8x8 patches (16 tokens a tile), the processor's published tiling (1-12 tiles and a thumbnail).
+INTERNVL_VISION = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 4,
+                   "num_attention_heads": 2, "image_size": [112, 112], "patch_size": [14, 14],
+                   "hidden_act": "gelu", "attention_bias": True, "layer_scale_init_value": 0.1,
+                   "initializer_range": 0.2, "architectures": ["InternVisionModel"]}
+INTERNVL_MARKERS = ("<img>", "</img>", "<IMG_CONTEXT>")
+INTERNVL_TAG = "edgevlm parity checkpoint internvl v1"
+
+
+def build_internvl(folder: Path, vocab_source: Path, converter: Path) -> Path:
+    """The tiny InternVL3, converted by llama.cpp's own converter, unless already current."""
+    if _is_current(folder, INTERNVL_TAG):
+        return folder
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import InternVLConfig, InternVLForConditionalGeneration
+    from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
+
+    tokenizer, marker = _tokenizer(vocab_source, INTERNVL_MARKERS)
+    torch.manual_seed(SEED)
+    text = {key: value for key, value in TEXT.items() if key != "rope_scaling"}  # Qwen2's plain RoPE
+    config = InternVLConfig(text_config={"model_type": "qwen2", **text, "vocab_size": len(tokenizer),
+                                         "architectures": ["Qwen2ForCausalLM"]},
+                            vision_config=INTERNVL_VISION, image_token_id=marker["<IMG_CONTEXT>"],
+                            image_seq_length=16, downsample_ratio=0.5, tie_word_embeddings=True)
+    model = InternVLForConditionalGeneration(config).eval()
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    weights = folder / "model.safetensors"
+    state = load_file(str(weights))
+    published = ("vision_tower.", "multi_modal_projector.")
+    renamed = {f"model.{name}" if name.startswith(published) else name: value
+               for name, value in state.items()}
+    save_file(renamed, str(weights), metadata={"format": "pt"})
+    side = INTERNVL_VISION["image_size"][0]
+    GotOcr2ImageProcessorPil(size={"height": side, "width": side}, crop_to_patches=True, min_patches=1,
+                             max_patches=12, image_mean=[0.485, 0.456, 0.406],
+                             image_std=[0.229, 0.224, 0.225]).save_pretrained(folder)
+    return _converted(folder, converter, INTERNVL_TAG)
+
+
 def main() -> int:
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else OUT
     root = Path(__file__).resolve().parents[1]
@@ -581,6 +628,7 @@ def main() -> int:
     print(build_smolvlm(out / "smolvlm-split", vocab_source, converter, longest=SMOLVLM_SPLIT_LONGEST))
     print(build_gemma4(out / "gemma4", converter))
     print(build_lfm2vl(out / "lfm2-vl", vocab_source, converter))
+    print(build_internvl(out / "internvl", vocab_source, converter))
     return 0
 
 

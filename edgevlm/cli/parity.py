@@ -127,7 +127,8 @@ def _model_stages(python: Path, text: TextModelFacts, projector: ProjectorFacts,
 
 # The families whose checkpoints stage 3 runs (transformers' tower, the reference's "rows"; Qwen3-VL's
 # with its deepstack layers' features beside the merger's, as mtmd hands them to the model).
-ROWS_FAMILIES = ("qwen2-vl", "qwen3-vl", "llava-1.5", "llava-next", "gemma3", "gemma4", "lfm2-vl", "smolvlm")
+ROWS_FAMILIES = ("qwen2-vl", "qwen3-vl", "llava-1.5", "llava-next", "gemma3", "gemma4", "lfm2-vl", "smolvlm",
+                 "internvl")
 
 
 def _rows_stage(python: Path, text: TextModelFacts, projector: ProjectorFacts, folder: Path,

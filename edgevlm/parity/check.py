@@ -91,11 +91,13 @@ class ParityRow:
 def reference_kind(projector: ProjectorFacts) -> str:
     """Which of reference.py's checkpoint readers answers for this projector's family."""
     kinds = {"qwen2-vl": "qwen-vl", "qwen3-vl": "qwen-vl", "llava-1.5": "llava", "llava-next": "llava-next",
-             "smolvlm": "smolvlm", "gemma3": "gemma3", "gemma4": "gemma4", "lfm2-vl": "lfm2"}
+             "smolvlm": "smolvlm", "gemma3": "gemma3", "gemma4": "gemma4", "lfm2-vl": "lfm2",
+             "internvl": "internvl"}
     kind = kinds.get(family_for(projector).name)
     if kind is None:
         raise ConfigError(f"{projector.path}: edgevlm parity compares Qwen-VL, LLaVA-1.5 and 1.6, SmolVLM, "
-                          f"Gemma 3 and 4 and LFM2-VL checkpoints so far, not {family_for(projector).name}")
+                          f"Gemma 3 and 4, LFM2-VL and InternVL checkpoints so far, not "
+                          f"{family_for(projector).name}")
     return kind
 
 
@@ -157,6 +159,9 @@ def preprocess_rows(projector: ProjectorFacts, names: Sequence[str], sizes: Sequ
             if isinstance(plan, NativePlan) and plan.one_view and ours < theirs:
                 row = row.known(ONE_VIEW_BY_BUDGET)
             rows.append(row)
+        elif answer["kind"] == "views by max_patches":  # InternVL: its views at each max_patches
+            rows.append(_tiles_row(name, plan.visual_tokens // projector.tokens_per_image, theirs,
+                                   budget.ceiling // projector.tokens_per_image if budget.ceiling else None))
         elif answer["kind"] == "tokens":  # LFM2-VL: every view's tokens, tiles and thumbnail
             ours = plan.visual_tokens
             rows.append(_row(name, "visual tokens (all views)", str(ours), str(theirs), ours == theirs))
@@ -165,6 +170,16 @@ def preprocess_rows(projector: ProjectorFacts, names: Sequence[str], sizes: Sequ
         else:
             rows.append(_size_row(name, plan.size, tuple(theirs) if theirs else None, projector))
     return rows
+
+
+def _tiles_row(name: str, ours: int, theirs: Sequence[int], most_views: int | None) -> ParityRow:
+    """InternVL: the processor's views (tiles and the thumbnail) with the most max_patches whose
+    views fit the task's ceiling (none: its own most), against edgevlm's plan."""
+    fitting = [(views, most) for most, views in enumerate(theirs, 1)
+               if most_views is None or views <= most_views]
+    views, most = fitting[-1] if fitting else (theirs[0], 1)
+    setting = "" if most == len(theirs) else f" (max_patches {most})"
+    return _row(name, "views (tiles and thumbnail)", str(ours), f"{views}{setting}", ours == views)
 
 
 def _soft_tokens_row(name: str, ours: int, theirs: dict[str, int] | None) -> ParityRow:

@@ -157,6 +157,15 @@ def _smolvlm_tiles(request: dict[str, Any]) -> Answer:
     return {"views": views}
 
 
+def _internvl_tiles(request: dict[str, Any]) -> Answer:
+    """The views InternVL's processor (GotOcr2's, as saved beside the checkpoint) makes of each
+    size with each max_patches from 1 to its own: its tiles and the thumbnail, or one view."""
+    processor = _saved_processor(request)
+    views = [[processor.get_number_of_image_patches(height, width, {"max_patches": most})
+              for most in range(1, processor.max_patches + 1)] for width, height in request["cases"]]
+    return {"views": views, "max_patches": processor.max_patches, "tile": processor.size["height"]}
+
+
 # Families whose processor runs on torchvision's transforms (the others' are the PIL ones).
 TORCHVISION_FAMILIES = frozenset({"lfm2"})
 
@@ -309,8 +318,10 @@ def _rows(request: dict[str, Any]) -> Answer:
         deepstack = [layer[0] if isinstance(layer, (tuple, list)) else layer
                      for layer in getattr(features, "deepstack_features", None) or ()]
         pooled = features.pooler_output
-        # a list of each image's (SmolVLM: each view's) rows, or one batch of them
-        main = torch.cat(list(pooled)) if isinstance(pooled, (list, tuple)) else pooled[0]
+        # a list of each image's (SmolVLM: each view's) rows, or one batch of them (InternVL: a
+        # batch of the image's views, its tiles then the thumbnail)
+        main = (torch.cat(list(pooled)) if isinstance(pooled, (list, tuple))
+                else pooled.flatten(0, 1) if request["family"] == "internvl" else pooled[0])
         array = torch.cat([main, *deepstack], dim=-1).float().numpy()
         results.append(_rows_answer(array, peak[0]))
     return {"results": results}
@@ -391,9 +402,10 @@ def _model_inputs(model: Any, request: dict[str, Any], input_ids: list[int]) -> 
         images = [Image.open(path).convert("RGB") for path in request["images"]]
         # num_crops: Gemma 3's pan-and-scan count, which its forward does not take
         processed = processor(images=images, return_tensors="pt", **request.get("processor", {}))
-        # num_soft_tokens_per_image: Gemma 4's count, which its forward does not take either
+        # num_soft_tokens_per_image: Gemma 4's count, which its forward does not take either;
+        # num_patches: InternVL's views an image
         inputs |= {key: value for key, value in processed.items()
-                   if key not in ("num_crops", "num_soft_tokens_per_image")}
+                   if key not in ("num_crops", "num_soft_tokens_per_image", "num_patches")}
     inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
     if request["family"] in ("qwen-vl", "gemma4"):
         # which tokens are an image's: transformers 5 places Qwen's M-RoPE positions by the grid,
@@ -555,6 +567,9 @@ def _checkpoint(request: dict[str, Any]) -> Answer:
     for width, height in request["cases"]:
         if family == "smolvlm":
             results.append(processor.get_number_of_image_patches(height, width, {})[0] or 1)
+        elif family == "internvl":  # its views with each max_patches up to its own
+            results.append([processor.get_number_of_image_patches(height, width, {"max_patches": most})
+                            for most in range(1, processor.max_patches + 1)])
         elif family in ("gemma3", "llava"):  # the size its processor hands the tower (LLaVA-1.5:
             # the photo padded to its square; Gemma 3: stretched to it)
             pixels = processor(images=[Image.new("RGB", (width, height), (120, 80, 40))],
@@ -583,7 +598,8 @@ def _checkpoint(request: dict[str, Any]) -> Answer:
                 results.append([int(grid[2]) * processor.patch_size, int(grid[1]) * processor.patch_size])
             except ValueError:  # an aspect ratio over 200
                 results.append(None)
-    kinds = {"smolvlm": "views", "llava-next": "canvas", "lfm2": "tokens", "gemma4": "soft tokens"}
+    kinds = {"smolvlm": "views", "llava-next": "canvas", "lfm2": "tokens", "gemma4": "soft tokens",
+             "internvl": "views by max_patches"}
     return {"kind": kinds.get(family, "size"), "results": results}
 
 
@@ -592,6 +608,7 @@ STAGES: dict[tuple[str, str], Callable[[dict[str, Any]], Answer]] = {
     ("resize", "gemma4"): _gemma4_resize,
     ("tiles", "smolvlm"): _smolvlm_tiles,
     ("tiles", "lfm2"): _lfm2_tiles,
+    ("tiles", "internvl"): _internvl_tiles,
     ("anyres", "llava-next"): _llava_next_anyres,
     ("pixels", "qwen-vl"): _pixels,
     ("pixels", "llava"): _pixels,
@@ -609,6 +626,8 @@ STAGES: dict[tuple[str, str], Callable[[dict[str, Any]], Answer]] = {
     ("rows", "gemma4"): _rows,
     ("logits", "gemma4"): _logits,
     ("logits", "smolvlm"): _logits,
+    ("rows", "internvl"): _rows,
+    ("logits", "internvl"): _logits,
     ("rows", "llava-next"): _llava_next_rows,
     ("rows", "llava"): _llava_next_rows,
     ("logits", "llava"): _logits,
@@ -619,6 +638,7 @@ STAGES: dict[tuple[str, str], Callable[[dict[str, Any]], Answer]] = {
     ("checkpoint", "gemma3"): _checkpoint,
     ("checkpoint", "lfm2"): _checkpoint,
     ("checkpoint", "gemma4"): _checkpoint,
+    ("checkpoint", "internvl"): _checkpoint,
 }
 
 

@@ -360,3 +360,19 @@ def test_a_qwen2_vl_answer_that_parts_at_a_near_tie_is_not_a_divergence(referenc
         assert first["verdict"] == "same" and first["edgevlm"].endswith("8 of 8")
     assert [row["stage"] for row in rows if row["stage"].startswith("4 ")] == \
         ["4 first answer", "4 after the swap", "4 two images"]
+
+
+def test_an_internvl_checkpoint_passes_every_stage_where_mtmd_alone_would_not(reference: Path) -> None:
+    """InternVL3 converted by llama.cpp's own converter: stage 1 (the processor's grid, which
+    edgevlm cuts itself), the rows, and the answers (one photo, the follow-up after the swap, two
+    photos) the same as transformers'; the 720p photo is 4x2 tiles and a thumbnail, as the
+    processor cuts it (mtmd alone: 4x3, 13 views)."""
+    from .test_forward import built_checkpoints
+
+    rows = _parity_rows(built_checkpoints(reference) / "internvl")
+    assert {row["verdict"] for row in rows} == {"same"}
+    assert {row["stage"] for row in rows} == {"1 preprocess", "3 image rows", "4 first answer",
+                                              "4 after the swap", "4 two images"}
+    views = {row["image"]: row["edgevlm"] for row in rows if row["stage"] == "1 preprocess"}
+    assert views["1280x720"] == "9" and views["64x48"] == "13"
+    assert all(row["edgevlm"].endswith("8 of 8") for row in rows if row["stage"].startswith("4 "))

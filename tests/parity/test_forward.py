@@ -853,3 +853,42 @@ def test_lfm2_vl_logits_and_greedy_tokens_are_transformers(
     answer = ask_reference(reference, {"stage": "logits", "family": "lfm2", "dir": str(folder),
                                        "input_ids": ids, "images": [str(path) for path in paths], "steps": 8})
     _assert_same_answer(ours, greedy, answer, LFM2_SPREAD)
+
+
+# -- InternVL3, converted by llama.cpp's own converter ----------------------------------------------
+
+# Tiles of 112 px (16 tokens each): one tile; 2x1 and 3x2 (grids both sides pick); 16:9 each way
+# (4x2 tiles and the thumbnail here, 13 views in mtmd); a wide strip (6x2 here, as many views in
+# mtmd); a photo just over a tile (one view here, 2x2 tiles and an overview in mtmd); a small
+# 13:10 one (4x3 tiles here, the processor enlarging it; 2 tiles and an overview in mtmd)
+INTERNVL_SIZES = [(112, 112), (224, 112), (336, 224), (1280, 720), (720, 1280), (2000, 700), (150, 150),
+                  (130, 100)]
+INTERNVL_MTMD_APART = {(1280, 720), (720, 1280), (150, 150), (130, 100)}
+
+
+def test_internvl_rows_are_transformers_view_by_view_where_mtmd_picks_another_grid(
+        reference: Path, checkpoint: Path, tmp_path: Path) -> None:
+    """Each view's rows as edgevlm cuts the photo (InternvlTiles: the processor's grid, the
+    tiles, then the thumbnail) and mtmd encodes it, against transformers' InternVL at f32 (InternViT
+    with its class token and layer scale, the pixel shuffle, the layer-normed projection). mtmd's
+    own block differs in its count where its grid is not the processor's, recorded, so that a
+    llama.cpp that picks the processor's grid fails here and the cut can go."""
+    folder = checkpoint.parent / "internvl"
+    projector = read_projector(folder / "mmproj.gguf")
+    layout = layout_for(projector)
+    budget = ViewBudget(room=100_000, tile_size=projector.image_size, view_tokens=projector.tokens_per_image)
+    paths = [_photo(tmp_path / f"{w}x{h}.png", (w, h), seed) for seed, (w, h) in enumerate(INTERNVL_SIZES)]
+    answer = ask_reference(reference, {"stage": "rows", "family": "internvl", "dir": str(folder),
+                                       "images": [str(path) for path in paths]})
+    with _f32_engine(folder / "text.gguf", folder / "mmproj.gguf", n_ctx=4096) as engine:
+        sequence = engine.sequence()
+        for path, size, result in zip(paths, INTERNVL_SIZES, answer["results"], strict=True):
+            theirs = _floats(result["rows"], result["shape"])
+            photo = Image.open(path).convert("RGB")
+            views = layout.views(photo, layout.plan(size, budget))
+            ours = np.concatenate([np.asarray(sequence.encode_image(view).rows, np.float32)
+                                   for view in views])
+            assert ours.shape == theirs.shape, size
+            _assert_same_rows(ours, theirs, size)
+            mtmd_own = _block_rows(sequence, photo)
+            assert (mtmd_own.shape != theirs.shape) == (size in INTERNVL_MTMD_APART), size
