@@ -230,11 +230,13 @@ def _write_llava_pair(folder: Path, vocab: tuple, name: str, tag: str, *, anyres
     state = {key: array.astype(np.float32) for key, array in saved.items()}
     _write_llama_text(folder / "text.gguf", state, vocab, name)
     _write_clip_mmproj(folder / "mmproj.gguf", state, name, anyres=anyres)
+    if not anyres:  # as the documented LLaVA-1.5 conversion writes it (its tower's folder names no layer)
+        _write_clip_mmproj(folder / "mmproj-unnamed.gguf", state, name, anyres=anyres, name_layer=False)
     (folder / "built.json").write_text(json.dumps({"tag": tag, "seed": SEED}))
     return folder
 
 
-LLAVA15_TAG = "edgevlm parity checkpoint llava-1.5 v1"
+LLAVA15_TAG = "edgevlm parity checkpoint llava-1.5 v2"
 
 
 def build_llava15(folder: Path, vocab_source: Path) -> Path:
@@ -299,12 +301,16 @@ def _write_llama_text(path: Path, state: dict[str, np.ndarray], vocab: tuple, na
     tm._finish(writer, path.with_suffix(".part"), path)
 
 
-def _write_clip_mmproj(path: Path, state: dict[str, np.ndarray], name: str, *, anyres: bool) -> None:
+def _write_clip_mmproj(path: Path, state: dict[str, np.ndarray], name: str, *, anyres: bool,
+                       name_layer: bool = True) -> None:
     """The legacy LLaVA mmproj layout, as tools/mtmd/legacy-models/convert_image_encoder_to_gguf.py
     writes it: the blocks up to the feature layer (vision_feature_layer -2: all but the last) and
-    that layer named (clip.vision.feature_layer), fc1 and fc2 under its swapped names (ffn_down,
-    ffn_up; clip.cpp swaps them back by shape); LLaVA-NeXT's pinpoints, merge type and newline
-    where `anyres` (LLaVA-1.5's has none of them)."""
+    that layer named (clip.vision.feature_layer, which the script writes only where the tower's
+    config names it: not `name_layer`, as from openai's CLIP folder), fc1 and fc2 under its
+    swapped names (ffn_down, ffn_up; clip.cpp swaps them back by shape); LLaVA-NeXT's pinpoints,
+    merge type and newline where `anyres` (LLaVA-1.5's has none of them). The script itself
+    (under transformers 4: it fails under 5) writes the same file but for the projector's
+    matrices and the patch kernel, which it keeps at f16 even with --use-f32."""
     import gguf
 
     width, blocks = NEXT_VISION["hidden_size"], NEXT_VISION["num_hidden_layers"] - 1
@@ -316,7 +322,8 @@ def _write_clip_mmproj(path: Path, state: dict[str, np.ndarray], name: str, *, a
                     feed_forward_length=NEXT_VISION["intermediate_size"],
                     projection_dim=NEXT_TEXT["hidden_size"],
                     head_count=NEXT_VISION["num_attention_heads"], block_count=blocks)
-    writer.add_array("clip.vision.feature_layer", [blocks])
+    if name_layer:
+        writer.add_array("clip.vision.feature_layer", [blocks])
     if anyres:
         writer.add_array("clip.vision.image_grid_pinpoints", [v for pair in NEXT_PINPOINTS for v in pair])
         writer.add_string("clip.vision.mm_patch_merge_type", "spatial_unpad")

@@ -53,8 +53,17 @@ def class_token_repair(projector: ProjectorFacts) -> ProjectorRepair:
     position (the tower's attention is blind to order otherwise), so those rows become
     transformers' own (least cosine 0.9999996 on the tiny converted LLaVA-1.5, against -0.09
     before); `in_patch_order` then puts them back in place. When a pinned llama.cpp has the fix,
-    tests/parity/test_forward.py's class-token tests fail, and this goes."""
-    return ProjectorRepair(roll_positions=projector.class_token and not projector.positions_rolled)
+    tests/parity/test_forward.py's class-token tests fail, and this goes.
+
+    The same graph runs one block fewer than the file stores where the file names no feature
+    layer (llama.cpp #25817: the legacy converter already drops the last block, as LLaVA reads
+    the second-to-last layer's output, and the graph drops another; a published LLaVA-1.5 mmproj
+    stores 23 of CLIP-L's 24 blocks and had 22 run). The copy names the last stored block, so
+    every stored block runs: on the tiny LLaVA-1.5 written as the legacy scripts write it, rows
+    at a least cosine of 0.57 against transformers before, its own rows after (parity tests)."""
+    unnamed = projector.class_token and not projector.feature_layers and projector.vision_blocks > 0
+    return ProjectorRepair(roll_positions=projector.class_token and not projector.positions_rolled,
+                           feature_layer=projector.vision_blocks if unnamed else 0)
 
 
 def in_patch_order(embedding: ImageEmbedding) -> ImageEmbedding:

@@ -44,6 +44,10 @@ CLASS_EMBEDDING_TENSOR = "v.class_embd"
 POSITION_TENSOR = "v.position_embd.weight"
 # Set in a projector copy whose position rows edgevlm rolled (ProjectorRepair.roll_positions).
 ROLLED_KEY = "edgevlm.vision.positions_rolled"
+# The tower layer(s) a LLaVA-style projector reads (llama.cpp's legacy converter writes it only
+# where the vision config names its select layer)
+FEATURE_LAYER_KEY = "clip.vision.feature_layer"
+GGUF_INT32, GGUF_ARRAY = 5, 9  # gguf_type's GGUF_TYPE_INT32 and GGUF_TYPE_ARRAY
 _Facts = TypeVar("_Facts", "TextModelFacts", "ProjectorFacts")
 
 
@@ -163,6 +167,10 @@ class ProjectorFacts:
     # The least and most tiles an image is cut into (clip.vision.preproc_min_tiles and _max_tiles:
     # InternVL's min/max_dynamic_patch); 0 where the GGUF does not say (clip.cpp's default applies)
     preproc_tiles: tuple[int, int] = (0, 0)
+    # The tower's layers whose output the projector takes (clip.vision.feature_layer: 0 the input,
+    # N the N-th block's output); empty where the file names none, and clip.cpp then runs all but
+    # the last stored block (FEATURE_LAYER_KEY)
+    feature_layers: tuple[int, ...] = ()
 
     @property
     def tokens_per_image(self) -> int:
@@ -368,20 +376,24 @@ def _read_projector(path: Path) -> ProjectorFacts:
         positions_rolled=bool(fields.get(ROLLED_KEY, False)),
         preproc_tiles=(int(fields.get("clip.vision.preproc_min_tiles", 0)),
                        int(fields.get("clip.vision.preproc_max_tiles", 0))),
+        feature_layers=tuple(int(v) for v in fields.get(FEATURE_LAYER_KEY, ()) or ()),
     )
 
 
 @dataclass(frozen=True)
 class ProjectorRepair:
     """What a projector file needs changed to run as its model was trained, on the pinned
-    llama.cpp: boolean keys its converter left out (`flags`), and its position embedding's rows
-    rolled by one (`roll_positions`: llama.cpp's llava graph puts the class token last)."""
+    llama.cpp: boolean keys its converter left out (`flags`), its position embedding's rows
+    rolled by one (`roll_positions`: llama.cpp's llava graph puts the class token last), and the
+    tower layer it reads named where the file names none (`feature_layer`, 0 for none: llama.cpp's
+    llava graph otherwise runs one stored block fewer)."""
 
     flags: tuple[str, ...] = ()
     roll_positions: bool = False
+    feature_layer: int = 0
 
     def __bool__(self) -> bool:
-        return bool(self.flags) or self.roll_positions
+        return bool(self.flags) or self.roll_positions or self.feature_layer > 0
 
     def describe(self) -> str:
         """Why the file needs a copy, for the log line."""
@@ -389,20 +401,24 @@ class ProjectorRepair:
                  "leaves it out, and clip.cpp would run another activation)"] if self.flags else []
         if self.roll_positions:
             parts.append("would be run with each patch at its neighbour's position (llama.cpp #25814)")
+        if self.feature_layer:
+            parts.append(f"names no feature layer, and would be run one block short of its "
+                         f"{self.feature_layer} (llama.cpp #25817)")
         return "; ".join(parts)
 
 
 def write_repaired(source: Path, repair: ProjectorRepair, dest: Path) -> None:
     """A copy of a GGUF with `repair` made: each flag added as a key set true (and ROLLED_KEY where
-    the position rows are rolled), its tensor table as it was, its data as it was but for the
-    position tensor's rows, the first moved to the end. The keys go in the header and the data
-    section keeps its alignment, so the tensors' offsets, which count from it, hold. The data is
-    streamed from the file's map, never read whole."""
+    the position rows are rolled; FEATURE_LAYER_KEY where a layer is named), its tensor table as
+    it was, its data as it was but for the position tensor's rows, the first moved to the end.
+    The keys go in the header and the data section keeps its alignment, so the tensors' offsets,
+    which count from it, hold. The data is streamed from the file's map, never read whole."""
     import struct
 
     reader = _open(source, role="--mmproj")
     keys = (*repair.flags, *((ROLLED_KEY,) if repair.roll_positions else ()))
-    present = set(keys) & set(reader.fields)
+    named = (FEATURE_LAYER_KEY,) if repair.feature_layer else ()
+    present = {*keys, *named} & set(reader.fields)
     if present:
         raise ModelError(f"{source}: already has {', '.join(sorted(present))}")
     data = reader.data
@@ -413,7 +429,10 @@ def write_repaired(source: Path, repair: ProjectorRepair, dest: Path) -> None:
     (n_kv,) = struct.unpack_from("<Q", bytes(data[16:24]))
     added = b"".join(struct.pack("<Q", len(key.encode())) + key.encode() + struct.pack("<IB", GGUF_BOOL, 1)
                      for key in keys)
-    head = bytes(data[:16]) + struct.pack("<Q", n_kv + len(keys)) + bytes(data[24:keys_end]) + added
+    layer = struct.pack("<IIQi", GGUF_ARRAY, GGUF_INT32, 1, repair.feature_layer)  # an array of one
+    added += b"".join(struct.pack("<Q", len(key.encode())) + key.encode() + layer for key in named)
+    n_added = len(keys) + len(named)
+    head = bytes(data[:16]) + struct.pack("<Q", n_kv + n_added) + bytes(data[24:keys_end]) + added
     table = bytes(data[keys_end:table_end])
     padding = b"\0" * (-(len(head) + len(table)) % int(reader.alignment))
     start = int(reader.data_offset)

@@ -376,7 +376,9 @@ def rows_rows(name: str, ours: np.ndarray, theirs: np.ndarray,
                          "as its neighbour")
     if cosine >= SAME_ROW_COSINE:
         return ParityRow("3 image rows", name, measure, ours_text, theirs_text, ParityVerdict.SAME)
-    if class_token_last is not None and _row_cosine(ours, class_token_last) >= SAME_ROW_COSINE:
+    # llama.cpp's own order is asked about only where edgevlm has not put the rows back (rolled:
+    # they are the model's order, and each view's first row is left out above)
+    if not rolled and class_token_last is not None and _row_cosine(ours, class_token_last) >= SAME_ROW_COSINE:
         return ParityRow("3 image rows", name, measure, ours_text, theirs_text, ParityVerdict.KNOWN,
                          "llama.cpp's llava graph puts CLIP's class token last (llama.cpp #25814): each "
                          "patch gets its neighbour's position; fixed upstream by #25844, not yet released")

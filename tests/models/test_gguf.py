@@ -162,10 +162,11 @@ def test_a_llava_projector_is_loaded_with_its_position_rows_rolled(
         test_models: dict[str, Path], caplog: pytest.LogCaptureFixture, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """LLaVA's CLIP towers on the pinned llama.cpp (its graph puts the class token last, llama.cpp
-    #25814): the file is loaded as a copy whose position rows are rolled by one, first to last,
-    every other tensor and key as it was, marked so that its layout puts the rows back in patch
-    order and so that it is never rolled twice; made once, and said at info level (no warning:
-    the user's file lacks nothing)."""
+    #25814, and runs one stored block fewer where the file names no feature layer, #25817): the
+    file is loaded as a copy whose position rows are rolled by one, first to last, with its last
+    stored block named as the feature layer, every other tensor and key as it was, marked so that
+    its layout puts the rows back in patch order and so that it is never repaired twice; made
+    once, and said at info level (no warning: the legacy converter writes every LLaVA so)."""
     import numpy as np
     from gguf import GGUFReader
 
@@ -176,13 +177,15 @@ def test_a_llava_projector_is_loaded_with_its_position_rows_rolled(
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # a cache of its own: the copy made here
     source = read_projector(test_models["mmproj_112"])
-    assert source.class_token and not source.positions_rolled
-    assert family_for(source).repair(source).roll_positions
+    assert source.class_token and not source.positions_rolled and source.feature_layers == ()
+    repair = family_for(source).repair(source)
+    assert repair.roll_positions and repair.feature_layer == source.vision_blocks > 0
     with caplog.at_level("INFO", logger="edgevlm"):
         copy = as_trained(source)
-    assert "#25814" in caplog.text and "WARNING" not in caplog.text
+    assert "#25814" in caplog.text and "#25817" in caplog.text and "WARNING" not in caplog.text
     assert copy.path != source.path and copy.positions_rolled and not family_for(copy).repair(copy)
-    assert dataclasses.replace(copy, path=source.path, positions_rolled=False,
+    assert copy.feature_layers == (source.vision_blocks,)
+    assert dataclasses.replace(copy, path=source.path, positions_rolled=False, feature_layers=(),
                                file_bytes=source.file_bytes) == source
     rolled, as_is = layout_for(copy), layout_for(source)
     assert isinstance(rolled, LabelledTiles) and isinstance(as_is, LabelledTiles)

@@ -892,3 +892,33 @@ def test_internvl_rows_are_transformers_view_by_view_where_mtmd_picks_another_gr
             _assert_same_rows(ours, theirs, size)
             mtmd_own = _block_rows(sequence, photo)
             assert (mtmd_own.shape != theirs.shape) == (size in INTERNVL_MTMD_APART), size
+
+
+def test_llava_15_mmproj_naming_no_feature_layer_runs_a_block_short_until_edgevlm_names_it(
+        reference: Path, llava15: tuple[Path, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """llama.cpp's legacy converter names the feature layer only where the tower's config names
+    LLaVA's select layer; the documented LLaVA-1.5 conversion (from openai's CLIP folder) names
+    none. It stores every block but the last, and the pinned graph then runs one block fewer again
+    (llama.cpp #25817): the rows are another layer's, far from the same file with the layer named.
+    edgevlm's copy names the last stored block (families/llava15.py: class_token_repair): the
+    rows are then transformers' but patch 0, as from the file that names it."""
+    from edgevlm.families.llava15 import in_patch_order
+    from edgevlm.runtime.loading import as_trained
+
+    folder, named_engine = llava15
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    unnamed = read_projector(folder / "mmproj-unnamed.gguf")
+    assert unnamed.feature_layers == () and read_projector(folder / "mmproj.gguf").feature_layers == (1,)
+    copy = as_trained(unnamed)
+    assert copy.feature_layers == (unnamed.vision_blocks,) and copy.positions_rolled
+    paths = [_photo(tmp_path / f"{w}x{h}.png", (w, h), seed) for seed, (w, h) in enumerate(SMALL_SIZES)]
+    theirs = ask_reference(reference, {"stage": "rows", "family": "llava", "dir": str(folder),
+                                       "images": [str(p) for p in paths]})["results"]
+    with _f32_engine(folder / "text.gguf", unnamed.path, n_ctx=2048) as as_is, \
+            _f32_engine(folder / "text.gguf", copy.path, n_ctx=2048) as repaired:
+        for view, size, own in zip(_llava15_views(paths), SMALL_SIZES, theirs, strict=True):
+            short = np.asarray(as_is.sequence().encode_image(view).rows, np.float32)
+            named = np.asarray(named_engine.sequence().encode_image(view).rows, np.float32)
+            assert _least_cosine(short, named) < 0.9, size  # another layer: 0.57 against transformers
+            ours = in_patch_order(repaired.sequence().encode_image(view)).rows
+            _assert_same_rows(ours[1:], _floats(own["rows"], own["shape"])[0][1:], size)
