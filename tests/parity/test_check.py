@@ -23,6 +23,7 @@ from edgevlm.parity.check import (
     one_processor,
     processed_apart,
     reference_kind,
+    rows_rows,
 )
 
 GREEDY = [5, 9, 2, 7, 7, 1, 3, 8]
@@ -140,3 +141,17 @@ def test_a_family_without_a_reader_is_named(test_models: dict[str, Path]) -> Non
     assert reference_kind(replace(projector, projector_type="internvl")) == "internvl"
     with pytest.raises(ConfigError, match="so far, not mtmd"):  # a projector no family file claims
         reference_kind(replace(projector, projector_type="pixtral"))
+
+
+def test_rows_of_a_rolled_file_that_differ_are_a_divergence_not_a_crash() -> None:
+    """A LLaVA file edgevlm loads rolled gives rows in the model's order (each view's first left
+    out): llama.cpp's own order is not asked about, whatever its shape (the legacy scripts' file
+    without its feature layer once ended `edgevlm parity` in a traceback here)."""
+    rng = np.random.default_rng(0)
+    theirs = rng.normal(size=(2, 64, 32)).astype(np.float32)
+    other = rng.normal(size=(2, 64, 32)).astype(np.float32)
+    row = rows_rows("1280x720", other, theirs, class_token_last=other, rolled=True)
+    assert row.verdict is ParityVerdict.DIFFERS
+    same = rows_rows("1280x720", theirs, theirs, class_token_last=other, rolled=True)
+    assert same.verdict is ParityVerdict.KNOWN and "#25814" in same.why
+    assert rows_rows("300x200", other, theirs, class_token_last=other).verdict is ParityVerdict.KNOWN
