@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +152,16 @@ def _tokenizer(vocab_source: Path, markers: tuple[str, ...]) -> tuple[Any, dict[
     tokenizer = _gguf_tokenizer(str(vocab_source))
     tokenizer.add_special_tokens({"additional_special_tokens": list(markers)})
     return tokenizer, {name: tokenizer.convert_tokens_to_ids(name) for name in markers}
+
+
+def _rename_weights(folder: Path, rename: Callable[[str], str]) -> None:
+    """The saved weights' names changed in place (transformers 5 saves some towers without the
+    level the published checkpoints, and llama.cpp's converter, name; it reads them back either way)."""
+    from safetensors.torch import load_file, save_file
+
+    weights = folder / "model.safetensors"
+    state = load_file(str(weights))
+    save_file({rename(name): value for name, value in state.items()}, str(weights), metadata={"format": "pt"})
 
 
 def _is_current(folder: Path, tag: str) -> bool:
@@ -375,7 +386,6 @@ def build_gemma3(folder: Path, vocab_source: Path, converter: Path) -> Path:
     if _is_current(folder, GEMMA3_TAG):
         return folder
     import torch
-    from safetensors.torch import load_file, save_file
     from transformers import Gemma3Config, Gemma3ForConditionalGeneration
     from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
@@ -400,10 +410,8 @@ def build_gemma3(folder: Path, vocab_source: Path, converter: Path) -> Path:
     model.save_pretrained(folder)
     # transformers 5 saves the tower as vision_tower.*; the published checkpoints (and llama.cpp's
     # converter) have it as vision_tower.vision_model.*, which transformers loads the same
-    weights = load_file(folder / "model.safetensors")
-    save_file({name.replace("vision_tower.", "vision_tower.vision_model.", 1)
-               if not name.startswith("vision_tower.vision_model.") else name: array
-               for name, array in weights.items()}, folder / "model.safetensors", metadata={"format": "pt"})
+    _rename_weights(folder, lambda name: name if name.startswith("vision_tower.vision_model.")
+                    else name.replace("vision_tower.", "vision_tower.vision_model.", 1))
     tokenizer.save_pretrained(folder)
     side = GEMMA3_VISION["image_size"]
     Gemma3ImageProcessorPil(size={"height": side, "width": side}, image_mean=[0.5] * 3,
@@ -543,7 +551,6 @@ def build_lfm2vl(folder: Path, vocab_source: Path, converter: Path) -> Path:
     if _is_current(folder, LFM2_TAG):
         return folder
     import torch
-    from safetensors.torch import load_file, save_file
     from transformers import Lfm2VlConfig, Lfm2VlForConditionalGeneration
 
     tokenizer, marker = _tokenizer(vocab_source, LFM2_MARKERS)
@@ -557,10 +564,8 @@ def build_lfm2vl(folder: Path, vocab_source: Path, converter: Path) -> Path:
     tokenizer.save_pretrained(folder)
     # transformers 5 saves the tower's weights without the published `vision_model.` level, which
     # the converter expects and transformers reads back either way (its Siglip2VisionModel prefix)
-    weights = folder / "model.safetensors"
-    state = load_file(str(weights))
-    save_file({name.replace("model.vision_tower.", "model.vision_tower.vision_model.", 1): value
-               for name, value in state.items()}, str(weights), metadata={"format": "pt"})
+    tower = "model.vision_tower."
+    _rename_weights(folder, lambda name: name.replace(tower, f"{tower}vision_model.", 1))
     (folder / "preprocessor_config.json").write_text(json.dumps(LFM2_PROCESSOR, indent=2))
     return _converted(folder, converter, LFM2_TAG)
 
@@ -584,7 +589,6 @@ def build_internvl(folder: Path, vocab_source: Path, converter: Path) -> Path:
     if _is_current(folder, INTERNVL_TAG):
         return folder
     import torch
-    from safetensors.torch import load_file, save_file
     from transformers import InternVLConfig, InternVLForConditionalGeneration
     from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
 
@@ -599,12 +603,8 @@ def build_internvl(folder: Path, vocab_source: Path, converter: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    weights = folder / "model.safetensors"
-    state = load_file(str(weights))
     published = ("vision_tower.", "multi_modal_projector.")
-    renamed = {f"model.{name}" if name.startswith(published) else name: value
-               for name, value in state.items()}
-    save_file(renamed, str(weights), metadata={"format": "pt"})
+    _rename_weights(folder, lambda name: f"model.{name}" if name.startswith(published) else name)
     side = INTERNVL_VISION["image_size"][0]
     GotOcr2ImageProcessorPil(size={"height": side, "width": side}, crop_to_patches=True, min_patches=1,
                              max_patches=12, image_mean=[0.485, 0.456, 0.406],
