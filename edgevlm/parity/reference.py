@@ -159,11 +159,17 @@ def _smolvlm_tiles(request: dict[str, Any]) -> Answer:
 
 def _internvl_tiles(request: dict[str, Any]) -> Answer:
     """The views InternVL's processor (GotOcr2's, as saved beside the checkpoint) makes of each
-    size with each max_patches from 1 to its own: its tiles and the thumbnail, or one view."""
+    size with each max_patches from 1 to its own (_views_by_max_patches)."""
     processor = _saved_processor(request)
-    views = [[processor.get_number_of_image_patches(height, width, {"max_patches": most})
-              for most in range(1, processor.max_patches + 1)] for width, height in request["cases"]]
+    views = [_views_by_max_patches(processor, width, height) for width, height in request["cases"]]
     return {"views": views, "max_patches": processor.max_patches, "tile": processor.size["height"]}
+
+
+def _views_by_max_patches(processor: Any, width: int, height: int) -> list[int]:
+    """InternVL's views of a (w, h) image (its tiles and the thumbnail, or one view) with each
+    max_patches from 1 to the processor's own."""
+    return [processor.get_number_of_image_patches(height, width, {"max_patches": most})
+            for most in range(1, processor.max_patches + 1)]
 
 
 # Families whose processor runs on torchvision's transforms (the others' are the PIL ones).
@@ -568,8 +574,7 @@ def _checkpoint(request: dict[str, Any]) -> Answer:
         if family == "smolvlm":
             results.append(processor.get_number_of_image_patches(height, width, {})[0] or 1)
         elif family == "internvl":  # its views with each max_patches up to its own
-            results.append([processor.get_number_of_image_patches(height, width, {"max_patches": most})
-                            for most in range(1, processor.max_patches + 1)])
+            results.append(_views_by_max_patches(processor, width, height))
         elif family in ("gemma3", "llava"):  # the size its processor hands the tower (LLaVA-1.5:
             # the photo padded to its square; Gemma 3: stretched to it)
             pixels = processor(images=[Image.new("RGB", (width, height), (120, 80, 40))],

@@ -535,6 +535,11 @@ def _block_rows(sequence: Any, image: Image.Image) -> np.ndarray:
     return _rows_of(sequence.encode_block(image))
 
 
+def _views_rows(sequence: Any, views: list[Image.Image]) -> np.ndarray:
+    """Each view's rows, each view encoded alone as edgevlm hands it to mtmd, in turn."""
+    return np.concatenate([np.asarray(sequence.encode_image(view).rows, np.float32) for view in views])
+
+
 def _rows_of(block: Any) -> np.ndarray:
     """A block's rows, every image chunk's in order (its marker tokens left out)."""
     return np.concatenate([np.asarray(piece.rows, np.float32) for piece in block.pieces
@@ -825,8 +830,7 @@ def test_lfm2_vl_tiles_as_edgevlm_cuts_them_are_transformers_where_mtmd_letterbo
             photo = Image.open(path).convert("RGB")
             grid = tiles.grid(photo.size)
             assert grid is not None and grid[0] * grid[1] > 1, path.name
-            ours = np.concatenate([np.asarray(sequence.encode_image(view).rows, np.float32)
-                                   for view in tiles.views(photo, grid)])
+            ours = _views_rows(sequence, tiles.views(photo, grid))
             assert ours.shape == theirs.shape, path.name
             assert _least_cosine(ours, theirs) >= STRETCHED_COSINE, path.name
             assert np.abs(ours - theirs).max() <= STRETCHED_RELATIVE * np.abs(theirs).max(), path.name
@@ -885,9 +889,7 @@ def test_internvl_rows_are_transformers_view_by_view_where_mtmd_picks_another_gr
         for path, size, result in zip(paths, INTERNVL_SIZES, answer["results"], strict=True):
             theirs = _floats(result["rows"], result["shape"])
             photo = Image.open(path).convert("RGB")
-            views = layout.views(photo, layout.plan(size, budget))
-            ours = np.concatenate([np.asarray(sequence.encode_image(view).rows, np.float32)
-                                   for view in views])
+            ours = _views_rows(sequence, layout.views(photo, layout.plan(size, budget)))
             assert ours.shape == theirs.shape, size
             _assert_same_rows(ours, theirs, size)
             mtmd_own = _block_rows(sequence, photo)
