@@ -45,7 +45,8 @@ def shown_text(shown: ShownFigures, visual_tokens: int) -> str:
     if not visual_tokens and not shown.n_tiles:  # a follow-up, or a question over transcripts alone
         return "text only"
     if shown.layout.startswith("mtmd-"):  # laid out by mtmd for its family: no tiles of edgevlm's own
-        return f"{shown.layout} layout"
+        cut = (f", {shown.grid[0]}x{shown.grid[1]} tiles and a thumbnail" if shown.n_tiles else "")
+        return f"{shown.layout} layout{cut}"  # or its processor's tiles, each a view mtmd is handed
     if not shown.n_tiles:
         return "global view only"
     pooled = f", pooled {shown.pool}x{shown.pool}" if shown.pool > 1 else ""
@@ -286,8 +287,9 @@ def render_plan(p: Plan, model_name: str, checks: tuple[Check, ...]) -> None:
     photo = (f"{p.photo_grid[0]}x{p.photo_grid[1]} grid" + (" pooled 2x2" if p.photo_pool > 1 else "")
              if p.photo_tiles else "global view only")
     tiles = f"up to {p.max_tiles} tiles per image ({p.max_pooled_tiles} pooled) · "
-    if p.photo_visual_tokens and not (p.max_tiles or p.photo_tiles):  # mtmd's families: no tiles of edgevlm's
-        photo, tiles = f"{p.photo_visual_tokens} visual tokens at {p.photo_shown[0]}x{p.photo_shown[1]}", ""
+    if p.photo_visual_tokens and not p.max_tiles:  # mtmd's families: no tiles of edgevlm's settings
+        cut = (f" ({p.photo_grid[0]}x{p.photo_grid[1]} tiles and a thumbnail)" if p.photo_tiles else "")
+        photo, tiles = f"{p.photo_visual_tokens} visual tokens at {p.photo_shown[0]}x{p.photo_shown[1]}{cut}", ""
     parallel = f" × {p.n_seq} sequences (--parallel {p.n_seq})" if p.n_seq > 1 else ""
     example = "a 3840x2160 photo"
     if p.images_per_turn > 1:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
@@ -57,14 +57,17 @@ class NativePlan:
     source_size: tuple[int, int]
     # shown as the family's one view (OneView: written by edgevlm), not as mtmd's block of the size
     one_view: bool = False
+    # (columns, rows) of the tiles the family's processor cuts the size into, beside a thumbnail
+    # (TileCut: InternVL, LFM2-VL); (0, 0) where mtmd is handed the one view
+    tile_grid: tuple[int, int] = (0, 0)
 
     @property
     def grid(self) -> tuple[int, int]:
-        return (0, 0)
+        return self.tile_grid
 
     @property
     def n_tiles(self) -> int:
-        return 0
+        return self.tile_grid[0] * self.tile_grid[1]
 
     @property
     def pool(self) -> int:
@@ -115,7 +118,12 @@ class NativeLayout:
         than the image gives (a small photo to read). TaskTooLarge when the floor could be met
         but not in the room; BlockTooLarge when not even the least fits. A family with a one-view
         form (OneView) is shown it where mtmd's block is a single tile and its overview, is over
-        the task's ceiling, or does not fit."""
+        the task's ceiling, or does not fit. A family that cuts tiles (TileCut) names its grid."""
+        plan = self._plan_view(image_size, budget)
+        grid = self._tiles.grid(plan.size) if self._tiles is not None and not plan.one_view else None
+        return replace(plan, tile_grid=grid) if grid is not None else plan
+
+    def _plan_view(self, image_size: tuple[int, int], budget: ViewBudget) -> NativePlan:
         if self._one_view is None:
             return self._plan_block(image_size, budget)
         try:
@@ -223,11 +231,8 @@ class NativeLayout:
         """The image at the plan's size (mtmd then does its own resizing), or, where the family
         cuts tiles as its processor does, those tiles and the thumbnail; or its one view."""
         shown = self.shown(image, plan)
-        if _native(plan).one_view:
-            return [shown]
-        grid = self._tiles.grid(shown.size) if self._tiles is not None else None
-        if self._tiles is not None and grid is not None:
-            return self._tiles.views(shown, grid)
+        if self._tiles is not None and plan.n_tiles:
+            return self._tiles.views(shown, plan.grid)
         return [shown]
 
     def write(self, plan: ImagePlan, views: Sequence[Image.Image], pen: BlockPen) -> None:
@@ -236,9 +241,8 @@ class NativeLayout:
         if self._one_view is not None and _native(plan).one_view:
             self._one_view.write(views[0], pen)
             return
-        grid = self._tiles.grid(_native(plan).size) if self._tiles is not None else None
-        if self._tiles is not None and grid is not None:
-            self._tiles.write(grid, views, pen)
+        if self._tiles is not None and plan.n_tiles:
+            self._tiles.write(plan.grid, views, pen)
             return
         pen.mtmd_block(views[0], views[1] if len(views) > 1 else None)
 

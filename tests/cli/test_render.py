@@ -34,6 +34,8 @@ def test_how_an_image_was_shown_is_named_by_what_the_turn_held() -> None:
     assert shown_text(ShownFigures(), 0) == "text only"
     assert shown_text(ShownFigures(), 576) == "global view only"
     assert shown_text(ShownFigures(layout="mtmd-qwen2.5vl"), 1020) == "mtmd-qwen2.5vl layout"
+    tiled = ShownFigures(grid=(4, 2), n_tiles=8, layout="mtmd-internvl")  # the processor's tiles
+    assert shown_text(tiled, 2304) == "mtmd-internvl layout, 4x2 tiles and a thumbnail"
     text = cost_line("text only", replace(DONE, visual_tokens=0, clip_encodes=0), CacheFigures(),
                      prompt_tokens=620, completion_tokens=11)
     assert text.startswith("text only | TTFT")  # no "0 visual tokens" for a follow-up

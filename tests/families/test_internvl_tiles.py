@@ -37,6 +37,7 @@ def test_a_16_by_9_photo_is_four_by_two_tiles_and_a_thumbnail() -> None:
     layout = layout_for(PROJECTOR)
     plan = layout.plan((1280, 720), ViewBudget(room=100_000, tile_size=448, view_tokens=PER_VIEW))
     assert plan.size == (1280, 720) and plan.visual_tokens == 9 * PER_VIEW
+    assert (plan.grid, plan.n_tiles) == ((4, 2), 8)  # what describe's --json and the plan report
 
 
 def test_a_caption_and_a_frame_are_one_view_the_photo_stretched_onto_a_tile() -> None:
@@ -68,6 +69,7 @@ def test_the_plan_counts_what_its_views_make_within_the_budget(width: int, heigh
         assert plan.visual_tokens <= budget.ceiling
     grid = InternvlTiles(PROJECTOR).grid(plan.size)
     tiles = 1 if grid is None else grid[0] * grid[1]
+    assert plan.grid == (grid or (0, 0)) and plan.n_tiles == (0 if grid is None else tiles)
     assert any(processor_grid((width, height), PROJECTOR, most) == (grid or (1, 1))
                for most in range(1, INTERNVL_TILES[1] + 1))
     assert len(cut) == (1 if tiles == 1 else tiles + 1)

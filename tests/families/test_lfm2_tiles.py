@@ -69,6 +69,7 @@ def test_the_block_edgevlm_writes_is_mtmds_markers_around_its_own_tiles(lfm2: ob
                              layout=layout_for(projector, lfm2.projector.count_size), max_tokens=2)
     prepared = chat.prepare(LoadedImage(Path("photo.png"), photo, photo.size), chat.fresh_room("What is it?"))
     assert [view.size for view in prepared.views] == [(LFM2_TILE_PX, LFM2_TILE_PX)] * 2 + [(672, 384)]
+    assert (prepared.plan.grid, prepared.plan.n_tiles) == ((2, 1), 2)  # as stats and plans report it
     stretched = photo.resize((2 * LFM2_TILE_PX, LFM2_TILE_PX), Image.Resampling.BILINEAR)
     assert prepared.views[1].tobytes() == stretched.crop((512, 0, 1024, 512)).tobytes()
 
