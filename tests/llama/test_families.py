@@ -56,6 +56,7 @@ def _chunks(projector: object, width: int, height: int) -> object:
 
 def test_the_qwen_pair_loads_and_its_image_advances_by_its_grid(qwen: tuple[object, object, object]) -> None:
     _, ctx, projector = qwen
+    llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)  # whichever test ran first
     assert mtmd.mtmd_support_vision(projector) and mtmd.mtmd_decode_use_mrope(projector)
     chunks = _chunks(projector, 300, 200)  # resized to 308x196: 22x14 patches, merged 2x2 to 11x7
     every = [mtmd.mtmd_input_chunks_get(chunks, i) for i in range(mtmd.mtmd_input_chunks_size(chunks))]
