@@ -91,3 +91,18 @@ def test_the_block_edgevlm_writes_is_mtmds_markers_around_its_own_tiles(lfm2: ob
 
     assert joined(ours) == joined(theirs)
     assert sum(segment.n_tokens for segment in written) == prepared.plan.tokens
+
+
+def test_the_plan_names_the_tiles_it_cuts(test_models: dict[str, Path]) -> None:
+    """`edgevlm plan` says how the 4K example photo is cut (the grid and the thumbnail), in words
+    and in --json, where it used to report a grid of 0x0 beside its tiles' tokens."""
+    import json
+
+    from ..conftest import invoke_cli
+
+    pair = ["--model", str(test_models["lfm2_text"]), "--mmproj", str(test_models["lfm2_mmproj"])]
+    text = invoke_cli("plan", *pair)
+    assert text.returncode == 0, text.stderr
+    assert "at 3840x2160 (4x2 tiles and a thumbnail)" in text.stdout
+    photo = json.loads(invoke_cli("plan", *pair, "--json").stdout)["example_photo"]
+    assert (photo["grid"], photo["tiles"]) == ([4, 2], 8) == (list(tile_grid((3840, 2160))), 8)
