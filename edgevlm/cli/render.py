@@ -288,8 +288,9 @@ def render_plan(p: Plan, model_name: str, checks: tuple[Check, ...]) -> None:
              if p.photo_tiles else "global view only")
     tiles = f"up to {p.max_tiles} tiles per image ({p.max_pooled_tiles} pooled) · "
     if p.photo_visual_tokens and not p.max_tiles:  # mtmd's families: no tiles of edgevlm's settings
-        cut = (f" ({p.photo_grid[0]}x{p.photo_grid[1]} tiles and a thumbnail)" if p.photo_tiles else "")
-        photo, tiles = f"{p.photo_visual_tokens} visual tokens at {p.photo_shown[0]}x{p.photo_shown[1]}{cut}", ""
+        cut = f" ({p.photo_grid[0]}x{p.photo_grid[1]} tiles and a thumbnail)" if p.photo_tiles else ""
+        shown = f"{p.photo_shown[0]}x{p.photo_shown[1]}"
+        photo, tiles = f"{p.photo_visual_tokens} visual tokens at {shown}{cut}", ""
     parallel = f" × {p.n_seq} sequences (--parallel {p.n_seq})" if p.n_seq > 1 else ""
     example = "a 3840x2160 photo"
     if p.images_per_turn > 1:
