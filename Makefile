@@ -71,7 +71,11 @@ SENTENCEPIECE_VERSION := 0.2.3
 # puts on its path for LFM2-VL alone: other families' processors stay the PIL ones they were
 # checked with (edgevlm/parity/reference.py).
 TORCHVISION_VERSION := 0.28.0
-PARITY_STAMP := $(PARITY_VENV)/.edgevlm-parity-$(TORCH_VERSION)-$(TRANSFORMERS_VERSION)-$(GGUF_VERSION)-$(NUM2WORDS_VERSION)-$(SENTENCEPIECE_VERSION)-$(TORCHVISION_VERSION)
+# llama.cpp's legacy LLaVA scripts (tools/mtmd/legacy-models) import transformers 4's CLIP, which
+# 5 changed: a folder of its own, on their path alone (scripts/make_parity_models.py), with the hub
+# client and tokenizers it was released with; the rest (torch, safetensors, requests) is the venv's.
+TRANSFORMERS4_VERSION := 4.57.6
+PARITY_STAMP := $(PARITY_VENV)/.edgevlm-parity-$(TORCH_VERSION)-$(TRANSFORMERS_VERSION)-$(GGUF_VERSION)-$(NUM2WORDS_VERSION)-$(SENTENCEPIECE_VERSION)-$(TORCHVISION_VERSION)-$(TRANSFORMERS4_VERSION)
 
 .PHONY: help setup models demo test test-fast test-models parity-env lint bench peers rpc-server clean
 help:
@@ -141,6 +145,9 @@ $(PARITY_STAMP):
 	  num2words==$(NUM2WORDS_VERSION) sentencepiece==$(SENTENCEPIECE_VERSION) pillow numpy
 	rm -rf $(PARITY_VENV)/torchvision && $(PARITY_VENV)/bin/python -m pip install -q \
 	  --disable-pip-version-check --no-deps --target $(PARITY_VENV)/torchvision torchvision==$(TORCHVISION_VERSION)
+	rm -rf $(PARITY_VENV)/transformers4 && $(PARITY_VENV)/bin/python -m pip install -q \
+	  --disable-pip-version-check --no-deps --target $(PARITY_VENV)/transformers4 \
+	  transformers==$(TRANSFORMERS4_VERSION) huggingface_hub==0.36.2 tokenizers==0.22.2
 	@rm -f $(PARITY_VENV)/.edgevlm-* && touch $@
 
 test-fast: setup test-models

@@ -12,7 +12,8 @@ convert_hf_to_gguf.py from the pinned sources (make parity-env unpacks them), fr
 as saved (Gemma 3's, LFM2-VL's and InternVL3's towers renamed to the published layout first).
 LLaVA-1.6's needs llama.cpp's legacy scripts (convert_hf_to_gguf.py has no LLaVA-NeXT), which
 take a LLaVA repository's own checkpoint: it is written with gguf-py in their layout, as
-make_test_models.py writes its pairs.
+make_test_models.py writes its pairs. Both LLaVA towers are also converted by those legacy scripts
+themselves (mmproj-legacy.gguf), where make parity-env installed the transformers 4 they import.
 The vocabulary is the test models' (SmolLM2's with each family's image markers), so token ids
 mean the same on both sides.
 """
@@ -20,6 +21,7 @@ mean the same on both sides.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -278,6 +280,66 @@ def build_llava15(folder: Path, vocab_source: Path) -> Path:
                            crop_size={"height": side, "width": side}, image_mean=tm.CLIP_MEAN,
                            image_std=tm.CLIP_STD).save_pretrained(folder)
     return _write_llava_pair(folder, (tokens, types, merges, ids), "llava-1.5", LLAVA15_TAG, anyres=False)
+
+
+# The tiny LLaVA towers also as llama.cpp's legacy scripts convert them (mmproj-legacy.gguf): the
+# files users have, where the tests' own writer names the feature layer the scripts leave out.
+LEGACY_TAG = "edgevlm parity legacy scripts v1"
+LEGACY_FILE = "mmproj-legacy.gguf"
+
+
+def build_legacy_mmproj(folder: Path, converter: Path, transformers4: Path) -> Path | None:
+    """The saved LLaVA checkpoint's tower and projector converted as llama.cpp's docs for LLaVA-1.6
+    convert them (tools/mtmd/legacy-models: llava_surgery_v2.py -C on the checkpoint in llava-hf's
+    layout, then convert_image_encoder_to_gguf.py --clip-model-is-vision on a folder of the tower's
+    weights and its config, with the pinpoints where the checkpoint has them), at --use-f32, into
+    folder/mmproj-legacy.gguf. The encoder script imports transformers 4's CLIPVisionModel (under 5 it
+    stops at model.vision_model): it runs with `transformers4`, a folder of transformers 4 that make
+    parity-env installs; None where that folder is missing."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    stamp, out = folder / "legacy.json", folder / LEGACY_FILE
+    if out.exists() and stamp.exists() and json.loads(stamp.read_text()).get("tag") == LEGACY_TAG:
+        return out
+    if not (transformers4 / "transformers").is_dir():
+        return None
+    scripts = converter.parent / "tools" / "mtmd" / "legacy-models"
+    config = json.loads((folder / "config.json").read_text())
+    path = f"{transformers4}{os.pathsep}{converter.parent / 'gguf-py'}"
+    env = {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1"}
+
+    def run(script: str, *args: str) -> None:
+        done = subprocess.run([sys.executable, str(scripts / script), *args], capture_output=True, text=True,
+                              env=env)
+        if done.returncode:
+            raise SystemExit(f"{script} failed on {folder}:\n{done.stderr[-2000:]}")
+
+    with tempfile.TemporaryDirectory() as work:
+        model, vit = Path(work) / "model", Path(work) / "vit"
+        model.mkdir()
+        vit.mkdir()
+        shutil.copy(folder / "model.safetensors", model / "model.safetensors")
+        shutil.copy(folder / "config.json", model / "config.json")
+        # transformers 5 saves the tower without the level llava-hf's checkpoints have
+        _rename_weights(model, lambda name: name.replace("vision_tower.", "vision_tower.vision_model.", 1)
+                        if name.startswith("vision_tower.") else name)
+        tower = {**config["vision_config"], "architectures": ["CLIPVisionModel"],
+                 "model_type": "clip_vision_model"}
+        if "image_grid_pinpoints" in config:  # the vit/config.json the LLaVA-1.6 docs fetch
+            tower |= {"image_grid_pinpoints": config["image_grid_pinpoints"],
+                      "mm_patch_merge_type": "spatial_unpad", "image_aspect_ratio": "anyres"}
+        (vit / "config.json").write_text(json.dumps(tower, indent=1))
+        run("llava_surgery_v2.py", "-C", "-m", str(model))
+        shutil.move(model / "llava.clip", vit / "pytorch_model.bin")
+        shutil.move(model / "llava.projector", vit / "llava.projector")
+        run("convert_image_encoder_to_gguf.py", "-m", str(vit), "--llava-projector",
+            str(vit / "llava.projector"), "--output-dir", str(vit), "--clip-model-is-vision", "--use-f32",
+            "--image-mean", *map(str, tm.CLIP_MEAN), "--image-std", *map(str, tm.CLIP_STD))
+        shutil.move(vit / "mmproj-model-f32.gguf", out)
+    stamp.write_text(json.dumps({"tag": LEGACY_TAG, "scripts": converter.parent.parent.name}))
+    return out
 
 
 def _permuted(weights: np.ndarray, heads: int) -> np.ndarray:
@@ -630,6 +692,9 @@ def main() -> int:
     print(build_qwen3vl(out / "qwen3-vl", vocab_source, converter))
     print(build_llava_next(out / "llava-next", vocab_source))
     print(build_llava15(out / "llava-1.5", vocab_source))
+    transformers4 = Path(sys.executable).parents[1] / "transformers4"
+    for name in ("llava-next", "llava-1.5"):
+        print(build_legacy_mmproj(out / name, converter, transformers4) or f"{name}: no {transformers4}")
     print(build_gemma3(out / "gemma3", vocab_source, converter))
     print(build_smolvlm(out / "smolvlm", vocab_source, converter))
     print(build_smolvlm(out / "smolvlm-split", vocab_source, converter, longest=SMOLVLM_SPLIT_LONGEST))

@@ -37,9 +37,9 @@ def _rows(out: str) -> dict[str, Any]:
     return data
 
 
-def _parity_rows(folder: Path, *args: str) -> list[dict[str, Any]]:
+def _parity_rows(folder: Path, *args: str, mmproj: str = "mmproj.gguf") -> list[dict[str, Any]]:
     """edgevlm parity with --model on a converted checkpoint, which passes (exit 0): its rows."""
-    done = invoke_cli("parity", "--model", str(folder / "text.gguf"), "--mmproj", str(folder / "mmproj.gguf"),
+    done = invoke_cli("parity", "--model", str(folder / "text.gguf"), "--mmproj", str(folder / mmproj),
                       "--reference", str(folder), "--json", *args)
     assert done.returncode == 0, done.stderr
     rows: list[dict[str, Any]] = _rows(done.stdout)["rows"]
@@ -376,3 +376,49 @@ def test_an_internvl_checkpoint_passes_every_stage_where_mtmd_alone_would_not(re
     views = {row["image"]: row["edgevlm"] for row in rows if row["stage"] == "1 preprocess"}
     assert views["1280x720"] == "9" and views["64x48"] == "13"
     assert all(row["edgevlm"].endswith("8 of 8") for row in rows if row["stage"].startswith("4 "))
+
+
+@pytest.mark.parametrize("name", ["llava-next", "llava-1.5"])
+def test_a_tower_the_legacy_scripts_converted_passes_once_edgevlm_names_its_layer(
+        reference: Path, name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tiny LLaVA towers converted by llama.cpp's legacy scripts themselves (the files users
+    have): they name no feature layer and store every block but the last, so the pinned graph runs
+    one block fewer again (llama.cpp #25817) and the rows are another layer's; as edgevlm loads
+    them (the last stored block named), every stage is transformers', as with the tests' own writer.
+    Where llama.cpp runs such a file whole, the first assertion fails and the repair can go."""
+    import os
+
+    import numpy as np
+
+    from edgevlm.models.gguf import read_projector
+
+    from .test_forward import _f32_engine, _least_cosine, built_checkpoints
+
+    folder = built_checkpoints(reference) / name
+    legacy = folder / "mmproj-legacy.gguf"
+    if not legacy.exists():
+        reason = "needs transformers 4 for llama.cpp's legacy scripts (make parity-env)"
+        if os.environ.get("EDGEVLM_REQUIRE_PARITY"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    projector, named = read_projector(legacy), read_projector(folder / "mmproj.gguf")
+    assert projector.feature_layers == () and projector.vision_blocks == named.vision_blocks
+    view = synthetic_photo((named.image_size, named.image_size), 3)
+    with _f32_engine(folder / "text.gguf", legacy, n_ctx=2048) as as_is, \
+            _f32_engine(folder / "text.gguf", folder / "mmproj.gguf", n_ctx=2048) as written:
+        short = np.asarray(as_is.sequence().encode_image(view).rows, np.float32)
+        full = np.asarray(written.sequence().encode_image(view).rows, np.float32)
+    assert _least_cosine(short, full) < 0.9  # a block short: another layer's rows
+
+    photos = []
+    for seed, size in enumerate([(1280, 720), (512, 512)]):  # the first two ROWS_SIZES
+        synthetic_photo(size, seed).save(tmp_path / f"{seed}.png")
+        photos += ["--image", str(tmp_path / f"{seed}.png")]
+    rows = _parity_rows(folder, *photos, mmproj=legacy.name)
+    assert {row["stage"] for row in rows} >= {"3 image rows", "4 first answer", "4 two images"}
+    assert {row["verdict"] for row in rows if row["stage"] != "1 preprocess"} == {"same", "known difference"}
+    assert all("#25814" in row["why"] for row in rows if row["verdict"] == "known difference"
+               and row["stage"] == "3 image rows")
+    answers = [row for row in rows if row["stage"].startswith("4 ")]
+    assert answers and all(row["verdict"] == "same" and row["edgevlm"].endswith("8 of 8") for row in answers)
