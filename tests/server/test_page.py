@@ -55,6 +55,12 @@ def qwen_server(test_models: dict[str, Path], tmp_path_factory: pytest.TempPathF
     yield from _serve(test_models, tmp_path_factory, max_tokens=8, pair=("qwen_text", "qwen_mmproj"))
 
 
+@pytest.fixture(scope="module")
+def lfm2_server(test_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The LFM2-VL pair: an mtmd family whose processor's tiles edgevlm cuts (a grid and a thumbnail)."""
+    yield from _serve(test_models, tmp_path_factory, max_tokens=8, pair=("lfm2_text", "lfm2_mmproj"))
+
+
 def _serve(test_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory, *,
            max_tokens: int, pair: tuple[str, str] = ("text", "mmproj_112")) -> Iterator[str]:
     port = free_port()
@@ -273,6 +279,22 @@ def test_an_mtmd_image_is_not_called_a_global_view(qwen_server: str, browser: we
     caption = _turns(browser)[0].find_element(By.CSS_SELECTOR, ".saw-caption").text
     assert "global view" not in caption and "as its family lays it out" in caption
     assert "mtmd-qwen2.5vl_merger" in caption
+
+
+def test_an_mtmd_familys_processor_tiles_are_drawn_and_named(lfm2_server: str, browser: webdriver.Chrome,
+                                                             tmp_path: Path) -> None:
+    """LFM2-VL cuts a 16:9 photo into its processor's 2x1 tiles and a thumbnail: the page draws
+    the grid over the photo (the tiles are the photo stretched onto it, so they split it evenly)
+    and says how it was cut, not that the family showed it whole."""
+    browser.get(lfm2_server)
+    WebDriverWait(browser, 30).until(lambda d: d.find_element(By.ID, "model-name").text)
+    _send(browser, "What is in this photo?", attach=_photo(tmp_path / "photo.jpg", 1280))
+    _wait_for_states(browser, "done")
+    figure = _turns(browser)[0].find_element(By.CSS_SELECTOR, "figure.saw")
+    assert figure.get_attribute("data-grid") == "2x1"
+    assert len(figure.find_elements(By.CSS_SELECTOR, ".tile")) == 2
+    caption = figure.find_element(By.CSS_SELECTOR, ".saw-caption").text
+    assert "2×1 tiles and a thumbnail, as its processor cuts them" in caption and "mtmd-lfm2" in caption
 
 
 def test_several_photos_and_a_pdf_go_in_one_message(qwen_server: str, browser: webdriver.Chrome,

@@ -402,9 +402,11 @@ function drawGrid(figure, numbers) {
 
 function sawCaption(n) {
   if (!n) return "";
-  // mtmd's families (Qwen, Gemma, …) lay the image out themselves: no global view or tiles.
+  // mtmd's families (Qwen, Gemma, …) lay the image out themselves: no global view or tiles of
+  // edgevlm's; InternVL and LFM2-VL are cut into their processor's tiles and a thumbnail.
   const shown = n.layout && n.layout.startsWith("mtmd-")
-    ? "the whole image, as its family lays it out"
+    ? (n.n_tiles ? `${n.grid[0]}×${n.grid[1]} tiles and a thumbnail, as its processor cuts them`
+      : "the whole image, as its family lays it out")
     : n.n_tiles
       ? `global view + ${n.grid[0]}×${n.grid[1]} tiles${n.pool > 1 ? `, pooled ${n.pool}×${n.pool} (dashed)` : ""}`
       : "global view only";
