@@ -896,6 +896,45 @@ def test_internvl_rows_are_transformers_view_by_view_where_mtmd_picks_another_gr
             assert (mtmd_own.shape != theirs.shape) == (size in INTERNVL_MTMD_APART), size
 
 
+def test_internvl_tiles_encoded_as_one_batch_are_the_tiles_encoded_alone(
+        checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """InternVL's graph takes a batch (mtmd_batch_*): a 720p photo's eight tiles and thumbnail,
+    all of the tile's size, encoded through Projector.encode_blocks in runs of mtmd's choosing
+    against each alone, at f32: the same marker tokens and rows within 1e-4 of their largest value
+    (measured: 0, all nine in one run). The converter's checkpoint is the only InternVL pair here
+    (tests/llama/test_vision.py holds the test pairs' families)."""
+    from edgevlm.llama import vision
+    from edgevlm.llama.meter import RequestMeter
+
+    runs: list[int] = []
+    encode_run = vision.Projector._encode_run
+
+    def counted(self: vision.Projector, batch: int, run: list, meter: RequestMeter) -> dict:
+        runs.append(len(run))
+        return encode_run(self, batch, run, meter)
+
+    monkeypatch.setattr(vision.Projector, "_encode_run", counted)
+    folder = checkpoint.parent / "internvl"
+    projector = read_projector(folder / "mmproj.gguf")
+    layout = layout_for(projector)
+    budget = ViewBudget(room=100_000, tile_size=projector.image_size, view_tokens=projector.tokens_per_image)
+    photo = synthetic_photo((1280, 720), 5)
+    views = layout.views(photo, layout.plan(photo.size, budget))
+    assert len(views) == 9 and {view.size for view in views} == {(projector.image_size,) * 2}
+    with vision.vocab_projector(str(folder / "text.gguf"), str(folder / "mmproj.gguf"),
+                                row_width=projector.projection_dim) as mtmd:
+        alone = [mtmd.encode_block(view, RequestMeter()) for view in views]
+        together = mtmd.encode_blocks(views, RequestMeter())
+    assert sum(runs) == len(views) and max(runs) > 1  # batched, in runs under mtmd's token cap
+    for one, other in zip(alone, together, strict=True):
+        assert [piece for piece in one.pieces if isinstance(piece, tuple)] == \
+               [piece for piece in other.pieces if isinstance(piece, tuple)]
+        rows = [(np.asarray(a.rows), np.asarray(b.rows))
+                for a, b in zip(one.pieces, other.pieces, strict=True) if not isinstance(a, tuple)]
+        assert rows and all(a.shape == b.shape and a.shape[1] > 0 for a, b in rows)
+        assert max(float(np.abs(a - b).max() / np.abs(a).max()) for a, b in rows) <= 1e-4
+
+
 def test_llava_15_mmproj_naming_no_feature_layer_runs_a_block_short_until_edgevlm_names_it(
         reference: Path, llava15: tuple[Path, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """llama.cpp's legacy converter names the feature layer only where the tower's config names
