@@ -20,9 +20,8 @@ from edgevlm.parity.check import synthetic_photo
 F16_RELATIVE = 1e-3
 
 
-@pytest.mark.parametrize("family", ["gemma4", "smolvlm", "qwen", "qwen3", "gemma", "lfm2"])
-def test_batched_blocks_are_the_blocks_of_each_image_alone(test_models: dict[str, Path], family: str,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def counted_runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The length of each run of chunks mtmd then encodes as one batch, in order."""
     runs: list[int] = []
     encode_run = vision.Projector._encode_run
 
@@ -31,6 +30,25 @@ def test_batched_blocks_are_the_blocks_of_each_image_alone(test_models: dict[str
         return encode_run(self, batch, run, meter)
 
     monkeypatch.setattr(vision.Projector, "_encode_run", counted)
+    return runs
+
+
+def assert_same_blocks(alone: list, together: list, relative: float) -> None:
+    """Each block the same marker tokens, and rows of the same shape within `relative` of the
+    largest value."""
+    for one, other in zip(alone, together, strict=True):
+        assert [piece for piece in one.pieces if isinstance(piece, tuple)] == \
+               [piece for piece in other.pieces if isinstance(piece, tuple)]
+        rows = [(np.asarray(a.rows), np.asarray(b.rows))
+                for a, b in zip(one.pieces, other.pieces, strict=True) if not isinstance(a, tuple)]
+        assert rows and all(a.shape == b.shape and a.shape[1] > 0 for a, b in rows)
+        assert max(float(np.abs(a - b).max() / np.abs(a).max()) for a, b in rows) <= relative
+
+
+@pytest.mark.parametrize("family", ["gemma4", "smolvlm", "qwen", "qwen3", "gemma", "lfm2"])
+def test_batched_blocks_are_the_blocks_of_each_image_alone(test_models: dict[str, Path], family: str,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    runs = counted_runs(monkeypatch)
     projector = read_projector(test_models[f"{family}_mmproj"])
     # six photos: four of one size, then one of another, then the first size again
     sizes = [(480, 336)] * 4 + [(336, 480), (480, 336)]
@@ -42,14 +60,7 @@ def test_batched_blocks_are_the_blocks_of_each_image_alone(test_models: dict[str
         meter = RequestMeter()
         together = mtmd.encode_blocks(photos, meter)
     assert meter.clip_encodes == sum(1 for block in alone for p in block.pieces if not isinstance(p, tuple))
-    for one, other in zip(alone, together, strict=True):
-        assert [piece for piece in one.pieces if isinstance(piece, tuple)] == \
-               [piece for piece in other.pieces if isinstance(piece, tuple)]
-        rows = [(np.asarray(a.rows), np.asarray(b.rows))
-                for a, b in zip(one.pieces, other.pieces, strict=True) if not isinstance(a, tuple)]
-        assert rows and all(a.shape == b.shape and a.shape[1] > 0 for a, b in rows)
-        worst = max(float(np.abs(a - b).max() / np.abs(a).max()) for a, b in rows)
-        assert worst <= (F16_RELATIVE if family == "gemma4" else 0.0)
+    assert_same_blocks(alone, together, F16_RELATIVE if family == "gemma4" else 0.0)
     if family == "gemma4":  # 70 tokens a photo: the four alike in one run, then 1 and 1
         assert runs == [4, 1, 1]
     else:  # no batches in this graph: every chunk alone

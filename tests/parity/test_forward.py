@@ -906,14 +906,9 @@ def test_internvl_tiles_encoded_as_one_batch_are_the_tiles_encoded_alone(
     from edgevlm.llama import vision
     from edgevlm.llama.meter import RequestMeter
 
-    runs: list[int] = []
-    encode_run = vision.Projector._encode_run
+    from ..llama.test_vision import assert_same_blocks, counted_runs
 
-    def counted(self: vision.Projector, batch: int, run: list, meter: RequestMeter) -> dict:
-        runs.append(len(run))
-        return encode_run(self, batch, run, meter)
-
-    monkeypatch.setattr(vision.Projector, "_encode_run", counted)
+    runs = counted_runs(monkeypatch)
     folder = checkpoint.parent / "internvl"
     projector = read_projector(folder / "mmproj.gguf")
     layout = layout_for(projector)
@@ -926,13 +921,7 @@ def test_internvl_tiles_encoded_as_one_batch_are_the_tiles_encoded_alone(
         alone = [mtmd.encode_block(view, RequestMeter()) for view in views]
         together = mtmd.encode_blocks(views, RequestMeter())
     assert sum(runs) == len(views) and max(runs) > 1  # batched, in runs under mtmd's token cap
-    for one, other in zip(alone, together, strict=True):
-        assert [piece for piece in one.pieces if isinstance(piece, tuple)] == \
-               [piece for piece in other.pieces if isinstance(piece, tuple)]
-        rows = [(np.asarray(a.rows), np.asarray(b.rows))
-                for a, b in zip(one.pieces, other.pieces, strict=True) if not isinstance(a, tuple)]
-        assert rows and all(a.shape == b.shape and a.shape[1] > 0 for a, b in rows)
-        assert max(float(np.abs(a - b).max() / np.abs(a).max()) for a, b in rows) <= 1e-4
+    assert_same_blocks(alone, together, 1e-4)
 
 
 def test_llava_15_mmproj_naming_no_feature_layer_runs_a_block_short_until_edgevlm_names_it(
