@@ -166,9 +166,9 @@ def _rename_weights(folder: Path, rename: Callable[[str], str]) -> None:
     save_file({rename(name): value for name, value in state.items()}, str(weights), metadata={"format": "pt"})
 
 
-def _is_current(folder: Path, tag: str) -> bool:
-    """Whether the folder holds a checkpoint built by this version of its builder (its tag)."""
-    stamp = folder / "built.json"
+def _is_current(folder: Path, tag: str, stamp_name: str = "built.json") -> bool:
+    """Whether the folder holds what this version of its builder builds (its tag in the stamp)."""
+    stamp = folder / stamp_name
     return stamp.exists() and json.loads(stamp.read_text()).get("tag") == tag
 
 
@@ -300,8 +300,8 @@ def build_legacy_mmproj(folder: Path, converter: Path, transformers4: Path) -> P
     import subprocess
     import tempfile
 
-    stamp, out = folder / "legacy.json", folder / LEGACY_FILE
-    if out.exists() and stamp.exists() and json.loads(stamp.read_text()).get("tag") == LEGACY_TAG:
+    out = folder / LEGACY_FILE
+    if out.exists() and _is_current(folder, LEGACY_TAG, "legacy.json"):
         return out
     if not (transformers4 / "transformers").is_dir():
         return None
@@ -338,7 +338,8 @@ def build_legacy_mmproj(folder: Path, converter: Path, transformers4: Path) -> P
             str(vit / "llava.projector"), "--output-dir", str(vit), "--clip-model-is-vision", "--use-f32",
             "--image-mean", *map(str, tm.CLIP_MEAN), "--image-std", *map(str, tm.CLIP_STD))
         shutil.move(vit / "mmproj-model-f32.gguf", out)
-    stamp.write_text(json.dumps({"tag": LEGACY_TAG, "scripts": converter.parent.parent.name}))
+    stamp = {"tag": LEGACY_TAG, "scripts": converter.parent.parent.name}
+    (folder / "legacy.json").write_text(json.dumps(stamp))
     return out
 
 

@@ -386,21 +386,17 @@ def test_a_tower_the_legacy_scripts_converted_passes_once_edgevlm_names_its_laye
     one block fewer again (llama.cpp #25817) and the rows are another layer's; as edgevlm loads
     them (the last stored block named), every stage is transformers', as with the tests' own writer.
     Where llama.cpp runs such a file whole, the first assertion fails and the repair can go."""
-    import os
-
     import numpy as np
 
     from edgevlm.models.gguf import read_projector
 
+    from .conftest import skip_or_fail
     from .test_forward import _f32_engine, _least_cosine, built_checkpoints
 
     folder = built_checkpoints(reference) / name
     legacy = folder / "mmproj-legacy.gguf"
     if not legacy.exists():
-        reason = "needs transformers 4 for llama.cpp's legacy scripts (make parity-env)"
-        if os.environ.get("EDGEVLM_REQUIRE_PARITY"):
-            pytest.fail(reason)
-        pytest.skip(reason)
+        skip_or_fail("needs transformers 4 for llama.cpp's legacy scripts (make parity-env)")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     projector, named = read_projector(legacy), read_projector(folder / "mmproj.gguf")
     assert projector.feature_layers == () and projector.vision_blocks == named.vision_blocks
