@@ -122,6 +122,15 @@ def _photo(path: Path, width: int = 384) -> Path:
     return path
 
 
+def _open(driver: webdriver.Chrome, url: str) -> None:
+    """The page at url with no stored conversation: the module's tests share one browser, and a
+    test that runs after another on the same server would otherwise see its turns."""
+    driver.get(url)
+    driver.execute_script("localStorage.clear()")
+    driver.refresh()
+    WebDriverWait(driver, 30).until(lambda d: d.find_element(By.ID, "model-name").text)
+
+
 def _stored(driver: webdriver.Chrome) -> dict:
     return json.loads(driver.execute_script("return localStorage.getItem('edgevlm.chat.v1')"))
 
@@ -163,9 +172,8 @@ def test_the_page_its_files_and_facts(server: str) -> None:
 @pytest.mark.slow
 def test_a_conversation_with_photos_in_the_page(server: str, browser: webdriver.Chrome,
                                                tmp_path: Path) -> None:
-    browser.get(server)
-    WebDriverWait(browser, 30).until(
-        lambda d: d.find_element(By.ID, "model-name").text.startswith("SmolLM2"))
+    _open(browser, server)
+    assert browser.find_element(By.ID, "model-name").text.startswith("SmolLM2")
 
     _send(browser, "What is in this photo?", attach=_photo(tmp_path / "photo.jpg"))
     _wait_for_states(browser, "done")
@@ -218,10 +226,7 @@ def test_an_attached_photo_is_read_before_the_question_is_sent(server: str, brow
     """Issue 53: attaching uploads the photo (POST /v1/files) and the server reads it in idle
     time; the chip says "read", and the question that opens the chat with it restores its block
     from the prefix cache, with no encode. The upload is deleted once sent."""
-    browser.get(server)
-    browser.execute_script("localStorage.removeItem('edgevlm.chat.v1')")
-    browser.get(server)
-    WebDriverWait(browser, 30).until(lambda d: d.find_element(By.ID, "model-name").text.startswith("SmolLM2"))
+    _open(browser, server)
     browser.find_element(By.ID, "file-input").send_keys(str(_photo(tmp_path / "read.jpg", width=320)))
     WebDriverWait(browser, WAIT_S, poll_frequency=0.1).until(
         lambda d: [e.text for e in d.find_elements(By.CSS_SELECTOR, "#attachment .read")] == ["read"])
@@ -236,9 +241,7 @@ def test_an_attached_photo_is_read_before_the_question_is_sent(server: str, brow
 
 @pytest.mark.slow
 def test_stop_settings_and_a_phone_screen(long_server: str, browser: webdriver.Chrome) -> None:
-    browser.get(long_server)
-    browser.execute_script("localStorage.clear()")
-    browser.refresh()
+    _open(browser, long_server)
     browser.find_element(By.ID, "open-settings").click()
     limit = browser.find_element(By.ID, "set-max-tokens")
     limit.send_keys("2000")
@@ -272,8 +275,7 @@ def test_stop_settings_and_a_phone_screen(long_server: str, browser: webdriver.C
 def test_an_mtmd_image_is_not_called_a_global_view(qwen_server: str, browser: webdriver.Chrome,
                                                   tmp_path: Path) -> None:
     """Issue 39.16: the page said "global view only" under every Qwen or Gemma photo."""
-    browser.get(qwen_server)
-    WebDriverWait(browser, 30).until(lambda d: d.find_element(By.ID, "model-name").text)
+    _open(browser, qwen_server)
     _send(browser, "What is in this photo?", attach=_photo(tmp_path / "photo.jpg"))
     _wait_for_states(browser, "done")
     caption = _turns(browser)[0].find_element(By.CSS_SELECTOR, ".saw-caption").text
@@ -286,8 +288,7 @@ def test_an_mtmd_familys_processor_tiles_are_drawn_and_named(lfm2_server: str, b
     """LFM2-VL cuts a 16:9 photo into its processor's 2x1 tiles and a thumbnail: the page draws
     the grid over the photo (the tiles are the photo stretched onto it, so they split it evenly)
     and says how it was cut, not that the family showed it whole."""
-    browser.get(lfm2_server)
-    WebDriverWait(browser, 30).until(lambda d: d.find_element(By.ID, "model-name").text)
+    _open(browser, lfm2_server)
     _send(browser, "What is in this photo?", attach=_photo(tmp_path / "photo.jpg", 1280))
     _wait_for_states(browser, "done")
     figure = _turns(browser)[0].find_element(By.CSS_SELECTOR, "figure.saw")
@@ -303,10 +304,7 @@ def test_several_photos_and_a_pdf_go_in_one_message(qwen_server: str, browser: w
     PDF as a file part, in the order chosen; the server counts every image and page."""
     from ..vision.test_documents import write_pdf
 
-    browser.get(qwen_server)
-    browser.execute_script("localStorage.clear()")
-    browser.refresh()
-    WebDriverWait(browser, 30).until(lambda d: d.find_element(By.ID, "model-name").text)
+    _open(browser, qwen_server)
     files = [_photo(tmp_path / "a.jpg"), _photo(tmp_path / "b.jpg", 300), _photo(tmp_path / "c.jpg", 200),
              write_pdf(tmp_path / "notes.pdf", [(90, 120), (80, 80)])]
     browser.find_element(By.ID, "file-input").send_keys("\n".join(str(f) for f in files))
@@ -334,10 +332,7 @@ def test_a_video_is_sent_and_its_frames_shown_under_the_answer(qwen_server: str,
     block (Qwen-VL: two frames to a block)."""
     from ..vision.test_video import moving_square, write_clip
 
-    browser.get(qwen_server)
-    browser.execute_script("localStorage.clear()")
-    browser.refresh()
-    WebDriverWait(browser, 30).until(lambda d: d.find_element(By.ID, "model-name").text)
+    _open(browser, qwen_server)
     _send(browser, "What moves?", attach=write_clip(tmp_path / "clip.mp4", 4, draw=moving_square))
     _wait_for_states(browser, "done")
     turn = _stored(browser)["turns"][0]
