@@ -42,6 +42,9 @@ def create_app(state: ServerState) -> FastAPI:
         quiet_accept_errors(asyncio.get_running_loop())
         yield
         state.scheduler.close()
+        if unmade := state.scheduler.summaries_pending:  # stopping never waits for them
+            log.info("stopped at once: %d answered image%s left without a summary", unmade,
+                     "" if unmade == 1 else "s")
 
     app = FastAPI(title="edgevlm", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.edgevlm = state
