@@ -61,8 +61,10 @@ Stages (the request's "stage"):
   {"max_soft_tokens", "patch_size", "merge"} (no checkpoint), each <|image|> expanded to
   <|image>, the image's soft tokens and <image|>. "prompt" of "smolvlm": SmolVLM's processor at
   {"longest", "tile", "image_seq_len"}, each <image> expanded to its tiles (row and column
-  markers) and its global view. Every answer names {"image_token_id"}, the id an image's
-  tokens have in its ids.
+  markers) and its global view. "prompt" of "gemma3": Gemma 3's processor with the image
+  processor in {"dir"} and {"image_seq_length"} soft tokens an image; with {"blank_lines":
+  false}, without the blank line it writes before and after each image. Every answer names
+  {"image_token_id"}, the id an image's tokens have in its ids.
 - "anyres": LLaVA-NeXT (1.6). Request: {"family": "llava-next", "pinpoints": [[a, b], ...] as
   the checkpoint's config lists them, "tile": 336, "side": 24, "cases": [[w, h], ...],
   "images": N}. Answer: {"canvases": [[w, h], ...]}, the canvas transformers picks
@@ -78,6 +80,7 @@ import json
 import sys
 import types
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 Answer = dict[str, Any]
@@ -186,8 +189,6 @@ def _torchvision_transforms() -> None:
     registering shapes for operators (nms, roi_align) that library would have defined; the
     processor uses none of them, so that registration is skipped: anything that did use one would
     fail by name, not give another answer."""
-    from pathlib import Path
-
     sys.path.insert(0, str(Path(sys.prefix) / "torchvision"))
     name = "torchvision._meta_registrations"
     sys.modules.setdefault(name, types.ModuleType(name))
@@ -508,15 +509,36 @@ def _prompt(request: dict[str, Any]) -> Answer:
                                              add_generation_prompt=conversation.get("generation", True))
         ids = processor(text=[text], images=images or None)["input_ids"][0]
         results.append({"text": text, "input_ids": [int(i) for i in ids]})
-    return {"results": results, "image_token_id": int(processor.image_token_id)}
+    # the id each image row has in the ids: Gemma 3's processor names its <start_of_image> as its
+    # image token, and expands it to <image_soft_token> rows between its markers
+    rows = getattr(processor.tokenizer, "image_token_id", None) if request["family"] == "gemma3" else None
+    return {"results": results, "image_token_id": int(rows if rows is not None else processor.image_token_id)}
 
 
 def _qwen_vl_processor(request: dict[str, Any]) -> Any:
-    from transformers import Qwen2_5_VLProcessor
+    """Qwen2-VL's or Qwen2.5-VL's processor, as the checkpoint in {"dir"} names its model."""
+    from transformers import Qwen2_5_VLProcessor, Qwen2VLProcessor
 
-    return Qwen2_5_VLProcessor(image_processor=_saved_processor(request),
-                               tokenizer=_gguf_tokenizer(request["gguf"]), video_processor=None,
-                               chat_template=request["template"])
+    model_type = json.loads((Path(request["dir"]) / "config.json").read_text())["model_type"]
+    kind = Qwen2VLProcessor if model_type == "qwen2_vl" else Qwen2_5_VLProcessor
+    return kind(image_processor=_saved_processor(request), tokenizer=_gguf_tokenizer(request["gguf"]),
+                video_processor=None, chat_template=request["template"])
+
+
+def _gemma3_processor(request: dict[str, Any]) -> Any:
+    """Gemma 3's processor with the image processor saved in {"dir"} and {"image_seq_length"}
+    soft tokens an image: each <start_of_image> becomes a blank line, <start_of_image>, the soft
+    tokens, <end_of_image> and a blank line."""
+    from transformers import Gemma3Processor
+
+    tokenizer = _gguf_tokenizer(request["gguf"], image_token="<image_soft_token>",
+                                boi_token="<start_of_image>", eoi_token="<end_of_image>")
+    processor = Gemma3Processor(image_processor=_saved_processor(request), tokenizer=tokenizer,
+                                chat_template=request["template"],
+                                image_seq_length=int(request["image_seq_length"]))
+    if not request.get("blank_lines", True):  # the image as mtmd lays it out, its markers alone
+        processor.full_image_sequence = processor.full_image_sequence.strip("\n")
+    return processor
 
 
 def _gemma4_processor(request: dict[str, Any]) -> Any:
@@ -561,7 +583,8 @@ def _smolvlm_processor(request: dict[str, Any]) -> Any:
 
 
 _PROMPT_PROCESSORS: dict[str, Callable[[dict[str, Any]], Any]] = {
-    "qwen-vl": _qwen_vl_processor, "gemma4": _gemma4_processor, "smolvlm": _smolvlm_processor}
+    "qwen-vl": _qwen_vl_processor, "gemma4": _gemma4_processor, "smolvlm": _smolvlm_processor,
+    "gemma3": _gemma3_processor}
 
 
 def _checkpoint(request: dict[str, Any]) -> Answer:
@@ -622,6 +645,7 @@ STAGES: dict[tuple[str, str], Callable[[dict[str, Any]], Answer]] = {
     ("prompt", "qwen-vl"): _prompt,
     ("prompt", "gemma4"): _prompt,
     ("prompt", "smolvlm"): _prompt,
+    ("prompt", "gemma3"): _prompt,
     ("logits", "llava-next"): _logits,
     ("rows", "gemma3"): _rows,
     ("rows", "smolvlm"): _rows,
