@@ -172,11 +172,17 @@ def _is_current(folder: Path, tag: str, stamp_name: str = "built.json") -> bool:
     return stamp.exists() and json.loads(stamp.read_text()).get("tag") == tag
 
 
+def _source(converter: Path) -> str:
+    """The llama.cpp sources a converter came with, for the stamp: the unpacked package's folder
+    (peers/src/llama_cpp_python-X/vendor/llama.cpp/convert_hf_to_gguf.py: llama_cpp_python-X)."""
+    return converter.parents[2].name
+
+
 def _converted(folder: Path, converter: Path, tag: str) -> Path:
     """The saved checkpoint converted (_convert), and stamped with its builder's tag."""
     _convert(folder, converter)
-    (folder / "built.json").write_text(json.dumps({"tag": tag, "seed": SEED,
-                                                   "converter": converter.parent.parent.name}))
+    stamp = {"tag": tag, "seed": SEED, "converter": _source(converter)}
+    (folder / "built.json").write_text(json.dumps(stamp))
     return folder
 
 
@@ -338,7 +344,7 @@ def build_legacy_mmproj(folder: Path, converter: Path, transformers4: Path) -> P
             str(vit / "llava.projector"), "--output-dir", str(vit), "--clip-model-is-vision", "--use-f32",
             "--image-mean", *map(str, tm.CLIP_MEAN), "--image-std", *map(str, tm.CLIP_STD))
         shutil.move(vit / "mmproj-model-f32.gguf", out)
-    stamp = {"tag": LEGACY_TAG, "scripts": converter.parent.parent.name}
+    stamp = {"tag": LEGACY_TAG, "scripts": _source(converter)}
     (folder / "legacy.json").write_text(json.dumps(stamp))
     return out
 
