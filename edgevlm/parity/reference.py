@@ -509,9 +509,10 @@ def _prompt(request: dict[str, Any]) -> Answer:
                                              add_generation_prompt=conversation.get("generation", True))
         ids = processor(text=[text], images=images or None)["input_ids"][0]
         results.append({"text": text, "input_ids": [int(i) for i in ids]})
-    # the id each image row has in the ids: Gemma 3's processor names its <start_of_image> as its
-    # image token, and expands it to <image_soft_token> rows between its markers
-    rows = getattr(processor.tokenizer, "image_token_id", None) if request["family"] == "gemma3" else None
+    # the id each image row has in the ids: the tokenizer's image token where it names one (Gemma
+    # 3's processor calls its <start_of_image> its image token, and expands it to rows of the
+    # tokenizer's <image_soft_token>), else the processor's
+    rows = getattr(processor.tokenizer, "image_token_id", None)
     return {"results": results, "image_token_id": int(rows if rows is not None else processor.image_token_id)}
 
 
