@@ -121,7 +121,7 @@ def test_plan_predicts_the_visual_tokens_describe_reports(test_models: dict[str,
 
     from ..conftest import run_cli
 
-    photo = tmp_path / "photo4k.png"
+    photo = tmp_path / "photo4k.jpg"
     Image.fromarray(np.random.default_rng(5).integers(0, 255, (2160, 3840, 3), dtype=np.uint8)).save(photo)
     pair = ["--model", str(test_models[f"{family}_text"]), "--mmproj", str(test_models[f"{family}_mmproj"]),
             "--n-ctx", "2048"]
@@ -147,8 +147,8 @@ def test_plan_predicts_each_of_four_photos_tokens_describe_together_reports(
     from ..conftest import run_cli
 
     photos = []
-    for seed in range(4):
-        photo = tmp_path / f"photo{seed}.png"
+    for seed in range(4):  # JPEG, as photos are: a 4K PNG of noise takes 1.2 s to write, a JPEG 0.07 s
+        photo = tmp_path / f"photo{seed}.jpg"
         pixels = np.random.default_rng(seed).integers(0, 255, (2160, 3840, 3), dtype=np.uint8)
         Image.fromarray(pixels).save(photo)
         photos.append(str(photo))
