@@ -292,6 +292,7 @@ def build_llava15(folder: Path, vocab_source: Path) -> Path:
 # files users have, where the tests' own writer names the feature layer the scripts leave out.
 LEGACY_TAG = "edgevlm parity legacy scripts v1"
 LEGACY_FILE = "mmproj-legacy.gguf"
+LEGACY_STAMP = "legacy.json"  # beside built.json: the legacy file has a builder of its own
 
 
 def build_legacy_mmproj(folder: Path, converter: Path, transformers4: Path) -> Path | None:
@@ -307,7 +308,7 @@ def build_legacy_mmproj(folder: Path, converter: Path, transformers4: Path) -> P
     import tempfile
 
     out = folder / LEGACY_FILE
-    if out.exists() and _is_current(folder, LEGACY_TAG, "legacy.json"):
+    if out.exists() and _is_current(folder, LEGACY_TAG, LEGACY_STAMP):
         return out
     if not (transformers4 / "transformers").is_dir():
         return None
@@ -345,7 +346,7 @@ def build_legacy_mmproj(folder: Path, converter: Path, transformers4: Path) -> P
             "--image-mean", *map(str, tm.CLIP_MEAN), "--image-std", *map(str, tm.CLIP_STD))
         shutil.move(vit / "mmproj-model-f32.gguf", out)
     stamp = {"tag": LEGACY_TAG, "scripts": _source(converter)}
-    (folder / "legacy.json").write_text(json.dumps(stamp))
+    (folder / LEGACY_STAMP).write_text(json.dumps(stamp))
     return out
 
 

@@ -227,6 +227,7 @@ def test_an_attached_photo_is_read_before_the_question_is_sent(server: str, brow
     time; the chip says "read", and the question that opens the chat with it restores its block
     from the prefix cache, with no encode. The upload is deleted once sent."""
     _open(browser, server)
+    assert browser.find_element(By.ID, "model-name").text.startswith("SmolLM2")
     browser.find_element(By.ID, "file-input").send_keys(str(_photo(tmp_path / "read.jpg", width=320)))
     WebDriverWait(browser, WAIT_S, poll_frequency=0.1).until(
         lambda d: [e.text for e in d.find_elements(By.CSS_SELECTOR, "#attachment .read")] == ["read"])
